@@ -1,0 +1,5 @@
+"""Allow ``python -m packrat``, the same as the ``packrat`` console script."""
+
+from packrat.cli import main
+
+raise SystemExit(main())

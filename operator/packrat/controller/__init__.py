@@ -1,0 +1,1 @@
+"""The Kubernetes operator: pure manifest builders, thin kopf handlers, Kubernetes I/O."""

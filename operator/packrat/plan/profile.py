@@ -1,0 +1,312 @@
+"""Latency profiles L(t, b): the data model, the versioned JSON format and the CSV importer.
+
+A profile is what Packrat measures once per (model, CPU model, cpuset size T) and what every
+plan is computed from, so it is stored in a strict, versioned file and every load checks it:
+a corrupt or inconsistent file fails with an error that names the file and the row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+FORMAT = "packrat.profile/v1"
+CSV_COLUMNS = ("threads", "batch", "latency_ms")
+
+
+class ProfileError(ValueError):
+    """A profile file or object is malformed; the message names the file and row."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilePoint:
+    """One measured configuration: one instance with ``threads`` threads running batch ``batch``.
+
+    ``latency_ms`` is the mean latency of one batch; the statistics are optional because a
+    plain CSV import carries the mean only.
+    """
+
+    threads: int
+    batch: int
+    latency_ms: float
+    samples: int | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    cv: float | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.threads, self.batch)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileMeta:
+    """Where and how a profile was measured.
+
+    ``cpus`` is T, the size of the cpuset it was measured on; plans for more cores than that
+    would extrapolate and are refused by the optimizer's callers.
+    """
+
+    model: str = "unknown"
+    model_digest: str = ""
+    cpu_model: str = "unknown"
+    cpus: int = 0
+    torch_version: str = ""
+    created: str = ""
+    source: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """An immutable, validated set of profile points with metadata."""
+
+    meta: ProfileMeta
+    points: tuple[ProfilePoint, ...]
+
+    def __post_init__(self) -> None:
+        validate_points(self.points, origin=self.meta.source or "<profile>")
+
+    # -- queries -------------------------------------------------------------------------
+    def latency(self, threads: int, batch: int) -> float | None:
+        """L(threads, batch) in ms, or None when that pair was not profiled."""
+        point = self.index.get((threads, batch))
+        return point.latency_ms if point else None
+
+    @property
+    def index(self) -> dict[tuple[int, int], ProfilePoint]:
+        return {p.key: p for p in self.points}
+
+    @property
+    def threads(self) -> list[int]:
+        return sorted({p.threads for p in self.points})
+
+    @property
+    def batches(self) -> list[int]:
+        return sorted({p.batch for p in self.points})
+
+    @property
+    def max_threads(self) -> int:
+        return max(p.threads for p in self.points)
+
+    def table(self) -> dict[tuple[int, int], float]:
+        """The profile as ``{(threads, batch): latency_ms}``, the optimizer's input."""
+        return {p.key: p.latency_ms for p in self.points}
+
+    def with_points(self, points: Iterable[ProfilePoint]) -> Profile:
+        return replace(self, points=tuple(sorted(points, key=lambda p: p.key)))
+
+    # -- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        meta = asdict(self.meta)
+        meta["extra"] = dict(self.meta.extra)
+        return {
+            "format": FORMAT,
+            "meta": meta,
+            "points": [
+                {k: v for k, v in asdict(p).items() if v is not None}
+                for p in sorted(self.points, key=lambda p: p.key)
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def to_csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for p in sorted(self.points, key=lambda p: p.key):
+            writer.writerow((p.threads, p.batch, repr(p.latency_ms)))
+        return out.getvalue()
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (tmp file + rename) as JSON, or CSV when the suffix is .csv."""
+        path = Path(path)
+        text = self.to_csv() if path.suffix.lower() == ".csv" else self.to_json()
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+
+
+# -- validation ------------------------------------------------------------------------------
+def _finite_positive(value: float) -> bool:
+    return math.isfinite(value) and value > 0
+
+
+def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
+    """Reject empty profiles, non-positive or NaN latencies, bad sizes and duplicates."""
+    seen: dict[tuple[int, int], int] = {}
+    count = 0
+    for row, p in enumerate(points, start=1):
+        count += 1
+        where = f"{origin}: point {row} (threads={p.threads}, batch={p.batch})"
+        if not isinstance(p.threads, int) or p.threads < 1:
+            raise ProfileError(f"{where}: threads must be an integer >= 1")
+        if not isinstance(p.batch, int) or p.batch < 1:
+            raise ProfileError(f"{where}: batch must be an integer >= 1")
+        if not _finite_positive(p.latency_ms):
+            raise ProfileError(f"{where}: latency_ms must be a finite number > 0, got {p.latency_ms}")
+        for name in ("p50_ms", "p99_ms", "cv"):
+            value = getattr(p, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ProfileError(f"{where}: {name} must be a finite number >= 0, got {value}")
+        if p.samples is not None and p.samples < 1:
+            raise ProfileError(f"{where}: samples must be >= 1, got {p.samples}")
+        if p.key in seen:
+            raise ProfileError(f"{where}: duplicate of point {seen[p.key]}")
+        seen[p.key] = row
+    if count == 0:
+        raise ProfileError(f"{origin}: the profile has no points")
+
+
+# -- loading ---------------------------------------------------------------------------------
+def _int_field(value: Any, *, where: str, name: str) -> int:
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {name} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ProfileError(f"{where}: {name} must be an integer, got {value!r}")
+
+
+def _float_field(value: Any, *, where: str, name: str) -> float:
+    if isinstance(value, bool):
+        raise ProfileError(f"{where}: {name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(f"{where}: {name} must be a number, got {value!r}") from None
+
+
+def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
+    """Parse the JSON object form, checking the format version and every field."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"{origin}: expected a JSON object with 'format', 'meta', 'points'")
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        raise ProfileError(f"{origin}: unsupported profile format {fmt!r} (expected {FORMAT!r})")
+    raw_meta = data.get("meta", {})
+    if not isinstance(raw_meta, dict):
+        raise ProfileError(f"{origin}: 'meta' must be an object")
+    known = {f for f in ProfileMeta.__dataclass_fields__}
+    unknown = set(raw_meta) - known
+    if unknown:
+        raise ProfileError(f"{origin}: unknown meta fields {sorted(unknown)}")
+    meta_kwargs = dict(raw_meta)
+    if "cpus" in meta_kwargs:
+        meta_kwargs["cpus"] = _int_field(meta_kwargs["cpus"], where=f"{origin}: meta", name="cpus")
+    meta = ProfileMeta(**{**meta_kwargs, "source": meta_kwargs.get("source") or origin})
+    raw_points = data.get("points")
+    if not isinstance(raw_points, list):
+        raise ProfileError(f"{origin}: 'points' must be a list")
+    points = []
+    for row, item in enumerate(raw_points, start=1):
+        where = f"{origin}: point {row}"
+        if not isinstance(item, dict):
+            raise ProfileError(f"{where}: expected an object")
+        missing = [c for c in CSV_COLUMNS if c not in item]
+        if missing:
+            raise ProfileError(f"{where}: missing {', '.join(missing)}")
+        samples = item.get("samples")
+        points.append(
+            ProfilePoint(
+                threads=_int_field(item["threads"], where=where, name="threads"),
+                batch=_int_field(item["batch"], where=where, name="batch"),
+                latency_ms=_float_field(item["latency_ms"], where=where, name="latency_ms"),
+                samples=None if samples is None else _int_field(samples, where=where, name="samples"),
+                p50_ms=_opt_float(item.get("p50_ms"), where=where, name="p50_ms"),
+                p99_ms=_opt_float(item.get("p99_ms"), where=where, name="p99_ms"),
+                cv=_opt_float(item.get("cv"), where=where, name="cv"),
+            )
+        )
+    return Profile(meta=meta, points=tuple(points))
+
+
+def _opt_float(value: Any, *, where: str, name: str) -> float | None:
+    return None if value is None else _float_field(value, where=where, name=name)
+
+
+def profile_from_csv(text: str, *, origin: str = "<csv>", meta: ProfileMeta | None = None) -> Profile:
+    """Parse ``threads,batch,latency_ms`` CSV (extra columns are ignored).
+
+    Rows are numbered as lines of the file (the header is line 1).
+    """
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
+        raise ProfileError(f"{origin}: empty file (expected header {','.join(CSV_COLUMNS)})")
+    names = [h.strip().lower() for h in header]
+    missing = [c for c in CSV_COLUMNS if c not in names]
+    if missing:
+        raise ProfileError(
+            f"{origin}: line 1: missing column(s) {', '.join(missing)} "
+            f"(expected header {','.join(CSV_COLUMNS)})"
+        )
+    col = {c: names.index(c) for c in CSV_COLUMNS}
+    points: list[ProfilePoint] = []
+    first_line: dict[tuple[int, int], int] = {}
+    for line, row in enumerate(reader, start=2):
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        where = f"{origin}: line {line}"
+        if len(row) < len(names):
+            raise ProfileError(f"{where}: expected {len(names)} columns, got {len(row)}")
+        point = ProfilePoint(
+            threads=_int_field(row[col["threads"]], where=where, name="threads"),
+            batch=_int_field(row[col["batch"]], where=where, name="batch"),
+            latency_ms=_float_field(row[col["latency_ms"]], where=where, name="latency_ms"),
+        )
+        if point.key in first_line:
+            raise ProfileError(
+                f"{where}: duplicate point threads={point.threads}, batch={point.batch} "
+                f"(first on line {first_line[point.key]})"
+            )
+        try:
+            validate_points([point], origin=where)
+        except ProfileError as exc:
+            raise ProfileError(str(exc).replace(" point 1", "")) from None
+        first_line[point.key] = line
+        points.append(point)
+    if not points:
+        raise ProfileError(f"{origin}: the profile has no points")
+    base = meta or ProfileMeta()
+    if not base.cpus:
+        base = replace(base, cpus=max(p.threads for p in points))
+    if not base.source:
+        base = replace(base, source=origin)
+    return Profile(meta=base, points=tuple(sorted(points, key=lambda p: p.key)))
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a JSON profile or a ``threads,batch,latency_ms`` CSV, decided by content."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_profile(text, origin=str(path))
+
+
+def parse_profile(text: str, *, origin: str) -> Profile:
+    """Parse profile text: JSON when it starts with ``{``, CSV otherwise."""
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(f"{origin}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        return profile_from_dict(data, origin=origin)
+    model = Path(origin).stem
+    return profile_from_csv(text, origin=origin, meta=ProfileMeta(model=model, source=origin))

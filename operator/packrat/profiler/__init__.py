@@ -1,0 +1,1 @@
+"""Measure a model's latency profile L(t, b) on pinned cores, and Packrat's microbenchmark."""

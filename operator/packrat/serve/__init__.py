@@ -1,0 +1,1 @@
+"""Run one serving pod from a plan: TorchServe with pinned thin instances behind a dispatcher."""
