@@ -320,7 +320,9 @@ class Optimizer:
             if per_core is not None and per_core.feasible(batch):
                 pc = per_core.plan(batch)
                 alternatives.append(
-                    Alternative("per_core", instances=pc.instances, latency_ms=pc.expected_latency_ms)
+                    Alternative(
+                        "per_core", instances=pc.instances, latency_ms=pc.expected_latency_ms
+                    )
                 )
             else:
                 alternatives.append(Alternative("per_core", instances=(), latency_ms=None))

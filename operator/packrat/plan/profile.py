@@ -152,7 +152,9 @@ def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
         if not isinstance(p.batch, int) or p.batch < 1:
             raise ProfileError(f"{where}: batch must be an integer >= 1")
         if not _finite_positive(p.latency_ms):
-            raise ProfileError(f"{where}: latency_ms must be a finite number > 0, got {p.latency_ms}")
+            raise ProfileError(
+                f"{where}: latency_ms must be a finite number > 0, got {p.latency_ms}"
+            )
         for name in ("p50_ms", "p99_ms", "cv"):
             value = getattr(p, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
@@ -226,7 +228,9 @@ def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
                 threads=_int_field(item["threads"], where=where, name="threads"),
                 batch=_int_field(item["batch"], where=where, name="batch"),
                 latency_ms=_float_field(item["latency_ms"], where=where, name="latency_ms"),
-                samples=None if samples is None else _int_field(samples, where=where, name="samples"),
+                samples=None
+                if samples is None
+                else _int_field(samples, where=where, name="samples"),
                 p50_ms=_opt_float(item.get("p50_ms"), where=where, name="p50_ms"),
                 p99_ms=_opt_float(item.get("p99_ms"), where=where, name="p99_ms"),
                 cv=_opt_float(item.get("cv"), where=where, name="cv"),
@@ -239,7 +243,9 @@ def _opt_float(value: Any, *, where: str, name: str) -> float | None:
     return None if value is None else _float_field(value, where=where, name=name)
 
 
-def profile_from_csv(text: str, *, origin: str = "<csv>", meta: ProfileMeta | None = None) -> Profile:
+def profile_from_csv(
+    text: str, *, origin: str = "<csv>", meta: ProfileMeta | None = None
+) -> Profile:
     """Parse ``threads,batch,latency_ms`` CSV (extra columns are ignored).
 
     Rows are numbered as lines of the file (the header is line 1).

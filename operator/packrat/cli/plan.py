@@ -1,0 +1,169 @@
+"""``packrat plan``: the optimal thin-instance plan for a profile, T cores and batch sizes.
+
+Pure and fast (no torch import): it reads a JSON profile or a ``threads,batch,latency_ms``
+CSV, runs the exact optimizer once for the largest batch asked (one DP pass answers every
+smaller batch too) and prints a table, JSON, and optionally a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from packrat.cli import CliError
+from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.profile import Profile, ProfileError, load_profile
+
+
+def parse_int_list(text: str, *, what: str) -> list[int]:
+    """``"4,8,16"`` -> ``[4, 8, 16]``; also accepts ranges such as ``1-8``."""
+    values: list[int] = []
+    try:
+        for raw in text.split(","):
+            part = raw.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                values.extend(range(lo, hi + 1))
+            else:
+                values.append(int(part))
+    except ValueError:
+        raise CliError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise CliError(f"{what} is empty")
+    bad = [v for v in values if v <= 0]
+    if bad:
+        raise CliError(f"{what} must be positive, got {bad[0]}")
+    return values
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="compute the optimal thin-instance plan from a profile",
+        description=(
+            "Compute Packrat's optimal mix of instances <count, threads, batch> for T cores "
+            "and batch B from a latency profile (JSON or threads,batch,latency_ms CSV)."
+        ),
+    )
+    parser.add_argument("--profile", required=True, type=Path, help="profile JSON or CSV")
+    parser.add_argument("--cpus", type=int, help="cores per replica T (default: the profile's)")
+    parser.add_argument("--batch", required=True, help="batch size(s): 8 or 4,8,16 or 1-32")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument("--plot", type=Path, help="write expected latency vs batch size (PNG)")
+    parser.set_defaults(func=run)
+
+
+def make_optimizer(profile: Profile, *, cpus: int, max_batch: int) -> Optimizer:
+    if cpus > profile.meta.cpus > 0:
+        raise CliError(
+            f"--cpus {cpus} exceeds the {profile.meta.cpus} cores the profile was measured on; "
+            "profile on the target cores instead of extrapolating"
+        )
+    try:
+        return Optimizer.for_profile(profile, cpus=cpus, max_batch=max_batch)
+    except PlanError as exc:
+        raise CliError(str(exc)) from None
+
+
+def format_table(plans: Sequence[Plan]) -> str:
+    header = (
+        "cpus",
+        "batch",
+        "plan",
+        "instances",
+        "expected ms",
+        "fat ms",
+        "per-core ms",
+        "speedup",
+    )
+    rows = [header]
+    for p in plans:
+        per_core = next((a.latency_ms for a in p.alternatives if a.name == "per_core"), None)
+        rows.append(
+            (
+                str(p.cpus),
+                str(p.batch),
+                p.label,
+                str(p.num_instances),
+                f"{p.expected_latency_ms:.2f}",
+                "-" if p.fat_latency_ms is None else f"{p.fat_latency_ms:.2f}",
+                "-" if per_core is None else f"{per_core:.2f}",
+                "-" if p.expected_speedup is None else f"{p.expected_speedup:.2f}x",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def plot_plans(
+    curve: Sequence[Plan], path: Path, *, title: str, marked: Sequence[Plan] = ()
+) -> None:
+    """Expected latency of the plan and of the fat instance for every batch in ``curve``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(
+        [p.batch for p in curve],
+        [p.expected_latency_ms for p in curve],
+        ".",
+        markersize=3,
+        label="Packrat plan (expected)",
+    )
+    fat = [(p.batch, p.fat_latency_ms) for p in curve if p.fat_latency_ms is not None]
+    if fat:
+        ax.plot([b for b, _ in fat], [v for _, v in fat], "s--", label="fat instance (profiled)")
+    for p in marked:
+        ax.plot([p.batch], [p.expected_latency_ms], "o", color="black")
+        ax.annotate(
+            p.label,
+            (p.batch, p.expected_latency_ms),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(4, -10),
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size B")
+    ax.set_ylabel("latency per batch (ms)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as exc:
+        raise CliError(str(exc)) from None
+    cpus = args.cpus if args.cpus is not None else profile.meta.cpus
+    if cpus is None or cpus <= 0:
+        raise CliError("--cpus must be a positive integer")
+    batches = parse_int_list(args.batch, what="--batch")
+    optimizer = make_optimizer(profile, cpus=cpus, max_batch=max(batches))
+    try:
+        plans = [optimizer.plan(b) for b in batches]
+    except PlanError as exc:
+        raise CliError(str(exc)) from None
+    if args.format == "json":
+        payload: Any = plans[0].to_dict() if len(plans) == 1 else [p.to_dict() for p in plans]
+        print(json.dumps(payload, indent=2))
+    else:
+        print(format_table(plans))
+    if args.plot:
+        curve = [optimizer.plan(b) for b in range(1, max(batches) + 1) if optimizer.feasible(b)]
+        title = f"{profile.meta.model}: expected latency on {cpus} cores"
+        plot_plans(curve, args.plot, title=title, marked=plans)
+        print(f"plot written to {args.plot}")
+    return 0
