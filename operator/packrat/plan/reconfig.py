@@ -1,0 +1,187 @@
+"""When to switch plans online: pure decision rules over a stream of batch-size observations.
+
+Packrat's online half follows the load: serving pods estimate the batch size their arrivals
+form, the operator combines the estimates, and a new plan is adopted only when the change is
+sustained, not too soon after the last switch, and worth it by the optimizer's own numbers.
+Every rule lives here, free of Kubernetes and clocks (``now`` is an argument), so flapping
+and edge cases are tested on synthetic streams.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from packrat.plan.optimizer import Plan, PlanError
+
+LatencyFn = Callable[[int], float]
+"""The optimal expected latency for a batch size (``Optimizer.latency``)."""
+
+
+class Outcome(StrEnum):
+    """Decision outcomes, also the label values of the decisions metric."""
+
+    SWITCH = "switch"
+    HOLD_SAME = "hold_same"
+    HOLD_NOT_SUSTAINED = "hold_not_sustained"
+    HOLD_TOO_SOON = "hold_too_soon"
+    HOLD_GAIN_TOO_SMALL = "hold_gain_too_small"
+    HOLD_NO_DATA = "hold_no_data"
+    HOLD_INFEASIBLE = "hold_infeasible"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The ``autoBatch`` settings of a PackratModel."""
+
+    min_batch: int = 1
+    max_batch: int = 64
+    sustain: int = 3
+    min_interval_s: float = 60.0
+    min_gain: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise ValueError(
+                f"need 1 <= min_batch <= max_batch, got {self.min_batch}..{self.max_batch}"
+            )
+        if self.sustain < 1:
+            raise ValueError("sustain must be >= 1")
+        if self.min_interval_s < 0 or self.min_gain < 0:
+            raise ValueError("min_interval_s and min_gain must be >= 0")
+
+    def clamp(self, batch: int) -> int:
+        return max(self.min_batch, min(self.max_batch, batch))
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The combined batch-size estimate of all ready pods at ``time`` (seconds)."""
+
+    time: float
+    batch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    current: int
+    target: int | None
+    expected_gain: float | None
+    message: str
+
+    @property
+    def switch(self) -> bool:
+        return self.outcome is Outcome.SWITCH
+
+
+def combine_estimates(estimates: Sequence[int]) -> int | None:
+    """Combine per-pod estimates: the mode; ties go to the larger batch (fewer late requests)."""
+    valid = [e for e in estimates if e >= 1]
+    if not valid:
+        return None
+    counts = Counter(valid)
+    return max(counts, key=lambda b: (counts[b], b))
+
+
+def floor_pow2(value: float) -> int:
+    """The largest power of two <= value, and at least 1."""
+    if value < 2:
+        return 1
+    return 1 << math.floor(math.log2(value))
+
+
+def plan_latency_at(plan: Plan, table: Mapping[tuple[int, int], float], batch: int) -> float:
+    """Expected latency of keeping ``plan`` when ``batch`` requests arrive together.
+
+    The dispatcher spreads requests in proportion to each instance's batch size; an instance
+    given more than its batch runs several rounds, one given fewer runs a smaller batch,
+    costed at the smallest profiled batch that holds it (conservative).
+    """
+    if batch <= 0:
+        raise PlanError(f"batch must be positive, got {batch}")
+    worst = 0.0
+    for group in plan.instances:
+        share = batch * group.batch / plan.batch
+        rounds = max(1, math.ceil(share / group.batch - 1e-9))
+        per_round = math.ceil(share / rounds - 1e-9)
+        profiled = sorted(b for (t, b) in table if t == group.threads and b >= per_round)
+        if profiled:
+            latency = table[(group.threads, profiled[0])]
+        else:  # larger than any profiled batch of this width: scale the largest linearly
+            largest = max(b for (t, b) in table if t == group.threads)
+            latency = table[(group.threads, largest)] * per_round / largest
+        worst = max(worst, rounds * latency)
+    return worst
+
+
+def decide(
+    *,
+    policy: Policy,
+    current_plan: Plan,
+    table: Mapping[tuple[int, int], float],
+    optimal_latency: LatencyFn,
+    history: Sequence[Observation],
+    last_switch_at: float | None,
+    now: float,
+) -> Decision:
+    """Decide whether to switch from ``current_plan`` given the recent observations.
+
+    Rules, in order: a target needs ``sustain`` consecutive equal observations (clamped to
+    the policy's range); it must differ from the current batch; at least ``min_interval_s``
+    must have passed since the last switch; and the optimal plan at the target must be
+    expected faster than keeping the current plan at the target by more than ``min_gain``.
+    """
+    current = current_plan.batch
+    if not history:
+        return Decision(Outcome.HOLD_NO_DATA, current, None, None, "no observations yet")
+    recent = [policy.clamp(o.batch) for o in history[-policy.sustain :]]
+    target = recent[-1]
+    if len(recent) < policy.sustain or any(b != target for b in recent):
+        return Decision(
+            Outcome.HOLD_NOT_SUSTAINED,
+            current,
+            target,
+            None,
+            f"batch {target} seen in {sum(b == target for b in recent)} of the last "
+            f"{policy.sustain} observations",
+        )
+    if target == current:
+        return Decision(
+            Outcome.HOLD_SAME, current, target, None, f"load still fits batch {current}"
+        )
+    if last_switch_at is not None and now - last_switch_at < policy.min_interval_s:
+        wait = policy.min_interval_s - (now - last_switch_at)
+        return Decision(
+            Outcome.HOLD_TOO_SOON,
+            current,
+            target,
+            None,
+            f"last switch {now - last_switch_at:.0f}s ago; next allowed in {wait:.0f}s",
+        )
+    try:
+        new_latency = optimal_latency(target)
+    except PlanError as exc:
+        return Decision(Outcome.HOLD_INFEASIBLE, current, target, None, str(exc))
+    keep_latency = plan_latency_at(current_plan, table, target)
+    gain = (keep_latency - new_latency) / keep_latency
+    if gain <= policy.min_gain:
+        return Decision(
+            Outcome.HOLD_GAIN_TOO_SMALL,
+            current,
+            target,
+            gain,
+            f"plan for batch {target} expected {gain:.1%} faster than keeping the current plan "
+            f"(threshold {policy.min_gain:.0%})",
+        )
+    return Decision(
+        Outcome.SWITCH,
+        current,
+        target,
+        gain,
+        f"batch {current} -> {target}: expected {new_latency:.1f} ms vs {keep_latency:.1f} ms "
+        f"keeping the current plan ({gain:.1%} faster)",
+    )

@@ -1,0 +1,151 @@
+"""The TorchServe handler every Packrat worker runs: pin first, then load and serve.
+
+TorchServe starts one Python worker per registered model instance; the worker imports the
+archive's handler and calls it once with ``data=None`` to initialize. Packrat's archives name
+:func:`handle` (through a one-line ``packrat_entry.py``), so the very first thing a worker does
+is read its instance's core set (looked up by the registered model name in the file that
+``PACKRAT_SERVE_CONFIG`` names) and pin itself, before any model weight is loaded or any
+thread pool is started. Then it either:
+
+- serves a zoo model or TorchScript file natively (``packrat_model.json`` in the archive):
+  one request = one sample, JSON or raw little-endian bytes, decoded per request so that a
+  malformed request fails alone (400 for that request, the rest of the batch is answered); or
+- delegates to the user's own handler from a wrapped ``.mar`` (``packrat_wrapped.json`` names
+  it), loaded exactly as TorchServe would load it, so user handlers work unchanged.
+
+Runs inside TorchServe's worker process; imports torch and ``ts`` lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONFIG_ENV = "PACKRAT_SERVE_CONFIG"
+MODEL_FILE = "packrat_model.json"
+WRAPPED_FILE = "packrat_wrapped.json"
+ENTRY_MODULE = "packrat_entry"
+ENTRY_SOURCE = (
+    '"""Packrat entry point: pins this worker to its cores, then serves (see packrat.serve.handler)."""\n'
+    "from packrat.serve.handler import handle  # noqa: F401\n"
+)
+
+_service: Any = None
+
+
+def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any] | None:
+    """This worker's ``{"cpus": [...], "threads": t, "batch": b}``, or None when unpinned."""
+    if not config_path:
+        return None
+    data = json.loads(Path(config_path).read_text())
+    entry = data.get("instances", {}).get(model_name)
+    return entry if isinstance(entry, dict) else None
+
+
+def handle(data: Any, context: Any) -> Any:
+    """TorchServe's function entry point (``data is None`` means initialize)."""
+    global _service
+    if _service is None:
+        _service = _initialize(context)
+        if data is None:
+            return None
+    if data is None:
+        return None
+    return _service.handle(data, context)
+
+
+def _initialize(context: Any) -> Any:
+    settings = instance_settings(context.model_name, os.environ.get(CONFIG_ENV))
+    if settings is not None:
+        from packrat.runtime.pinning import pin_current_process
+
+        pin_current_process(settings["cpus"], threads=int(settings["threads"]))
+        log.info(
+            "packrat: %s pinned to cpus %s with %s threads (pid %d)",
+            context.model_name,
+            settings["cpus"],
+            settings["threads"],
+            os.getpid(),
+        )
+    else:
+        log.info("packrat: %s runs unpinned (no instance settings)", context.model_name)
+    model_dir = Path(context.system_properties.get("model_dir", "."))
+    wrapped = model_dir / WRAPPED_FILE
+    if wrapped.exists():
+        spec = json.loads(wrapped.read_text())
+        return _WrappedService(str(spec["handler"]), context)
+    return _NativeService(json.loads((model_dir / MODEL_FILE).read_text()))
+
+
+# -- a user's handler, loaded the way TorchServe loads it -----------------------------------
+class _WrappedService:
+    def __init__(self, handler: str, context: Any) -> None:
+        self.entry: Callable[[Any, Any], Any]
+        module_name, _, function_name = handler.partition(":")
+        module_name = module_name.removesuffix(".py").split("/")[-1]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = importlib.import_module(f".{module_name}", "ts.torch_handler")
+        function_name = function_name or "handle"
+        if hasattr(module, function_name):
+            self.entry = getattr(module, function_name)
+            self.entry(None, context)
+            return
+        from ts.utils.util import list_classes_from_module
+
+        classes = list_classes_from_module(module)
+        if len(classes) != 1:
+            raise ValueError(f"expected exactly one handler class in {handler}, found {classes}")
+        instance = classes[0]()
+        instance.initialize(context)
+        self.entry = instance.handle
+
+    def handle(self, data: Any, context: Any) -> Any:
+        return self.entry(data, context)
+
+
+# -- zoo models and TorchScript files ------------------------------------------------------
+class _NativeService:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import torch
+
+        from packrat.runtime.zoo import load_model
+
+        self.torch = torch
+        self.model = load_model(str(spec["spec"])).eval()
+        self.inputs: list[dict[str, Any]] | None = spec.get("inputs")
+
+    def handle(self, data: list[dict[str, Any]], context: Any) -> list[Any]:
+        from packrat.serve.codec import CodecError, decode_sample, encode_output
+
+        samples: list[tuple[int, list[Any]]] = []
+        out: list[Any] = [None] * len(data)
+        for idx, row in enumerate(data):
+            body = row.get("data", row.get("body")) if isinstance(row, dict) else row
+            try:
+                samples.append((idx, decode_sample(body, self.inputs)))
+            except CodecError as exc:
+                context.set_response_status(code=400, phrase="Bad Request", idx=idx)
+                out[idx] = json.dumps({"code": 400, "type": "BadRequest", "message": str(exc)})
+        if samples:
+            torch = self.torch
+            arity = len(samples[0][1])
+            groups: dict[tuple[tuple[int, ...], ...], list[tuple[int, list[Any]]]] = {}
+            for item in samples:
+                key = tuple(tuple(t.shape) for t in item[1])
+                groups.setdefault(key, []).append(item)
+            for items in groups.values():
+                batch = [torch.stack([s[i] for _, s in items]) for i in range(arity)]
+                with torch.inference_mode():
+                    result = self.model(*batch)
+                for row_index, (idx, _) in enumerate(items):
+                    out[idx] = encode_output(result, row_index)
+        return out

@@ -1,0 +1,201 @@
+"""Online reconfiguration rules on synthetic observation streams: sustain, interval, gain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from packrat.plan.optimizer import Optimizer, optimize
+from packrat.plan.profile import load_profile
+from packrat.plan.reconfig import (
+    Observation,
+    Outcome,
+    Policy,
+    combine_estimates,
+    decide,
+    floor_pow2,
+    plan_latency_at,
+)
+
+PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "profiles" / "packrat-paper"
+
+
+def amdahl_table(cpus: int = 4, max_batch: int = 64) -> dict[tuple[int, int], float]:
+    """Thin instances win at large batches: per-thread efficiency falls with width."""
+    table = {}
+    b = 1
+    while b <= max_batch:
+        for t in range(1, cpus + 1):
+            table[(t, b)] = 2.0 + b * (0.2 + 0.8 / t) * (1 + 0.15 * t)
+        b *= 2
+    return table
+
+
+TABLE = amdahl_table()
+OPT = Optimizer(TABLE, cpus=4, max_batch=64)
+POLICY = Policy(min_batch=1, max_batch=64, sustain=3, min_interval_s=60, min_gain=0.05)
+
+
+def stream(*batches: int, start: float = 0.0, step: float = 10.0) -> list[Observation]:
+    return [Observation(time=start + i * step, batch=b) for i, b in enumerate(batches)]
+
+
+def run(history: list[Observation], *, current: int = 1, last_switch_at: float | None = None):  # type: ignore[no-untyped-def]
+    return decide(
+        policy=POLICY,
+        current_plan=OPT.plan(current),
+        table=TABLE,
+        optimal_latency=OPT.latency,
+        history=history,
+        last_switch_at=last_switch_at,
+        now=history[-1].time if history else 0.0,
+    )
+
+
+def test_switches_when_a_new_batch_is_sustained_and_worth_it() -> None:
+    decision = run(stream(1, 16, 16, 16), current=1)
+    assert decision.outcome is Outcome.SWITCH and decision.switch
+    assert decision.target == 16
+    assert decision.expected_gain is not None and decision.expected_gain > 0.05
+
+
+def test_holds_until_sustained() -> None:
+    assert run(stream(1, 1, 16, 16), current=1).outcome is Outcome.HOLD_NOT_SUSTAINED
+    assert run(stream(16, 8, 16), current=1).outcome is Outcome.HOLD_NOT_SUSTAINED
+    assert run(stream(16, 16), current=1).outcome is Outcome.HOLD_NOT_SUSTAINED
+
+
+def test_no_flapping_on_an_alternating_load() -> None:
+    outcomes = []
+    history: list[Observation] = []
+    for i, b in enumerate([2, 16] * 20):
+        history.append(Observation(time=i * 10.0, batch=b))
+        outcomes.append(run(history, current=2).outcome)
+    assert Outcome.SWITCH not in outcomes
+
+
+def test_holds_when_too_soon_after_the_last_switch() -> None:
+    history = stream(16, 16, 16, start=100.0)
+    assert run(history, current=1, last_switch_at=90.0).outcome is Outcome.HOLD_TOO_SOON
+    assert run(history, current=1, last_switch_at=50.0).outcome is Outcome.SWITCH
+
+
+def test_holds_when_the_target_is_the_current_batch() -> None:
+    assert run(stream(8, 8, 8), current=8).outcome is Outcome.HOLD_SAME
+
+
+def test_holds_when_the_gain_is_too_small() -> None:
+    # Latency barely depends on the batch: the current plan for batch 4, given only batch 2,
+    # runs a batch of 2 and is as fast as the optimal plan for 2, so there is nothing to gain.
+    table = {(t, b): 1.0 + 0.01 * b for t in (1, 2) for b in (1, 2, 4)}
+    opt = Optimizer(table, cpus=2, max_batch=4)
+    current = opt.plan(4)
+    decision = decide(
+        policy=POLICY,
+        current_plan=current,
+        table=table,
+        optimal_latency=opt.latency,
+        history=stream(2, 2, 2),
+        last_switch_at=None,
+        now=20.0,
+    )
+    assert decision.outcome is Outcome.HOLD_GAIN_TOO_SMALL
+    assert decision.expected_gain is not None and decision.expected_gain <= 0.05
+
+
+def test_targets_are_clamped_to_the_policy_range() -> None:
+    policy = Policy(min_batch=2, max_batch=8, sustain=2, min_interval_s=0, min_gain=0.0)
+    decision = decide(
+        policy=policy,
+        current_plan=OPT.plan(2),
+        table=TABLE,
+        optimal_latency=OPT.latency,
+        history=stream(64, 64),
+        last_switch_at=None,
+        now=10.0,
+    )
+    assert decision.target == 8
+
+
+def test_no_data_holds() -> None:
+    assert run([], current=4).outcome is Outcome.HOLD_NO_DATA
+
+
+def test_infeasible_target_holds_with_the_reason() -> None:
+    table = {(1, 2): 1.0, (2, 2): 0.8, (2, 4): 1.5}
+    opt = Optimizer(table, cpus=2, max_batch=8)
+    policy = Policy(min_batch=1, max_batch=8, sustain=1, min_interval_s=0, min_gain=0.0)
+    decision = decide(
+        policy=policy,
+        current_plan=opt.plan(2),
+        table=table,
+        optimal_latency=opt.latency,
+        history=stream(8),
+        last_switch_at=None,
+        now=1.0,
+    )
+    assert decision.outcome is Outcome.HOLD_INFEASIBLE
+    assert "no combination" in decision.message
+
+
+def test_combine_estimates_takes_the_mode_and_breaks_ties_upward() -> None:
+    assert combine_estimates([4, 4, 8]) == 4
+    assert combine_estimates([4, 8]) == 8
+    assert combine_estimates([]) is None
+    assert combine_estimates([0]) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(0, 1), (1.9, 1), (2, 2), (7.99, 4), (8, 8), (1000, 512)]
+)
+def test_floor_pow2(value: float, expected: int) -> None:
+    assert floor_pow2(value) == expected
+
+
+def test_plan_latency_at_its_own_batch_is_its_expected_latency() -> None:
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        plan = OPT.plan(batch)
+        assert plan_latency_at(plan, TABLE, batch) == pytest.approx(plan.expected_latency_ms)
+
+
+def test_plan_latency_at_a_larger_batch_runs_rounds() -> None:
+    plan = optimize(TABLE, cpus=4, batch=4)
+    # twice the load on the same instances: at least two rounds of the slowest instance
+    assert plan_latency_at(plan, TABLE, 8) >= 2 * plan.expected_latency_ms - 1e-9
+
+
+def test_policy_rejects_bad_settings() -> None:
+    with pytest.raises(ValueError, match="min_batch"):
+        Policy(min_batch=8, max_batch=4)
+    with pytest.raises(ValueError, match="sustain"):
+        Policy(sustain=0)
+
+
+def test_on_the_papers_resnet_profile_a_load_step_switches_once() -> None:
+    path = PAPER / "resnet-pytorch.csv"
+    if not path.exists():
+        pytest.skip("published profiles not present")
+    table = load_profile(path).table()
+    opt = Optimizer(table, cpus=16, max_batch=64)
+    current = opt.plan(2)
+    switches = 0
+    history: list[Observation] = []
+    last = None
+    for i, b in enumerate([2] * 5 + [16] * 10):
+        now = i * 30.0
+        history.append(Observation(time=now, batch=b))
+        d = decide(
+            policy=POLICY,
+            current_plan=current,
+            table=table,
+            optimal_latency=opt.latency,
+            history=history,
+            last_switch_at=last,
+            now=now,
+        )
+        if d.switch:
+            switches += 1
+            current = opt.plan(d.target or current.batch)
+            last = now
+    assert switches == 1 and current.batch == 16
