@@ -81,7 +81,7 @@ def _initialize(context: Any) -> Any:
     if wrapped.exists():
         spec = json.loads(wrapped.read_text())
         return _WrappedService(str(spec["handler"]), context)
-    return _NativeService(json.loads((model_dir / MODEL_FILE).read_text()))
+    return _NativeService(json.loads((model_dir / MODEL_FILE).read_text()), model_dir)
 
 
 # -- a user's handler, loaded the way TorchServe loads it -----------------------------------
@@ -114,13 +114,16 @@ class _WrappedService:
 
 # -- zoo models and TorchScript files ------------------------------------------------------
 class _NativeService:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], model_dir: Path) -> None:
         import torch
 
         from packrat.runtime.zoo import load_model
 
         self.torch = torch
-        self.model = load_model(str(spec["spec"])).eval()
+        source = str(spec["spec"])
+        if spec.get("file"):  # a TorchScript file shipped inside the archive
+            source = str(model_dir / source)
+        self.model = load_model(source).eval()
         self.inputs: list[dict[str, Any]] | None = spec.get("inputs")
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[Any]:
