@@ -22,8 +22,8 @@ demo: venv
 	$(BIN)/packrat demo
 
 lint: venv
-	$(BIN)/ruff check operator tests benchmarks
-	$(BIN)/ruff format --check operator tests benchmarks
+	$(BIN)/ruff check operator tests benchmarks scripts
+	$(BIN)/ruff format --check operator tests benchmarks scripts
 
 typecheck: venv
 	$(BIN)/mypy
@@ -47,8 +47,25 @@ bench-optimizer: venv
 bench: venv
 	$(BIN)/packrat bench --model resnet50 --cpus 2 --batch 4,8,16,32
 
+# Opt-in (it creates a kind cluster and builds images); skipped where kind, Docker or helm are missing.
 e2e-kind: venv
-	$(BIN)/pytest tests/e2e_kind -q -m e2e_kind
+	PACKRAT_E2E_KIND=1 $(BIN)/pytest tests/e2e_kind -q -m e2e_kind --timeout 3600
+
+# Both images, tagged with the package version; needs a running Docker engine.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE_REPO ?= ghcr.io/packrat-operator
+images:
+	@docker info >/dev/null 2>&1 || { echo "make images: no usable Docker engine ('docker info' failed); nothing built. Start Docker, then rerun to build $(IMAGE_REPO)/operator:$(VERSION) and $(IMAGE_REPO)/serving:$(VERSION)." >&2; exit 1; }
+	docker build -f images/operator/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE_REPO)/operator:$(VERSION) .
+	docker build -f images/serving/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE_REPO)/serving:$(VERSION) .
+
+# Regenerate docs/crd-reference.md from the CRD schema descriptions.
+docs: venv
+	$(PY) scripts/gen_crd_docs.py
+
+# Copy crds/ into the Helm chart (byte-identical; a unit test checks it).
+crds-sync: venv
+	$(PY) scripts/sync_crds.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -80,7 +80,13 @@ def test_window_forgets_old_values() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"alpha": 0}, {"alpha": 1.5}, {"window": 0}, {"min_batch": 0}, {"min_batch": 4, "max_batch": 2}],
+    [
+        {"alpha": 0},
+        {"alpha": 1.5},
+        {"window": 0},
+        {"min_batch": 0},
+        {"min_batch": 4, "max_batch": 2},
+    ],
 )
 def test_invalid_parameters(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
@@ -107,4 +113,4 @@ def test_estimate_is_a_power_of_two_within_the_observed_range(depths: list[float
     for d in depths:
         value = est.observe(d)
         assert value & (value - 1) == 0
-        assert 1 <= value <= max(1.0, max(depths))
+        assert 1 <= value <= max(1.0, *depths)

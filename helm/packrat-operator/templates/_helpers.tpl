@@ -62,15 +62,6 @@ app.kubernetes.io/part-of: packrat
 {{- include "packrat-operator.imageRef" (list .Values.servingImage .) }}
 {{- end }}
 
-{{/* Namespaces that get the profiler ServiceAccount and Role. */}}
-{{- define "packrat-operator.profilerNamespaces" -}}
-{{- if .Values.watchNamespaces }}
-{{- .Values.watchNamespaces | uniq | toJson }}
-{{- else }}
-{{- prepend .Values.profiler.namespaces .Release.Namespace | uniq | toJson }}
-{{- end }}
-{{- end }}
-
 {{/* The pod-level security context shared by the operator and the test pod. */}}
 {{- define "packrat-operator.podSecurityContext" -}}
 runAsNonRoot: true

@@ -179,9 +179,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def read_topology(
-    cpus: Iterable[int] | None = None, *, root: str | Path = "/"
-) -> list[CpuInfo]:
+def read_topology(cpus: Iterable[int] | None = None, *, root: str | Path = "/") -> list[CpuInfo]:
     """Core and socket of each cpu from sysfs (default: :func:`allowed_cpus`).
 
     Safe defaults when sysfs is missing: every cpu its own core, all on socket 0. A core id of
@@ -207,9 +205,9 @@ def cpu_model(*, root: str | Path = "/") -> str:
     text = _read(Path(root) / "proc/cpuinfo") or ""
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if sep and key.strip() in ("model name", "Model Name", "cpu model", "Processor"):
-            if value.strip():
-                return " ".join(value.split())
+        names = ("model name", "Model Name", "cpu model", "Processor")
+        if sep and key.strip() in names and value.strip():
+            return " ".join(value.split())
     return platform.processor() or platform.machine() or "unknown"
 
 
@@ -269,13 +267,16 @@ def assign_cores(
     *,
     cpus: Sequence[int],
     topology: Sequence[CpuInfo] | None = None,
+    span_sockets: bool = False,
 ) -> list[list[int]]:
     """Disjoint cpu sets, one per instance, ``len(result[i]) == threads[i]``.
 
     Rules: an instance never spans two sockets; within a socket, instances get distinct
     physical cores before any SMT sibling is used; sets are handed out in cpu order so an
     instance's cores are close together. Raises :class:`CoreAssignmentError` with the reason
-    when the instances do not fit.
+    when the instances do not fit. With ``span_sockets=True`` (for an instance wider than a
+    socket, e.g. the fat instance on a two-socket cpuset) instances that cannot be placed
+    within sockets are laid out socket after socket instead of failing.
     """
     wanted = list(threads)
     for t in wanted:
@@ -298,16 +299,27 @@ def assign_cores(
     socket_ids = sorted(sockets)
     queues = [_socket_order(sockets[s]) for s in socket_ids]
     order = sorted(range(len(wanted)), key=lambda i: (-wanted[i], i))
+    result: list[list[int]]
     placement = _pack([wanted[i] for i in order], [len(q) for q in queues])
+    if placement is None and span_sockets:
+        flat = [cpu for queue in queues for cpu in queue]
+        result = [[] for _ in wanted]
+        start = 0
+        for i in order:
+            result[i] = sorted(flat[start : start + wanted[i]])
+            start += wanted[i]
+        return result
     if placement is None:
-        sizes = ", ".join(f"socket {s}: {len(q)} cpus" for s, q in zip(socket_ids, queues))
+        sizes = ", ".join(
+            f"socket {s}: {len(q)} cpus" for s, q in zip(socket_ids, queues, strict=True)
+        )
         raise CoreAssignmentError(
             f"instances with threads {wanted} cannot be placed without spanning a socket "
             f"({sizes}; cpus {format_cpu_list(available)})"
         )
-    result: list[list[int]] = [[] for _ in wanted]
+    result = [[] for _ in wanted]
     cursor = [0] * len(queues)
-    for i, s in zip(order, placement):
+    for i, s in zip(order, placement, strict=True):
         take = queues[s][cursor[s] : cursor[s] + wanted[i]]
         cursor[s] += wanted[i]
         result[i] = sorted(take)

@@ -77,6 +77,4 @@ def pin_current_process(cpus: Sequence[int], *, threads: int) -> None:
         try:
             torch.set_num_interop_threads(1)
         except RuntimeError as exc:
-            log.info(
-                "inter-op threads stay at %d (%s)", torch.get_num_interop_threads(), exc
-            )
+            log.info("inter-op threads stay at %d (%s)", torch.get_num_interop_threads(), exc)

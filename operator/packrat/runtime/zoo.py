@@ -14,10 +14,12 @@ shapes without the batch dimension).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -341,6 +343,7 @@ class BertBase(nn.Module):
 
     def __init__(
         self,
+        *,
         vocab: int = 30522,
         hidden: int = 768,
         layers: int = 12,
@@ -391,7 +394,7 @@ class GPT2(nn.Module):
     """
 
     def __init__(
-        self, vocab: int = 50257, hidden: int = 768, layers: int = 12, heads: int = 12
+        self, *, vocab: int = 50257, hidden: int = 768, layers: int = 12, heads: int = 12
     ) -> None:
         super().__init__()
         self.wte = nn.Embedding(vocab, hidden)
@@ -486,6 +489,14 @@ def _model_path(spec: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """TorchScript is the user-facing format here; torch 2.x flags it deprecated on every call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
 def load_model(spec: str) -> nn.Module:
     """Build a zoo model (random weights, fixed seed) or load a TorchScript file, in eval mode."""
     key = _zoo_key(spec)
@@ -493,7 +504,8 @@ def load_model(spec: str) -> nn.Module:
         return _seeded(_ZOO[key].build)
     path = _model_path(spec)
     try:
-        module = torch.jit.load(str(path), map_location="cpu")
+        with _quiet_jit():
+            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
     except (RuntimeError, ValueError) as exc:
         raise ZooError(f"{spec}: not a loadable TorchScript file: {exc}") from None
     module.eval()
@@ -503,7 +515,8 @@ def load_model(spec: str) -> nn.Module:
 def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
     extra = {EXTRA_FILE: ""}
     try:
-        torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        with _quiet_jit():
+            torch.jit.load(str(path), map_location="cpu", _extra_files=extra)  # type: ignore[no-untyped-call]
     except (RuntimeError, ValueError) as exc:
         raise ZooError(f"{path}: not a loadable TorchScript file: {exc}") from None
     text = extra[EXTRA_FILE]
@@ -568,14 +581,16 @@ def save_torchscript(
     inputs: Sequence[tuple[Sequence[int], torch.dtype]],
 ) -> None:
     """Script (if needed) and save ``model`` with its input description, for ``load_model``."""
-    scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
+    with _quiet_jit():
+        scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
     meta = {
         "inputs": [
             {"shape": [int(d) for d in shape], "dtype": str(dtype).removeprefix("torch.")}
             for shape, dtype in inputs
         ]
     }
-    torch.jit.save(scripted, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
+    with _quiet_jit():
+        torch.jit.save(scripted, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
 
 
 def model_digest(spec: str) -> str:

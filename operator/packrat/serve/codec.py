@@ -29,7 +29,9 @@ def _sample_bytes(inputs: Sequence[dict[str, Any]]) -> int:
     total = 0
     for item in inputs:
         dtype = getattr(torch, str(item["dtype"]))
-        total += math.prod(int(d) for d in item["shape"]) * torch.empty((), dtype=dtype).element_size()
+        total += (
+            math.prod(int(d) for d in item["shape"]) * torch.empty((), dtype=dtype).element_size()
+        )
     return total
 
 
@@ -93,3 +95,13 @@ def encode_output(result: Any, row: int) -> str:
     if isinstance(result, dict):
         result = next(iter(result.values()))
     return json.dumps(result[row].tolist(), separators=(",", ":"))
+
+
+def example_body(spec: str) -> bytes:
+    """A valid raw request body for a zoo model or described TorchScript file: its example
+    input of batch 1 (deterministic)."""
+    from packrat.runtime import zoo
+
+    example = zoo.example_input(spec, 1)
+    tensors = example if isinstance(example, tuple) else (example,)
+    return encode_sample([t[0] for t in tensors])

@@ -33,11 +33,11 @@ MODEL_FILE = "packrat_model.json"
 WRAPPED_FILE = "packrat_wrapped.json"
 ENTRY_MODULE = "packrat_entry"
 ENTRY_SOURCE = (
-    '"""Packrat entry point: pins this worker to its cores, then serves (see packrat.serve.handler)."""\n'
+    '"""Packrat entry point: pin this worker to its cores, then serve (packrat.serve.handler)."""\n'
     "from packrat.serve.handler import handle  # noqa: F401\n"
 )
 
-_service: Any = None
+_state: dict[str, Any] = {}  # this worker's service, created by the first (init) call
 
 
 def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any] | None:
@@ -51,14 +51,12 @@ def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any
 
 def handle(data: Any, context: Any) -> Any:
     """TorchServe's function entry point (``data is None`` means initialize)."""
-    global _service
-    if _service is None:
-        _service = _initialize(context)
-        if data is None:
-            return None
+    service = _state.get("service")
+    if service is None:
+        service = _state["service"] = _initialize(context)
     if data is None:
         return None
-    return _service.handle(data, context)
+    return service.handle(data, context)
 
 
 def _initialize(context: Any) -> Any:
@@ -137,6 +135,7 @@ class _NativeService:
                 samples.append((idx, decode_sample(body, self.inputs)))
             except CodecError as exc:
                 context.set_response_status(code=400, phrase="Bad Request", idx=idx)
+                context.set_response_content_type(idx, "application/json")
                 out[idx] = json.dumps({"code": 400, "type": "BadRequest", "message": str(exc)})
         if samples:
             torch = self.torch
@@ -151,4 +150,5 @@ class _NativeService:
                     result = self.model(*batch)
                 for row_index, (idx, _) in enumerate(items):
                     out[idx] = encode_output(result, row_index)
+                    context.set_response_content_type(idx, "application/json")
         return out

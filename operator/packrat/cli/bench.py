@@ -1,0 +1,110 @@
+"""``packrat bench``: Packrat's microbenchmark on this machine's cores, measured for real.
+
+Thin: the measurement lives in :mod:`packrat.profiler.bench` (plan vs fat vs one-per-core,
+interleaved) and, with ``--serving``, in ``packrat.serve.bench`` (the same comparison through
+the serving stack).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from packrat.cli import CliError
+from packrat.cli.plan import parse_int_list
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure the plan against the fat instance and one instance per core",
+        description=(
+            "For each batch size, run the optimizer's plan (its instances concurrently, pinned "
+            "to disjoint cores), the fat instance (T threads) and one 1-thread instance per "
+            "core, interleaved over repetitions; print measured medians with their spread, "
+            "measured speedup over fat, expected speedup and actual/expected."
+        ),
+    )
+    parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
+    parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
+    parser.add_argument("--batch", required=True, help="batch size(s), e.g. 4,8,16,32")
+    parser.add_argument(
+        "--profile", type=Path, help="profile JSON/CSV (default: a quick profile is measured)"
+    )
+    parser.add_argument(
+        "--save-profile", type=Path, help="where to keep the quick profile (default: discard)"
+    )
+    parser.add_argument(
+        "--profile-budget",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds per point of the quick profile (default 5)",
+    )
+    parser.add_argument("--repeats", type=int, default=10, help="interleaved repetitions")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up runs per configuration")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--serving",
+        action="store_true",
+        help="benchmark through the serving stack (packrat.serve.bench) instead",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=200, help="requests per repetition with --serving"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.serving:
+        serve_bench = importlib.import_module("packrat.serve.bench")
+        code: int = serve_bench.run_serving_bench(args)
+        return code
+
+    from packrat.plan.profile import ProfileError, load_profile
+    from packrat.profiler.bench import ensure_profile, format_bench_table, run_bench
+    from packrat.profiler.profiler import ProfilerError
+
+    batches = parse_int_list(args.batch, what="--batch")
+    try:
+        given = load_profile(args.profile) if args.profile else None
+        profile = ensure_profile(
+            spec=args.model,
+            cpus=args.cpus,
+            batches=batches,
+            profile=given,
+            save_to=args.save_profile,
+            point_budget_s=args.profile_budget,
+            stream=sys.stderr,
+        )
+        results = run_bench(
+            spec=args.model,
+            cpus=args.cpus,
+            batches=batches,
+            profile=profile,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            stream=sys.stderr,
+        )
+    except (ProfileError, ProfilerError) as exc:
+        raise CliError(str(exc)) from None
+    if args.format == "json":
+        payload = {
+            "model": args.model,
+            "cpus": args.cpus,
+            "repeats": args.repeats,
+            "profile": str(args.profile) if args.profile else None,
+            "results": [r.to_dict() for r in results],
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        print(
+            f"{args.model} on {args.cpus} cores, {args.repeats} interleaved repetitions; "
+            "latency per batch, median [p25-p75]"
+        )
+        print(format_bench_table(results))
+    return 0

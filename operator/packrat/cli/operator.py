@@ -1,0 +1,120 @@
+"""``packrat operator``: run the PackratModel operator (kopf) against the current kubeconfig."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from packrat.cli import CliError
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the Kubernetes operator for PackratModel resources",
+        description=(
+            "Run the PackratModel operator: profile models in Jobs, plan, deploy Guaranteed "
+            "serving pods and switch plans without downtime. Uses the in-cluster service "
+            "account, else the current kubeconfig."
+        ),
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch this namespace (repeatable; glob patterns allowed)",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces")
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="liveness endpoint, e.g. http://0.0.0.0:8081/healthz",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve operator metrics on this port (/metrics)",
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        default=None,
+        help="KopfPeering name for highly available replicas (default: standalone)",
+    )
+    parser.add_argument(
+        "--image",
+        default=os.environ.get("PACKRAT_SERVING_IMAGE"),
+        help="default serving image (env PACKRAT_SERVING_IMAGE)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_RESYNC_SECONDS", "5")),
+        help="how often each model is reconciled while waiting (default 5)",
+    )
+    parser.add_argument(
+        "--profile-retry-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_PROFILE_RETRY_SECONDS", "30")),
+        help="first backoff after a failed profiling Job; doubles per attempt (default 30)",
+    )
+    parser.add_argument(
+        "--max-profile-attempts",
+        type=int,
+        default=3,
+        help="profiling Jobs per profile before the model is Failed (default 3)",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from packrat.controller import metrics
+    from packrat.controller.handlers import OperatorOptions, build_registry
+    from packrat.controller.reconcile import Config
+    from packrat.controller.spec import DEFAULT_IMAGE
+
+    if args.resync_seconds <= 0:
+        raise CliError("--resync-seconds must be positive")
+    if args.max_profile_attempts < 1:
+        raise CliError("--max-profile-attempts must be at least 1")
+    if not args.namespace and not args.all_namespaces:
+        namespace = os.environ.get("POD_NAMESPACE")
+        if not namespace:
+            raise CliError("give --namespace NS (repeatable) or --all-namespaces")
+        args.namespace = [namespace]
+    options = OperatorOptions(
+        config=Config(
+            image=args.image or DEFAULT_IMAGE,
+            max_profile_attempts=args.max_profile_attempts,
+            profile_retry_seconds=args.profile_retry_seconds,
+        ),
+        resync_seconds=args.resync_seconds,
+        scanning=bool(args.all_namespaces)
+        or any(any(c in ns for c in "*?[") for ns in args.namespace),
+    )
+    if args.metrics_port is not None:
+        start_http_server(args.metrics_port, registry=metrics.REGISTRY)
+        logger.info("operator metrics on :%d/metrics", args.metrics_port)
+    registry = build_registry(options)
+    kopf.run(
+        registry=registry,
+        clusterwide=bool(args.all_namespaces),
+        namespaces=list(args.namespace),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        priority=int(os.environ.get("PACKRAT_PEERING_PRIORITY", "0")),
+        liveness_endpoint=args.liveness,
+    )
+    return 0

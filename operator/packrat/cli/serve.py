@@ -1,0 +1,118 @@
+"""``packrat serve``: run one serving pod (TorchServe thin instances behind the dispatcher).
+
+This is the serving container's command, and it runs the same on a laptop:
+``packrat serve --model tiny --plan plan.json --port 8080``. The plan is the JSON that
+``packrat plan --format json`` prints, from a file or from an environment variable (the
+operator renders it into ``PACKRAT_PLAN``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from packrat.cli import CliError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model with a Packrat plan on TorchServe behind one dispatcher port",
+        description=(
+            "Start one TorchServe (loopback only) with one pinned worker per plan instance "
+            "and a dispatcher on the public port that speaks TorchServe's inference API."
+        ),
+    )
+    parser.add_argument(
+        "--model", required=True, help="zoo name, TorchScript file (.pt) or model archive (.mar)"
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", type=Path, help="plan JSON file (packrat plan --format json)")
+    source.add_argument("--plan-env", metavar="VAR", help="environment variable holding the plan")
+    parser.add_argument(
+        "--model-name", help="name in /predictions/{name} (default: zoo name or file stem)"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="dispatcher address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
+    parser.add_argument("--max-batch-delay-ms", type=int, default=5, help="TorchServe batch delay")
+    parser.add_argument(
+        "--queue-limit", type=int, default=1024, help="queued requests before 503 (default 1024)"
+    )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=30.0, help="SIGTERM: longest wait for in-flight"
+    )
+    parser.add_argument(
+        "--workdir", type=Path, help="writable directory for archives, TorchServe temp and logs"
+    )
+    parser.add_argument(
+        "--warmup-body",
+        type=Path,
+        help="request body for the warm-up batch of a .mar (zoo/TorchScript build their own)",
+    )
+    parser.add_argument(
+        "--cpus",
+        help="use these cpus instead of this process's cpuset (e.g. 0-3); must be a subset",
+    )
+    parser.set_defaults(func=run)
+
+
+def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
+    """The plan JSON and where it came from."""
+    if args.plan is not None:
+        try:
+            return args.plan.read_text(), str(args.plan)
+        except OSError as exc:
+            raise CliError(f"cannot read plan {args.plan}: {exc}") from None
+    text = os.environ.get(args.plan_env)
+    if not text:
+        raise CliError(f"environment variable {args.plan_env} is not set or empty")
+    return text, f"${args.plan_env}"
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
+    from packrat.serve.archive import ArchiveError
+    from packrat.serve.config import ServeConfigError, parse_plan
+    from packrat.serve.server import ServeOptions, serve
+    from packrat.serve.torchserve import TorchServeError
+
+    text, origin = read_plan_text(args)
+    cpus = None
+    if args.cpus:
+        try:
+            cpus = parse_cpu_list(args.cpus)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        outside = sorted(set(cpus) - set(allowed_cpus()))
+        if outside:
+            raise CliError(f"--cpus {args.cpus}: cpus {outside} are outside this process's cpuset")
+    if args.queue_limit < 0:
+        raise CliError("--queue-limit must be >= 0")
+    warmup = None
+    if args.warmup_body is not None:
+        try:
+            warmup = args.warmup_body.read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read {args.warmup_body}: {exc}") from None
+    try:
+        plan = parse_plan(text, origin=origin)
+        opts = ServeOptions(
+            model=args.model,
+            plan=plan,
+            model_name=args.model_name,
+            host=args.host,
+            port=args.port,
+            max_batch_delay_ms=args.max_batch_delay_ms,
+            queue_limit=args.queue_limit,
+            drain_seconds=args.drain_seconds,
+            workdir=args.workdir,
+            cpus=cpus,
+            warmup_body=warmup,
+        )
+        return asyncio.run(serve(opts))
+    except (ServeConfigError, ArchiveError, TorchServeError) as exc:
+        raise CliError(str(exc)) from None

@@ -1,0 +1,430 @@
+"""Pure builders for every Kubernetes object a PackratModel owns (dict in, dict out).
+
+Kept free of I/O so each object can be checked offline against the Kubernetes schemas, and so
+the Guaranteed-QoS rule (every container, init containers included, requests == limits with
+integer CPUs) is enforced in one place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name, with_defaults
+
+PORT = 8080
+RUN_AS_USER = 10001
+SERVING_APP = "packrat-serving"
+PROFILING_APP = "packrat-profiling"
+MANAGER = "packrat-operator"
+LABEL_MODEL = "packrat.dev/model"
+LABEL_SLOT = "packrat.dev/slot"
+LABEL_PROFILE_KEY = "packrat.dev/profile-key"
+LABEL_SERVING_HASH = "packrat.dev/serving-hash"
+ANNOTATION_PLAN = "packrat.dev/plan"
+PLAN_ENV = "PACKRAT_PLAN"
+PROFILE_FILE = "profile.json"
+PROFILE_DIR = "/profile"
+MODEL_DIR = "/models"
+SLOTS = ("a", "b")
+
+
+def other_slot(slot: str) -> str:
+    return "b" if slot == "a" else "a"
+
+
+def deployment_name(name: str, slot: str) -> str:
+    return f"{name}-{slot}"
+
+
+def profile_object_name(name: str, key: str) -> str:
+    """Name of both the profiling Job and the profile ConfigMap for a profile key."""
+    return f"{name}-profile-{key[:8]}"
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def base_labels(name: str, *, app: str = SERVING_APP) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": app,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+
+
+def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner["metadata"].get("namespace", "default"),
+        "labels": dict(labels),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def guaranteed_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """requests == limits, integer CPUs: the pod gets Guaranteed QoS and exclusive cores."""
+    amount = {"cpu": str(int(spec["cpus"])), "memory": str(spec["memory"])}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if spec.get("nodeSelector"):
+        out["nodeSelector"] = dict(spec["nodeSelector"])
+    if spec.get("tolerations"):
+        out["tolerations"] = [dict(t) for t in spec["tolerations"]]
+    if spec.get("affinity"):
+        out["affinity"] = dict(spec["affinity"])
+    return out
+
+
+def _base_env() -> list[dict[str, Any]]:
+    return [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model."""
+    model = spec["model"]
+    if "zoo" in model:
+        return str(model["zoo"]), [], []
+    suffix = ".mar" if model.get("format") == "mar" else ".pt"
+    mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+    if "uri" in model:
+        return f"{MODEL_DIR}/model{suffix}", [{"name": "model", "emptyDir": {}}], [mount]
+    volume = model["volume"]
+    if "persistentVolumeClaim" in volume:
+        source: dict[str, Any] = {
+            "persistentVolumeClaim": {
+                "claimName": volume["persistentVolumeClaim"]["claimName"],
+                "readOnly": True,
+            }
+        }
+    else:
+        source = {"configMap": {"name": volume["configMap"]["name"]}}
+    return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
+
+
+def _fetch_init_container(spec: Mapping[str, Any], *, image: str) -> dict[str, Any] | None:
+    """For uri models: download the file into the shared emptyDir (Guaranteed-sized)."""
+    model = spec["model"]
+    if "uri" not in model:
+        return None
+    target, _, _ = model_source(spec)
+    script = (
+        "import sys, urllib.request; "
+        "urllib.request.urlretrieve(sys.argv[1], sys.argv[2] + '.part'); "
+        "import os; os.replace(sys.argv[2] + '.part', sys.argv[2])"
+    )
+    return {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["python", "-c", script, str(model["uri"]), target],
+        "resources": guaranteed_resources(spec),
+        "securityContext": _container_security(),
+        "env": _base_env(),
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
+    spec = with_defaults(spec)
+    profiling = spec["profiling"]
+    target, _, _ = model_source(spec)
+    cmd = [
+        "packrat",
+        "profile",
+        "--model",
+        target,
+        "--cpus",
+        str(spec["cpus"]),
+        "--max-batch",
+        str(profiling["maxBatch"]),
+        "--precision",
+        str(profiling["precision"]),
+        "--time-budget",
+        str(profiling["timeBudgetSeconds"]),
+        "-o",
+        output,
+    ]
+    if profiling.get("threads"):
+        cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
+    return cmd
+
+
+def profiling_job(
+    owner: Mapping[str, Any], *, key: str, image: str | None = None
+) -> dict[str, Any]:
+    """The Job that measures the profile.
+
+    The ``profile`` init container runs ``packrat profile`` on T exclusive cores; the main
+    container ``publish`` prints the finished JSON, so the operator reads the profile from
+    that container's log (the pod needs no API credentials). Both are Guaranteed-sized.
+    """
+    spec = with_defaults(owner["spec"])
+    name = owner["metadata"]["name"]
+    image = spec.get("image") or image or DEFAULT_IMAGE
+    job_name = profile_object_name(name, key)
+    labels = {
+        **base_labels(name, app=PROFILING_APP),
+        LABEL_MODEL: name,
+        LABEL_PROFILE_KEY: key[:16],
+    }
+    _, model_volumes, model_mounts = model_source(spec)
+    output = f"{PROFILE_DIR}/{PROFILE_FILE}"
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "profile", "mountPath": PROFILE_DIR},
+        *model_mounts,
+    ]
+    init: list[dict[str, Any]] = []
+    fetch = _fetch_init_container(spec, image=image)
+    if fetch is not None:
+        init.append(fetch)
+    init.append(
+        {
+            "name": "profile",
+            "image": image,
+            "command": profile_command(spec, output=output),
+            "env": _base_env(),
+            "resources": guaranteed_resources(spec),
+            "securityContext": _container_security(),
+            "volumeMounts": mounts,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    )
+    profiling = spec["profiling"]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": _pod_security(),
+        "initContainers": init,
+        "containers": [
+            {
+                "name": "publish",
+                "image": image,
+                "command": ["cat", output],
+                "resources": guaranteed_resources(spec),
+                "securityContext": _container_security(),
+                "volumeMounts": [{"name": "profile", "mountPath": PROFILE_DIR, "readOnly": True}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "profile", "emptyDir": {}},
+            *model_volumes,
+        ],
+        **_scheduling(spec),
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(owner, name=job_name, labels=labels),
+        "spec": {
+            "backoffLimit": int(profiling["backoffLimit"]),
+            "activeDeadlineSeconds": int(profiling["timeoutSeconds"]),
+            "ttlSecondsAfterFinished": 86400,
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+
+
+def profile_configmap(
+    owner: Mapping[str, Any], *, key: str, profile_json: str, cpu_model: str = ""
+) -> dict[str, Any]:
+    """The ConfigMap that stores a measured profile for reuse (keyed by the profile key)."""
+    name = owner["metadata"]["name"]
+    labels = {
+        **base_labels(name, app=PROFILING_APP),
+        LABEL_MODEL: name,
+        LABEL_PROFILE_KEY: key[:16],
+    }
+    meta = _metadata(owner, name=profile_object_name(name, key), labels=labels)
+    meta["annotations"] = {
+        "packrat.dev/profile-key": key,
+        "packrat.dev/profile-digest": hashlib.sha256(profile_json.encode()).hexdigest(),
+        "packrat.dev/cpu-model": cpu_model,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {PROFILE_FILE: profile_json},
+    }
+
+
+def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
+    spec = with_defaults(spec)
+    target, _, _ = model_source(spec)
+    return [
+        "packrat",
+        "serve",
+        "--model",
+        target,
+        "--model-name",
+        model_name(spec, default=name),
+        "--plan-env",
+        PLAN_ENV,
+        "--port",
+        str(PORT),
+        "--host",
+        "0.0.0.0",
+        "--max-batch-delay-ms",
+        str(spec["maxBatchDelayMs"]),
+    ]
+
+
+def serving_deployment(
+    owner: Mapping[str, Any],
+    *,
+    slot: str,
+    plan: Mapping[str, Any],
+    serving_hash: str,
+    replicas: int,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """The Deployment of one slot, serving ``plan`` with ``packrat serve``."""
+    spec = with_defaults(owner["spec"])
+    name = owner["metadata"]["name"]
+    image = spec.get("image") or image or DEFAULT_IMAGE
+    selector = {**base_labels(name), LABEL_SLOT: slot}
+    pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
+    _, model_volumes, model_mounts = model_source(spec)
+    drain = int(spec["switch"]["drainSeconds"])
+    probe_get = {"path": "/ping", "port": "http"}
+    init: list[dict[str, Any]] = []
+    fetch = _fetch_init_container(spec, image=image)
+    if fetch is not None:
+        init.append(fetch)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": drain + 30,
+        "securityContext": _pod_security(),
+        "containers": [
+            {
+                "name": "serve",
+                "image": image,
+                "command": serve_command(spec, name=name),
+                "env": [
+                    *_base_env(),
+                    {"name": PLAN_ENV, "value": json.dumps(dict(plan), sort_keys=True)},
+                ],
+                "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+                "resources": guaranteed_resources(spec),
+                "securityContext": _container_security(),
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *model_mounts],
+                "startupProbe": {
+                    "httpGet": probe_get,
+                    "periodSeconds": 2,
+                    "failureThreshold": 300,
+                    "timeoutSeconds": 2,
+                },
+                "readinessProbe": {
+                    "httpGet": probe_get,
+                    "periodSeconds": 2,
+                    "failureThreshold": 2,
+                    "timeoutSeconds": 2,
+                },
+                "livenessProbe": {
+                    "httpGet": probe_get,
+                    "periodSeconds": 10,
+                    "failureThreshold": 6,
+                    "timeoutSeconds": 5,
+                },
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *model_volumes],
+        **_scheduling(spec),
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            **_metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
+            "annotations": {ANNOTATION_PLAN: str(plan.get("label", ""))},
+        },
+        "spec": {
+            "replicas": int(replicas),
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                        ANNOTATION_PLAN: str(plan.get("label", "")),
+                    },
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(owner: Mapping[str, Any], *, slot: str) -> dict[str, Any]:
+    """The Service clients use; its selector includes the active slot."""
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, name=name, labels={**base_labels(name), LABEL_MODEL: name}),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": service_selector(name, slot=slot),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def service_selector(name: str, *, slot: str) -> dict[str, str]:
+    return {**base_labels(name), LABEL_SLOT: slot}

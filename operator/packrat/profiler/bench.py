@@ -1,0 +1,358 @@
+"""Packrat's microbenchmark, measured for real: the plan against fat and one-per-core.
+
+For each batch size B the optimizer's plan, the fat instance (T threads, batch B) and one
+1-thread instance per core (B split evenly) run on the same T cores, each configuration's
+instances concurrently as pinned worker processes on disjoint cores. A configuration's
+latency is the time from the first instance starting its batch to the last one finishing.
+
+Shared machines are noisy, and noise drifts: so the configurations are interleaved over the
+repetitions (A B C, B C A, C A B, ...: rotating also removes any order effect), every worker
+loads the model once and stays alive across repetitions and batch sizes, and results are
+medians with their spread, never one run.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.profile import Profile
+from packrat.profiler.client import WorkerProcess
+from packrat.profiler.profiler import ProfilerError, ProfileSettings, profile_cpus, run_profile
+from packrat.profiler.stats import Summary, summarize
+from packrat.runtime.cpus import CoreAssignmentError, assign_cores, format_cpu_list
+from packrat.runtime.zoo import ZooError, model_digest
+
+__all__ = [
+    "BatchResult",
+    "BenchConfig",
+    "ConfigResult",
+    "bench_configs",
+    "even_split",
+    "run_bench",
+]
+
+CONFIG_NAMES = ("plan", "fat", "per_core")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One configuration: instances (threads, batch), each later pinned to its own cores."""
+
+    name: str
+    instances: tuple[tuple[int, int], ...]
+    expected_ms: float | None
+
+    @property
+    def label(self) -> str:
+        counts: dict[tuple[int, int], int] = {}
+        for pair in self.instances:
+            counts[pair] = counts.get(pair, 0) + 1
+        ordered = sorted(counts.items(), key=lambda kv: (-kv[0][0], -kv[0][1]))
+        return "+".join(f"{n}x{t}t/b{b}" for (t, b), n in ordered)
+
+
+def even_split(batch: int, parts: int) -> list[int]:
+    """``batch`` split into at most ``parts`` near-equal positive pieces, largest first."""
+    parts = max(1, min(parts, batch))
+    base, rest = divmod(batch, parts)
+    return [base + 1 if i < rest else base for i in range(parts)]
+
+
+def bench_configs(plan: Plan, table: dict[tuple[int, int], float]) -> list[BenchConfig]:
+    """The plan, the fat instance and one 1-thread instance per core for ``plan.batch``."""
+    cpus, batch = plan.cpus, plan.batch
+    per_core = tuple((1, b) for b in even_split(batch, cpus))
+    per_core_lat = [table.get(pair) for pair in per_core]
+    return [
+        BenchConfig("plan", tuple(plan.expand()), plan.expected_latency_ms),
+        BenchConfig("fat", ((cpus, batch),), plan.fat_latency_ms),
+        BenchConfig(
+            "per_core",
+            per_core,
+            None if any(v is None for v in per_core_lat) else max(v for v in per_core_lat if v),
+        ),
+    ]
+
+
+@dataclass(slots=True)
+class ConfigResult:
+    config: BenchConfig
+    cores: list[list[int]]
+    samples_ms: list[float] = field(default_factory=list)
+
+    @property
+    def summary(self) -> Summary:
+        return summarize(self.samples_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.summary
+        return {
+            "label": self.config.label,
+            "instances": [
+                {"threads": t, "batch": b, "cpus": format_cpu_list(c)}
+                for (t, b), c in zip(self.config.instances, self.cores, strict=True)
+            ],
+            "expected_ms": self.config.expected_ms,
+            "median_ms": s.p50,
+            "p25_ms": s.p25,
+            "p75_ms": s.p75,
+            "min_ms": s.min,
+            "max_ms": s.max,
+            "mean_ms": s.mean,
+            "samples_ms": self.samples_ms,
+        }
+
+
+@dataclass(slots=True)
+class BatchResult:
+    batch: int
+    plan: Plan
+    configs: dict[str, ConfigResult]
+
+    def median(self, name: str) -> float:
+        return self.configs[name].summary.p50
+
+    @property
+    def measured_speedup(self) -> float:
+        return self.median("fat") / self.median("plan")
+
+    @property
+    def per_core_speedup(self) -> float:
+        return self.median("fat") / self.median("per_core")
+
+    @property
+    def expected_speedup(self) -> float | None:
+        return self.plan.expected_speedup
+
+    @property
+    def actual_over_expected(self) -> float | None:
+        expected = self.expected_speedup
+        return None if expected is None else self.measured_speedup / expected
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "plan_label": self.plan.label,
+            "plan": self.plan.to_dict(),
+            "configs": {name: r.to_dict() for name, r in self.configs.items()},
+            "measured_speedup": self.measured_speedup,
+            "expected_speedup": self.expected_speedup,
+            "actual_over_expected": self.actual_over_expected,
+            "per_core_speedup": self.per_core_speedup,
+        }
+
+
+class WorkerPool:
+    """Workers keyed by (threads, cores): configurations on the same cores share them."""
+
+    def __init__(self, spec: str, *, startup_timeout_s: float = 300.0) -> None:
+        self.spec = spec
+        self.timeout = startup_timeout_s
+        self.workers: dict[tuple[int, tuple[int, ...]], WorkerProcess] = {}
+
+    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[WorkerProcess]:
+        """Workers for every (threads, cores), starting missing ones concurrently."""
+        keys = [(t, tuple(sorted(c))) for t, c in wanted]
+        new = [k for k in dict.fromkeys(keys) if k not in self.workers]
+        for t, cores in new:
+            self.workers[(t, cores)] = WorkerProcess(spec=self.spec, cpus=cores, threads=t)
+        for key in new:
+            ready = self.workers[key].wait_ready(timeout=self.timeout)
+            if sorted(ready["affinity"]) != list(key[1]) or ready["threads"] != key[0]:
+                raise ProfilerError(f"worker pinning mismatch: {ready} for {key}")
+        return [self.workers[k] for k in keys]
+
+    def close(self) -> None:
+        for worker in self.workers.values():
+            worker.close()
+        self.workers.clear()
+
+    def kill(self) -> None:
+        for worker in self.workers.values():
+            worker.kill()
+        self.workers.clear()
+
+
+def run_once(workers: Sequence[WorkerProcess], batches: Sequence[int], *, timeout: float) -> float:
+    """One synchronised run: every instance starts its batch now; ms until the last ends."""
+    for worker, batch in zip(workers, batches, strict=True):
+        worker.send({"cmd": "run", "batch": batch})
+    replies = [w.recv(timeout=timeout) for w in workers]
+    start = min(float(r["start"]) for r in replies)
+    end = max(float(r["end"]) for r in replies)
+    return (end - start) * 1000.0
+
+
+def ensure_profile(
+    *,
+    spec: str,
+    cpus: int,
+    batches: Sequence[int],
+    profile: Profile | None,
+    save_to: Path | None,
+    point_budget_s: float,
+    stream: TextIO | None,
+) -> Profile:
+    """The given profile (checked against the model and T), or a quick one measured now."""
+    try:
+        digest = model_digest(spec)
+    except ZooError as exc:
+        raise ProfilerError(str(exc)) from None
+    if profile is not None:
+        if profile.meta.model_digest and profile.meta.model_digest != digest:
+            raise ProfilerError(
+                f"the profile is for model {profile.meta.model!r} (digest "
+                f"{profile.meta.model_digest[:19]}...), not {spec!r}"
+            )
+        if cpus > profile.meta.cpus > 0:
+            raise ProfilerError(
+                f"--cpus {cpus} exceeds the {profile.meta.cpus} cores the profile was measured on"
+            )
+        return profile
+    settings = ProfileSettings(precision=0.05, point_budget_s=point_budget_s, warmup=1)
+    if save_to is not None:
+        output = save_to
+        result = run_profile(
+            spec=spec,
+            cpus=cpus,
+            max_batch=max(batches),
+            output=output,
+            extra_batches=batches,
+            settings=settings,
+            stream=stream,
+        )
+    else:
+        with tempfile.TemporaryDirectory(prefix="packrat-bench-") as tmp:
+            result = run_profile(
+                spec=spec,
+                cpus=cpus,
+                max_batch=max(batches),
+                output=Path(tmp) / "profile.json",
+                extra_batches=batches,
+                settings=settings,
+                stream=stream,
+            )
+    if result.profile is None:
+        raise ProfilerError("the quick profile measured no point")
+    return result.profile
+
+
+def run_bench(
+    *,
+    spec: str,
+    cpus: int,
+    batches: Sequence[int],
+    profile: Profile,
+    repeats: int = 10,
+    warmup: int = 2,
+    pause_s: float = 0.05,
+    allowed: Sequence[int] | None = None,
+    stream: TextIO | None = None,
+    run_timeout_s: float = 600.0,
+) -> list[BatchResult]:
+    """Measure plan, fat and per-core side by side, interleaved, for every batch size."""
+    if repeats < 1:
+        raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
+    base = profile_cpus(cpus, allowed=allowed)
+    try:
+        optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max(batches))
+        plans = [optimizer.plan(b) for b in batches]
+    except PlanError as exc:
+        raise ProfilerError(str(exc)) from None
+    table = profile.table()
+    pool = WorkerPool(spec)
+    results: list[BatchResult] = []
+    try:
+        for plan in plans:
+            configs = bench_configs(plan, table)
+            runs: dict[str, tuple[list[WorkerProcess], list[int]]] = {}
+            out: dict[str, ConfigResult] = {}
+            for config in configs:
+                threads = [t for t, _ in config.instances]
+                try:
+                    cores = assign_cores(threads, cpus=base)
+                except CoreAssignmentError:
+                    if config.name != "fat":
+                        raise
+                    cores = assign_cores(threads, cpus=base, span_sockets=True)
+                workers = pool.get_all(
+                    [(t, c) for (t, _), c in zip(config.instances, cores, strict=True)]
+                )
+                runs[config.name] = (workers, [b for _, b in config.instances])
+                out[config.name] = ConfigResult(config, cores)
+            for _ in range(warmup):
+                for config in configs:
+                    run_once(*runs[config.name], timeout=run_timeout_s)
+                    time.sleep(pause_s)
+            names = [c.name for c in configs]
+            for r in range(repeats):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    out[name].samples_ms.append(run_once(*runs[name], timeout=run_timeout_s))
+                    time.sleep(pause_s)  # let the previous configuration's threads go idle
+                if stream is not None:
+                    stream.write(
+                        f"bench B={plan.batch}: repetition {r + 1}/{repeats} "
+                        + " ".join(f"{n}={out[n].samples_ms[-1]:.1f}ms" for n in names)
+                        + "\n"
+                    )
+                    stream.flush()
+            results.append(BatchResult(batch=plan.batch, plan=plan, configs=out))
+        pool.close()
+    except BaseException:
+        pool.kill()
+        raise
+    return results
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if value < 1 else f"{value:.1f}"
+
+
+def _spread(result: ConfigResult) -> str:
+    s = result.summary
+    return f"{_ms(s.p50)} [{_ms(s.p25)}-{_ms(s.p75)}]"
+
+
+def format_bench_table(results: Sequence[BatchResult]) -> str:
+    """One row per batch: measured medians with IQR, speedups measured vs expected."""
+    header = (
+        "B",
+        "plan",
+        "plan ms [IQR]",
+        "fat ms [IQR]",
+        "per-core ms [IQR]",
+        "speedup",
+        "expected",
+        "actual/exp",
+        "per-core speedup",
+    )
+    rows = [header]
+    for r in results:
+        expected = r.expected_speedup
+        ratio = r.actual_over_expected
+        rows.append(
+            (
+                str(r.batch),
+                r.plan.label,
+                _spread(r.configs["plan"]),
+                _spread(r.configs["fat"]),
+                _spread(r.configs["per_core"]) + f" ({r.configs['per_core'].config.label})",
+                f"{r.measured_speedup:.2f}x",
+                "-" if expected is None else f"{expected:.2f}x",
+                "-" if ratio is None else f"{ratio:.2f}",
+                f"{r.per_core_speedup:.2f}x",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in rows
+    )

@@ -1,0 +1,93 @@
+"""A plain-text progress bar with ETA on stderr (no dependencies).
+
+On a terminal the bar redraws in place; in a pod's log (not a tty) it prints one line per
+step, so ``kubectl logs`` of a profiling Job shows how far it got and how long is left.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import TextIO
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def bar(done: int, total: int, width: int = 24) -> str:
+    filled = 0 if total <= 0 else min(width, round(width * done / total))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+class Progress:
+    """Counts steps of a known total and estimates the time left from the time per step."""
+
+    def __init__(self, total: int, *, stream: TextIO | None = None, label: str = "profile") -> None:
+        self.total = total
+        self.done = 0
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.started = time.monotonic()
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._measured_time = 0.0
+        self._measured = 0
+
+    def eta(self, *, cap: float | None = None, estimate: float | None = None) -> float:
+        """Seconds left: the caller's ``estimate`` if given, else the mean time per measured
+        step x steps left; capped by ``cap`` (e.g. what is left of a time budget)."""
+        left = self.total - self.done
+        if left <= 0:
+            return 0.0
+        if estimate is not None:
+            return estimate if cap is None else min(estimate, cap)
+        if self._measured == 0:
+            return float("inf") if cap is None else cap
+        by_mean = self._measured_time / self._measured * left
+        return by_mean if cap is None else min(by_mean, cap)
+
+    def step(
+        self,
+        message: str,
+        *,
+        seconds: float | None = None,
+        cap: float | None = None,
+        estimate: float | None = None,
+    ) -> None:
+        """One step done; ``seconds`` is its duration (None: skipped, not counted in the ETA)."""
+        self.done += 1
+        if seconds is not None:
+            self._measured += 1
+            self._measured_time += seconds
+        self.show(message, cap=cap, estimate=estimate)
+
+    def show(
+        self, message: str, *, cap: float | None = None, estimate: float | None = None
+    ) -> None:
+        elapsed = time.monotonic() - self.started
+        line = (
+            f"{self.label} {bar(self.done, self.total)} {self.done}/{self.total} "
+            f"elapsed {format_duration(elapsed)} "
+            f"ETA {format_duration(self.eta(cap=cap, estimate=estimate))}  "
+            f"{message}"
+        )
+        if self._tty:
+            self.stream.write("\r\x1b[2K" + line)
+            if self.done >= self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finish(self, message: str = "") -> None:
+        if self._tty and self.done < self.total:
+            self.stream.write("\n")
+        if message:
+            self.stream.write(message + "\n")
+        self.stream.flush()

@@ -1,0 +1,189 @@
+"""One model instance in its own process: ``python -m packrat.profiler.worker``.
+
+Why a separate process: a profile point must be measured like a serving instance runs, by a
+process pinned to exactly its ``t`` cores, with ``t`` intra-op threads and one inter-op
+thread, set before torch starts any thread pool. Only a fresh process guarantees that (torch
+refuses to change inter-op threads once parallel work has started, and OpenMP reads its
+environment once), and it keeps one measurement's allocator and cache state from leaking
+into the next.
+
+Protocol: one JSON object per line. The worker pins itself, loads the model, prints
+``{"event": "ready", ...}`` and then answers one line per command read from stdin:
+``info``, ``measure`` (the profiler's adaptive loop), ``warmup``, ``run`` (one timed batch,
+for the benchmark's synchronised start) and ``exit``. Anything else the process prints goes
+to stderr, so stdout carries the protocol only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from packrat.profiler.stats import precise_enough
+from packrat.runtime.cpus import parse_cpu_list
+from packrat.runtime.pinning import thread_env
+
+
+def _thread_affinities() -> list[int]:
+    """The union of the affinities of every thread of this process (OpenMP pools included)."""
+    cpus: set[int] = set()
+    try:
+        tids = [int(p.name) for p in Path("/proc/self/task").iterdir() if p.name.isdigit()]
+    except OSError:
+        return sorted(os.sched_getaffinity(0))
+    for tid in tids:
+        try:
+            cpus |= os.sched_getaffinity(tid)
+        except OSError:
+            continue
+    return sorted(cpus)
+
+
+class Instance:
+    """The model, pinned, with cached example inputs per batch size."""
+
+    def __init__(self, *, spec: str, cpus: Sequence[int], threads: int) -> None:
+        os.environ.update(thread_env(threads))
+        os.sched_setaffinity(0, set(cpus))  # before torch starts any thread
+        import torch
+
+        from packrat.runtime.pinning import pin_current_process
+        from packrat.runtime.zoo import example_input, load_model
+
+        pin_current_process(cpus, threads=threads)
+        self.torch = torch
+        self.spec = spec
+        self.cpus = list(cpus)
+        self.threads = threads
+        start = time.perf_counter()
+        self.model = load_model(spec)
+        self.load_s = time.perf_counter() - start
+        self._example_input = example_input
+        self._inputs: dict[int, Any] = {}
+
+    def _input(self, batch: int) -> Any:
+        if batch not in self._inputs:
+            self._inputs.clear()  # keep one batch's input alive at a time
+            self._inputs[batch] = self._example_input(self.spec, batch)
+        return self._inputs[batch]
+
+    def once(self, batch: int) -> tuple[float, float]:
+        """Run one batch; returns (start, end) on the system-wide monotonic clock (s)."""
+        x = self._input(batch)
+        with self.torch.inference_mode():
+            start = time.monotonic()
+            if isinstance(x, tuple):
+                self.model(*x)
+            else:
+                self.model(x)
+            end = time.monotonic()
+        return start, end
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "cpus": self.cpus,
+            "affinity": sorted(os.sched_getaffinity(0)),
+            "thread_affinity": _thread_affinities(),
+            "threads": self.torch.get_num_threads(),
+            "interop_threads": self.torch.get_num_interop_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "load_s": self.load_s,
+        }
+
+    def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Warm up, then sample until the CI is within ``precision`` or the budget ends."""
+        batch = int(msg["batch"])
+        warmup = int(msg.get("warmup", 2))
+        min_samples = int(msg.get("min_samples", 5))
+        max_samples = int(msg.get("max_samples", 100_000))
+        precision = float(msg.get("precision", 0.02))
+        budget_s = float(msg.get("budget_s", 30.0))
+        began = time.monotonic()
+        warm_ms = []
+        for _ in range(warmup):
+            start, end = self.once(batch)
+            warm_ms.append((end - start) * 1000.0)
+        samples: list[float] = []
+        stopped = "max_samples"
+        while len(samples) < max_samples:
+            start, end = self.once(batch)
+            samples.append((end - start) * 1000.0)
+            if precise_enough(samples, precision=precision, min_samples=min_samples):
+                stopped = "precision"
+                break
+            if end - began >= budget_s:
+                stopped = "budget"
+                break
+        return {
+            "batch": batch,
+            "samples_ms": samples,
+            "warmup_ms": warm_ms,
+            "stopped": stopped,
+            "elapsed_s": time.monotonic() - began,
+        }
+
+
+def _serve(instance: Instance, lines: TextIO, out: Callable[[dict[str, Any]], None]) -> int:
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            msg = json.loads(line)
+            cmd = msg.get("cmd")
+            if cmd == "exit":
+                out({"ok": True})
+                return 0
+            if cmd == "info":
+                out(instance.info())
+            elif cmd == "measure":
+                out(instance.measure(msg))
+            elif cmd == "warmup":
+                batch = int(msg["batch"])
+                runs = [instance.once(batch) for _ in range(int(msg.get("n", 1)))]
+                out({"ms": [(e - s) * 1000.0 for s, e in runs]})
+            elif cmd == "run":
+                start, end = instance.once(int(msg["batch"]))
+                out({"start": start, "end": end})
+            else:
+                out({"error": f"unknown command {cmd!r}"})
+        except Exception as exc:  # report, keep serving: the parent decides
+            traceback.print_exc()
+            out({"error": f"{type(exc).__name__}: {exc}"})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m packrat.profiler.worker")
+    parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
+    parser.add_argument("--cpus", required=True, help="cpu list to pin to, e.g. 2-3")
+    parser.add_argument("--threads", type=int, required=True, help="intra-op threads")
+    args = parser.parse_args(argv)
+
+    # stdout is the protocol channel: keep a private copy, send everything else to stderr.
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def out(obj: dict[str, Any]) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    try:
+        instance = Instance(spec=args.model, cpus=parse_cpu_list(args.cpus), threads=args.threads)
+    except Exception as exc:
+        traceback.print_exc()
+        out({"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    out({"event": "ready", **instance.info()})
+    return _serve(instance, sys.stdin, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""``packrat bench --serving``: does the Packrat plan beat what a TorchServe user would run?
+
+For each batch size B it serves the model four ways on the same cores, with the same load
+(closed-loop bursts of B requests; batch latency = until the last answer):
+
+- ``packrat``: the optimizer's plan through ``packrat serve`` (pinned thin instances behind
+  the dispatcher);
+- ``fat``: one instance, T threads, batch B, through the same ``packrat serve`` path;
+- ``torchserve``: TorchServe out of the box, as a user would run it: one registration with
+  batch size B, TorchServe's default worker count, no thread settings, no pinning, queried
+  directly (no dispatcher);
+- ``per-core``: one 1-thread instance per core through ``packrat serve``.
+
+The configurations are interleaved (every repetition runs each once, in a rotated order),
+because these machines are shared and noisy; the report gives the median over repetitions
+of each run's median batch latency, the spread (min..max), the measured speedup of the plan
+over each alternative and the optimizer's expected speedup.
+
+It needs a profile to plan from: ``--profile FILE``, or it runs ``packrat profile`` (a
+subprocess; the profiler layer is not imported here) with a time budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packrat.plan.optimizer import InstanceGroup, Optimizer, Plan
+from packrat.plan.profile import Profile, load_profile
+from packrat.serve.archive import build_archive, default_model_name
+from packrat.serve.loadgen import run_bursts
+from packrat.serve.server import wait_ready
+from packrat.serve.torchserve import TorchServe, free_ports
+
+log = logging.getLogger(__name__)
+
+CONFIGS = ("packrat", "fat", "torchserve", "per-core")
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run (no profile, a server that does not start)."""
+
+
+@dataclass
+class BenchSettings:
+    """What :func:`run_serving_bench` reads from the command line."""
+
+    model: str
+    batches: list[int]
+    cpus: int | None = None
+    repeats: int = 3
+    requests: int = 5  # recorded bursts per run
+    profile: Path | None = None
+    max_batch_delay_ms: int = 5
+    output: Path | None = None  # JSON results
+    workdir: Path | None = None
+    profile_budget_s: float = 300.0
+    startup_timeout_s: float = 300.0
+    configs: tuple[str, ...] = CONFIGS
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BenchSettings:
+        batch = getattr(args, "batch", "4,8,16,32")
+        if isinstance(batch, str):
+            batches = [int(b) for b in batch.split(",") if b.strip()]
+        else:
+            batches = [int(b) for b in batch]
+        requests = getattr(args, "requests", None)
+        repeats = getattr(args, "repeats", None)
+        configs = getattr(args, "configs", None)
+        return cls(
+            model=str(args.model),
+            batches=batches,
+            cpus=getattr(args, "cpus", None),
+            repeats=int(repeats) if repeats else 3,
+            requests=int(requests) if requests else 5,
+            profile=getattr(args, "profile", None),
+            max_batch_delay_ms=int(getattr(args, "max_batch_delay_ms", None) or 5),
+            output=getattr(args, "output", None) or getattr(args, "json", None),
+            workdir=getattr(args, "workdir", None),
+            configs=tuple(configs.split(",")) if isinstance(configs, str) else CONFIGS,
+        )
+
+
+@dataclass
+class Run:
+    config: str
+    batch: int
+    repeat: int
+    label: str
+    batch_latencies_ms: list[float]
+    errors: int
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.batch_latencies_ms)
+
+
+@dataclass
+class BenchResult:
+    settings: dict[str, Any]
+    cpus: list[int]
+    plans: dict[int, dict[str, Any]] = field(default_factory=dict)
+    runs: list[Run] = field(default_factory=list)
+
+    def medians(self, config: str, batch: int) -> list[float]:
+        return [r.median_ms for r in self.runs if r.config == config and r.batch == batch]
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"settings": self.settings, "cpus": self.cpus, "batches": {}}
+        for batch, plan in self.plans.items():
+            row: dict[str, Any] = {"plan": plan, "configs": {}}
+            for config in CONFIGS:
+                values = self.medians(config, batch)
+                if not values:
+                    continue
+                labels = {r.label for r in self.runs if r.config == config and r.batch == batch}
+                row["configs"][config] = {
+                    "label": ",".join(sorted(labels)),
+                    "median_ms": statistics.median(values),
+                    "min_ms": min(values),
+                    "max_ms": max(values),
+                    "runs_ms": values,
+                    "errors": sum(
+                        r.errors for r in self.runs if r.config == config and r.batch == batch
+                    ),
+                }
+            ours = row["configs"].get("packrat", {}).get("median_ms")
+            row["speedup"] = {
+                c: row["configs"][c]["median_ms"] / ours
+                for c in ("fat", "torchserve", "per-core")
+                if ours and c in row["configs"]
+            }
+            row["expected_speedup"] = {
+                "fat": plan.get("expected_speedup"),
+                "per-core": plan.get("expected_speedup_per_core"),
+            }
+            out["batches"][batch] = row
+        return out
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"serving benchmark: model {summary['settings']['model']}, cpus "
+        f"{','.join(map(str, summary['cpus']))}, {summary['settings']['repeats']} interleaved "
+        f"repetitions x {summary['settings']['requests']} bursts; batch latency in ms "
+        "(median over repetitions of each run's median, [min..max] of the run medians)",
+        "",
+    ]
+    header = f"{'B':>4}  {'config':<11}{'instances':<22}{'median':>9}  {'spread':<19}{'errors':>6}"
+    lines.append(header)
+    for batch, row in summary["batches"].items():
+        for config, c in row["configs"].items():
+            lines.append(
+                f"{batch:>4}  {config:<11}{c['label']:<22}{c['median_ms']:9.1f}  "
+                f"[{c['min_ms']:.1f}..{c['max_ms']:.1f}]".ljust(66)
+                + f"{c['errors']:>6}"
+            )
+        sp = row["speedup"]
+        ex = row["expected_speedup"]
+        parts = [f"{k} {v:.2f}x" for k, v in sp.items()]
+        exp = [f"{k} {v:.2f}x" for k, v in ex.items() if v]
+        lines.append(f"{'':6}speedup of packrat over: {', '.join(parts)}")
+        lines.append(f"{'':6}expected (optimizer):    {', '.join(exp) or 'n/a'}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# -- the configurations ----------------------------------------------------------------------
+def fat_plan(plan: Plan) -> Plan:
+    t, b = plan.cpus, plan.batch
+    return Plan(
+        cpus=t,
+        batch=b,
+        instances=(InstanceGroup(t, b, 1, plan.fat_latency_ms),),
+        expected_latency_ms=plan.fat_latency_ms or plan.expected_latency_ms,
+        fat_latency_ms=plan.fat_latency_ms,
+        model=plan.model,
+    )
+
+
+def per_core_plan(plan: Plan) -> Plan | None:
+    """One 1-thread instance per core, the batch split as evenly as possible."""
+    t, b = plan.cpus, plan.batch
+    for alt in plan.alternatives:
+        if alt.name == "per_core" and alt.instances and alt.latency_ms:
+            return Plan(
+                cpus=t,
+                batch=b,
+                instances=alt.instances,
+                expected_latency_ms=alt.latency_ms,
+                fat_latency_ms=plan.fat_latency_ms,
+                model=plan.model,
+            )
+    n = min(t, b)
+    sizes = [b // n + (1 if i < b % n else 0) for i in range(n)]
+    groups: dict[int, int] = {}
+    for s in sizes:
+        groups[s] = groups.get(s, 0) + 1
+    return Plan(
+        cpus=t,
+        batch=b,
+        instances=tuple(InstanceGroup(1, s, c) for s, c in sorted(groups.items(), reverse=True)),
+        expected_latency_ms=plan.expected_latency_ms,
+        fat_latency_ms=plan.fat_latency_ms,
+        model=plan.model,
+    )
+
+
+class _PackratServe:
+    """``packrat serve`` as a subprocess on the given cpus."""
+
+    def __init__(self, *, settings: BenchSettings, plan: Plan, cpus: Sequence[int], workdir: Path):
+        self.settings, self.plan, self.cpus, self.workdir = settings, plan, cpus, workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = free_ports(1)[0]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.model = default_model_name(settings.model)
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        plan_file = self.workdir / "plan.json"
+        plan_file.write_text(json.dumps(self.plan.to_dict()))
+        cmd = [
+            sys.executable,
+            "-m",
+            "packrat",
+            "serve",
+            "--model",
+            self.settings.model,
+            "--plan",
+            str(plan_file),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-batch-delay-ms",
+            str(self.settings.max_batch_delay_ms),
+            "--cpus",
+            ",".join(map(str, self.cpus)),
+            "--workdir",
+            str(self.workdir / "serve"),
+            "--drain-seconds",
+            "10",
+        ]
+        log_file = (self.workdir / "serve.log").open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        log_file.close()
+        if not await wait_ready(self.url, timeout_s=self.settings.startup_timeout_s):
+            await self.stop()
+            tail = (self.workdir / "serve.log").read_text(errors="replace")[-2000:]
+            raise BenchError(f"packrat serve ({self.plan.label}) did not become ready:\n{tail}")
+
+    async def stop(self) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        for _ in range(300):
+            if proc.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self.proc = None
+
+
+class _PlainTorchServe:
+    """TorchServe out of the box: default workers, no thread settings, no pinning."""
+
+    def __init__(self, *, settings: BenchSettings, batch: int, cpus: Sequence[int], workdir: Path):
+        self.settings, self.batch, self.cpus, self.workdir = settings, batch, cpus, workdir
+        self.ts: TorchServe | None = None
+        self.model = default_model_name(settings.model)
+        self.url = ""
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        archive = await asyncio.to_thread(
+            build_archive, self.settings.model, workdir=self.workdir / "archive", name=self.model
+        )
+        # No PACKRAT_SERVE_CONFIG: the handler finds no instance settings and does not pin.
+        env = {k: "" for k in ("PACKRAT_SERVE_CONFIG",)}
+        # The same cores as the other configurations, and TorchServe's default worker count.
+        self.ts = TorchServe(
+            workdir=self.workdir / "ts", env=env, default_workers=None, affinity=self.cpus
+        )
+        await self.ts.start(timeout_s=self.settings.startup_timeout_s)
+        mar = self.ts.add_archive(archive.path)
+        from packrat.serve.config import registration_query
+
+        await self.ts.register(
+            registration_query(
+                None,
+                mar=mar,
+                name=self.model,
+                batch=self.batch,
+                max_batch_delay_ms=self.settings.max_batch_delay_ms,
+                # TorchServe's default worker count: one per available processor (the JVM
+                # sees the affinity set above). POST /models alone would start none.
+                workers=len(self.cpus),
+            )
+        )
+        self.url = self.ts.inference_url
+
+    async def stop(self) -> None:
+        if self.ts is not None:
+            await self.ts.stop()
+            self.ts = None
+
+
+def _describe(plan: Plan | None, config: str, batch: int) -> str:
+    if config == "torchserve":
+        return f"ts-default/b{batch}"
+    return plan.label if plan else "?"
+
+
+async def _measure(
+    *,
+    settings: BenchSettings,
+    config: str,
+    plan: Plan | None,
+    batch: int,
+    cpus: Sequence[int],
+    workdir: Path,
+    body: bytes,
+) -> tuple[list[float], int]:
+    server: _PackratServe | _PlainTorchServe
+    if config == "torchserve":
+        server = _PlainTorchServe(settings=settings, batch=batch, cpus=cpus, workdir=workdir)
+    else:
+        assert plan is not None
+        server = _PackratServe(settings=settings, plan=plan, cpus=cpus, workdir=workdir)
+    await server.start()
+    try:
+        result = await run_bursts(
+            url=server.url,
+            model=server.model,
+            body=body,
+            burst=batch,
+            bursts=settings.requests,
+            warmup_bursts=1,
+            timeout_s=600,
+        )
+    finally:
+        await server.stop()
+    return [v * 1000 for v in result.batch_latencies_s], result.errors
+
+
+def obtain_profile(settings: BenchSettings, *, cpus: int, workdir: Path) -> Profile:
+    if settings.profile is not None:
+        return load_profile(settings.profile)
+    out = workdir / "profile.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "packrat",
+        "profile",
+        "--model",
+        settings.model,
+        "--cpus",
+        str(cpus),
+        "--max-batch",
+        str(max(settings.batches)),
+        "--time-budget",
+        str(int(settings.profile_budget_s)),
+        "-o",
+        str(out),
+    ]
+    log.info("no --profile given: profiling first (%s)", " ".join(cmd))
+    proc = subprocess.run(cmd, check=False)
+    if proc.returncode != 0 or not out.exists():
+        raise BenchError(f"profiling failed (exit {proc.returncode}); pass --profile FILE")
+    return load_profile(out)
+
+
+async def bench(settings: BenchSettings) -> BenchResult:
+    from packrat.runtime.cpus import allowed_cpus
+    from packrat.serve.codec import example_body
+
+    available = allowed_cpus()
+    t = settings.cpus or len(available)
+    if t > len(available):
+        raise BenchError(f"--cpus {t} but only {len(available)} cpus are available")
+    cpus = available[:t]
+    workdir = settings.workdir or Path(tempfile.mkdtemp(prefix="packrat-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    profile = await asyncio.to_thread(obtain_profile, settings, cpus=t, workdir=workdir)
+    optimizer = Optimizer.for_profile(profile, cpus=t, max_batch=max(settings.batches))
+    body = await asyncio.to_thread(example_body, settings.model)
+    result = BenchResult(
+        settings={
+            "model": settings.model,
+            "batches": settings.batches,
+            "repeats": settings.repeats,
+            "requests": settings.requests,
+            "max_batch_delay_ms": settings.max_batch_delay_ms,
+            "profile": str(settings.profile) if settings.profile else "profiled now",
+        },
+        cpus=cpus,
+    )
+    plans: dict[int, dict[str, Plan | None]] = {}
+    for b in settings.batches:
+        plan = optimizer.plan(b)
+        per_core = per_core_plan(plan)
+        plans[b] = {
+            "packrat": plan,
+            "fat": fat_plan(plan),
+            "per-core": per_core,
+            "torchserve": None,
+        }
+        doc = plan.to_dict()
+        if per_core is not None and per_core.expected_latency_ms:
+            doc["expected_speedup_per_core"] = (
+                per_core.expected_latency_ms / plan.expected_latency_ms
+            )
+        result.plans[b] = doc
+    configs = [c for c in CONFIGS if c in settings.configs]
+    for repeat in range(settings.repeats):
+        for b in settings.batches:
+            shift = (repeat + settings.batches.index(b)) % len(configs)
+            order = configs[shift:] + configs[:shift]
+            for config in order:
+                chosen = plans[b][config]
+                label = _describe(chosen, config, b)
+                log.info("repeat %d B=%d %s (%s)", repeat + 1, b, config, label)
+                started = time.monotonic()
+                latencies, errors = await _measure(
+                    settings=settings,
+                    config=config,
+                    plan=chosen,
+                    batch=b,
+                    cpus=cpus,
+                    workdir=workdir / f"r{repeat}-b{b}-{config}",
+                    body=body,
+                )
+                run = Run(config, b, repeat, label, latencies, errors)
+                result.runs.append(run)
+                log.info(
+                    "  median %.1f ms over %d bursts, %d errors (%.0f s)",
+                    run.median_ms,
+                    len(latencies),
+                    errors,
+                    time.monotonic() - started,
+                )
+    return result
+
+
+def run_serving_bench(args: argparse.Namespace) -> int:
+    """Entry point for ``packrat bench --serving``.
+
+    Reads from ``args``: ``model``, ``batch`` ("4,8,16,32" or a list), ``cpus`` (T; default
+    this process's cpuset size), ``repeats`` (3), ``requests`` (recorded bursts per run, 5),
+    ``profile`` (a profile file; else ``packrat profile`` runs first), and optionally
+    ``max_batch_delay_ms``, ``output`` (JSON results file), ``workdir``, ``configs``.
+    """
+    settings = BenchSettings.from_args(args)
+    result = asyncio.run(bench(settings))
+    summary = result.summary()
+    print(format_table(summary))
+    if settings.output is not None:
+        settings.output.parent.mkdir(parents=True, exist_ok=True)
+        runs = [
+            {
+                "config": r.config,
+                "batch": r.batch,
+                "repeat": r.repeat,
+                "label": r.label,
+                "batch_latencies_ms": r.batch_latencies_ms,
+                "errors": r.errors,
+            }
+            for r in result.runs
+        ]
+        settings.output.write_text(json.dumps({**summary, "runs": runs}, indent=2))
+    return 0 if all(r.errors == 0 for r in result.runs) else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m packrat.serve.bench``: the same benchmark without the bench CLI."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batch", default="4,8,16,32")
+    parser.add_argument("--cpus", type=int)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--profile", type=Path)
+    parser.add_argument("--max-batch-delay-ms", type=int, default=5)
+    parser.add_argument("--output", type=Path)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        return run_serving_bench(parser.parse_args(argv))
+    return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""What one serving pod runs, decided purely: instances, their cores, TorchServe's settings.
+
+Everything here is dict in, dict (or text) out, so the rules are unit-tested without
+TorchServe: how a plan becomes named instances with disjoint core sets, the worker-side
+settings file the pinning handler reads, the ``config.properties`` that keeps every
+TorchServe address on loopback and isolates its temp files, and each instance's
+registration parameters.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.plan.optimizer import Plan, PlanError
+
+LOOPBACK = "127.0.0.1"
+
+
+class ServeConfigError(ValueError):
+    """The plan, the cores or the options do not make a servable configuration."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSpec:
+    """One thin instance: a TorchServe model registration with one pinned worker."""
+
+    index: int
+    name: str
+    threads: int
+    batch: int
+    cpus: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "threads": self.threads,
+            "batch": self.batch,
+            "cpus": list(self.cpus),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    """TorchServe's loopback ports."""
+
+    inference: int
+    management: int
+    metrics: int
+    grpc_inference: int
+    grpc_management: int
+    worker_base: int
+
+
+def parse_plan(text: str, *, origin: str) -> Plan:
+    """A plan from the JSON ``packrat plan --format json`` prints; errors name ``origin``."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ServeConfigError(f"{origin}: plan is not valid JSON: {exc}") from None
+    try:
+        return Plan.from_dict(data)
+    except PlanError as exc:
+        raise ServeConfigError(f"{origin}: {exc}") from None
+
+
+def instance_name(model: str, index: int) -> str:
+    """The TorchServe registration name of instance ``index`` of ``model``."""
+    return f"{model}_i{index}"
+
+
+def plan_instances(plan: Plan, *, model: str, cores: Sequence[Sequence[int]]) -> list[InstanceSpec]:
+    """One spec per instance of ``plan.expand()``, paired with ``cores`` (same order)."""
+    pairs = plan.expand()
+    if len(cores) != len(pairs):
+        raise ServeConfigError(f"{len(pairs)} instances but {len(cores)} core sets")
+    specs = []
+    for i, ((threads, batch), cpus) in enumerate(zip(pairs, cores, strict=True)):
+        if len(cpus) != threads:
+            raise ServeConfigError(f"instance {i} has {threads} threads but {len(cpus)} cpus")
+        specs.append(
+            InstanceSpec(
+                index=i,
+                name=instance_name(model, i),
+                threads=threads,
+                batch=batch,
+                cpus=tuple(cpus),
+            )
+        )
+    return specs
+
+
+def check_fits(plan: Plan, *, cpus: Sequence[int]) -> None:
+    """A clear error when the plan needs more cores than this process may use."""
+    if plan.total_threads > len(cpus):
+        raise ServeConfigError(
+            f"plan {plan.label} needs {plan.total_threads} cpus but this process may use "
+            f"{len(cpus)} ({','.join(map(str, cpus)) or 'none'}); run it in a cpuset with "
+            f"at least {plan.total_threads} cpus or choose a plan for {len(cpus)}"
+        )
+
+
+def worker_settings(instances: Sequence[InstanceSpec], *, pin: bool = True) -> dict[str, Any]:
+    """The file the pinning handler reads (``PACKRAT_SERVE_CONFIG``), keyed by model name."""
+    if not pin:
+        return {"instances": {}}
+    return {
+        "instances": {
+            inst.name: {"cpus": list(inst.cpus), "threads": inst.threads, "batch": inst.batch}
+            for inst in instances
+        }
+    }
+
+
+def render_properties(settings: Mapping[str, Any]) -> str:
+    """``key=value`` lines, in the given order."""
+    lines = []
+    for key, value in settings.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
+
+
+def torchserve_settings(
+    *,
+    ports: Ports,
+    model_store: str,
+    tmpdir: str,
+    job_queue_size: int = 1000,
+    default_workers: int | None = 1,
+    response_timeout_s: int = 300,
+) -> dict[str, Any]:
+    """TorchServe's ``config.properties`` as a dict: loopback only, own temp dir and ports.
+
+    ``default_workers=None`` leaves TorchServe's default (one worker per core), for the
+    out-of-the-box baseline.
+    """
+    settings: dict[str, Any] = {
+        "inference_address": f"http://{LOOPBACK}:{ports.inference}",
+        "management_address": f"http://{LOOPBACK}:{ports.management}",
+        "metrics_address": f"http://{LOOPBACK}:{ports.metrics}",
+        "grpc_inference_address": LOOPBACK,
+        "grpc_management_address": LOOPBACK,
+        "grpc_inference_port": ports.grpc_inference,
+        "grpc_management_port": ports.grpc_management,
+        "initial_worker_port": ports.worker_base,
+        "model_store": model_store,
+        "vmargs": f"-Djava.io.tmpdir={tmpdir} -XX:+UseContainerSupport -XX:-UsePerfData",
+        "disable_token_authorization": True,
+        "enable_model_api": True,
+        "install_py_dep_per_model": False,
+        "job_queue_size": job_queue_size,
+        "default_response_timeout": response_timeout_s,
+        "disable_system_metrics": True,
+        "async_logging": True,
+    }
+    if default_workers is not None:
+        settings["default_workers_per_model"] = default_workers
+    return settings
+
+
+def registration_query(
+    inst: InstanceSpec | None,
+    *,
+    mar: str,
+    name: str | None = None,
+    max_batch_delay_ms: int,
+    batch: int | None = None,
+    workers: int | None = 1,
+    response_timeout_s: int = 300,
+) -> dict[str, str]:
+    """Query parameters of ``POST /models`` registering one instance (or a plain model)."""
+    query = {
+        "url": mar,
+        "model_name": inst.name if inst else (name or ""),
+        "batch_size": str(inst.batch if inst else (batch or 1)),
+        "max_batch_delay": str(max_batch_delay_ms),
+        "response_timeout": str(response_timeout_s),
+        "synchronous": "true",
+    }
+    if workers is not None:
+        query["initial_workers"] = str(workers)
+    if not query["model_name"]:
+        raise ServeConfigError("a registration needs a model name")
+    return query
+
+
+def status_document(
+    *,
+    plan: Plan,
+    model: str,
+    instances: Sequence[InstanceSpec],
+    cpus: Sequence[int],
+    estimate: int,
+    ewma: float,
+    ready: bool,
+    health: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The JSON that ``GET /status`` answers."""
+    return {
+        "model": model,
+        "ready": ready,
+        "cpus": list(cpus),
+        "plan": plan.to_dict(),
+        "instances": [{**inst.to_dict(), **dict(health.get(inst.name, {}))} for inst in instances],
+        "batch_size_estimate": {"estimate": estimate, "ewma": ewma},
+    }

@@ -1,0 +1,331 @@
+"""One serving pod, end to end: cpuset -> core sets -> TorchServe instances -> dispatcher.
+
+``packrat serve`` calls :func:`serve`. Order matters for readiness: the dispatcher listens
+first (so ``/ping`` answers "not ready" while models load), then TorchServe starts on
+loopback, every instance is registered (one worker each, its batch size, the max batch
+delay), warmed with one batch, and only then marked up. A monitor keeps polling TorchServe's
+management API: an instance whose worker is not READY is marked down, and a worker with a
+new pid (TorchServe restarted it) is warmed again before it is marked up, so ``/ping``
+reflects worker restarts. SIGTERM or SIGINT: stop listening, finish what is in flight (at
+most ``drain_seconds``), stop TorchServe, return 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from packrat.plan.optimizer import Plan
+from packrat.serve.archive import ModelArchive, build_archive, default_model_name
+from packrat.serve.config import (
+    InstanceSpec,
+    ServeConfigError,
+    check_fits,
+    plan_instances,
+    registration_query,
+    status_document,
+    worker_settings,
+)
+from packrat.serve.dispatcher import Dispatcher
+from packrat.serve.handler import CONFIG_ENV
+from packrat.serve.metrics import ServeMetrics
+from packrat.serve.torchserve import TorchServe
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``packrat serve`` is told."""
+
+    model: str
+    plan: Plan
+    model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_batch_delay_ms: int = 5
+    queue_limit: int = 1024
+    drain_seconds: float = 30.0
+    workdir: Path | None = None
+    cpus: Sequence[int] | None = None  # default: this process's cpuset
+    warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
+    health_interval_s: float = 0.5
+    estimator_interval_s: float = 0.005
+
+
+@dataclass
+class _Health:
+    up: bool = False
+    pid: int | None = None
+    warmed_pid: int | None = None
+    restarts: int = 0
+    status: str = "LOADING"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"up": self.up, "pid": self.pid, "restarts": self.restarts, "status": self.status}
+
+
+def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
+    """This process's cpus and one disjoint core set per plan instance (or a clear error)."""
+    from packrat.runtime.cpus import CoreAssignmentError, allowed_cpus, assign_cores
+
+    available = sorted(cpus) if cpus is not None else allowed_cpus()
+    check_fits(plan, cpus=available)
+    try:
+        cores = assign_cores([t for t, _ in plan.expand()], cpus=available)
+    except CoreAssignmentError as exc:
+        raise ServeConfigError(str(exc)) from None
+    return available, cores
+
+
+def sample_body(archive: ModelArchive, spec: str) -> bytes | None:
+    """One request body for warm-up: the model's example input, raw bytes."""
+    if archive.inputs is None:
+        return None
+    from packrat.serve.codec import example_body
+
+    return example_body(spec)
+
+
+class PodServer:
+    """The running pod: owns the work directory, TorchServe and the dispatcher."""
+
+    def __init__(self, opts: ServeOptions) -> None:
+        self.opts = opts
+        self.name = opts.model_name or default_model_name(opts.model)
+        self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
+        self.instances: list[InstanceSpec] = plan_instances(opts.plan, model=self.name, cores=cores)
+        self._own_workdir = opts.workdir is None
+        self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
+        self.health = {inst.name: _Health() for inst in self.instances}
+        self.metrics = ServeMetrics()
+        self.torchserve: TorchServe | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.warmup: bytes | None = opts.warmup_body
+        self.port: int | None = None
+        self._stop = asyncio.Event()
+
+    def status(self) -> dict[str, Any]:
+        d = self.dispatcher
+        return status_document(
+            plan=self.opts.plan,
+            model=self.name,
+            instances=self.instances,
+            cpus=self.cpus,
+            estimate=d.estimator.estimate if d else 1,
+            ewma=d.estimator.ewma if d else 0.0,
+            ready=bool(d and d.ready),
+            health={k: v.to_dict() for k, v in self.health.items()},
+        )
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        opts = self.opts
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        settings = self.workdir / "packrat-workers.json"
+        settings.write_text(json.dumps(worker_settings(self.instances)))
+        self.torchserve = TorchServe(workdir=self.workdir, env={CONFIG_ENV: str(settings)})
+        dispatcher = Dispatcher(
+            model=self.name,
+            instances=self.instances,
+            backend_url=self.torchserve.inference_url,
+            queue_limit=opts.queue_limit,
+            metrics=self.metrics,
+            status=self.status,
+            estimator_interval_s=opts.estimator_interval_s,
+        )
+        self.dispatcher = dispatcher
+        runner = web.AppRunner(dispatcher.app(), handle_signals=False, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, opts.host, opts.port, shutdown_timeout=opts.drain_seconds)
+        await site.start()
+        addresses = runner.addresses
+        self.port = int(addresses[0][1]) if addresses else opts.port
+        log.info(
+            "packrat serve: %s plan %s on cpus %s, listening on http://%s:%d",
+            self.name,
+            opts.plan.label,
+            ",".join(map(str, self.cpus)),
+            opts.host,
+            self.port,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        monitor: asyncio.Task[None] | None = None
+        code = 0
+        try:
+            starting = asyncio.create_task(self._start_backend())
+            stop_wait = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if starting in done:
+                starting.result()  # raises a startup error
+                log.info("packrat serve: every instance is loaded and warmed; ready")
+                monitor = asyncio.create_task(self._monitor())
+                done, _ = await asyncio.wait(
+                    {monitor, stop_wait}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if monitor in done:
+                    monitor.result()
+            else:
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+            stop_wait.cancel()
+            log.info("packrat serve: draining (%d outstanding)", dispatcher.pending)
+            dispatcher.begin_drain()
+            await site.stop()
+            if not await dispatcher.wait_idle(opts.drain_seconds):
+                log.warning(
+                    "packrat serve: %d requests still outstanding after the drain",
+                    dispatcher.pending,
+                )
+        except Exception:
+            code = 1
+            raise
+        finally:
+            if monitor is not None:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await monitor
+            await runner.cleanup()
+            await self.torchserve.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+            if self._own_workdir and code == 0:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        log.info("packrat serve: stopped")
+        return code
+
+    async def _start_backend(self) -> None:
+        assert self.torchserve is not None
+        archive = await asyncio.to_thread(
+            build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
+        )
+        if self.warmup is None:
+            self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+        await self.torchserve.start()
+        mar = self.torchserve.add_archive(archive.path)
+        await asyncio.gather(
+            *(
+                self.torchserve.register(
+                    registration_query(
+                        inst, mar=mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
+                    )
+                )
+                for inst in self.instances
+            )
+        )
+        await self._check_instances(initial=True)
+
+    async def _monitor(self) -> None:
+        assert self.torchserve is not None
+        while True:
+            await asyncio.sleep(self.opts.health_interval_s)
+            if not self.torchserve.running:
+                for i in range(len(self.instances)):
+                    assert self.dispatcher is not None
+                    self.dispatcher.set_up(i, False)
+                raise RuntimeError(f"TorchServe exited:\n{self.torchserve.log_tail()}")
+            await self._check_instances(initial=False)
+
+    async def _check_instances(self, *, initial: bool) -> None:
+        assert self.torchserve is not None and self.dispatcher is not None
+        ts, dispatcher = self.torchserve, self.dispatcher
+
+        async def check(i: int, inst: InstanceSpec) -> None:
+            health = self.health[inst.name]
+            workers = await ts.workers(inst.name)
+            ready = [w for w in workers if w.ready and w.pid]
+            health.status = workers[0].status if workers else "MISSING"
+            if not ready:
+                health.up = False
+                dispatcher.set_up(i, False)
+                return
+            pid = ready[0].pid
+            if health.pid is not None and pid != health.pid:
+                health.restarts += 1
+                self.metrics.instance_restarts.labels(self.name, inst.name).inc()
+                log.warning(
+                    "instance %s: worker restarted (pid %s -> %s)", inst.name, health.pid, pid
+                )
+            health.pid = pid
+            if health.warmed_pid != pid:
+                health.up = False
+                dispatcher.set_up(i, False)
+                try:
+                    await self._warm(inst)
+                except (TimeoutError, RuntimeError, aiohttp.ClientError) as exc:
+                    if initial:
+                        raise
+                    log.warning("instance %s: warm-up failed, retrying: %s", inst.name, exc)
+                    return
+                health.warmed_pid = pid
+            health.up = True
+            dispatcher.set_up(i, True)
+
+        await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
+        while initial and not all(h.up for h in self.health.values()):
+            # Registration is synchronous, so workers exist; wait until each is READY.
+            await asyncio.sleep(0.2)
+            await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
+
+    async def _warm(self, inst: InstanceSpec) -> None:
+        """One full batch straight to the instance; its answers must not be server errors."""
+        if self.warmup is None:
+            return
+        assert self.torchserve is not None
+        url = f"{self.torchserve.inference_url}/predictions/{inst.name}"
+        session = self.torchserve.session
+        body = self.warmup
+
+        async def one() -> int:
+            async with session.post(
+                url, data=body, headers={"Content-Type": "application/octet-stream"}
+            ) as resp:
+                await resp.read()
+                return resp.status
+
+        statuses = await asyncio.gather(*(one() for _ in range(inst.batch)), return_exceptions=True)
+        bad = [s for s in statuses if not isinstance(s, int) or s >= 500]
+        if bad:
+            raise RuntimeError(f"warm-up of {inst.name} failed: {bad[:3]}")
+        log.info("instance %s warmed with a batch of %d", inst.name, inst.batch)
+
+
+async def serve(opts: ServeOptions) -> int:
+    """Run one serving pod until SIGTERM/SIGINT; 0 after a clean drain."""
+    server = PodServer(opts)
+    return await server.run()
+
+
+async def wait_ready(url: str, *, timeout_s: float) -> bool:
+    """Poll ``url``/ping until it answers 200 (for tests, benchmarks and the operator)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                async with session.get(f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return True
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            await asyncio.sleep(0.2)
+    return False

@@ -1,0 +1,538 @@
+"""A test agent that plays the kubelet, the Job and Deployment controllers, kube-proxy and the
+garbage collector for this project's own pods, against the kmock emulator.
+
+The emulator stores objects but runs nothing. This agent polls it and, for every Job and
+Deployment, runs the pod's containers as local processes: the container command (``packrat``
+mapped to this interpreter), its env and args, emptyDir and ConfigMap volumes as temporary
+directories (mount paths rewritten in args and env), port 8080 remapped to a free local port
+and ``0.0.0.0`` to loopback. It writes Job and Deployment status from what those processes do
+(exit codes, HTTP readiness probes), creates Pod objects for Job pods with container statuses
+and ``FallbackToLogsOnError`` messages, serves container logs through the emulator, forwards
+Service traffic to the ready pods its selector matches, and deletes objects whose owners are
+gone. It only knows the images in ``images``; any other image is an image pull error.
+
+Fault injection, for failure scenarios: ``oom_kill_job_pods`` kills that many Job pods' first
+container with SIGKILL shortly after it starts and reports ``OOMKilled``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import http.server
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator import Api, CompatEmulator
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])[-2048:]
+
+
+@dataclass
+class LocalPod:
+    name: str
+    owner_kind: str
+    owner_name: str
+    template_hash: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    workdir: Path
+    port: int = 0
+    phase: str = "Pending"  # Pending, Running, Succeeded, Failed
+    ready: bool = False
+    terminating: bool = False
+    waiting_reason: str = ""
+    statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    init_names: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = field(default_factory=time.monotonic)
+    probe_failures: int = 0
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        api: Api,
+        emulator: CompatEmulator,
+        workdir: Path,
+        images: set[str],
+        period: float = 0.25,
+    ) -> None:
+        self.api = api
+        self.emulator = emulator
+        self.workdir = workdir
+        self.images = images
+        self.period = period
+        self.pods: dict[str, LocalPod] = {}
+        self.oom_kill_job_pods = 0
+        self.endpoints: dict[str, list[int]] = {}
+        self.errors: list[str] = []
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="agent", daemon=True)
+        self._counter = itertools.count(1)
+        self._job_failures: dict[str, int] = {}
+        self._job_started: dict[str, float] = {}
+        self.proxy = ServiceProxy(self)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Agent:
+        self.proxy.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        with self._lock:
+            pods = list(self.pods.values())
+        for pod in pods:
+            self._kill(pod, grace=5)
+        self.proxy.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # keep playing the cluster; tests read .errors
+                self.errors.append(repr(exc))
+            self._stop.wait(self.period)
+
+    def step(self) -> None:
+        self._collect_garbage()
+        for job in self.api.list("jobs"):
+            self._job(job)
+        for dep in self.api.list("deployments"):
+            self._deployment(dep)
+        self._probe()
+        self._update_endpoints()
+
+    # -- garbage collector ------------------------------------------------------------------------
+    def _collect_garbage(self) -> None:
+        uids = set()
+        for resource in ("packratmodels", "jobs", "deployments"):
+            uids |= {o["metadata"].get("uid") for o in self.api.list(resource)}
+        for resource in ("configmaps", "services", "deployments", "jobs", "pods"):
+            for obj in self.api.list(resource):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if refs and not any(r.get("uid") in uids for r in refs):
+                    self.api.delete(resource, obj["metadata"]["name"])
+        live_jobs = {j["metadata"]["name"] for j in self.api.list("jobs")}
+        live_deps = {d["metadata"]["name"] for d in self.api.list("deployments")}
+        with self._lock:
+            pods = list(self.pods.values())
+        for pod in pods:
+            owners = live_jobs if pod.owner_kind == "Job" else live_deps
+            if pod.owner_name not in owners:
+                self._terminate(pod)
+
+    # -- running containers -------------------------------------------------------------------
+    def _mounts(self, pod: LocalPod) -> dict[str, Path]:
+        """Volume name -> local directory (emptyDir fresh, ConfigMap files written)."""
+        out: dict[str, Path] = {}
+        for volume in pod.spec.get("volumes") or []:
+            path = pod.workdir / "volumes" / volume["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}
+                for key, value in (cm.get("data") or {}).items():
+                    (path / key).write_text(value)
+            out[volume["name"]] = path
+        return out
+
+    def _command(
+        self, pod: LocalPod, container: Mapping[str, Any], volumes: Mapping[str, Path]
+    ) -> tuple[list[str], dict[str, str]]:
+        mapping = {
+            m["mountPath"]: str(volumes[m["name"]]) for m in container.get("volumeMounts") or []
+        }
+
+        def local(value: str) -> str:
+            for mount, path in sorted(mapping.items(), key=lambda kv: -len(kv[0])):
+                if value == mount or value.startswith(mount + "/"):
+                    return path + value[len(mount) :]
+            return value
+
+        argv = [local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        if argv and argv[0] == "packrat":
+            argv = [sys.executable, "-m", "packrat", *argv[1:]]
+        elif argv and argv[0] == "python":
+            argv = [sys.executable, *argv[1:]]
+        for i, arg in enumerate(argv[:-1]):
+            if arg == "--port" and argv[i + 1] == "8080":
+                pod.port = pod.port or free_port()
+                argv[i + 1] = str(pod.port)
+            if arg == "--host" and argv[i + 1] == "0.0.0.0":
+                argv[i + 1] = "127.0.0.1"
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        for item in container.get("env") or []:
+            env[item["name"]] = local(str(item.get("value", "")))
+        return argv, env
+
+    def _start(self, pod: LocalPod) -> None:
+        threading.Thread(target=self._run_pod, args=(pod,), name=f"pod-{pod.name}", daemon=True).start()
+
+    def _run_pod(self, pod: LocalPod) -> None:
+        containers = [*(pod.spec.get("initContainers") or []), *pod.spec["containers"]]
+        pod.init_names = [c["name"] for c in pod.spec.get("initContainers") or []]
+        if any(c["image"] not in self.images for c in containers):
+            bad = next(c for c in containers if c["image"] not in self.images)
+            pod.waiting_reason = "ErrImagePull"
+            pod.statuses[bad["name"]] = {
+                "waiting": {"reason": "ErrImagePull", "message": f"pull {bad['image']}: not found"}
+            }
+            return  # stays Pending, never ready
+        volumes = self._mounts(pod)
+        pod.phase = "Running"
+        for index, container in enumerate(containers):
+            if pod.terminating:
+                return
+            argv, env = self._command(pod, container, volumes)
+            log = pod.workdir / f"{container['name']}.log"
+            is_init = index < len(pod.init_names)
+            long_running = pod.owner_kind == "Deployment" and not is_init
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=pod.workdir,
+                    stdout=out,
+                    stderr=subprocess.STDOUT if not long_running else out,
+                    start_new_session=True,
+                )
+            pod.proc = proc
+            pod.statuses[container["name"]] = {"running": {"startedAt": _now()}}
+            oom = False
+            if pod.owner_kind == "Job" and index == 0:
+                with self._lock:
+                    if self.oom_kill_job_pods > 0:
+                        self.oom_kill_job_pods -= 1
+                        oom = True
+            if oom:
+                time.sleep(1.0)
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+            if pod.terminating:
+                return
+            reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
+            message = _tail(log) if code != 0 else ""
+            pod.statuses[container["name"]] = {
+                "terminated": {
+                    "exitCode": 137 if oom else code,
+                    "reason": reason,
+                    "message": message,
+                    "finishedAt": _now(),
+                }
+            }
+            key = (self.api.namespace, pod.name, container["name"])
+            self.emulator.pod_logs[key] = log.read_text(errors="replace")
+            if code != 0 or oom:
+                pod.phase = "Failed"
+                return
+        pod.phase = "Succeeded"
+
+    def _kill(self, pod: LocalPod, *, grace: float) -> None:
+        proc = pod.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        except ProcessLookupError:
+            pass
+        try:  # TorchServe children of a stopped pod
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _terminate(self, pod: LocalPod) -> None:
+        """Graceful pod deletion: out of the endpoints at once, SIGTERM, then gone."""
+        with self._lock:
+            if pod.terminating:
+                return
+            pod.terminating = True
+            pod.ready = False
+        grace = float(pod.spec.get("terminationGracePeriodSeconds", 30))
+
+        def finish() -> None:
+            self._kill(pod, grace=grace)
+            with self._lock:
+                self.pods.pop(pod.name, None)
+            shutil.rmtree(pod.workdir, ignore_errors=True)
+            pod.stopped.set()
+
+        threading.Thread(target=finish, name=f"stop-{pod.name}", daemon=True).start()
+
+    def _new_pod(self, *, owner_kind: str, owner_name: str, template: Mapping[str, Any], template_hash: str) -> LocalPod:
+        name = f"{owner_name}-{next(self._counter)}"
+        pod = LocalPod(
+            name=name,
+            owner_kind=owner_kind,
+            owner_name=owner_name,
+            template_hash=template_hash,
+            labels=dict((template.get("metadata") or {}).get("labels") or {}),
+            spec=json.loads(json.dumps(template["spec"])),
+            workdir=Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir)),
+        )
+        with self._lock:
+            self.pods[name] = pod
+        self._start(pod)
+        return pod
+
+    # -- Job controller ----------------------------------------------------------------------------
+    def _pod_object(self, pod: LocalPod, job: Mapping[str, Any]) -> dict[str, Any]:
+        def statuses(names: list[str]) -> list[dict[str, Any]]:
+            return [
+                {"name": n, "state": pod.statuses.get(n, {"waiting": {"reason": "PodInitializing"}})}
+                for n in names
+            ]
+
+        return {
+            "phase": pod.phase,
+            "initContainerStatuses": statuses(pod.init_names),
+            "containerStatuses": statuses([c["name"] for c in pod.spec["containers"]]),
+        }
+
+    def _job(self, job: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        status = job.get("status") or {}
+        if any(c.get("status") == "True" for c in status.get("conditions") or []):
+            return
+        with self._lock:
+            mine = [p for p in self.pods.values() if p.owner_kind == "Job" and p.owner_name == name]
+        active = [p for p in mine if p.phase in ("Pending", "Running") and not p.terminating]
+        started = self._job_started.setdefault(job["metadata"]["uid"], time.monotonic())
+        deadline = job["spec"].get("activeDeadlineSeconds")
+        for pod in mine:  # publish pod objects (the operator reads reasons from them)
+            body = self._pod_object(pod, job)
+            existing = self.api.get("pods", pod.name)
+            if existing is None:
+                self.api.create(
+                    "pods",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": pod.name,
+                            "labels": {**pod.labels, "job-name": name, "batch.kubernetes.io/job-name": name},
+                            "ownerReferences": [
+                                {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
+                            ],
+                        },
+                        "spec": pod.spec,
+                        "status": body,
+                    },
+                )
+            elif existing.get("status") != body:
+                self.api.patch("pods", pod.name, {"status": body}, sub="status")
+        failed = sum(1 for p in mine if p.phase == "Failed")
+        succeeded = sum(1 for p in mine if p.phase == "Succeeded")
+        new_status: dict[str, Any] = {
+            "startTime": status.get("startTime") or _now(),
+            "active": len(active),
+            "failed": failed,
+            "succeeded": succeeded,
+        }
+        if succeeded:
+            new_status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": _now()}]
+            new_status["completionTime"] = _now()
+        elif failed > int(job["spec"].get("backoffLimit", 6)):
+            new_status["conditions"] = [
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}
+            ]
+        elif deadline is not None and time.monotonic() - started > float(deadline):
+            for pod in active:
+                self._terminate(pod)
+            new_status["conditions"] = [
+                {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}
+            ]
+        elif not active:
+            template = job["spec"]["template"]
+            self._new_pod(owner_kind="Job", owner_name=name, template=template, template_hash="")
+            new_status["active"] = 1
+        if {k: status.get(k) for k in new_status} != new_status:
+            self.api.patch("jobs", name, {"status": new_status}, sub="status")
+
+    # -- Deployment controller -----------------------------------------------------------------
+    def _deployment(self, dep: dict[str, Any]) -> None:
+        name = dep["metadata"]["name"]
+        replicas = int(dep["spec"].get("replicas", 1))
+        template = dep["spec"]["template"]
+        thash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:12]
+        with self._lock:
+            mine = [
+                p
+                for p in self.pods.values()
+                if p.owner_kind == "Deployment" and p.owner_name == name and not p.terminating
+            ]
+        current = [p for p in mine if p.template_hash == thash]
+        old = [p for p in mine if p.template_hash != thash]
+        for _ in range(replicas - len(current)):
+            current.append(self._new_pod(owner_kind="Deployment", owner_name=name, template=template, template_hash=thash))
+        for pod in sorted(current, key=lambda p: -p.started)[: max(0, len(current) - replicas)]:
+            self._terminate(pod)
+            current.remove(pod)
+        ready_current = [p for p in current if p.ready]
+        if len(ready_current) >= replicas or replicas == 0:
+            for pod in old:  # maxUnavailable 0: old pods go once the new ones serve
+                self._terminate(pod)
+        with self._lock:
+            alive = [p for p in self.pods.values() if p.owner_kind == "Deployment" and p.owner_name == name]
+        new_status = {
+            "observedGeneration": dep["metadata"].get("generation", 1),
+            "replicas": len(alive),
+            "updatedReplicas": len([p for p in current if not p.terminating]),
+            "readyReplicas": len([p for p in alive if p.ready]),
+            "availableReplicas": len([p for p in alive if p.ready]),
+        }
+        status = dep.get("status") or {}
+        if {k: status.get(k) for k in new_status} != new_status:
+            self.api.patch("deployments", name, {"status": new_status}, sub="status")
+
+    # -- kubelet probes and kube-proxy ---------------------------------------------------------
+    def _probe(self) -> None:
+        with self._lock:
+            pods = [p for p in self.pods.values() if p.owner_kind == "Deployment" and not p.terminating]
+        for pod in pods:
+            if pod.phase != "Running" or not pod.port:
+                pod.ready = False
+                continue
+            if pod.proc is not None and pod.proc.poll() is not None:
+                pod.ready = False
+                pod.phase = "Failed"
+                continue
+            probe = pod.spec["containers"][0].get("readinessProbe") or {}
+            timeout = float(probe.get("timeoutSeconds", 1))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{pod.port}/ping", timeout=timeout) as resp:
+                    ok = resp.status == 200
+            except Exception:
+                ok = False
+            if ok:
+                pod.probe_failures = 0
+                pod.ready = True
+            else:
+                pod.probe_failures += 1
+                if pod.probe_failures >= int(probe.get("failureThreshold", 3)):
+                    pod.ready = False
+
+    def _update_endpoints(self) -> None:
+        endpoints: dict[str, list[int]] = {}
+        for svc in self.api.list("services"):
+            selector = svc["spec"].get("selector") or {}
+            with self._lock:
+                endpoints[svc["metadata"]["name"]] = [
+                    p.port
+                    for p in self.pods.values()
+                    if p.ready and not p.terminating and all(p.labels.get(k) == v for k, v in selector.items())
+                ]
+        self.endpoints = endpoints
+
+    # -- queries for tests -------------------------------------------------------------------------
+    def running(self, owner_name: str) -> list[LocalPod]:
+        with self._lock:
+            return [p for p in self.pods.values() if p.owner_name == owner_name]
+
+
+class ServiceProxy:
+    """kube-proxy for one port: ``/svc/{service}/...`` goes to a ready endpoint of that Service."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.port = free_port()
+        self._rr = itertools.count()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                parts = self.path.split("/", 3)
+                if len(parts) < 3 or parts[1] != "svc":
+                    self.send_error(404)
+                    return
+                service, rest = parts[2], "/" + (parts[3] if len(parts) > 3 else "")
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                ports = list(proxy.agent.endpoints.get(service) or [])
+                if not ports:
+                    self._reply(503, b'{"error": "no endpoints"}', "application/json")
+                    return
+                port = ports[next(proxy._rr) % len(ports)]
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                try:
+                    headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
+                    conn.request(self.command, rest, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self._reply(resp.status, data, resp.getheader("Content-Type") or "text/plain")
+                except OSError as exc:
+                    self._reply(502, str(exc).encode(), "text/plain")
+                finally:
+                    conn.close()
+
+            def _reply(self, code: int, data: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = _forward  # noqa: N815
+            do_POST = _forward  # noqa: N815
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, name="proxy", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.port}/svc/{service}"

@@ -1,0 +1,219 @@
+"""The kmock 0.8 Kubernetes API emulator with the compatibility layer the operator needs.
+
+kmock stores objects and streams watch events but leaves out what a real API server adds:
+this layer fills ``metadata.namespace``, ``uid``, ``resourceVersion``, ``creationTimestamp`` and
+``generation`` (bumped when a patch touches ``spec``), serves ``pods/{name}/log`` from what the
+test agent recorded, and declares the resources (kmock does not add a POSTed CRD to discovery).
+It runs on its own event loop in a background thread; ``Api`` is a small blocking client for
+the tests and the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import itertools
+import json
+import threading
+import urllib.error
+
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp.web
+import kmock
+from kmock._internal import enums, rendering
+
+RESOURCES = {
+    "packrat.dev/v1alpha1/packratmodels": ("PackratModel", {"status"}),
+    "v1/configmaps": ("ConfigMap", set()),
+    "v1/services": ("Service", set()),
+    "v1/pods": ("Pod", {"status", "log"}),
+    "v1/events": ("Event", set()),
+    "batch/v1/jobs": ("Job", {"status"}),
+    "apps/v1/deployments": ("Deployment", {"status", "scale"}),
+    "v1/namespaces": ("Namespace", set()),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", set()),
+}
+CLUSTER_SCOPED = {"v1/namespaces", "apiextensions.k8s.io/v1/customresourcedefinitions"}
+PATHS = {
+    "packratmodels": "/apis/packrat.dev/v1alpha1",
+    "configmaps": "/api/v1",
+    "services": "/api/v1",
+    "pods": "/api/v1",
+    "events": "/api/v1",
+    "jobs": "/apis/batch/v1",
+    "deployments": "/apis/apps/v1",
+}
+
+
+class CompatEmulator(kmock.KubernetesEmulator):
+    """kmock plus the metadata a real API server maintains, and pod logs."""
+
+    def setup(self) -> None:
+        self.pod_logs: dict[tuple[str, str, str], str] = {}
+        self._versions = itertools.count(1)
+        for key, (kind, subresources) in RESOURCES.items():
+            self.resources[key] = kmock.ResourceInfo(
+                kind=kind,
+                namespaced=key not in CLUSTER_SCOPED,
+                verbs={"list", "watch", "get", "create", "patch", "delete"},
+                subresources=subresources,
+            )
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None:
+            if request.subresource == "log" and request.method == enums.method.GET:
+                container = request.params.get("container", "")
+                text = self.pod_logs.get((request.namespace or "", request.name or "", container))
+                if text is None:
+                    return aiohttp.web.json_response(
+                        {"kind": "Status", "code": 404, "message": "no log"}, status=404
+                    )
+                return aiohttp.web.Response(text=text, content_type="text/plain")
+            data = request.data if isinstance(request.data, dict) else None
+            if request.action == enums.action.CREATE and data is not None:
+                meta = data.setdefault("metadata", {})
+                if request.namespace:
+                    meta.setdefault("namespace", request.namespace)
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta["resourceVersion"] = str(next(self._versions))
+                meta.setdefault(
+                    "creationTimestamp",
+                    datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                )
+                meta["generation"] = 1
+            elif request.action == enums.action.UPDATE and data is not None:
+                key = (request.resource, request.namespace, request.name)
+                if key in self.objects and not self.objects[key].deleted:
+                    current = self.objects[key].raw
+                    meta = data.setdefault("metadata", {})
+                    meta["resourceVersion"] = str(next(self._versions))
+                    if request.subresource is None and "spec" in data:
+                        generation = int(current.get("metadata", {}).get("generation") or 1)
+                        meta["generation"] = generation + 1
+        return await super()._handle(request)
+
+
+class EmulatorThread:
+    """Runs the emulator and its HTTP server on a private event loop."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.emulator: CompatEmulator | None = None
+        self.url = ""
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
+
+    def start(self) -> EmulatorThread:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("kmock did not start")
+        return self
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        async with CompatEmulator() as emulator, kmock.Server(emulator) as server:
+            emulator.setup()
+            self.emulator = emulator
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def write_kubeconfig(self, path: Path, *, namespace: str) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [
+                {
+                    "name": "kmock",
+                    "context": {"cluster": "kmock", "user": "test", "namespace": namespace},
+                }
+            ],
+            "current-context": "kmock",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+
+class Api:
+    """A tiny blocking JSON client for the emulator (tests and the agent)."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.url = url
+        self.namespace = namespace
+
+    def _path(self, resource: str, name: str | None = None, sub: str | None = None) -> str:
+        path = f"{self.url}{PATHS[resource]}/namespaces/{self.namespace}/{resource}"
+        if name:
+            path += f"/{name}"
+        if sub:
+            path += f"/{sub}"
+        return path
+
+    def _call(
+        self, method: str, url: str, body: Any = None, content_type: str = "application/json"
+    ) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        return json.loads(text) if text else None
+
+    def get(self, resource: str, name: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self._call("GET", self._path(resource, name))
+        return result
+
+    def list(self, resource: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        payload = self._call("GET", self._path(resource)) or {}
+        items: list[dict[str, Any]] = payload.get("items") or []
+        return [
+            i
+            for i in items
+            if all(
+                (i.get("metadata", {}).get("labels") or {}).get(k) == v
+                for k, v in (labels or {}).items()
+            )
+        ]
+
+    def create(self, resource: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", self._path(resource), dict(body))
+        return result
+
+    def patch(
+        self, resource: str, name: str, patch: Mapping[str, Any], *, sub: str | None = None
+    ) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self._call(
+            "PATCH", self._path(resource, name, sub), dict(patch), "application/merge-patch+json"
+        )
+        return result
+
+    def delete(self, resource: str, name: str) -> None:
+        try:
+            self._call("DELETE", self._path(resource, name))
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+
+

@@ -1,0 +1,216 @@
+"""Integration tests of the real profiler: worker processes, pinning, checkpoint and resume.
+
+Real processes on the tiny zoo model with small budgets; no timing assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint, load_profile
+from packrat.profiler.client import WorkerProcess
+from packrat.profiler.profiler import ProfilerError, ProfileSettings, run_profile
+from packrat.runtime.cpus import allowed_cpus
+from packrat.runtime.zoo import model_digest
+
+pytestmark = pytest.mark.integration
+
+CPUS = allowed_cpus()
+T = min(2, len(CPUS))
+FAST = ProfileSettings(precision=0.2, point_budget_s=0.5, warmup=1, min_samples=3)
+# Every point runs its whole budget: a precision no sample set reaches.
+SLOW = ProfileSettings(precision=1e-9, point_budget_s=1.0, warmup=1, min_samples=3)
+
+
+def _packrat(*args: str) -> list[str]:
+    return [sys.executable, "-m", "packrat", *args]
+
+
+def _run(args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _packrat(*args.split()), check=False, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_worker_reports_its_pinning() -> None:
+    cpu = CPUS[-1]
+    with WorkerProcess.start(spec="tiny", cpus=[cpu], threads=1) as worker:
+        assert worker.ready["affinity"] == [cpu]
+        worker.request({"cmd": "warmup", "batch": 4, "n": 2}, timeout=60)
+        info = worker.request({"cmd": "info"}, timeout=60)
+        assert info["affinity"] == [cpu]
+        assert info["thread_affinity"] == [cpu]  # every thread, pools included
+        assert info["threads"] == 1
+        assert info["interop_threads"] == 1
+        assert info["omp_num_threads"] == "1"
+        run = worker.request({"cmd": "run", "batch": 2}, timeout=60)
+        assert run["end"] >= run["start"]
+    assert worker.proc.returncode == 0
+
+
+def test_worker_start_failure_is_reported() -> None:
+    with pytest.raises(Exception, match="unknown model"):
+        WorkerProcess.start(spec="no-such-model", cpus=[CPUS[0]], threads=1)
+
+
+def test_profile_tiny_grid_and_pinning(tmp_path: Path) -> None:
+    out = tmp_path / "tiny.json"
+    reports: list[tuple[ProfilePoint, dict[str, Any]]] = []
+    run = run_profile(
+        spec="tiny",
+        cpus=T,
+        max_batch=2,
+        output=out,
+        settings=FAST,
+        on_point=lambda p, r: reports.append((p, r)),
+    )
+    profile = load_profile(out)
+    assert run.stopped == "complete" and not run.missing
+    expected = {(t, b) for t in range(1, T + 1) for b in (1, 2)}
+    assert set(profile.index) == expected
+    for p in profile.points:
+        assert p.latency_ms > 0 and p.samples is not None and p.samples >= 1
+        assert p.p50_ms is not None and p.p99_ms is not None and p.p99_ms >= p.p50_ms > 0
+        assert p.cv is not None and p.cv >= 0
+    meta = profile.meta
+    assert meta.model == "tiny" and meta.cpus == T and meta.model_digest.startswith("sha256:")
+    assert meta.torch_version and meta.cpu_model and meta.created
+    assert meta.extra["complete"] is True
+    # each point ran pinned to exactly `t` of the allowed cores with `t` intra-op threads
+    assert len(reports) == len(expected)
+    for point, report in reports:
+        ready = report["ready"]
+        assert ready["threads"] == point.threads
+        assert len(ready["affinity"]) == point.threads
+        assert set(ready["affinity"]) <= set(CPUS)
+        assert ready["interop_threads"] == 1
+        assert report["startup_s"] > 0
+
+
+def test_time_budget_stops_cleanly_and_rerun_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "budget.json"
+    first = run_profile(
+        spec="tiny",
+        cpus=1,
+        max_batch=4,
+        output=out,
+        settings=replace(SLOW, time_budget_s=1.5),
+    )
+    assert first.stopped == "time_budget"
+    assert len(first.measured) >= 1 and first.missing
+    saved = load_profile(out)
+    assert saved.meta.extra["complete"] is False
+    before = saved.index
+    second = run_profile(spec="tiny", cpus=1, max_batch=4, output=out, settings=FAST)
+    assert sorted(second.kept) == sorted(before)
+    assert not set(second.measured) & set(before)
+    after = load_profile(out)
+    assert set(after.index) == {(1, 1), (1, 2), (1, 4)}
+    for key, point in before.items():
+        assert after.index[key] == point  # kept, not re-measured
+    assert after.meta.extra["complete"] is True
+
+
+def test_killed_cli_run_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "killed.json"
+    args = [
+        "profile", "--model", "tiny", "--cpus", "1", "--max-batch", "4", "-o", str(out),
+        "--precision", "1e-9", "--point-budget", "1", "--warmup", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(_packrat(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not out.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert out.exists(), "the first point was checkpointed before the kill"
+    before = load_profile(out).index
+    assert 1 <= len(before) < 3, "killed after the first checkpoint, before the end"
+    done = _run(" ".join(args))
+    assert done.returncode == 0, done.stderr
+    assert f"{len(before)} kept" in done.stderr
+    after = load_profile(out).index
+    assert set(after) == {(1, 1), (1, 2), (1, 4)}
+    for key, point in before.items():
+        assert after[key] == point
+
+
+def test_refuses_a_profile_of_another_model(tmp_path: Path) -> None:
+    out = tmp_path / "other.json"
+    other = Profile(
+        meta=ProfileMeta(model="resnet50", model_digest="sha256:other", cpus=1),
+        points=(ProfilePoint(1, 1, 50.0),),
+    )
+    other.save(out)
+    with pytest.raises(ProfilerError, match="refusing to mix"):
+        run_profile(spec="tiny", cpus=1, max_batch=1, output=out, settings=FAST)
+    cli = _run(f"profile --model tiny --cpus 1 --max-batch 1 -o {out}")
+    assert cli.returncode == 2
+    assert "refusing to mix" in cli.stderr
+    assert json.loads(out.read_text())["meta"]["model"] == "resnet50"  # untouched
+
+
+def test_refuses_more_cpus_than_allowed(tmp_path: Path) -> None:
+    with pytest.raises(ProfilerError, match="may only use"):
+        run_profile(spec="tiny", cpus=len(CPUS) + 1, max_batch=1, output=tmp_path / "x.json")
+
+
+@pytest.mark.skipif(os.cpu_count() is None, reason="no cpu count")
+def test_bench_tiny_json(tmp_path: Path) -> None:
+    # A synthetic profile (the plans it implies do not matter here; the bench measures).
+    profile_path = tmp_path / "p.json"
+    points = [
+        ProfilePoint(t, b, 0.01 * b / t + 0.002 * t) for t in range(1, T + 1) for b in (1, 2, 4)
+    ]
+    meta = ProfileMeta(model="tiny", model_digest=model_digest("tiny"), cpus=T)
+    Profile(meta=meta, points=tuple(points)).save(profile_path)
+    done = _run(
+        f"bench --model tiny --cpus {T} --batch 2,4 --profile {profile_path} "
+        "--repeats 3 --warmup 1 --format json"
+    )
+    assert done.returncode == 0, done.stderr
+    payload = json.loads(done.stdout)
+    assert payload["cpus"] == T
+    assert [r["batch"] for r in payload["results"]] == [2, 4]
+    for result in payload["results"]:
+        assert set(result["configs"]) == {"plan", "fat", "per_core"}
+        for name, config in result["configs"].items():
+            assert len(config["samples_ms"]) == 3, name
+            assert 0 < config["min_ms"] <= config["median_ms"] <= config["max_ms"]
+            instances = config["instances"]
+            assert sum(i["batch"] for i in instances) == result["batch"]
+            cores = [c for i in instances for c in i["cpus"].split(",")]
+            assert len(cores) == len(set(cores))  # disjoint core sets
+        assert result["measured_speedup"] > 0
+        assert result["expected_speedup"] > 0
+        assert result["actual_over_expected"] == pytest.approx(
+            result["measured_speedup"] / result["expected_speedup"]
+        )
+        assert result["configs"]["fat"]["instances"] == [
+            {
+                "threads": T,
+                "batch": result["batch"],
+                "cpus": result["configs"]["fat"]["instances"][0]["cpus"],
+            }
+        ]
+
+
+def test_bench_quick_profile_without_file(tmp_path: Path) -> None:
+    saved = tmp_path / "quick.json"
+    done = _run(
+        "bench --model tiny --cpus 1 --batch 3 --repeats 2 --warmup 0 "
+        f"--profile-budget 0.3 --save-profile {saved}"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "1x1t/b3" in done.stdout  # one core: the plan is the fat instance
+    assert (1, 3) in load_profile(saved).index  # B itself was profiled

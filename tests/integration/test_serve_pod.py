@@ -1,0 +1,332 @@
+"""``packrat serve`` end to end with real TorchServe and the tiny zoo model.
+
+One pod (two 1-thread instances on this machine's two cores, queue limit 0) is started once
+for the module; the tests run in file order and the worker-kill test comes last. A second
+pod serves a user's own ``.mar`` (its handler reports the affinity it was loaded with) and
+is then drained with SIGTERM while requests are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from packrat.runtime import zoo
+from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
+from packrat.serve.codec import encode_sample
+from packrat.serve.loadgen import run_bursts
+from packrat.serve.torchserve import free_ports
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+CPUS = allowed_cpus()
+needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs a cpuset of at least 2 cpus")
+
+
+def plan_json(instances: list[dict[str, int]], *, cpus: int) -> str:
+    batch = sum(g["batch"] * g["count"] for g in instances)
+    return json.dumps(
+        {
+            "cpus": cpus,
+            "batch": batch,
+            "instances": instances,
+            "expected_latency_ms": 1.0,
+            "fat_latency_ms": 1.0,
+        }
+    )
+
+
+@dataclass
+class Pod:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    pings: list[int] = field(default_factory=list)
+
+    def status(self) -> dict[str, Any]:
+        return asyncio.run(_get_json(f"{self.url}/status"))
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+async def _get_json(url: str) -> Any:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.json()
+
+
+def _ping(url: str) -> int:
+    async def go() -> int:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(
+                f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)
+            ) as r:
+                return r.status
+        except (aiohttp.ClientError, TimeoutError):
+            return 0
+
+    return asyncio.run(go())
+
+
+def start_pod(tmp: Path, *, model: str, plan: str, extra: list[str] | None = None) -> Pod:
+    (tmp / "plan.json").write_text(plan)
+    port = free_ports(1)[0]
+    log = tmp / "serve.log"
+    cmd = [
+        sys.executable, "-m", "packrat", "serve", "--model", model,
+        "--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
+        "--workdir", str(tmp / "work"), *(extra or []),
+    ]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    pod = Pod(proc=proc, url=f"http://127.0.0.1:{port}", log=log)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"packrat serve exited {proc.returncode}:\n{pod.log_text()}")
+        code = _ping(pod.url)
+        pod.pings.append(code)
+        if code == 200:
+            return pod
+        time.sleep(0.1)
+    stop_pod(pod)
+    raise AssertionError(f"pod not ready in 90 s:\n{pod.log_text()}")
+
+
+def stop_pod(pod: Pod) -> int:
+    if pod.proc.poll() is None:
+        pod.proc.send_signal(signal.SIGTERM)
+        try:
+            pod.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pod.proc.kill()
+            pod.proc.wait()
+    return pod.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    if len(CPUS) < 2:
+        pytest.skip("needs a cpuset of at least 2 cpus")
+    tmp = tmp_path_factory.mktemp("pod")
+    plan = plan_json([{"threads": 1, "batch": 2, "count": 2}], cpus=2)
+    pod = start_pod(tmp, model="tiny", plan=plan, extra=["--queue-limit", "0", "--cpus", "%d,%d" % tuple(CPUS[:2])])
+    yield pod
+    assert stop_pod(pod) == 0
+
+
+def post(url: str, bodies: list[tuple[bytes, str]]) -> list[tuple[int, bytes, dict[str, str]]]:
+    """Send every body concurrently; (status, body, headers) in order."""
+
+    async def go() -> list[tuple[int, bytes, dict[str, str]]]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one(body: bytes, ctype: str) -> tuple[int, bytes, dict[str, str]]:
+                async with s.post(
+                    f"{url}/predictions/tiny", data=body, headers={"Content-Type": ctype}
+                ) as r:
+                    return r.status, await r.read(), dict(r.headers)
+
+            return list(await asyncio.gather(*(one(b, c) for b, c in bodies)))
+
+    return asyncio.run(go())
+
+
+def cpus_allowed(pid: int | str, task: str | None = None) -> list[int]:
+    path = Path(f"/proc/{pid}/status") if task is None else Path(f"/proc/{pid}/task/{task}/status")
+    for line in path.read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpu_list(line.split(":", 1)[1])
+    raise AssertionError("no Cpus_allowed_list")
+
+
+def test_not_ready_before_load_ready_after(pod: Pod) -> None:
+    assert 503 in pod.pings, pod.pings  # answered "not ready" while the models loaded
+    assert pod.pings[-1] == 200
+    assert _ping(pod.url) == 200
+
+
+def test_each_worker_is_pinned_to_its_own_cores(pod: Pod) -> None:
+    status = pod.status()
+    instances = status["instances"]
+    assert len(instances) == 2
+    assert {tuple(i["cpus"]) for i in instances} == {(CPUS[0],), (CPUS[1],)}
+    for inst in instances:
+        pid = inst["pid"]
+        assert cpus_allowed(pid) == inst["cpus"], inst
+        for task in os.listdir(f"/proc/{pid}/task"):  # every thread, not just the main one
+            assert cpus_allowed(pid, task) == inst["cpus"]
+
+
+def test_predictions_match_the_model_run_in_process(pod: Pod) -> None:
+    model = zoo.load_model("tiny")
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        expected = model(x)
+    bodies = [(encode_sample([x[i]]), "application/octet-stream") for i in range(3)]
+    bodies += [(json.dumps(x[i].tolist()).encode(), "application/json") for i in range(3, 6)]
+    answers = post(pod.url, bodies)
+    for i, (status, body, headers) in enumerate(answers):
+        assert status == 200, body
+        assert headers["Content-Type"].startswith("application/json")
+        assert torch.allclose(torch.tensor(json.loads(body)), expected[i], atol=1e-5)
+
+
+def test_a_bad_request_fails_alone(pod: Pod) -> None:
+    good = encode_sample([zoo.example_input("tiny", 1)[0]])
+    answers = post(
+        pod.url,
+        [(good, "application/octet-stream"), (b"not a tensor", "application/octet-stream"),
+         (good, "application/octet-stream"), (b"[1, 2", "application/json")],
+    )
+    assert [a[0] for a in answers] == [200, 400, 200, 400]
+    assert json.loads(answers[1][1])["code"] == 400
+    assert post(pod.url, [(good, "application/octet-stream")])[0][0] == 200
+
+
+def test_overload_is_shed_with_503_and_retry_after(pod: Pod) -> None:
+    good = encode_sample([zoo.example_input("tiny", 1)[0]])
+    answers = post(pod.url, [(good, "application/octet-stream")] * 200)
+    statuses = [a[0] for a in answers]
+    assert set(statuses) <= {200, 503}
+    assert statuses.count(503) > 0, "queue limit 0 with 200 concurrent requests never shed"
+    assert statuses.count(200) > 0
+    shed = next(a for a in answers if a[0] == 503)
+    assert shed[2]["Retry-After"] == "1"
+    assert post(pod.url, [(good, "application/octet-stream")])[0][0] == 200
+
+
+def test_metrics_and_status(pod: Pod) -> None:
+    async def text() -> str:
+        async with aiohttp.ClientSession() as s, s.get(f"{pod.url}/metrics") as r:
+            assert r.status == 200
+            return await r.text()
+
+    metrics = asyncio.run(text())
+    for name in ("tiny_i0", "tiny_i1"):
+        line = next(
+            ln for ln in metrics.splitlines()
+            if ln.startswith("packrat_instance_requests_total") and f'instance="{name}"' in ln
+        )
+        assert float(line.rsplit(" ", 1)[1]) > 0
+    assert 'packrat_request_errors_total{code="400",model="tiny",source="torchserve"}' in metrics
+    assert "packrat_batch_size_estimate{" in metrics
+    status = pod.status()
+    assert status["plan"]["label"] == "2x1t/b2"
+    assert status["batch_size_estimate"]["estimate"] >= 1
+
+
+def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
+    before = pod.status()["instances"][1]
+    os.kill(before["pid"], signal.SIGKILL)
+    seen: list[int] = []
+    deadline = time.monotonic() + 60
+    after = before
+    while time.monotonic() < deadline:
+        code = _ping(pod.url)
+        seen.append(code)
+        after = pod.status()["instances"][1]
+        if code == 200 and after["pid"] != before["pid"]:
+            break
+        time.sleep(0.05)
+    assert 503 in seen, seen  # not ready while the instance was down
+    assert seen[-1] == 200 and after["pid"] != before["pid"], pod.log_text()[-3000:]
+    assert after["restarts"] >= 1
+    assert cpus_allowed(after["pid"]) == before["cpus"]
+    good = encode_sample([zoo.example_input("tiny", 1)[0]])
+    result = asyncio.run(run_bursts(url=pod.url, model="tiny", body=good, burst=4, bursts=3))
+    assert result.errors == 0
+
+
+# -- a user's .mar, and draining -------------------------------------------------------------
+USER_HANDLER = '''
+import json, os
+import torch
+
+
+class UserHandler:
+    def initialize(self, context):
+        self.affinity = sorted(os.sched_getaffinity(0))
+        self.threads = torch.get_num_threads()
+
+    def handle(self, data, context):
+        return [
+            json.dumps({"affinity": self.affinity, "threads": self.threads, "n": len(data)})
+            for _ in data
+        ]
+'''
+
+
+@pytest.fixture(scope="module")
+def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    tmp = tmp_path_factory.mktemp("user")
+    (tmp / "user_handler.py").write_text(USER_HANDLER)
+    subprocess.run(
+        [
+            str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "user",
+            "--version", "1.0", "--handler", str(tmp / "user_handler.py"),
+            "--export-path", str(tmp),
+        ],
+        check=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    (tmp / "warm.txt").write_text("warm")
+    cpu = CPUS[-1]
+    plan = plan_json([{"threads": 1, "batch": 8, "count": 1}], cpus=1)
+    pod = start_pod(
+        tmp,
+        model=str(tmp / "user.mar"),
+        plan=plan,
+        extra=["--cpus", str(cpu), "--max-batch-delay-ms", "400", "--warmup-body", str(tmp / "warm.txt")],
+    )
+    yield pod
+    stop_pod(pod)
+
+
+def test_a_users_mar_handler_runs_pinned_and_unchanged(user_pod: Pod) -> None:
+    async def go() -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.post(
+            f"{user_pod.url}/predictions/user", data=b"hi"
+        ) as r:
+            return r.status, json.loads(await r.read())
+
+    status, body = asyncio.run(go())
+    assert status == 200
+    assert body["affinity"] == [CPUS[-1]]  # pinned before the user's initialize ran
+    assert body["threads"] == 1
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_zero(user_pod: Pod) -> None:
+    async def go() -> list[int]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one() -> int:
+                async with s.post(f"{user_pod.url}/predictions/user", data=b"x") as r:
+                    await r.read()
+                    return r.status
+
+            tasks = [asyncio.create_task(one()) for _ in range(5)]
+            # 5 < batch 8: TorchServe holds them for the 400 ms batch delay.
+            await asyncio.sleep(0.15)
+            user_pod.proc.send_signal(signal.SIGTERM)
+            return list(await asyncio.gather(*tasks))
+
+    statuses = asyncio.run(go())
+    assert statuses == [200] * 5
+    assert user_pod.proc.wait(timeout=30) == 0
+    assert _ping(user_pod.url) == 0  # the port is closed
+    log = user_pod.log_text()
+    assert "draining (5 outstanding)" in log, log[-2000:]

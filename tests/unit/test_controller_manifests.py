@@ -1,0 +1,134 @@
+"""Every object the operator builds is a valid Kubernetes object with Guaranteed-QoS pods."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from packrat.controller import manifests as m
+
+OWNER: dict[str, Any] = {
+    "apiVersion": "packrat.dev/v1alpha1",
+    "kind": "PackratModel",
+    "metadata": {"name": "tiny", "namespace": "ns", "uid": "1234"},
+    "spec": {
+        "model": {"zoo": "tiny"},
+        "cpus": 4,
+        "batchSize": 8,
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "profiling": {"threads": [1, 2, 4]},
+    },
+}
+URI_OWNER: dict[str, Any] = {
+    **OWNER,
+    "spec": {"model": {"uri": "https://h/m.mar", "format": "mar"}, "cpus": 2, "batchSize": 4},
+}
+PVC_OWNER: dict[str, Any] = {
+    **OWNER,
+    "spec": {
+        "model": {
+            "volume": {"persistentVolumeClaim": {"claimName": "models"}, "path": "r.pt"},
+            "format": "torchscript",
+        },
+        "cpus": 2,
+        "batchSize": 4,
+    },
+}
+PLAN = {
+    "cpus": 4,
+    "batch": 8,
+    "label": "2x2t/b4",
+    "instances": [{"threads": 2, "batch": 4, "count": 2, "latency_ms": 1.0}],
+}
+VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
+
+
+def _objects(owner: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        m.profiling_job(owner, key="abcdef0123456789"),
+        m.profile_configmap(owner, key="abcdef0123456789", profile_json="{}", cpu_model="x"),
+        m.serving_deployment(owner, slot="a", plan=PLAN, serving_hash="h1", replicas=2),
+        m.service(owner, slot="b"),
+    ]
+
+
+def _pod_specs(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj["kind"] in ("Job", "Deployment"):
+        return [obj["spec"]["template"]["spec"]]
+    return []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("owner", [OWNER, URI_OWNER, PVC_OWNER], ids=["zoo", "uri", "pvc"])
+def test_objects_validate_strict(owner: dict[str, Any], version: str) -> None:
+    for obj in _objects(owner):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("owner", [OWNER, URI_OWNER, PVC_OWNER], ids=["zoo", "uri", "pvc"])
+def test_pods_are_guaranteed_and_locked_down(owner: dict[str, Any]) -> None:
+    pods = [p for obj in _objects(owner) for p in _pod_specs(obj)]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        containers = pod["containers"] + pod.get("initContainers", [])
+        if "uri" in owner["spec"]["model"]:
+            assert any(c["name"] == "fetch-model" for c in containers)
+        for c in containers:
+            res = c["resources"]
+            assert res["requests"] == res["limits"], c["name"]
+            assert res["limits"]["cpu"] == str(owner["spec"]["cpus"])
+            assert int(res["limits"]["cpu"]) >= 1
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert (
+                any(v["mountPath"] == "/tmp" for v in c["volumeMounts"]) or c["name"] == "publish"
+            )
+
+
+def test_deployment_serves_plan_with_probes() -> None:
+    dep = m.serving_deployment(OWNER, slot="b", plan=PLAN, serving_hash="h1", replicas=3)
+    assert dep["metadata"]["name"] == "tiny-b"
+    assert dep["spec"]["replicas"] == 3
+    tpl = dep["spec"]["template"]
+    assert tpl["metadata"]["labels"]["packrat.dev/slot"] == "b"
+    assert tpl["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert tpl["metadata"]["annotations"]["prometheus.io/port"] == "8080"
+    assert tpl["spec"]["nodeSelector"] == {"pool": "cpu"}
+    c = tpl["spec"]["containers"][0]
+    assert c["command"][:2] == ["packrat", "serve"]
+    assert c["command"][c["command"].index("--plan-env") + 1] == "PACKRAT_PLAN"
+    assert c["command"][c["command"].index("--port") + 1] == "8080"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert json.loads(env["PACKRAT_PLAN"])["instances"] == PLAN["instances"]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert c[probe]["httpGet"]["path"] == "/ping"
+    ref = dep["metadata"]["ownerReferences"][0]
+    assert ref["uid"] == "1234" and ref["controller"] is True
+
+
+def test_job_profiles_and_publishes() -> None:
+    job = m.profiling_job(OWNER, key="abcdef0123456789")
+    assert job["metadata"]["name"] == "tiny-profile-abcdef01"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 2 and spec["activeDeadlineSeconds"] == 1800
+    init = spec["template"]["spec"]["initContainers"][-1]
+    assert init["command"][:2] == ["packrat", "profile"]
+    assert init["command"][init["command"].index("--threads") + 1] == "1,2,4"
+    assert init["command"][init["command"].index("-o") + 1] == "/profile/profile.json"
+    assert spec["template"]["spec"]["containers"][0]["command"] == ["cat", "/profile/profile.json"]
+
+
+def test_service_selects_slot() -> None:
+    svc = m.service(OWNER, slot="b")
+    assert svc["metadata"]["name"] == "tiny"
+    assert svc["spec"]["selector"]["packrat.dev/slot"] == "b"
+    assert svc["spec"]["ports"][0]["port"] == 8080

@@ -1,0 +1,350 @@
+"""The reconcile state machine against an in-memory API: profile, deploy, switch, abort, retry."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.reconcile import Config, Reconciler, merge_patch
+from packrat.controller.status import get_condition
+from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
+
+NS = "ns"
+T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+def _merge(base: Any, patch: Any) -> Any:
+    if not isinstance(patch, Mapping) or not isinstance(base, Mapping):
+        return copy.deepcopy(patch)
+    out = dict(base)
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = _merge(out.get(k), v)
+    return out
+
+
+class FakeKube:
+    """An in-memory API server that bumps generation on spec changes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.logs: dict[tuple[str, str], str] = {}
+        self.creates: list[tuple[str, str]] = []
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        obj = self.objects.get((resource, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def create(self, resource: str, namespace: str, body: Mapping[str, Any]) -> bool:
+        key = (resource, namespace, body["metadata"]["name"])
+        if key in self.objects:
+            return False
+        obj = copy.deepcopy(dict(body))
+        obj["metadata"]["generation"] = 1
+        self.objects[key] = obj
+        self.creates.append((resource, key[2]))
+        return True
+
+    def patch(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        patch: Mapping[str, Any],
+        *,
+        subresource: str | None = None,
+    ) -> dict[str, Any] | None:
+        key = (resource, namespace, name)
+        if key not in self.objects:
+            return None
+        old = self.objects[key]
+        new = _merge(old, patch)
+        if subresource is None and new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        self.objects[key] = new
+        return copy.deepcopy(new)
+
+    def delete(self, resource: str, namespace: str, name: str) -> bool:
+        return self.objects.pop((resource, namespace, name), None) is not None
+
+    def list(
+        self, resource: str, namespace: str, *, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        out = []
+        for (res, ns, _), obj in self.objects.items():
+            have = obj["metadata"].get("labels") or {}
+            if (
+                res == resource
+                and ns == namespace
+                and all(have.get(k) == v for k, v in (labels or {}).items())
+            ):
+                out.append(copy.deepcopy(obj))
+        return out
+
+    def read_log(self, namespace: str, pod: str, *, container: str) -> str | None:
+        return self.logs.get((pod, container))
+
+    # -- playing the controllers --------------------------------------------------------------
+    def of(self, resource: str) -> list[str]:
+        return sorted(name for (res, _, name) in self.objects if res == resource)
+
+    def finish_job(self, *, ok: bool, log: str = "", message: str = "") -> None:
+        (job_name,) = self.of("jobs")
+        pod = {
+            "metadata": {"name": f"{job_name}-x", "labels": {"job-name": job_name}},
+            "status": {
+                "phase": "Succeeded" if ok else "Failed",
+                "initContainerStatuses": [
+                    {
+                        "name": "profile",
+                        "state": {
+                            "terminated": {
+                                "exitCode": 0 if ok else 137,
+                                "reason": "Completed" if ok else "OOMKilled",
+                                "message": message,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+        self.objects[("pods", NS, pod["metadata"]["name"])] = pod
+        self.logs[(pod["metadata"]["name"], "publish")] = log
+        cond = "Complete" if ok else "Failed"
+        self.patch(
+            "jobs",
+            NS,
+            job_name,
+            {"status": {"conditions": [{"type": cond, "status": "True"}]}},
+            subresource="status",
+        )
+
+    def make_ready(self, dep_name: str) -> None:
+        dep = self.objects[("deployments", NS, dep_name)]
+        replicas = dep["spec"]["replicas"]
+        dep["status"] = {
+            "observedGeneration": dep["metadata"]["generation"],
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "updatedReplicas": replicas,
+        }
+
+    def prm(self) -> dict[str, Any]:
+        obj = self.get("packratmodels", NS, "tiny")
+        assert obj is not None
+        return obj
+
+
+def _profile_json() -> str:
+    lat = {
+        (1, 1): 1.0,
+        (1, 2): 1.8,
+        (1, 4): 3.5,
+        (1, 8): 7.0,
+        (2, 1): 0.8,
+        (2, 2): 1.2,
+        (2, 4): 2.2,
+        (2, 8): 4.3,
+    }
+    points = tuple(ProfilePoint(threads=t, batch=b, latency_ms=v) for (t, b), v in lat.items())
+    meta = ProfileMeta(model="tiny", cpu_model="Test CPU", cpus=2)
+    return Profile(meta=meta, points=points).to_json()
+
+
+def _setup(spec: dict[str, Any] | None = None) -> tuple[FakeKube, Reconciler]:
+    kube = FakeKube()
+    body = {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratModel",
+        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
+        "spec": spec
+        or {
+            "model": {"zoo": "tiny"},
+            "cpus": 2,
+            "batchSize": 4,
+            "profiling": {"maxBatch": 8},
+            "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
+        },
+    }
+    kube.create("packratmodels", NS, body)
+    return kube, Reconciler(kube, config=Config(image="img", profile_retry_seconds=10))
+
+
+def _ready_model() -> tuple[FakeKube, Reconciler]:
+    kube, rec = _setup()
+    rec.reconcile(NS, "tiny", now=T0)
+    kube.finish_job(ok=True, log=_profile_json())
+    rec.reconcile(NS, "tiny", now=T0)
+    kube.make_ready("tiny-a")
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Ready"
+    return kube, rec
+
+
+def _set_spec(kube: FakeKube, **changes: Any) -> None:
+    kube.patch("packratmodels", NS, "tiny", {"spec": changes})
+
+
+def test_merge_patch_removes_nested_keys() -> None:
+    old = {"a": {"b": 1, "c": 2}, "d": 1, "e": [1]}
+    new = {"a": {"b": 1}, "e": [2]}
+    patch = merge_patch(old, new)
+    assert patch == {"a": {"c": None}, "d": None, "e": [2]}
+    assert _merge(old, patch) == new
+
+
+def test_profile_then_deploy_then_ready() -> None:
+    kube, rec = _setup()
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Profiling"
+    assert kube.of("jobs") == [kube.of("jobs")[0]]
+    job_name = kube.of("jobs")[0]
+    assert job_name.startswith("tiny-profile-")
+    assert kube.of("deployments") == []
+    # a second pass does not create a second Job
+    rec.reconcile(NS, "tiny", now=T0)
+    assert [c for c in kube.creates if c[0] == "jobs"] == [("jobs", job_name)]
+
+    kube.finish_job(ok=True, log=_profile_json())
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Deploying"
+    assert kube.of("configmaps") == [job_name]
+    assert kube.of("jobs") == []
+    assert kube.of("deployments") == ["tiny-a"]
+    svc = kube.get("services", NS, "tiny")
+    assert svc is not None and svc["spec"]["selector"]["packrat.dev/slot"] == "a"
+    status = kube.prm()["status"]
+    assert status["plan"]["batch"] == 4 and status["plan"]["label"]
+    assert status["profile"]["configMap"] == job_name
+    assert status["profile"]["cpuModel"] == "Test CPU"
+
+    kube.make_ready("tiny-a")
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Ready"
+    status = kube.prm()["status"]
+    ready = get_condition(status["conditions"], "Ready")
+    assert ready is not None and ready["status"] == "True"
+    assert status["readyReplicas"] == 1
+    assert status["endpoint"] == {"service": "tiny.ns.svc", "port": 8080}
+    assert ("Normal", "Ready", res.events[-1][2]) == res.events[-1]
+
+
+def test_invalid_spec_creates_nothing() -> None:
+    kube, rec = _setup({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4, "autoBatch": {}})
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Failed"
+    cond = get_condition(kube.prm()["status"]["conditions"], "Ready")
+    assert cond is not None and cond["reason"] == "InvalidSpec"
+    assert "exactly one of batchSize and autoBatch" in cond["message"]
+    assert kube.creates == [("packratmodels", "tiny")]
+
+
+def test_replicas_change_in_place() -> None:
+    kube, rec = _ready_model()
+    _set_spec(kube, replicas=3)
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 3  # type: ignore[index]
+    assert kube.of("deployments") == ["tiny-a"]
+    assert res.phase == "Deploying"
+    assert "switch" not in kube.prm()["status"]
+
+
+def test_switch_completes_once_even_after_restart() -> None:
+    kube, rec = _ready_model()
+    _set_spec(kube, batchSize=8)
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Reconfiguring"
+    assert kube.of("deployments") == ["tiny-a", "tiny-b"]
+    assert kube.prm()["status"]["switch"]["stage"] == "rollout"
+    # not ready yet: nothing moves
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=5))
+    assert kube.get("services", NS, "tiny")["spec"]["selector"]["packrat.dev/slot"] == "a"  # type: ignore[index]
+    kube.make_ready("tiny-b")
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=6))
+    assert kube.get("services", NS, "tiny")["spec"]["selector"]["packrat.dev/slot"] == "b"  # type: ignore[index]
+    assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 1  # type: ignore[index]
+    status = kube.prm()["status"]
+    assert status["switch"]["stage"] == "draining"
+    assert status["activeSlot"] == "b"
+    # operator restarted: a fresh Reconciler finishes the switch exactly once
+    rec2 = Reconciler(kube, config=Config(image="img"))
+    res = rec2.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=8))
+    assert res.switch_result is None  # still draining
+    res = rec2.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=12))
+    assert res.switch_result == "succeeded"
+    assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 0  # type: ignore[index]
+    status = kube.prm()["status"]
+    assert status["lastSwitch"]["result"] == "Succeeded"
+    assert status["plan"]["batch"] == 8
+    assert "switch" not in status
+    res = rec2.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=13))
+    assert res.switch_result is None and res.phase == "Ready"
+    assert kube.get("services", NS, "tiny")["spec"]["selector"]["packrat.dev/slot"] == "b"  # type: ignore[index]
+
+
+def test_switch_aborts_and_keeps_serving() -> None:
+    kube, rec = _ready_model()
+    _set_spec(kube, batchSize=8)
+    rec.reconcile(NS, "tiny", now=T0)
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=61))
+    assert res.switch_result == "aborted"
+    assert res.phase == "Ready"
+    assert any(e[1] == "SwitchAborted" and e[0] == "Warning" for e in res.events)
+    assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 0  # type: ignore[index]
+    assert kube.get("services", NS, "tiny")["spec"]["selector"]["packrat.dev/slot"] == "a"  # type: ignore[index]
+    status = kube.prm()["status"]
+    assert status["lastSwitch"]["result"] == "Aborted"
+    cond = get_condition(status["conditions"], "Reconfiguring")
+    assert cond is not None and cond["reason"] == "SwitchAborted"
+    # no retry loop for the same spec
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=200))
+    assert res.switch_result is None
+    assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 0  # type: ignore[index]
+    # a new spec tries again
+    _set_spec(kube, batchSize=2)
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=201))
+    assert res.phase == "Reconfiguring"
+    assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 1  # type: ignore[index]
+
+
+def test_profiling_failure_retries_with_backoff_then_fails() -> None:
+    kube, rec = _setup()
+    rec.reconcile(NS, "tiny", now=T0)
+    kube.finish_job(ok=False, message="Killed\nout of memory")
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Profiling"
+    cond = get_condition(kube.prm()["status"]["conditions"], "Profiled")
+    assert cond is not None and cond["reason"] == "ProfilingRetry"
+    assert "OOMKilled" in cond["message"] and "out of memory" in cond["message"]
+    assert kube.of("jobs") == []
+    # backoff: no new Job before retryAt
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=5))
+    assert kube.of("jobs") == []
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=11))
+    assert len(kube.of("jobs")) == 1
+    kube.objects = {k: v for k, v in kube.objects.items() if k[0] != "pods"}
+    kube.finish_job(ok=False)
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=12))
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=40))
+    kube.objects = {k: v for k, v in kube.objects.items() if k[0] != "pods"}
+    kube.finish_job(ok=False)
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=41))
+    assert res.phase == "Failed"
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=4000))
+    assert res.phase == "Failed"
+    assert kube.of("jobs") == []
+    cond = get_condition(kube.prm()["status"]["conditions"], "Profiled")
+    assert cond is not None and cond["reason"] == "ProfilingFailed"
+
+
+def test_profile_reused_for_batch_change() -> None:
+    kube, rec = _ready_model()
+    cms = kube.of("configmaps")
+    _set_spec(kube, batchSize=8)
+    rec.reconcile(NS, "tiny", now=T0)
+    assert kube.of("configmaps") == cms
+    assert kube.of("jobs") == []

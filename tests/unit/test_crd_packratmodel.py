@@ -1,0 +1,186 @@
+"""The PackratModel CRD accepts the documented examples and rejects bad ones (offline, no CEL)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "packratmodel.yaml"
+
+
+def _crd() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return data
+
+
+def _strict(schema: Any) -> Any:
+    """The schema as the API server applies it with strict field validation: unknown fields fail."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def _validator() -> OAS30Validator:
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    strict = _strict(schema)
+    strict["properties"]["metadata"] = {"type": "object"}
+    return OAS30Validator(strict)
+
+
+def _obj(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratModel",
+        "metadata": {"name": "m"},
+        "spec": spec,
+    }
+
+
+FULL = {
+    "model": {"zoo": "resnet50", "name": "resnet50"},
+    "image": "ghcr.io/packrat-operator/serving:0.1.0",
+    "cpus": 4,
+    "memory": "4Gi",
+    "replicas": 1,
+    "batchSize": 8,
+    "maxBatchDelayMs": 5,
+    "profiling": {
+        "maxBatch": 32,
+        "threads": [1, 2, 4],
+        "precision": 0.02,
+        "timeBudgetSeconds": 600,
+        "timeoutSeconds": 1800,
+        "backoffLimit": 2,
+    },
+    "nodeSelector": {"node.kubernetes.io/instance-type": "c6i.2xlarge"},
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "packrat", "effect": "NoSchedule"}
+    ],
+    "affinity": {"nodeAffinity": {}},
+    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 10},
+}
+EXAMPLES = [
+    FULL,
+    {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4},
+    {
+        "model": {"uri": "https://host/m.mar", "format": "mar", "sampleRequest": "aGVsbG8="},
+        "cpus": 4,
+        "autoBatch": {
+            "min": 1,
+            "max": 32,
+            "sustainObservations": 3,
+            "minIntervalSeconds": 60,
+            "minGain": 0.05,
+        },
+    },
+    {
+        "model": {
+            "volume": {"persistentVolumeClaim": {"claimName": "models"}, "path": "resnet.mar"},
+            "format": "mar",
+        },
+        "cpus": 16,
+        "batchSize": 32,
+    },
+]
+
+
+def test_crd_names_and_shape() -> None:
+    crd = _crd()
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "packratmodels.packrat.dev"
+    assert spec["names"]["shortNames"] == ["prm"]
+    assert spec["names"]["categories"] == ["packrat"]
+    assert spec["scope"] == "Namespaced"
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Plan"] == ".status.plan.label"
+    assert columns["Speedup"] == ".status.plan.expectedSpeedup"
+    assert {"Phase", "Ready", "Age"} <= set(columns)
+
+
+def _walk(schema: dict[str, Any], path: str) -> list[str]:
+    missing = []
+    for name, sub in schema.get("properties", {}).items():
+        where = f"{path}.{name}"
+        if not sub.get("description"):
+            missing.append(where)
+        missing += _walk(sub, where)
+        if "items" in sub:
+            missing += _walk(sub["items"], where + "[]")
+    return missing
+
+
+def test_every_field_has_a_description() -> None:
+    schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert _walk(schema, "") == []
+
+
+def test_structural_schema_has_no_additional_properties_beside_properties() -> None:
+    # Kubernetes rejects a structural schema with both properties and additionalProperties.
+    def check(s: Any) -> None:
+        if isinstance(s, dict):
+            assert not ("properties" in s and "additionalProperties" in s), s
+            for v in s.values():
+                check(v)
+        elif isinstance(s, list):
+            for v in s:
+                check(v)
+
+    check(_crd()["spec"]["versions"][0]["schema"])
+
+
+def test_cel_rules_present() -> None:
+    text = CRD_PATH.read_text()
+    assert "has(self.batchSize) != has(self.autoBatch)" in text
+    assert "[has(self.zoo), has(self.uri), has(self.volume)].filter(x, x).size() == 1" in text
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_examples_validate(spec: dict[str, Any]) -> None:
+    _validator().validate(_obj(spec))
+
+
+def _bad(path: list[str], value: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(FULL)
+    target: Any = spec
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return spec
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _bad(["cpus"], 0),
+        _bad(["cpus"], 257),
+        _bad(["cpus"], "4"),
+        _bad(["replicas"], -1),
+        _bad(["batchSize"], 2.5),
+        _bad(["memory"], "lots"),
+        _bad(["surprise"], True),
+        _bad(["model", "zoo"], "alexnet"),
+        _bad(["model", "format"], "onnx"),
+        _bad(["model", "uri"], "ftp://host/m.mar"),
+        _bad(["profiling", "precision"], 0),
+        _bad(["profiling", "threads"], [0]),
+        _bad(["profiling", "colour"], "blue"),
+        _bad(["switch", "drainSeconds"], 9999),
+        _bad(["tolerations"], [{"operator": "Sometimes"}]),
+        {"cpus": 4, "batchSize": 8},
+    ],
+)
+def test_bad_specs_rejected(spec: dict[str, Any]) -> None:
+    assert not _validator().is_valid(_obj(spec))

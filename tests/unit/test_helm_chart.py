@@ -1,0 +1,558 @@
+"""The Helm chart, checked offline: rendered with Helm's own Go code (helm-python-sdk), linted
+strictly, every object validated against the Kubernetes schemas, security and RBAC rules
+asserted, and the values schema shown to reject bad input.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from packaging_support import (
+    CHART_DIR,
+    CUSTOM_KINDS,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    all_containers,
+    by_kind,
+    helm_home,
+    pod_spec,
+    render_chart,
+    render_objects,
+)
+
+helm_python = pytest.importorskip("helm_python")
+
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+MONITORS: dict[str, Any] = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kps"}},
+        "podMonitor": {"enabled": True, "additionalLabels": {"release": "kps", "team": "ml"}},
+    }
+}
+VARIATIONS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaces": {"watchNamespaces": ["models-a", "models-b"]},
+    "monitors": MONITORS,
+    "pdb": {"podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
+    "image": {
+        "image": {"repository": "registry.example.com/ops/packrat", "tag": "9.9.9"},
+        "servingImage": {
+            "repository": "registry.example.com/ops/serving",
+            "digest": "sha256:" + "a" * 64,
+        },
+        "imagePullSecrets": [{"name": "regcred"}],
+    },
+    "ha": {
+        "replicaCount": 2,
+        "peering": {"enabled": True, "name": "packrat-ha", "priority": 10},
+        "podDisruptionBudget": {"enabled": True},
+        "watchNamespaces": ["models-a"],
+        **MONITORS,
+    },
+    "ha-cluster": {"replicaCount": 3, "peering": {"enabled": True}},
+    "no-tests-verbose": {
+        "tests": {"enabled": False},
+        "operator": {"verbose": True, "extraArgs": []},
+    },
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helm_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with helm_home(tmp_path_factory.mktemp("helm")):
+        yield
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: render_objects(values) for name, values in VARIATIONS.items()}
+
+
+def _one(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objects, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def _operator_args(objects: list[dict[str, Any]]) -> list[str]:
+    deployment = _one(objects, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    args: list[str] = container["args"]
+    return args
+
+
+# ---------------------------------------------------------------------------- lint and schema
+
+
+@pytest.mark.parametrize("variation", sorted(VARIATIONS))
+def test_lint_strict_passes(variation: str) -> None:
+    report = helm_python.lint(
+        CHART_DIR, VARIATIONS[variation], strict=True, namespace=NAMESPACE, kube_version="v1.30.0"
+    )
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+def test_lint_reports_bad_values() -> None:
+    report = helm_python.lint(CHART_DIR, {"replicaCount": "two"}, strict=True)
+    assert report["errors"], "lint accepted replicaCount: two"
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"replicaCount": "two"}, "/replicaCount"),
+        ({"watchNamespaces": "models"}, "/watchNamespaces"),
+        ({"metrics": {"port": "9090"}}, "/metrics/port"),
+        ({"image": {"tag": 3}}, "/image/tag"),
+        ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
+        ({"resources": {"limits": {"cpu": True}}}, "/resources/limits/cpu"),
+    ],
+)
+def test_values_schema_rejects_wrong_types(values: dict[str, Any], where: str) -> None:
+    with (
+        helm_python.Chart.load(CHART_DIR) as chart,
+        pytest.raises(helm_python.HelmValuesError) as e,
+    ):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert where in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"replicas": 1},  # a typo of replicaCount
+        {"metrics": {"serviceMonitor": {"enabeld": True}}},
+        {"image": {"repo": "x"}},
+        {"podDisruptionBudget": {"maxUnavailable": 1}},
+        {"resources": {"limits": {"gpu": 1}}},
+    ],
+)
+def test_values_schema_rejects_unknown_keys(values: dict[str, Any]) -> None:
+    with (
+        helm_python.Chart.load(CHART_DIR) as chart,
+        pytest.raises(helm_python.HelmValuesError) as e,
+    ):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert "additional properties" in str(e.value)
+
+
+def _keys(values: Any, prefix: str = "") -> set[str]:
+    if not isinstance(values, dict) or not values:
+        return {prefix} if prefix else set()
+    out: set[str] = set()
+    for key, value in values.items():
+        out |= _keys(value, f"{prefix}.{key}" if prefix else key)
+    return out
+
+
+def _schema_has(schema: dict[str, Any], dotted: str) -> bool:
+    node = schema
+    for part in dotted.split("."):
+        props = node.get("properties", {})
+        if part in props:
+            node = props[part]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        else:
+            return False
+    return True
+
+
+def test_every_default_value_is_in_the_schema_and_documented() -> None:
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    values_text = (CHART_DIR / "values.yaml").read_text()
+    values = yaml.safe_load(values_text)
+    missing = sorted(k for k in _keys(values) if not _schema_has(schema, k))
+    assert missing == []
+    # Field by field: every leaf key line in values.yaml has a comment line right above it.
+    lines = values_text.splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or line.startswith(" " * 4 + "-"):
+            continue
+        if ":" in stripped and i > 0 and not lines[i - 1].strip().startswith("#"):
+            key = stripped.split(":")[0]
+            parent_block = stripped.endswith(":")  # a mapping header documented as a block
+            if not parent_block and key not in {"cpu", "memory"}:
+                undocumented.append(key)
+    assert undocumented == []
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        chart.validate_schema(chart.merge_values({}))
+
+
+def test_more_replicas_need_peering() -> None:
+    with helm_python.Chart.load(CHART_DIR) as chart, pytest.raises(helm_python.HelmError) as e:
+        chart.render({"replicaCount": 2}, name=RELEASE, namespace=NAMESPACE)
+    assert "peering" in str(e.value)
+
+
+# ---------------------------------------------------------------------------- Kubernetes schemas
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("variation", sorted(VARIATIONS))
+def test_every_object_is_valid_kubernetes(
+    rendered: dict[str, list[dict[str, Any]]], variation: str, version: str
+) -> None:
+    checked = 0
+    for obj in rendered[variation]:
+        if obj["kind"] in CUSTOM_KINDS:
+            continue
+        kubernetes_validate.validate(obj, version, strict=True)
+        checked += 1
+    assert checked >= 5  # Deployment, ServiceAccount, ClusterRole(Binding), Service
+
+
+def test_test_hook_is_valid_and_annotated(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pods = by_kind(rendered["default"], "Pod")
+    assert len(pods) == 1
+    assert pods[0]["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert by_kind(rendered["no-tests-verbose"], "Pod") == []
+
+
+def _check_monitor_shape(monitor: dict[str, Any], *, endpoints_key: str) -> None:
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}
+    spec = monitor["spec"]
+    assert set(spec) == {"namespaceSelector", "selector", endpoints_key}
+    assert isinstance(spec["selector"]["matchLabels"], dict)
+    for endpoint in spec[endpoints_key]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
+        assert isinstance(endpoint["port"], str) and endpoint["path"] == "/metrics"
+        for duration in (endpoint["interval"], endpoint["scrapeTimeout"]):
+            assert isinstance(duration, str) and duration[-1] in "smh"
+
+
+def test_monitors_shape_selectors_and_additional_labels(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["monitors"]
+    service = next(o for o in objects if o["kind"] == "Service")
+    smon = _one(objects, "ServiceMonitor")
+    _check_monitor_shape(smon, endpoints_key="endpoints")
+    assert smon["metadata"]["labels"]["release"] == "kps"
+    assert smon["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert smon["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert smon["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+
+    pmon = _one(objects, "PodMonitor")
+    _check_monitor_shape(pmon, endpoints_key="podMetricsEndpoints")
+    assert pmon["metadata"]["labels"]["release"] == "kps"
+    assert pmon["metadata"]["labels"]["team"] == "ml"
+    selector = pmon["spec"]["selector"]["matchLabels"]
+    assert selector["app.kubernetes.io/name"] == "packrat-serving"
+    assert pmon["spec"]["namespaceSelector"] == {"any": True}
+    # In namespaced mode it scrapes exactly the watched namespaces.
+    ha = _one(rendered["ha"], "PodMonitor")
+    assert ha["spec"]["namespaceSelector"] == {"matchNames": ["models-a"]}
+    # Off by default: no dependency on the prometheus-operator CRDs.
+    kinds = {o["kind"] for o in rendered["default"]}
+    assert not kinds & {"ServiceMonitor", "PodMonitor"}
+
+
+def test_podmonitor_matches_the_serving_pods_the_operator_builds(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    manifests = pytest.importorskip("packrat.controller.manifests")
+    owner = {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratModel",
+        "metadata": {"name": "resnet50", "namespace": "models-a", "uid": "u-1"},
+        "spec": {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8},
+    }
+    plan = {
+        "cpus": 4,
+        "batch": 8,
+        "instances": [{"threads": 2, "batch": 4, "count": 2, "latency_ms": 10.0}],
+        "expected_latency_ms": 10.0,
+        "fat_latency_ms": 15.0,
+        "expected_speedup": 1.5,
+        "num_instances": 2,
+        "total_threads": 4,
+        "label": "2x2t/b4",
+        "alternatives": {},
+    }
+    deployment = manifests.serving_deployment(
+        owner, slot="a", plan=plan, serving_hash="h" * 16, replicas=1
+    )
+    template = deployment["spec"]["template"]
+    pmon = _one(rendered["monitors"], "PodMonitor")
+    selector = pmon["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= template["metadata"]["labels"].items()
+    port_names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
+    assert pmon["spec"]["podMetricsEndpoints"][0]["port"] in port_names
+    for relabel in pmon["spec"]["podMetricsEndpoints"][0]["relabelings"]:
+        label = relabel["sourceLabels"][0].removeprefix("__meta_kubernetes_pod_label_")
+        assert any(
+            label == k.replace(".", "_").replace("/", "_").replace("-", "_")
+            for k in template["metadata"]["labels"]
+        ), label
+
+
+def test_peering_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    ha = rendered["ha"]
+    crds = {o["metadata"]["name"] for o in by_kind(ha, "CustomResourceDefinition")}
+    assert crds == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+    peerings = by_kind(ha, "KopfPeering")
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings] == [
+        ("models-a", "packrat-ha")
+    ]
+    assert len(by_kind(rendered["ha-cluster"], "ClusterKopfPeering")) == 1
+    args = _operator_args(ha)
+    assert "--peering=packrat-ha" in args
+    env = _one(ha, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "PACKRAT_PEERING_PRIORITY", "value": "10"} in env
+    assert not any(a.startswith("--peering") for a in _operator_args(rendered["default"]))
+    assert _one(ha, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert _one(rendered["default"], "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    assert not by_kind(rendered["default"], "CustomResourceDefinition")
+
+
+def test_pdb_selects_the_operator_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pdb = _one(rendered["pdb"], "PodDisruptionBudget")
+    pod_labels = _one(rendered["pdb"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["minAvailable"] == 1
+    assert not by_kind(rendered["default"], "PodDisruptionBudget")
+
+
+# ---------------------------------------------------------------------------- pod security
+
+
+@pytest.mark.parametrize("variation", sorted(VARIATIONS))
+def test_pods_are_locked_down(rendered: dict[str, list[dict[str, Any]]], variation: str) -> None:
+    pods = [(o, spec) for o in rendered[variation] if (spec := pod_spec(o)) is not None]
+    assert pods
+    for obj, spec in pods:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert spec["securityContext"]["runAsNonRoot"] is True, where
+        assert spec["securityContext"]["runAsUser"] > 0, where
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", where
+        mounts_tmp = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+        for container in all_containers(spec):
+            sc = container["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert "add" not in sc["capabilities"], where
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["seccompProfile"]["type"] == "RuntimeDefault", where
+            limits = container["resources"]["limits"]
+            requests = container["resources"]["requests"]
+            assert {"cpu", "memory"} <= limits.keys() and {"cpu", "memory"} <= requests.keys()
+            # Read-only root FS: HOME/TMPDIR must be on a writable emptyDir.
+            env = {e["name"]: e.get("value") for e in container.get("env", [])}
+            assert env.get("HOME") == "/tmp", where
+            tmp_mounts = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert tmp_mounts and tmp_mounts[0]["name"] in mounts_tmp, where
+
+
+def test_operator_probes_and_ports(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    deployment = _one(rendered["default"], "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8081, "metrics": 9090}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    args = container["args"]
+    assert "--liveness=http://0.0.0.0:8081/healthz" in args
+    assert "--metrics-port=9090" in args
+    service = next(o for o in rendered["default"] if o["kind"] == "Service")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    # The helm test hook checks the same health endpoint through that Service.
+    hook = _one(rendered["default"], "Pod")
+    url = hook["spec"]["containers"][0]["command"][-1]
+    assert url == f"http://{service['metadata']['name']}.{NAMESPACE}.svc:8081/healthz"
+
+
+def test_images_follow_values_and_default_to_app_version(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    default = _one(rendered["default"], "Deployment")["spec"]["template"]["spec"]
+    assert default["containers"][0]["image"] == (
+        f"ghcr.io/packrat-operator/operator:{chart['appVersion']}"
+    )
+    assert (
+        f"--image=ghcr.io/packrat-operator/serving:{chart['appVersion']}"
+        in (default["containers"][0]["args"])
+    )
+    custom = _one(rendered["image"], "Deployment")["spec"]["template"]["spec"]
+    assert custom["containers"][0]["image"] == "registry.example.com/ops/packrat:9.9.9"
+    assert custom["imagePullSecrets"] == [{"name": "regcred"}]
+    assert (
+        "--image=registry.example.com/ops/serving@sha256:" + "a" * 64
+        in custom["containers"][0]["args"]
+    )
+
+
+# ---------------------------------------------------------------------------- RBAC
+
+NAMESPACED_RESOURCES = {
+    ("packrat.dev", "packratmodels"): {"get", "list", "watch", "patch", "update"},
+    ("packrat.dev", "packratmodels/status"): {"get", "patch", "update"},
+    ("", "configmaps"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "update", "delete"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods/log"): {"get", "list", "watch"},
+    ("", "events"): {"create", "patch"},
+}
+CLUSTER_RESOURCES = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+}
+
+
+def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    grants: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "*" not in rule["apiGroups"] and "resourceNames" not in rule, rule
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault((group, resource), set()).update(rule["verbs"])
+    return grants
+
+
+def test_rbac_cluster_wide_is_exactly_what_the_operator_needs(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["default"]
+    assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
+    role = _one(objects, "ClusterRole")
+    assert _grants(role) == {**CLUSTER_RESOURCES, **NAMESPACED_RESOURCES}
+    binding = _one(objects, "ClusterRoleBinding")
+    account = _one(objects, "ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    deployment = _one(objects, "Deployment")
+    assert (
+        deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        == (account["metadata"]["name"])
+    )
+    assert "--all-namespaces" in _operator_args(objects)
+
+
+def test_rbac_namespaced_mode_grants_only_listed_namespaces(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["namespaces"]
+    cluster_role = _one(objects, "ClusterRole")
+    assert _grants(cluster_role) == CLUSTER_RESOURCES  # nothing namespaced cluster-wide
+    roles = by_kind(objects, "Role")
+    bindings = by_kind(objects, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["models-a", "models-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["models-a", "models-b"]
+    for role in roles:
+        assert _grants(role) == NAMESPACED_RESOURCES
+    for binding in bindings:
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[0]["metadata"]["name"],
+        }
+        assert binding["subjects"][0]["namespace"] == NAMESPACE
+    args = _operator_args(objects)
+    assert "--namespace=models-a" in args and "--namespace=models-b" in args
+    assert "--all-namespaces" not in args
+
+
+def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    ha_role = _one(rendered["ha"], "Role")
+    assert _grants(ha_role)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    cluster = _grants(_one(rendered["ha-cluster"], "ClusterRole"))
+    assert cluster[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert not any(g == "kopf.dev" for g, _ in _grants(_one(rendered["default"], "ClusterRole")))
+
+
+def test_no_access_to_secrets_anywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for objects in rendered.values():
+        for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
+            assert not any(r == "secrets" for _, r in _grants(role))
+
+
+# ---------------------------------------------------------------------------- chart metadata
+
+
+def test_app_version_is_the_package_version() -> None:
+    from packaging_support import pyproject
+
+    import packrat
+
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["appVersion"] == packrat.__version__ == pyproject()["project"]["version"]
+    with helm_python.Chart.load(CHART_DIR) as loaded:
+        assert loaded.metadata["appVersion"] == packrat.__version__
+
+
+def test_default_serving_image_matches_the_operator_default() -> None:
+    spec = pytest.importorskip("packrat.controller.spec")
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert f"{values['servingImage']['repository']}:{chart['appVersion']}" == spec.DEFAULT_IMAGE
+
+
+def test_chart_crds_are_byte_identical_to_top_level() -> None:
+    import importlib.util
+
+    location = ROOT / "scripts" / "sync_crds.py"
+    module_spec = importlib.util.spec_from_file_location("sync_crds", location)
+    assert module_spec and module_spec.loader
+    sync_crds = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(sync_crds)
+    top = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert top, "no CRDs in crds/"
+    assert sync_crds.drift() == [], "run `make crds-sync`"
+    for name in top:
+        assert (ROOT / "crds" / name).read_bytes() == (CHART_DIR / "crds" / name).read_bytes()
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        kinds = {yaml.safe_load(c["data"])["spec"]["names"]["kind"] for c in chart.crds}
+    assert "PackratModel" in kinds
+
+
+def test_sync_crds_detects_and_fixes_drift(tmp_path: Path) -> None:
+    import importlib.util
+
+    location = ROOT / "scripts" / "sync_crds.py"
+    module_spec = importlib.util.spec_from_file_location("sync_crds_t", location)
+    assert module_spec and module_spec.loader
+    sync_crds = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(sync_crds)
+    source, target = tmp_path / "src", tmp_path / "dst"
+    source.mkdir()
+    target.mkdir()
+    (source / "a.yaml").write_bytes(b"kind: A\n")
+    (target / "a.yaml").write_bytes(b"kind: A  \n")
+    (target / "old.yaml").write_bytes(b"kind: Old\n")
+    assert len(sync_crds.drift(source=source, target=target)) == 2
+    sync_crds.sync(source=source, target=target)
+    assert sync_crds.drift(source=source, target=target) == []
+    assert sorted(p.name for p in target.iterdir()) == ["a.yaml"]
+
+
+def test_notes_explain_next_steps() -> None:
+    notes = render_chart({"watchNamespaces": ["models-a"]})["packrat-operator/templates/NOTES.txt"]
+    assert "kubectl get prm" in notes and "helm test" in notes
+    assert "models-a" in notes and "static CPU manager" in notes
+
+
+def test_values_are_not_mutated_by_rendering() -> None:
+    values = copy.deepcopy(VARIATIONS["ha"])
+    render_chart(values)
+    assert values == VARIATIONS["ha"]

@@ -1,0 +1,81 @@
+"""Wrapping a user's .mar so its workers pin themselves first; model names."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from packrat.serve.archive import ArchiveError, default_model_name, wrap_mar
+from packrat.serve.handler import ENTRY_MODULE, WRAPPED_FILE, instance_settings
+
+
+def _user_mar(path: Path, handler: str = "my_handler.py") -> Path:
+    manifest = {"model": {"modelName": "resnet", "handler": handler, "modelVersion": "1.0"}}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        z.writestr("my_handler.py", "def handle(data, context):\n    return data\n")
+        z.writestr("weights.bin", b"\x00" * 16)
+    return path
+
+
+def test_wrap_mar_replaces_the_handler_and_keeps_every_file(tmp_path: Path) -> None:
+    src = _user_mar(tmp_path / "resnet.mar", handler="my_handler:handle")
+    before = src.read_bytes()
+    (tmp_path / "w").mkdir()
+    out = wrap_mar(src, workdir=tmp_path / "w", name="resnet")
+    assert src.read_bytes() == before  # the user's archive is untouched
+    assert out.wrapped_handler == "my_handler:handle"
+    with zipfile.ZipFile(out.path) as z:
+        names = set(z.namelist())
+        manifest = json.loads(z.read("MAR-INF/MANIFEST.json"))
+        wrapped = json.loads(z.read(WRAPPED_FILE))
+        entry = z.read(f"{ENTRY_MODULE}.py").decode()
+    assert {"my_handler.py", "weights.bin"} <= names
+    assert manifest["model"]["handler"] == f"{ENTRY_MODULE}.py"
+    assert wrapped == {"handler": "my_handler:handle"}
+    assert "from packrat.serve.handler import handle" in entry
+
+
+def test_wrapping_twice_keeps_the_original_handler(tmp_path: Path) -> None:
+    first = wrap_mar(_user_mar(tmp_path / "m.mar"), workdir=tmp_path, name="m1")
+    second = wrap_mar(first.path, workdir=tmp_path, name="m2")
+    assert second.wrapped_handler == "my_handler.py"
+
+
+def test_invalid_archives(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError, match="no such"):
+        wrap_mar(tmp_path / "missing.mar", workdir=tmp_path, name="x")
+    bad = tmp_path / "bad.mar"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(ArchiveError, match="not a valid"):
+        wrap_mar(bad, workdir=tmp_path, name="x")
+    no_handler = tmp_path / "nh.mar"
+    with zipfile.ZipFile(no_handler, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps({"model": {}}))
+    with pytest.raises(ArchiveError, match="no handler"):
+        wrap_mar(no_handler, workdir=tmp_path, name="x")
+
+
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        ("resnet50", "resnet50"),
+        ("zoo:bert-base", "bert-base"),
+        ("/models/my model.mar", "my-model"),
+        ("./m/resnet.pt", "resnet"),
+    ],
+)
+def test_default_model_name(spec: str, name: str) -> None:
+    assert default_model_name(spec) == name
+
+
+def test_instance_settings_lookup(tmp_path: Path) -> None:
+    cfg = tmp_path / "w.json"
+    cfg.write_text(json.dumps({"instances": {"m_i0": {"cpus": [1], "threads": 1, "batch": 2}}}))
+    assert instance_settings("m_i0", str(cfg)) == {"cpus": [1], "threads": 1, "batch": 2}
+    assert instance_settings("m", str(cfg)) is None
+    assert instance_settings("m_i0", None) is None
+    assert instance_settings("m_i0", "") is None

@@ -1,0 +1,232 @@
+"""The dispatcher against an in-process fake TorchServe: routing, pass-through, shedding,
+readiness, metrics and draining. No processes, no torch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from packrat.serve.config import InstanceSpec
+from packrat.serve.dispatcher import Dispatcher
+
+
+class FakeTorchServe:
+    """Answers POST /predictions/{name}; holds answers while ``gate`` is clear."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.calls: Counter[str] = Counter()
+        self.arrived = 0
+
+    async def predict(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self.calls[name] += 1
+        self.arrived += 1
+        body = await request.read()
+        await self.gate.wait()
+        status = int(request.headers.get("X-Status", "200"))
+        return web.Response(
+            status=status,
+            body=body[::-1],
+            content_type=request.headers.get("Content-Type", "application/octet-stream"),
+        )
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+@asynccontextmanager
+async def stack(
+    batches: list[int], **kwargs: Any
+) -> AsyncIterator[tuple[Dispatcher, FakeTorchServe, str, aiohttp.ClientSession]]:
+    fake = FakeTorchServe()
+    backend_app = web.Application()
+    backend_app.router.add_post("/predictions/{name}", fake.predict)
+    backend, backend_url = await _serve(backend_app)
+    instances = [
+        InstanceSpec(index=i, name=f"m_i{i}", threads=1, batch=b, cpus=(i,))
+        for i, b in enumerate(batches)
+    ]
+    dispatcher = Dispatcher(model="m", instances=instances, backend_url=backend_url, **kwargs)
+    front, url = await _serve(dispatcher.app())
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield dispatcher, fake, url, session
+    finally:
+        fake.gate.set()
+        await front.cleanup()
+        await backend.cleanup()
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(coro(), 20))
+
+
+def all_up(d: Dispatcher) -> None:
+    for i in range(len(d.instances)):
+        d.set_up(i, True)
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, body: bytes = b"abc", **headers: str
+) -> tuple[int, bytes, str, dict[str, str]]:
+    async with session.post(f"{url}/predictions/m", data=body, headers=headers) as r:
+        return r.status, await r.read(), r.content_type, dict(r.headers)
+
+
+def test_bodies_content_types_and_statuses_pass_through() -> None:
+    async def body() -> None:
+        async with stack([2]) as (d, _fake, url, s):
+            all_up(d)
+            status, data, ctype, _ = await post(s, url, b"hello", **{"Content-Type": "text/plain"})
+            assert (status, data, ctype) == (200, b"olleh", "text/plain")
+            status, data, _, _ = await post(s, url, b"bad", **{"X-Status": "400"})
+            assert (status, data) == (400, b"dab")
+            status, _, _, _ = await post(s, url, **{"X-Status": "507"})
+            assert status == 507
+
+    run(body)
+
+
+def test_unknown_model_is_404() -> None:
+    async def body() -> None:
+        async with stack([1]) as (d, _fake, url, s):
+            all_up(d)
+            async with s.post(f"{url}/predictions/other", data=b"x") as r:
+                assert r.status == 404
+                assert json.loads(await r.text())["code"] == 404
+
+    run(body)
+
+
+def test_a_burst_is_split_by_batch_size() -> None:
+    async def body() -> None:
+        async with stack([4, 2]) as (d, fake, url, s):
+            all_up(d)
+            fake.gate.clear()
+            tasks = [asyncio.create_task(post(s, url)) for _ in range(6)]
+            while fake.arrived < 6:
+                await asyncio.sleep(0.01)
+            assert fake.calls == Counter({"m_i0": 4, "m_i1": 2})
+            fake.gate.set()
+            assert all(r[0] == 200 for r in await asyncio.gather(*tasks))
+
+    run(body)
+
+
+def test_full_queue_sheds_with_503_and_retry_after() -> None:
+    async def body() -> None:
+        async with stack([1], queue_limit=1) as (d, fake, url, s):
+            all_up(d)
+            fake.gate.clear()
+            # cap = 2 in flight for b=1, then 1 queued, then shed
+            held = [asyncio.create_task(post(s, url)) for _ in range(3)]
+            while fake.arrived < 2 or d.pending < 3:
+                await asyncio.sleep(0.01)
+            status, _, _, headers = await post(s, url)
+            assert status == 503
+            assert headers["Retry-After"] == "1"
+            fake.gate.set()
+            assert [r[0] for r in await asyncio.gather(*held)] == [200, 200, 200]
+            async with s.get(f"{url}/metrics") as r:
+                text = await r.text()
+            assert 'packrat_request_errors_total{code="503",model="m",source="dispatcher"} 1.0' in text
+
+    run(body)
+
+
+def test_ping_follows_instances_and_drain() -> None:
+    async def body() -> None:
+        async with stack([1, 1]) as (d, _fake, url, s):
+            async def ping() -> int:
+                async with s.get(f"{url}/ping") as r:
+                    return r.status
+
+            assert await ping() == 503
+            d.set_up(0, True)
+            assert await ping() == 503
+            d.set_up(1, True)
+            assert await ping() == 200
+            d.set_up(1, False)
+            assert await ping() == 503
+            d.set_up(1, True)
+            d.begin_drain()
+            assert await ping() == 503
+
+    run(body)
+
+
+def test_requests_wait_for_a_down_instance_then_time_out() -> None:
+    async def body() -> None:
+        async with stack([1], queue_timeout_s=0.2) as (d, _fake, url, s):
+            status, _, _, _ = await post(s, url)
+            assert status == 503
+            assert d.pending == 0
+            task = asyncio.create_task(post(s, url))
+            await asyncio.sleep(0.05)
+            d.set_up(0, True)  # the queued request goes as soon as the instance is up
+            assert (await task)[0] == 200
+
+    run(body)
+
+
+def test_estimate_follows_outstanding_requests() -> None:
+    async def body() -> None:
+        async with stack([8], estimator_interval_s=0.001, estimator_window=20) as (
+            d,
+            fake,
+            url,
+            s,
+        ):
+            all_up(d)
+            fake.gate.clear()
+            tasks = [asyncio.create_task(post(s, url)) for _ in range(9)]
+            while d.pending < 9:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)
+            assert d.estimator.estimate == 8  # EWMA -> 9, floored to a power of two
+            async with s.get(f"{url}/metrics") as r:
+                assert 'packrat_batch_size_estimate{model="m"} 8.0' in await r.text()
+            async with s.get(f"{url}/status") as r:
+                doc = await r.json()
+            assert doc["batch_size_estimate"]["estimate"] == 8
+            assert doc["outstanding"]["in_flight"] == 9
+            fake.gate.set()
+            await asyncio.gather(*tasks)
+            assert await d.wait_idle(2)
+
+    run(body)
+
+
+def test_metrics_count_requests_per_instance() -> None:
+    async def body() -> None:
+        async with stack([1, 1]) as (d, _fake, url, s):
+            all_up(d)
+            for _ in range(4):
+                await post(s, url)
+            async with s.get(f"{url}/metrics") as r:
+                text = await r.text()
+            assert 'packrat_requests_total{code="200",model="m"} 4.0' in text
+            assert "packrat_request_duration_seconds_bucket" in text
+            counts = [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("packrat_instance_requests_total")
+            ]
+            assert sum(counts) == 4.0
+
+    run(body)
