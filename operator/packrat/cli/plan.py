@@ -70,6 +70,13 @@ def make_optimizer(profile: Profile, *, cpus: int, max_batch: int) -> Optimizer:
         raise CliError(str(exc)) from None
 
 
+def fmt_ms(value: float | None) -> str:
+    """Milliseconds with two decimals, or three significant digits below 1 ms."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value >= 1 else f"{value:.3g}"
+
+
 def format_table(plans: Sequence[Plan]) -> str:
     header = (
         "cpus",
@@ -90,9 +97,9 @@ def format_table(plans: Sequence[Plan]) -> str:
                 str(p.batch),
                 p.label,
                 str(p.num_instances),
-                f"{p.expected_latency_ms:.2f}",
-                "-" if p.fat_latency_ms is None else f"{p.fat_latency_ms:.2f}",
-                "-" if per_core is None else f"{per_core:.2f}",
+                fmt_ms(p.expected_latency_ms),
+                fmt_ms(p.fat_latency_ms),
+                fmt_ms(per_core),
                 "-" if p.expected_speedup is None else f"{p.expected_speedup:.2f}x",
             )
         )

@@ -120,7 +120,7 @@ class PodServer:
 
     def status(self) -> dict[str, Any]:
         d = self.dispatcher
-        return status_document(
+        doc = status_document(
             plan=self.opts.plan,
             model=self.name,
             instances=self.instances,
@@ -130,6 +130,9 @@ class PodServer:
             ready=bool(d and d.ready),
             health={k: v.to_dict() for k, v in self.health.items()},
         )
+        if self.torchserve is not None:  # loopback only; for debugging and benchmarks
+            doc["torchserve"] = {"inference": self.torchserve.inference_url}
+        return doc
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -49,6 +49,17 @@ def free_port() -> int:
         return port
 
 
+NODE_MEMORY = 64 * 2**30
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def _bytes(quantity: str) -> float:
+    for unit, factor in _UNITS.items():
+        if quantity.endswith(unit):
+            return float(quantity[: -len(unit)]) * factor
+    return float(quantity)
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -211,6 +222,10 @@ class Agent:
     def _run_pod(self, pod: LocalPod) -> None:
         containers = [*(pod.spec.get("initContainers") or []), *pod.spec["containers"]]
         pod.init_names = [c["name"] for c in pod.spec.get("initContainers") or []]
+        too_big = [c for c in containers if _bytes(c["resources"]["requests"]["memory"]) > NODE_MEMORY]
+        if too_big:  # the scheduler finds no node with that much memory
+            pod.waiting_reason = "Unschedulable"
+            return
         if any(c["image"] not in self.images for c in containers):
             bad = next(c for c in containers if c["image"] not in self.images)
             pod.waiting_reason = "ErrImagePull"
@@ -225,15 +240,13 @@ class Agent:
                 return
             argv, env = self._command(pod, container, volumes)
             log = pod.workdir / f"{container['name']}.log"
-            is_init = index < len(pod.init_names)
-            long_running = pod.owner_kind == "Deployment" and not is_init
             with log.open("wb") as out:
                 proc = subprocess.Popen(
                     argv,
                     env=env,
                     cwd=pod.workdir,
                     stdout=out,
-                    stderr=subprocess.STDOUT if not long_running else out,
+                    stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
             pod.proc = proc
@@ -404,6 +417,9 @@ class Agent:
                 for p in self.pods.values()
                 if p.owner_kind == "Deployment" and p.owner_name == name and not p.terminating
             ]
+        for pod in [p for p in mine if p.phase == "Failed"]:  # restartPolicy Always
+            self._terminate(pod)
+            mine.remove(pod)
         current = [p for p in mine if p.template_hash == thash]
         old = [p for p in mine if p.template_hash != thash]
         for _ in range(replicas - len(current)):

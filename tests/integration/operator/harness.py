@@ -1,0 +1,205 @@
+"""Everything an operator integration test needs: emulator, agent, the operator process, load.
+
+``OperatorCluster`` starts the kmock emulator (with its compatibility layer), the test agent
+(kubelet, controllers, kube-proxy, garbage collector) and ``packrat operator`` as a real
+subprocess pointed at the emulator through a kubeconfig, so a test can kill and restart it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from agent import Agent, free_port
+from emulator import Api, EmulatorThread
+
+NAMESPACE = "packrat-test"
+TEST_IMAGE = "local/packrat-serving:test"
+T = TypeVar("T")
+
+
+def wait_for(
+    check: Callable[[], T | None], *, timeout: float, what: str, period: float = 0.1
+) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(period)
+
+
+class OperatorProcess:
+    def __init__(self, *, kubeconfig: Path, log: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
+        cmd = [
+            sys.executable,
+            "-m",
+            "packrat",
+            "operator",
+            "--namespace",
+            NAMESPACE,
+            "--resync-seconds",
+            "0.5",
+            "--profile-retry-seconds",
+            "1",
+            "--image",
+            TEST_IMAGE,
+            "--metrics-port",
+            str(self.metrics_port),
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+        ]
+        self.starts += 1
+        with self.log.open("ab") as out:
+            out.write(f"\n=== operator start {self.starts} ===\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        """Crash-stop (SIGKILL): nothing gets a chance to clean up."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def healthy(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.liveness_port}/healthz"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return bool(r.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+
+class OperatorCluster:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.emulator = EmulatorThread().start()
+        assert self.emulator.emulator is not None
+        self.api = Api(self.emulator.url, NAMESPACE)
+        (workdir / "pods").mkdir(exist_ok=True)
+        self.agent = Agent(
+            api=self.api,
+            emulator=self.emulator.emulator,
+            workdir=workdir / "pods",
+            images={TEST_IMAGE},
+        ).start()
+        kubeconfig = self.emulator.write_kubeconfig(workdir / "kubeconfig.json", namespace=NAMESPACE)
+        self.operator = OperatorProcess(kubeconfig=kubeconfig, log=workdir / "operator.log")
+        self.operator.start()
+
+    def close(self) -> None:
+        self.operator.stop()
+        self.agent.stop()
+        self.emulator.stop()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def model(self, name: str) -> dict[str, Any]:
+        obj = self.api.get("packratmodels", name)
+        assert obj is not None, f"packratmodel {name} is gone"
+        return obj
+
+    def status(self, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.model(name).get("status") or {}
+        return status
+
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        for cond in self.status(name).get("conditions") or []:
+            if cond.get("type") == type_:
+                return dict(cond)
+        return {}
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.api.list("events") if reason is None or e.get("reason") == reason]
+
+    def predict(self, service: str, model: str, *, timeout: float = 10) -> tuple[int, Any]:
+        body = json.dumps([0.1] * 16).encode()
+        req = urllib.request.Request(
+            f"{self.agent.proxy.url(service)}/predictions/{model}",
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as exc:
+            return 0, str(exc)
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = (self.workdir / "operator.log").read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Load:
+    """Steady closed-loop load through the Service proxy; records every request."""
+
+    cluster: OperatorCluster
+    service: str
+    model: str
+    clients: int = 2
+    results: list[tuple[float, int]] = field(default_factory=list)
+    failures: list[tuple[float, int, str]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            code, body = self.cluster.predict(self.service, self.model)
+            now = time.monotonic()
+            self.results.append((now, code))
+            if code != 200:
+                self.failures.append((now, code, str(body)[:200]))
+            time.sleep(0.01)
+
+    def __enter__(self) -> Load:
+        for i in range(self.clients):
+            thread = threading.Thread(target=self._run, name=f"load-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def served_between(self, start: float, end: float) -> tuple[int, int]:
+        window = [code for t, code in self.results if start <= t <= end]
+        return sum(1 for c in window if c == 200), sum(1 for c in window if c != 200)
