@@ -124,7 +124,8 @@ def render_crd(crd: Mapping[str, Any], *, source: str) -> list[str]:
             f"- Scope: {spec['scope']}; plural `{names['plural']}`"
             + (f"; short names {', '.join(_code(s) for s in names.get('shortNames', []))}")
             + (f"; categories {', '.join(_code(c) for c in names.get('categories', []))}"),
-            f"- Served: {version.get('served', False)}; storage: {version.get('storage', False)}"
+            f"- Served: {str(version.get('served', False)).lower()}; "
+            f"storage: {str(version.get('storage', False)).lower()}"
             + ("; status subresource" if "status" in version.get("subresources", {}) else ""),
             "",
         ]

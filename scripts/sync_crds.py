@@ -27,13 +27,18 @@ def crd_files(folder: Path) -> dict[str, bytes]:
     }
 
 
+def _rel(path: Path) -> Path:
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def drift(*, source: Path = SOURCE, target: Path = TARGET) -> list[str]:
     """Human-readable differences between the two folders (empty when in sync)."""
     want, have = crd_files(source), crd_files(target)
-    problems = [f"missing in {target}: {name}" for name in sorted(want.keys() - have.keys())]
-    problems += [f"stale in {target}: {name}" for name in sorted(have.keys() - want.keys())]
+    src, dst = _rel(source), _rel(target)
+    problems = [f"missing in {dst}: {name}" for name in sorted(want.keys() - have.keys())]
+    problems += [f"stale in {dst}: {name}" for name in sorted(have.keys() - want.keys())]
     problems += [
-        f"differs from {source / name}: {target / name}"
+        f"{dst / name} differs from {src / name}"
         for name in sorted(want.keys() & have.keys())
         if want[name] != have[name]
     ]

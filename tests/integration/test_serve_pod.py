@@ -71,9 +71,10 @@ async def _get_json(url: str) -> Any:
 def _ping(url: str) -> int:
     async def go() -> int:
         try:
-            async with aiohttp.ClientSession() as s, s.get(
-                f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)
-            ) as r:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.get(f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)) as r,
+            ):
                 return r.status
         except (aiohttp.ClientError, TimeoutError):
             return 0
@@ -86,9 +87,21 @@ def start_pod(tmp: Path, *, model: str, plan: str, extra: list[str] | None = Non
     port = free_ports(1)[0]
     log = tmp / "serve.log"
     cmd = [
-        sys.executable, "-m", "packrat", "serve", "--model", model,
-        "--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
-        "--workdir", str(tmp / "work"), *(extra or []),
+        sys.executable,
+        "-m",
+        "packrat",
+        "serve",
+        "--model",
+        model,
+        "--plan",
+        str(tmp / "plan.json"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workdir",
+        str(tmp / "work"),
+        *(extra or []),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -123,7 +136,12 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
         pytest.skip("needs a cpuset of at least 2 cpus")
     tmp = tmp_path_factory.mktemp("pod")
     plan = plan_json([{"threads": 1, "batch": 2, "count": 2}], cpus=2)
-    pod = start_pod(tmp, model="tiny", plan=plan, extra=["--queue-limit", "0", "--cpus", "%d,%d" % tuple(CPUS[:2])])
+    pod = start_pod(
+        tmp,
+        model="tiny",
+        plan=plan,
+        extra=["--queue-limit", "0", "--cpus", f"{CPUS[0]},{CPUS[1]}"],
+    )
     yield pod
     assert stop_pod(pod) == 0
 
@@ -189,8 +207,12 @@ def test_a_bad_request_fails_alone(pod: Pod) -> None:
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
     answers = post(
         pod.url,
-        [(good, "application/octet-stream"), (b"not a tensor", "application/octet-stream"),
-         (good, "application/octet-stream"), (b"[1, 2", "application/json")],
+        [
+            (good, "application/octet-stream"),
+            (b"not a tensor", "application/octet-stream"),
+            (good, "application/octet-stream"),
+            (b"[1, 2", "application/json"),
+        ],
     )
     assert [a[0] for a in answers] == [200, 400, 200, 400]
     assert json.loads(answers[1][1])["code"] == 400
@@ -218,7 +240,8 @@ def test_metrics_and_status(pod: Pod) -> None:
     metrics = asyncio.run(text())
     for name in ("tiny_i0", "tiny_i1"):
         line = next(
-            ln for ln in metrics.splitlines()
+            ln
+            for ln in metrics.splitlines()
             if ln.startswith("packrat_instance_requests_total") and f'instance="{name}"' in ln
         )
         assert float(line.rsplit(" ", 1)[1]) > 0
@@ -227,6 +250,20 @@ def test_metrics_and_status(pod: Pod) -> None:
     status = pod.status()
     assert status["plan"]["label"] == "2x1t/b2"
     assert status["batch_size_estimate"]["estimate"] >= 1
+
+
+def test_loadgen_cli_against_the_pod(pod: Pod) -> None:
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "packrat", "loadgen", "--url", pod.url, "--model", "tiny",
+            "--burst", "4", "--bursts", "3", "--format", "json",
+        ],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["requests"] == 12 and summary["errors"] == 0
+    assert summary["batch_latency"]["p50_ms"] > 0
 
 
 def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
@@ -252,7 +289,7 @@ def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
 
 
 # -- a user's .mar, and draining -------------------------------------------------------------
-USER_HANDLER = '''
+USER_HANDLER = """
 import json, os
 import torch
 
@@ -267,7 +304,7 @@ class UserHandler:
             json.dumps({"affinity": self.affinity, "threads": self.threads, "n": len(data)})
             for _ in data
         ]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -276,9 +313,15 @@ def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
     (tmp / "user_handler.py").write_text(USER_HANDLER)
     subprocess.run(
         [
-            str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "user",
-            "--version", "1.0", "--handler", str(tmp / "user_handler.py"),
-            "--export-path", str(tmp),
+            str(Path(sys.executable).with_name("torch-model-archiver")),
+            "--model-name",
+            "user",
+            "--version",
+            "1.0",
+            "--handler",
+            str(tmp / "user_handler.py"),
+            "--export-path",
+            str(tmp),
         ],
         check=True,
         env={**os.environ, "TMPDIR": str(tmp)},
@@ -290,7 +333,14 @@ def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
         tmp,
         model=str(tmp / "user.mar"),
         plan=plan,
-        extra=["--cpus", str(cpu), "--max-batch-delay-ms", "400", "--warmup-body", str(tmp / "warm.txt")],
+        extra=[
+            "--cpus",
+            str(cpu),
+            "--max-batch-delay-ms",
+            "2000",
+            "--warmup-body",
+            str(tmp / "warm.txt"),
+        ],
     )
     yield pod
     stop_pod(pod)
@@ -298,9 +348,10 @@ def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
 
 def test_a_users_mar_handler_runs_pinned_and_unchanged(user_pod: Pod) -> None:
     async def go() -> tuple[int, Any]:
-        async with aiohttp.ClientSession() as s, s.post(
-            f"{user_pod.url}/predictions/user", data=b"hi"
-        ) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{user_pod.url}/predictions/user", data=b"hi") as r,
+        ):
             return r.status, json.loads(await r.read())
 
     status, body = asyncio.run(go())
@@ -319,8 +370,12 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(user_pod: Pod) -> None
                     return r.status
 
             tasks = [asyncio.create_task(one()) for _ in range(5)]
-            # 5 < batch 8: TorchServe holds them for the 400 ms batch delay.
-            await asyncio.sleep(0.15)
+            # 5 < batch 8: TorchServe holds them for the 2 s batch delay.
+            for _ in range(100):
+                async with s.get(f"{user_pod.url}/status") as r:
+                    if (await r.json())["outstanding"]["in_flight"] == 5:
+                        break
+                await asyncio.sleep(0.02)
             user_pod.proc.send_signal(signal.SIGTERM)
             return list(await asyncio.gather(*tasks))
 
@@ -330,3 +385,27 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(user_pod: Pod) -> None
     assert _ping(user_pod.url) == 0  # the port is closed
     log = user_pod.log_text()
     assert "draining (5 outstanding)" in log, log[-2000:]
+
+
+def test_a_torchscript_file_is_served(tmp_path: Path) -> None:
+    model = zoo.load_model("tiny")
+    script = tmp_path / "mine.pt"
+    zoo.save_torchscript(model, script, inputs=[((16,), torch.float32)])
+    plan = plan_json([{"threads": 1, "batch": 4, "count": 1}], cpus=1)
+    pod = start_pod(tmp_path, model=str(script), plan=plan, extra=["--cpus", str(CPUS[0])])
+    try:
+        x = torch.randn(16, generator=torch.Generator().manual_seed(3))
+
+        async def go() -> tuple[int, Any]:
+            async with (
+                aiohttp.ClientSession() as s,
+                s.post(f"{pod.url}/predictions/mine", data=json.dumps(x.tolist())) as r,
+            ):
+                return r.status, json.loads(await r.read())
+
+        status, body = asyncio.run(go())
+        assert status == 200
+        with torch.inference_mode():
+            assert torch.allclose(torch.tensor(body), model(x[None])[0], atol=1e-5)
+    finally:
+        assert stop_pod(pod) == 0

@@ -102,3 +102,54 @@ def test_schema_check_rejects_broken_models(mutate: Any, why: str) -> None:
     broken = copy.deepcopy(model)
     mutate(broken["spec"])
     assert list(_validator().iter_errors(broken)), why
+
+
+_PLAN = {
+    "cpus": 1,
+    "batch": 1,
+    "instances": [{"threads": 1, "batch": 1, "count": 1, "latency_ms": 1.0}],
+    "expected_latency_ms": 1.0,
+    "fat_latency_ms": 1.0,
+    "expected_speedup": 1.0,
+    "num_instances": 1,
+    "total_threads": 1,
+    "label": "1x1t/b1",
+    "alternatives": {},
+}
+
+
+@pytest.mark.parametrize(("name", "model"), _models(), ids=[n for n, _ in _models()])
+def test_example_objects_the_operator_builds_are_valid_and_guaranteed(
+    name: str, model: dict[str, Any]
+) -> None:
+    """What `kubectl apply -f examples/<name>` leads to: the operator's profiling Job, slot
+    Deployment and Service for that spec, valid for Kubernetes and Guaranteed QoS."""
+    manifests = pytest.importorskip("packrat.controller.manifests")
+    owner = {**copy.deepcopy(model), "metadata": {**model["metadata"], "uid": "uid-1"}}
+    owner["metadata"].setdefault("namespace", "models")
+    built = [
+        manifests.profiling_job(owner, key="0123456789abcdef" * 4),
+        manifests.serving_deployment(
+            owner, slot="a", plan=_PLAN, serving_hash="f" * 16, replicas=1
+        ),
+        manifests.service(owner, slot="a"),
+    ]
+    for obj in built:
+        for version in ("1.30.0", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(obj, version, strict=True)
+    for workload in built[:2]:
+        spec = workload["spec"]["template"]["spec"]
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            resources = container["resources"]
+            assert resources["requests"] == resources["limits"], f"{name}: {container['name']}"
+            cpu = str(resources["limits"]["cpu"])
+            assert cpu.isdigit() and int(cpu) == model["spec"]["cpus"], f"{name}: cpu {cpu}"
+            # The images expect a read-only root with HOME/TMPDIR on a /tmp emptyDir.
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"]["drop"] == ["ALL"]
+            mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+            if container["name"] != "publish":  # `cat` of the result needs no scratch space
+                assert "emptyDir" in next(v for v in spec["volumes"] if v["name"] == mounts["/tmp"])
+        assert spec["securityContext"]["runAsNonRoot"] is True

@@ -42,7 +42,11 @@ VARIATIONS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaces": {"watchNamespaces": ["models-a", "models-b"]},
     "monitors": MONITORS,
-    "pdb": {"podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
+    "pdb": {
+        "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+        "replicaCount": 2,
+        "peering": {"enabled": True},
+    },
     "image": {
         "image": {"repository": "registry.example.com/ops/packrat", "tag": "9.9.9"},
         "servingImage": {
@@ -189,6 +193,22 @@ def test_every_default_value_is_in_the_schema_and_documented() -> None:
     assert undocumented == []
     with helm_python.Chart.load(CHART_DIR) as chart:
         chart.validate_schema(chart.merge_values({}))
+
+
+def test_pdb_that_would_block_drains_is_refused() -> None:
+    values = {"podDisruptionBudget": {"enabled": True, "minAvailable": 1}}
+    with helm_python.Chart.load(CHART_DIR) as chart, pytest.raises(helm_python.HelmError) as e:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert "block every node drain" in str(e.value)
+
+
+def test_replicas_spread_over_nodes(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    spec = _one(rendered["ha"], "Deployment")["spec"]["template"]["spec"]
+    term = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    pod_labels = _one(rendered["ha"], "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = term[0]["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert "affinity" not in _one(rendered["default"], "Deployment")["spec"]["template"]["spec"]
 
 
 def test_more_replicas_need_peering() -> None:
@@ -407,8 +427,8 @@ NAMESPACED_RESOURCES = {
     ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
+    ("", "pods/log"): {"get"},
     ("", "events"): {"create", "patch"},
 }
 CLUSTER_RESOURCES = {
@@ -481,6 +501,52 @@ def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str,
     assert not any(g == "kopf.dev" for g, _ in _grants(_one(rendered["default"], "ClusterRole")))
 
 
+# KubeApi method -> RBAC verb; read_log reads the pods/log subresource.
+_VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "delete": "delete"}
+_API_GROUPS = {
+    "packratmodels": "packrat.dev",
+    "configmaps": "",
+    "services": "",
+    "pods": "",
+    "events": "",
+    "jobs": "batch",
+    "deployments": "apps",
+}
+
+
+def _controller_calls() -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every Kubernetes call the controller's code makes."""
+    import re
+
+    source = "\n".join(
+        p.read_text() for p in (ROOT / "operator" / "packrat" / "controller").glob("*.py")
+    )
+    calls = set()
+    for method, resource in re.findall(r"kube\.(\w+)\(\s*\"([a-z]+)\"", source):
+        if method in _VERBS:
+            calls.add((_API_GROUPS[resource], resource, _VERBS[method]))
+    if "kube.read_log(" in source:
+        calls.add(("", "pods/log", "get"))
+    if 'subresource="status"' in source:
+        calls.add(("packrat.dev", "packratmodels/status", "patch"))
+    # kopf itself: watches the resource, patches its annotations/finalizers, posts events.
+    calls |= {("packrat.dev", "packratmodels", v) for v in ("list", "watch", "patch")}
+    if "kopf.event(" in source:
+        calls.add(("", "events", "create"))
+    return calls
+
+
+def test_rbac_covers_every_api_call_of_the_controller(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    calls = _controller_calls()
+    assert len(calls) >= 10, "controller API calls not found: did the code layout change?"
+    for variation, kind in (("default", "ClusterRole"), ("namespaces", "Role")):
+        grants = _grants(by_kind(rendered[variation], kind)[0])
+        missing = sorted(c for c in calls if c[2] not in grants.get((c[0], c[1]), set()))
+        assert missing == [], f"{variation}: the operator would get 403 Forbidden for {missing}"
+
+
 def test_no_access_to_secrets_anywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
     for objects in rendered.values():
         for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
@@ -524,6 +590,15 @@ def test_chart_crds_are_byte_identical_to_top_level() -> None:
     with helm_python.Chart.load(CHART_DIR) as chart:
         kinds = {yaml.safe_load(c["data"])["spec"]["names"]["kind"] for c in chart.crds}
     assert "PackratModel" in kinds
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_chart_crds_are_valid_kubernetes(version: str) -> None:
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        crds = [yaml.safe_load(c["data"]) for c in chart.crds]
+    assert crds
+    for crd in crds:
+        kubernetes_validate.validate(crd, version, strict=True)
 
 
 def test_sync_crds_detects_and_fixes_drift(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""``packrat serve`` and ``packrat loadgen`` argument handling: clear errors before any process starts."""
+"""``packrat serve`` and ``packrat loadgen`` arguments: clear errors before any process starts."""
 
 from __future__ import annotations
 
@@ -12,8 +12,19 @@ from packrat.cli import build_parser, main
 
 def test_serve_parses_the_pod_command(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(
-        ["serve", "--model", "resnet50", "--plan-env", "PACKRAT_PLAN", "--port", "8080",
-         "--host", "0.0.0.0", "--max-batch-delay-ms", "5"]
+        [
+            "serve",
+            "--model",
+            "resnet50",
+            "--plan-env",
+            "PACKRAT_PLAN",
+            "--port",
+            "8080",
+            "--host",
+            "0.0.0.0",
+            "--max-batch-delay-ms",
+            "5",
+        ]
     )
     assert args.plan_env == "PACKRAT_PLAN" and args.port == 8080 and args.max_batch_delay_ms == 5
     assert args.queue_limit == 1024 and args.drain_seconds == 30.0
@@ -34,9 +45,7 @@ def test_missing_plan_env_is_a_clear_error(
     assert "PACKRAT_PLAN_X is not set" in capsys.readouterr().err
 
 
-def test_invalid_plan_is_a_clear_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_invalid_plan_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"cpus": 2, "batch": 4, "instances": []}))
     assert main(["serve", "--model", "tiny", "--plan", str(plan)]) == 2
@@ -48,7 +57,9 @@ def test_a_plan_larger_than_the_cpuset_fails_at_startup(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     plan = {
-        "cpus": 4096, "batch": 8, "instances": [{"threads": 4096, "batch": 8, "count": 1}],
+        "cpus": 4096,
+        "batch": 8,
+        "instances": [{"threads": 4096, "batch": 8, "count": 1}],
         "expected_latency_ms": 1.0,
     }
     monkeypatch.setenv("PACKRAT_PLAN_BIG", json.dumps(plan))
@@ -59,11 +70,21 @@ def test_a_plan_larger_than_the_cpuset_fails_at_startup(
 def test_cpus_outside_the_cpuset_are_refused(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("PACKRAT_PLAN_ONE", json.dumps(
-        {"cpus": 1, "batch": 1, "instances": [{"threads": 1, "batch": 1, "count": 1}],
-         "expected_latency_ms": 1.0}
-    ))
-    assert main(["serve", "--model", "tiny", "--plan-env", "PACKRAT_PLAN_ONE", "--cpus", "100000"]) == 2
+    monkeypatch.setenv(
+        "PACKRAT_PLAN_ONE",
+        json.dumps(
+            {
+                "cpus": 1,
+                "batch": 1,
+                "instances": [{"threads": 1, "batch": 1, "count": 1}],
+                "expected_latency_ms": 1.0,
+            }
+        ),
+    )
+    assert (
+        main(["serve", "--model", "tiny", "--plan-env", "PACKRAT_PLAN_ONE", "--cpus", "100000"])
+        == 2
+    )
     assert "outside this process's cpuset" in capsys.readouterr().err
 
 
@@ -71,7 +92,9 @@ def test_loadgen_modes_are_exclusive() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["loadgen", "--url", "u", "--model", "m"])
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["loadgen", "--url", "u", "--model", "m", "--burst", "4", "--rate", "3"])
+        build_parser().parse_args(
+            ["loadgen", "--url", "u", "--model", "m", "--burst", "4", "--rate", "3"]
+        )
     args = build_parser().parse_args(["loadgen", "--url", "u", "--model", "m", "--rate", "3"])
     assert args.duration == 10.0 and args.format == "table"
 

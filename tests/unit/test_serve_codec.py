@@ -43,7 +43,14 @@ def test_unknown_inputs_accept_json_only() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [b"garbage", b"\xff\xfe", b'{"x": 1}', b"[[1, 2], [3, 4]]", b'[["a", "b", "c"], [1, 2, 3]]', 42],
+    [
+        b"garbage",
+        b"\xff\xfe",
+        b'{"x": 1}',
+        b"[[1, 2], [3, 4]]",
+        b'[["a", "b", "c"], [1, 2, 3]]',
+        42,
+    ],
 )
 def test_malformed_bodies_raise_codec_errors(body: object) -> None:
     with pytest.raises(CodecError):

@@ -30,7 +30,11 @@ PLAN = Plan(
     fat_latency_ms=15.0,
 )
 PORTS = Ports(
-    inference=1001, management=1002, metrics=1003, grpc_inference=1004, grpc_management=1005,
+    inference=1001,
+    management=1002,
+    metrics=1003,
+    grpc_inference=1004,
+    grpc_management=1005,
     worker_base=9000,
 )
 
@@ -94,7 +98,9 @@ def test_registration_query() -> None:
     assert q["max_batch_delay"] == "5"
     assert q["initial_workers"] == "1"
     assert q["synchronous"] == "true"
-    plain = registration_query(None, mar="m.mar", name="m", batch=4, max_batch_delay_ms=5, workers=None)
+    plain = registration_query(
+        None, mar="m.mar", name="m", batch=4, max_batch_delay_ms=5, workers=None
+    )
     assert "initial_workers" not in plain and plain["batch_size"] == "4"
     with pytest.raises(ServeConfigError):
         registration_query(None, mar="m.mar", max_batch_delay_ms=5)
@@ -113,8 +119,14 @@ def test_parse_plan_roundtrip_and_errors() -> None:
 def test_status_document() -> None:
     specs = plan_instances(PLAN, model="m", cores=[[0, 1], [2], [3]])
     doc = status_document(
-        plan=PLAN, model="m", instances=specs, cpus=[0, 1, 2, 3], estimate=8, ewma=9.5,
-        ready=True, health={"m_i0": {"up": True, "pid": 42}},
+        plan=PLAN,
+        model="m",
+        instances=specs,
+        cpus=[0, 1, 2, 3],
+        estimate=8,
+        ewma=9.5,
+        ready=True,
+        health={"m_i0": {"up": True, "pid": 42}},
     )
     assert doc["plan"]["label"] == PLAN.label
     assert doc["instances"][0]["cpus"] == [0, 1] and doc["instances"][0]["pid"] == 42

@@ -144,7 +144,9 @@ def test_full_queue_sheds_with_503_and_retry_after() -> None:
             assert [r[0] for r in await asyncio.gather(*held)] == [200, 200, 200]
             async with s.get(f"{url}/metrics") as r:
                 text = await r.text()
-            assert 'packrat_request_errors_total{code="503",model="m",source="dispatcher"} 1.0' in text
+            assert (
+                'packrat_request_errors_total{code="503",model="m",source="dispatcher"} 1.0' in text
+            )
 
     run(body)
 
@@ -152,6 +154,7 @@ def test_full_queue_sheds_with_503_and_retry_after() -> None:
 def test_ping_follows_instances_and_drain() -> None:
     async def body() -> None:
         async with stack([1, 1]) as (d, _fake, url, s):
+
             async def ping() -> int:
                 async with s.get(f"{url}/ping") as r:
                     return r.status
@@ -166,6 +169,8 @@ def test_ping_follows_instances_and_drain() -> None:
             d.set_up(1, True)
             d.begin_drain()
             assert await ping() == 503
+            async with s.get(f"{url}/healthz") as r:
+                assert r.status == 200  # draining is not dead
 
     run(body)
 
@@ -208,6 +213,30 @@ def test_estimate_follows_outstanding_requests() -> None:
             fake.gate.set()
             await asyncio.gather(*tasks)
             assert await d.wait_idle(2)
+
+    run(body)
+
+
+def test_a_held_burst_of_a_power_of_two_is_estimated_exactly() -> None:
+    async def body() -> None:
+        async with stack([4, 4], estimator_interval_s=0.001, estimator_window=10) as (
+            d,
+            fake,
+            url,
+            s,
+        ):
+            all_up(d)
+            await asyncio.sleep(0.05)  # idle samples must not drag the average below 8
+            fake.gate.clear()
+            tasks = [asyncio.create_task(post(s, url)) for _ in range(8)]
+            while d.pending < 8:
+                await asyncio.sleep(0.005)
+            await asyncio.sleep(0.1)
+            assert d.estimator.estimate == 8
+            fake.gate.set()
+            await asyncio.gather(*tasks)
+            await asyncio.sleep(0.05)
+            assert d.estimator.estimate == 8  # idle again: the estimate holds
 
     run(body)
 

@@ -65,7 +65,9 @@ def test_bursts_measure_until_the_last_answer() -> None:
     async def body() -> BurstResult:
         runner, url = await _server(0.02, [200])
         try:
-            return await run_bursts(url=url, model="m", body=b"x", burst=4, bursts=3, warmup_bursts=1)
+            return await run_bursts(
+                url=url, model="m", body=b"x", burst=4, bursts=3, warmup_bursts=1
+            )
         finally:
             await runner.cleanup()
 
@@ -83,7 +85,9 @@ def test_poisson_records_every_request_and_errors() -> None:
     async def body() -> object:
         runner, url = await _server(0.0, [200, 500])
         try:
-            return await run_poisson(url=url, model="m", body=b"x", rate=200, duration_s=0.5, seed=1)
+            return await run_poisson(
+                url=url, model="m", body=b"x", rate=200, duration_s=0.5, seed=1
+            )
         finally:
             await runner.cleanup()
 

@@ -38,7 +38,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
     parser.add_argument("--max-batch-delay-ms", type=int, default=5, help="TorchServe batch delay")
     parser.add_argument(
-        "--queue-limit", type=int, default=1024, help="queued requests before 503 (default 1024)"
+        "--queue-limit",
+        type=int,
+        default=1024,
+        help="requests that may wait in the dispatcher (each instance already holds up to two "
+        "batches) before it answers 503 with Retry-After (default 1024)",
     )
     parser.add_argument(
         "--drain-seconds", type=float, default=30.0, help="SIGTERM: longest wait for in-flight"

@@ -46,7 +46,13 @@ class WorkerProcess:
         self.spec = spec
         self.cpus = sorted(cpus)
         self.threads = threads
-        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the worker)
+        # The worker's stderr goes to a temp file, quoted in errors; where no temp dir is
+        # writable (read-only root file system without an emptyDir) it is inherited.
+        self._stderr: IO[bytes] | None
+        try:
+            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the worker)
+        except OSError:
+            self._stderr = None
         self._buffer = b""
         self.started_at = time.monotonic()
         self.ready: dict[str, Any] = {}
@@ -111,7 +117,7 @@ class WorkerProcess:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None and not stream.closed:
                 stream.close()
-        if not self._stderr.closed:
+        if self._stderr is not None and not self._stderr.closed:
             self._stderr.close()
 
     def __enter__(self) -> WorkerProcess:
@@ -165,7 +171,7 @@ class WorkerProcess:
         return f"{self.spec} t={self.threads} cpus={format_cpu_list(self.cpus)}"
 
     def stderr_tail(self, limit: int = 2000) -> str:
-        if self._stderr.closed:
+        if self._stderr is None or self._stderr.closed:
             return ""
         self._stderr.flush()
         self._stderr.seek(0, os.SEEK_END)

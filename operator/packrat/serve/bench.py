@@ -33,13 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packrat.plan.optimizer import InstanceGroup, Optimizer, Plan
-from packrat.plan.profile import Profile, load_profile
+from packrat.plan.optimizer import InstanceGroup, Optimizer, Plan, PlanError
+from packrat.plan.profile import Profile, ProfileError, load_profile
 from packrat.serve.archive import build_archive, default_model_name
 from packrat.serve.loadgen import run_bursts
 from packrat.serve.server import wait_ready
@@ -62,7 +62,10 @@ class BenchSettings:
     batches: list[int]
     cpus: int | None = None
     repeats: int = 3
-    requests: int = 5  # recorded bursts per run
+    requests: int = 64  # requests per run: bursts = max(2, requests // B), recorded
+    point_budget_s: float | None = None  # seconds per profile point when profiling here
+    save_profile: Path | None = None
+    json_output: bool = False
     profile: Path | None = None
     max_batch_delay_ms: int = 5
     output: Path | None = None  # JSON results
@@ -86,13 +89,20 @@ class BenchSettings:
             batches=batches,
             cpus=getattr(args, "cpus", None),
             repeats=int(repeats) if repeats else 3,
-            requests=int(requests) if requests else 5,
+            requests=int(requests) if requests else 64,
             profile=getattr(args, "profile", None),
             max_batch_delay_ms=int(getattr(args, "max_batch_delay_ms", None) or 5),
             output=getattr(args, "output", None) or getattr(args, "json", None),
             workdir=getattr(args, "workdir", None),
             configs=tuple(configs.split(",")) if isinstance(configs, str) else CONFIGS,
+            point_budget_s=getattr(args, "profile_budget", None),
+            save_profile=getattr(args, "save_profile", None),
+            json_output=getattr(args, "format", "table") == "json",
         )
+
+    def bursts(self, batch: int) -> int:
+        """Recorded bursts of ``batch`` requests per run: about ``requests`` requests, >= 2."""
+        return max(2, self.requests // batch)
 
 
 @dataclass
@@ -156,7 +166,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"serving benchmark: model {summary['settings']['model']}, cpus "
         f"{','.join(map(str, summary['cpus']))}, {summary['settings']['repeats']} interleaved "
-        f"repetitions x {summary['settings']['requests']} bursts; batch latency in ms "
+        f"repetitions x ~{summary['settings']['requests']} requests (bursts of B, at least 2 "
+        "bursts, after 1 warm-up burst); batch latency in ms "
         "(median over repetitions of each run's median, [min..max] of the run medians)",
         "",
     ]
@@ -192,32 +203,29 @@ def fat_plan(plan: Plan) -> Plan:
     )
 
 
-def per_core_plan(plan: Plan) -> Plan | None:
-    """One 1-thread instance per core, the batch split as evenly as possible."""
+def per_core_plan(plan: Plan, table: Mapping[tuple[int, int], float]) -> tuple[Plan, float | None]:
+    """One 1-thread instance per core (``min(T, B)`` of them), the batch split evenly, and its
+    expected latency from the profile (None when a slice size was not profiled)."""
     t, b = plan.cpus, plan.batch
-    for alt in plan.alternatives:
-        if alt.name == "per_core" and alt.instances and alt.latency_ms:
-            return Plan(
-                cpus=t,
-                batch=b,
-                instances=alt.instances,
-                expected_latency_ms=alt.latency_ms,
-                fat_latency_ms=plan.fat_latency_ms,
-                model=plan.model,
-            )
     n = min(t, b)
     sizes = [b // n + (1 if i < b % n else 0) for i in range(n)]
     groups: dict[int, int] = {}
-    for s in sizes:
-        groups[s] = groups.get(s, 0) + 1
-    return Plan(
+    for size in sizes:
+        groups[size] = groups.get(size, 0) + 1
+    latencies = [table.get((1, size)) for size in groups]
+    expected = None if any(v is None for v in latencies) else max(v for v in latencies if v)
+    per_core = Plan(
         cpus=t,
         batch=b,
-        instances=tuple(InstanceGroup(1, s, c) for s, c in sorted(groups.items(), reverse=True)),
-        expected_latency_ms=plan.expected_latency_ms,
+        instances=tuple(
+            InstanceGroup(1, size, count, table.get((1, size)))
+            for size, count in sorted(groups.items(), reverse=True)
+        ),
+        expected_latency_ms=expected or plan.expected_latency_ms,
         fat_latency_ms=plan.fat_latency_ms,
         model=plan.model,
     )
+    return per_core, expected
 
 
 class _PackratServe:
@@ -346,14 +354,14 @@ async def _measure(
     else:
         assert plan is not None
         server = _PackratServe(settings=settings, plan=plan, cpus=cpus, workdir=workdir)
-    await server.start()
     try:
+        await server.start()
         result = await run_bursts(
             url=server.url,
             model=server.model,
             body=body,
             burst=batch,
-            bursts=settings.requests,
+            bursts=settings.bursts(batch),
             warmup_bursts=1,
             timeout_s=600,
         )
@@ -365,7 +373,8 @@ async def _measure(
 def obtain_profile(settings: BenchSettings, *, cpus: int, workdir: Path) -> Profile:
     if settings.profile is not None:
         return load_profile(settings.profile)
-    out = workdir / "profile.json"
+    out = settings.save_profile or workdir / "profile.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -379,6 +388,7 @@ def obtain_profile(settings: BenchSettings, *, cpus: int, workdir: Path) -> Prof
         str(max(settings.batches)),
         "--time-budget",
         str(int(settings.profile_budget_s)),
+        *(["--point-budget", str(settings.point_budget_s)] if settings.point_budget_s else []),
         "-o",
         str(out),
     ]
@@ -393,6 +403,10 @@ async def bench(settings: BenchSettings) -> BenchResult:
     from packrat.runtime.cpus import allowed_cpus
     from packrat.serve.codec import example_body
 
+    task = asyncio.current_task()
+    if task is not None:  # SIGTERM: stop the server being measured, then exit
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     available = allowed_cpus()
     t = settings.cpus or len(available)
     if t > len(available):
@@ -417,7 +431,7 @@ async def bench(settings: BenchSettings) -> BenchResult:
     plans: dict[int, dict[str, Plan | None]] = {}
     for b in settings.batches:
         plan = optimizer.plan(b)
-        per_core = per_core_plan(plan)
+        per_core, per_core_expected = per_core_plan(plan, optimizer.table)
         plans[b] = {
             "packrat": plan,
             "fat": fat_plan(plan),
@@ -425,10 +439,8 @@ async def bench(settings: BenchSettings) -> BenchResult:
             "torchserve": None,
         }
         doc = plan.to_dict()
-        if per_core is not None and per_core.expected_latency_ms:
-            doc["expected_speedup_per_core"] = (
-                per_core.expected_latency_ms / plan.expected_latency_ms
-            )
+        if per_core_expected is not None:
+            doc["expected_speedup_per_core"] = per_core_expected / plan.expected_latency_ms
         result.plans[b] = doc
     configs = [c for c in CONFIGS if c in settings.configs]
     for repeat in range(settings.repeats):
@@ -465,14 +477,24 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     """Entry point for ``packrat bench --serving``.
 
     Reads from ``args``: ``model``, ``batch`` ("4,8,16,32" or a list), ``cpus`` (T; default
-    this process's cpuset size), ``repeats`` (3), ``requests`` (recorded bursts per run, 5),
-    ``profile`` (a profile file; else ``packrat profile`` runs first), and optionally
-    ``max_batch_delay_ms``, ``output`` (JSON results file), ``workdir``, ``configs``.
+    this process's cpuset size), ``repeats`` (3), ``requests`` (requests per run, 64: bursts
+    of B, at least 2 recorded), ``profile`` (a profile file; else ``packrat profile`` runs
+    first), ``profile_budget`` (seconds per profile point), ``save_profile``, ``format``
+    (table|json), and optionally ``max_batch_delay_ms``, ``output`` (JSON results file with
+    every run), ``workdir``, ``configs`` (comma-separated subset of the four). Returns 2 with a
+    message on stderr when it cannot run, 1 when a request failed.
     """
     settings = BenchSettings.from_args(args)
-    result = asyncio.run(bench(settings))
+    try:
+        result = asyncio.run(bench(settings))
+    except (BenchError, ProfileError, PlanError, OSError) as exc:
+        print(f"packrat bench --serving: error: {exc}", file=sys.stderr)
+        return 2
+    except asyncio.CancelledError:
+        print("packrat bench --serving: interrupted", file=sys.stderr)
+        return 130
     summary = result.summary()
-    print(format_table(summary))
+    print(json.dumps(summary, indent=2) if settings.json_output else format_table(summary))
     if settings.output is not None:
         settings.output.parent.mkdir(parents=True, exist_ok=True)
         runs = [
@@ -497,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", default="4,8,16,32")
     parser.add_argument("--cpus", type=int)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=64, help="requests per run")
     parser.add_argument("--profile", type=Path)
     parser.add_argument("--max-batch-delay-ms", type=int, default=5)
     parser.add_argument("--output", type=Path)

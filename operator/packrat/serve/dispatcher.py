@@ -7,14 +7,14 @@ content types and status codes through unchanged, and keeps at most two batches 
 per instance, so the rest waits here, in a bounded FIFO queue: beyond ``queue_limit`` waiting
 requests it answers 503 with ``Retry-After`` instead of growing without bound.
 
-Readiness (``GET /ping``) is owned by whoever watches the instances (see
-:mod:`packrat.serve.server`): it marks instances up only after they loaded and answered a
-warm-up batch, and down while their worker is restarting. During a drain the listener is
-closed by the owner; requests that still arrive on open connections are served and answered
-with ``Connection: close``.
+Liveness (``GET /healthz``) is 200 unless TorchServe is gone. Readiness (``GET /ping``) is
+owned by whoever watches the instances (see :mod:`packrat.serve.server`): it marks instances
+up only after they loaded and answered a warm-up batch, and down while their worker
+restarts. During a drain the listener is closed by the owner; requests that still arrive on
+open connections are served and answered with ``Connection: close``.
 
 The batch-size estimator samples the outstanding requests (queued + in flight) every few
-milliseconds and exports Packrat's estimate as a gauge.
+milliseconds while there are any, and exports Packrat's estimate as a gauge.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ class Dispatcher:
         estimator_window: int = 200,
         metrics: ServeMetrics | None = None,
         status: Callable[[], Mapping[str, Any]] | None = None,
+        alive: Callable[[], bool] | None = None,
     ) -> None:
         if queue_limit < 0:
             raise ValueError("queue_limit must be >= 0")
@@ -115,6 +116,7 @@ class Dispatcher:
         self._session: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._status = status
+        self._alive = alive
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
         m.planned_batch.labels(model).set(sum(self.batches))
@@ -129,6 +131,7 @@ class Dispatcher:
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
         app.router.add_get("/ping", self.handle_ping)
+        app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/status", self.handle_status)
         app.on_startup.append(self._on_startup)
@@ -255,10 +258,18 @@ class Dispatcher:
             raise
 
     async def _sample_loop(self) -> None:
+        """Feed the estimator the outstanding requests every few ms, while there are any.
+
+        Idle samples (nothing outstanding) are skipped: they say nothing about the size of
+        the batches that arrive, and between closed-loop bursts of exactly B they would pull
+        the average just below B, which floors to B/2.
+        """
         m = self.metrics
         while True:
-            estimate = self.estimator.observe(self.pending)
-            m.batch_size_estimate.labels(self.model).set(estimate)
+            depth = self.pending
+            if depth > 0:
+                self.estimator.observe(depth)
+            m.batch_size_estimate.labels(self.model).set(self.estimator.estimate)
             m.outstanding_ewma.labels(self.model).set(self.estimator.ewma)
             await asyncio.sleep(self.estimator_interval_s)
 
@@ -325,6 +336,13 @@ class Dispatcher:
         if self.ready:
             return web.json_response({"status": "Healthy"})
         return web.json_response({"status": "Unhealthy"}, status=503)
+
+    async def handle_healthz(self, _request: web.Request) -> web.Response:
+        """Liveness, unlike readiness: 200 while the pod can recover by itself (instances
+        loading, a worker restarting, draining); 503 only when TorchServe itself is gone."""
+        if self._alive is None or self._alive():
+            return web.json_response({"status": "Alive"})
+        return web.json_response({"status": "Dead"}, status=503)
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         response = web.Response(body=generate_latest(self.metrics.registry))

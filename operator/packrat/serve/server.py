@@ -134,6 +134,10 @@ class PodServer:
             doc["torchserve"] = {"inference": self.torchserve.inference_url}
         return doc
 
+    def _alive(self) -> bool:
+        ts = self.torchserve
+        return ts is None or ts.proc is None or ts.running  # not started yet counts as alive
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -151,6 +155,7 @@ class PodServer:
             metrics=self.metrics,
             status=self.status,
             estimator_interval_s=opts.estimator_interval_s,
+            alive=self._alive,
         )
         self.dispatcher = dispatcher
         runner = web.AppRunner(dispatcher.app(), handle_signals=False, access_log=None)
@@ -172,10 +177,10 @@ class PodServer:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
         monitor: asyncio.Task[None] | None = None
+        stop_wait = asyncio.create_task(self._stop.wait())
         code = 0
         try:
             starting = asyncio.create_task(self._start_backend())
-            stop_wait = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if starting in done:
                 starting.result()  # raises a startup error
@@ -203,6 +208,7 @@ class PodServer:
             code = 1
             raise
         finally:
+            stop_wait.cancel()
             if monitor is not None:
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -177,7 +177,7 @@ class Agent:
         """Volume name -> local directory (emptyDir fresh, ConfigMap files written)."""
         out: dict[str, Path] = {}
         for volume in pod.spec.get("volumes") or []:
-            path = pod.workdir / "volumes" / volume["name"]
+            path = pod.workdir / "v" / volume["name"]
             path.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
                 cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}
@@ -324,7 +324,8 @@ class Agent:
             template_hash=template_hash,
             labels=dict((template.get("metadata") or {}).get("labels") or {}),
             spec=json.loads(json.dumps(template["spec"])),
-            workdir=Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.workdir)),
+            # short paths: TorchServe puts Unix sockets under TMPDIR (108-byte limit)
+            workdir=Path(tempfile.mkdtemp(prefix="p", dir=self.workdir)),
         )
         with self._lock:
             self.pods[name] = pod
@@ -418,6 +419,8 @@ class Agent:
                 if p.owner_kind == "Deployment" and p.owner_name == name and not p.terminating
             ]
         for pod in [p for p in mine if p.phase == "Failed"]:  # restartPolicy Always
+            log = pod.workdir / f"{pod.spec['containers'][0]['name']}.log"
+            self.errors.append(f"pod {pod.name} exited: {_tail(log, 8)}")
             self._terminate(pod)
             mine.remove(pod)
         current = [p for p in mine if p.template_hash == thash]
@@ -525,7 +528,7 @@ class ServiceProxy:
                     data = resp.read()
                     self._reply(resp.status, data, resp.getheader("Content-Type") or "text/plain")
                 except OSError as exc:
-                    self._reply(502, str(exc).encode(), "text/plain")
+                    self._reply(502, f"endpoint {port}: {exc}".encode(), "text/plain")
                 finally:
                     conn.close()
 

@@ -77,6 +77,8 @@ class CompatEmulator(kmock.KubernetesEmulator):
             data = request.data if isinstance(request.data, dict) else None
             if request.action == enums.action.CREATE and data is not None:
                 meta = data.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:8]
                 if request.namespace:
                     meta.setdefault("namespace", request.namespace)
                 meta.setdefault("uid", str(uuid.uuid4()))

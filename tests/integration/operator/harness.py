@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -110,11 +112,11 @@ class OperatorCluster:
         self.emulator = EmulatorThread().start()
         assert self.emulator.emulator is not None
         self.api = Api(self.emulator.url, NAMESPACE)
-        (workdir / "pods").mkdir(exist_ok=True)
+        self.pods_dir = Path(tempfile.mkdtemp(prefix="prk-"))  # short: Unix socket paths
         self.agent = Agent(
             api=self.api,
             emulator=self.emulator.emulator,
-            workdir=workdir / "pods",
+            workdir=self.pods_dir,
             images={TEST_IMAGE},
         ).start()
         kubeconfig = self.emulator.write_kubeconfig(workdir / "kubeconfig.json", namespace=NAMESPACE)
@@ -125,6 +127,7 @@ class OperatorCluster:
         self.operator.stop()
         self.agent.stop()
         self.emulator.stop()
+        shutil.rmtree(self.pods_dir, ignore_errors=True)
 
     # -- helpers -----------------------------------------------------------------------------
     def model(self, name: str) -> dict[str, Any]:
