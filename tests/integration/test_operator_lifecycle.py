@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
 
-from harness import NAMESPACE, Load, OperatorCluster, wait_for  # noqa: E402
+from harness import NAMESPACE, Load, OperatorCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -87,9 +87,7 @@ def test_operator_rejects_invalid_spec(cluster: OperatorCluster) -> None:
 def test_operator_profiles_retries_and_serves(cluster: OperatorCluster) -> None:
     cluster.agent.oom_kill_job_pods = 1  # the first profiling pod is OOM-killed
     cluster.api.create("packratmodels", _body(NAME, SPEC))
-    wait_for(
-        lambda: cluster.events("ProfilingFailed"), timeout=60, what="profiling failure event"
-    )
+    wait_for(lambda: cluster.events("ProfilingFailed"), timeout=60, what="profiling failure event")
     failure = cluster.events("ProfilingFailed")[0]
     assert failure["type"] == "Warning"
     assert "OOMKilled" in failure["message"] and "exit code 137" in failure["message"]
@@ -166,9 +164,10 @@ def test_operator_switch_under_load_zero_failures(cluster: OperatorCluster) -> N
             )
             if "switch" in marks and "gone" not in marks and gone:
                 marks["gone"] = now
-            return "gone" in marks and cluster.status(NAME).get("lastSwitch", {}).get(
-                "result"
-            ) == "Succeeded"
+            return (
+                "gone" in marks
+                and cluster.status(NAME).get("lastSwitch", {}).get("result") == "Succeeded"
+            )
 
         wait_for(progress, timeout=120, what="switch to slot b", period=0.05)
         time.sleep(1.0)  # keep the load on the new slot for a moment
@@ -190,6 +189,7 @@ def test_operator_switch_under_load_zero_failures(cluster: OperatorCluster) -> N
     assert load.failures == [], (
         [(round(t - t0, 2), c, m) for t, c, m in load.failures[:5]],
         {k: round(v - t0, 2) for k, v in marks.items()},
+        [(round(t - t0, 2), n, port) for t, n, port in cluster.agent.terminations],
     )
     assert served > 0
     assert status["activeSlot"] == "b"
@@ -199,7 +199,7 @@ def test_operator_switch_under_load_zero_failures(cluster: OperatorCluster) -> N
     assert marks["ready"] <= marks["switch"] <= marks["gone"]
     assert cluster.condition(NAME, "Reconfiguring")["reason"] == "SwitchCompleted"
     assert cluster.api.list("jobs") == []  # the profile was reused, not re-measured
-    assert "packrat_operator_switches_total{result=\"succeeded\"} 1.0" in cluster.operator.metrics()
+    assert 'packrat_operator_switches_total{result="succeeded"} 1.0' in cluster.operator.metrics()
 
 
 def test_operator_restart_mid_switch_completes_once(cluster: OperatorCluster) -> None:
@@ -215,8 +215,10 @@ def test_operator_restart_mid_switch_completes_once(cluster: OperatorCluster) ->
     time.sleep(1.0)
     cluster.operator.start()
     wait_for(
-        lambda: cluster.status(NAME).get("lastSwitch", {}).get("toSlot") == "a"
-        and "switch" not in cluster.status(NAME),
+        lambda: (
+            cluster.status(NAME).get("lastSwitch", {}).get("toSlot") == "a"
+            and "switch" not in cluster.status(NAME)
+        ),
         timeout=120,
         what="switch back to slot a after the restart",
         period=0.25,

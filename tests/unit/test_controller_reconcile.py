@@ -5,9 +5,13 @@ from __future__ import annotations
 import copy
 import datetime
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from packrat.controller.reconcile import Config, Reconciler, merge_patch
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+from packrat.controller.reconcile import Config, Reconciler, merge_patch, pod_failure
 from packrat.controller.status import get_condition
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 
@@ -348,3 +352,91 @@ def test_profile_reused_for_batch_change() -> None:
     rec.reconcile(NS, "tiny", now=T0)
     assert kube.of("configmaps") == cms
     assert kube.of("jobs") == []
+
+
+def _strict(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+def test_written_status_matches_the_crd_schema() -> None:
+    crd = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "crds" / "packratmodel.yaml").read_text()
+    )
+    status_schema = _strict(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    )
+    validator = OAS30Validator(status_schema)
+    kube, rec = _setup()
+    rec.reconcile(NS, "tiny", now=T0)
+    validator.validate(kube.prm()["status"])  # profiling
+    kube.finish_job(ok=False, message="boom")
+    rec.reconcile(NS, "tiny", now=T0)
+    validator.validate(kube.prm()["status"])  # retry pending
+    kube, rec = _ready_model()
+    _set_spec(kube, batchSize=8)
+    rec.reconcile(NS, "tiny", now=T0)
+    validator.validate(kube.prm()["status"])  # mid-switch
+    kube.make_ready("tiny-b")
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
+    rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=30))
+    status = kube.prm()["status"]
+    validator.validate(status)  # after the switch
+    assert status["plan"]["expectedSpeedup"] is not None
+
+
+def test_spec_change_after_exhausted_profiling_retries() -> None:
+    kube, rec = _setup()
+    now = T0
+    for _ in range(3):
+        rec.reconcile(NS, "tiny", now=now)
+        kube.objects = {k: v for k, v in kube.objects.items() if k[0] != "pods"}
+        kube.finish_job(ok=False)
+        rec.reconcile(NS, "tiny", now=now)
+        now += datetime.timedelta(seconds=100)
+    assert rec.reconcile(NS, "tiny", now=now).phase == "Failed"
+    _set_spec(kube, replicas=2)  # any spec change is a new generation
+    res = rec.reconcile(NS, "tiny", now=now)
+    assert res.phase == "Profiling"
+    assert len(kube.of("jobs")) == 1
+
+
+def test_pod_failure_reasons() -> None:
+    pull = {
+        "status": {
+            "phase": "Pending",
+            "initContainerStatuses": [
+                {
+                    "name": "profile",
+                    "state": {"waiting": {"reason": "ImagePullBackOff", "message": "nope"}},
+                }
+            ],
+        }
+    }
+    assert "ImagePullBackOff" in (pod_failure(pull) or "")
+    assert pod_failure({"status": {"phase": "Running"}}) is None
+    crash = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "publish",
+                    "state": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "reason": "Error",
+                            "message": "a\nb\nlast line",
+                        }
+                    },
+                }
+            ],
+        }
+    }
+    text = pod_failure(crash) or ""
+    assert "exit code 2" in text and "last line" in text

@@ -567,6 +567,13 @@ def test_app_version_is_the_package_version() -> None:
         assert loaded.metadata["appVersion"] == packrat.__version__
 
 
+def test_kube_version_floor_is_the_oldest_validated_version() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={K8S_VERSIONS[0]}-0"
+    with helm_python.Chart.load(CHART_DIR) as loaded:  # `helm install` refuses older clusters
+        assert loaded.metadata["kubeVersion"] == chart["kubeVersion"]
+
+
 def test_default_serving_image_matches_the_operator_default() -> None:
     spec = pytest.importorskip("packrat.controller.spec")
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())

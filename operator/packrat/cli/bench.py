@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,19 +93,21 @@ def run(args: argparse.Namespace) -> int:
         )
     except (ProfileError, ProfilerError) as exc:
         raise CliError(str(exc)) from None
+    load = os.getloadavg()[0]
     if args.format == "json":
         payload = {
             "model": args.model,
             "cpus": args.cpus,
             "repeats": args.repeats,
             "profile": str(args.profile) if args.profile else None,
+            "loadavg_1m_at_end": load,
             "results": [r.to_dict() for r in results],
         }
         print(json.dumps(payload, indent=2))
     else:
         print(
             f"{args.model} on {args.cpus} cores, {args.repeats} interleaved repetitions; "
-            "latency per batch, median [p25-p75]"
+            f"latency per batch, median [p25-p75]; 1-min load average at the end {load:.2f}"
         )
         print(format_bench_table(results))
     return 0

@@ -15,6 +15,7 @@ from typing import Any
 from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name, with_defaults
 
 PORT = 8080
+PRESTOP_SECONDS = 5
 RUN_AS_USER = 10001
 SERVING_APP = "packrat-serving"
 PROFILING_APP = "packrat-profiling"
@@ -340,7 +341,7 @@ def serving_deployment(
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": drain + 30,
+        "terminationGracePeriodSeconds": drain + PRESTOP_SECONDS + 30,
         "securityContext": _pod_security(),
         "containers": [
             {
@@ -373,6 +374,8 @@ def serving_deployment(
                     "failureThreshold": 6,
                     "timeoutSeconds": 5,
                 },
+                # keep serving until every endpoint list dropped this pod, then drain
+                "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],

@@ -375,8 +375,17 @@ class Reconciler:
 
         job = self.kube.get("jobs", namespace, obj_name)
         attempts = int(pstatus.get("attempts") or 0)
+        generation = meta.get("generation")
+        failed_generation = pstatus.get("failedGeneration")
+        if failed_generation is not None and generation != failed_generation:
+            # the user changed the spec after giving up: try again from scratch
+            for stale in ("attempts", "failedGeneration", "retryAt"):
+                pstatus.pop(stale, None)
+            attempts = 0
         if job is None:
             if attempts >= self.config.max_profile_attempts:
+                if generation is not None:
+                    pstatus["failedGeneration"] = generation
                 result.phase = "Failed"
                 result.result = "profiling_failed"
                 message = (
@@ -633,7 +642,9 @@ class Reconciler:
             if was_ready:
                 self._cond(status, obj, "Degraded", True, "ReplicasNotReady", message, now=now)
         status["message"] = message
-        if "switch" not in status:
+        if "switch" not in status and not any(
+            c.get("type") == "Reconfiguring" for c in status.get("conditions") or []
+        ):
             self._cond(status, obj, "Reconfiguring", False, "Stable", "", now=now)
 
     # -- switching -------------------------------------------------------------------------

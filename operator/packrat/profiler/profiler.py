@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -250,6 +251,7 @@ def measure_point(
         "startup_s": worker.startup_s,
         "stopped": reply["stopped"],
         "rel_ci": summary.rel_ci,
+        "cpu_share": reply.get("cpu_share"),
         "elapsed_s": reply["elapsed_s"],
     }
     return point, report
@@ -298,6 +300,7 @@ def run_profile(
         extra = dict(old.meta.extra)
         meta = replace(meta, created=old.meta.created or meta.created)
     run = ProfileRun(profile=None, cpus=base)
+    load_start = round(os.getloadavg()[0], 2)
     run.kept = [k for k in grid if k in points]
     todo = [k for k in grid if k not in points]
     progress = Progress(len(grid), stream=stream, label=f"profile {meta.model}")
@@ -318,6 +321,8 @@ def run_profile(
             "warmup": settings.warmup,
             "min_samples": settings.min_samples,
             "process": "fresh worker process per point",
+            # the machine's load while measuring: a busy machine inflates wide instances most
+            "loadavg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
             "complete": all(k in points for k in grid),
             "updated": _now(),
         }
@@ -354,6 +359,10 @@ def run_profile(
         run.startup_s += report["startup_s"]
         points[point.key] = point
         run.measured.append(point.key)
+        if report["cpu_share"] is not None:
+            shares = dict(extra.get("cpu_share", {}))
+            shares[f"t{threads_}b{batch}"] = round(report["cpu_share"], 3)
+            extra["cpu_share"] = shares
         run.profile = save()
         if on_point is not None:
             on_point(point, report)
@@ -367,7 +376,8 @@ def run_profile(
         )
         progress.step(
             f"t={threads_} b={batch}: {point.latency_ms:.2f} ms "
-            f"±{report['rel_ci'] * 100:.1f}% n={point.samples} ({report['stopped']})",
+            f"±{report['rel_ci'] * 100:.1f}% n={point.samples} ({report['stopped']}) "
+            f"cpu share {report['cpu_share'] or 0:.2f}",
             seconds=seconds,
             cap=cap,
             estimate=estimate,

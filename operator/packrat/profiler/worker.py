@@ -113,6 +113,7 @@ class Instance:
             warm_ms.append((end - start) * 1000.0)
         samples: list[float] = []
         stopped = "max_samples"
+        wall0, cpu0 = time.monotonic(), time.process_time()
         while len(samples) < max_samples:
             start, end = self.once(batch)
             samples.append((end - start) * 1000.0)
@@ -122,9 +123,13 @@ class Instance:
             if end - began >= budget_s:
                 stopped = "budget"
                 break
+        wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
         return {
             "batch": batch,
             "samples_ms": samples,
+            # CPU time / (wall time x threads) while sampling: well below 1 means the cores
+            # were shared with other work and the latencies are inflated.
+            "cpu_share": cpu / (wall * self.threads) if wall > 0 else None,
             "warmup_ms": warm_ms,
             "stopped": stopped,
             "elapsed_s": time.monotonic() - began,

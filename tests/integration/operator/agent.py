@@ -17,6 +17,7 @@ container with SIGKILL shortly after it starts and reports ``OOMKilled``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import http.server
@@ -50,7 +51,16 @@ def free_port() -> int:
 
 
 NODE_MEMORY = 64 * 2**30
-_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_UNITS = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+}
 
 
 def _bytes(quantity: str) -> float:
@@ -113,6 +123,7 @@ class Agent:
         self.oom_kill_job_pods = 0
         self.endpoints: dict[str, list[int]] = {}
         self.errors: list[str] = []
+        self.terminations: list[tuple[float, str, int]] = []
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="agent", daemon=True)
@@ -199,7 +210,9 @@ class Agent:
                     return path + value[len(mount) :]
             return value
 
-        argv = [local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        argv = [
+            local(a) for a in [*(container.get("command") or []), *(container.get("args") or [])]
+        ]
         if argv and argv[0] == "packrat":
             argv = [sys.executable, "-m", "packrat", *argv[1:]]
         elif argv and argv[0] == "python":
@@ -217,12 +230,16 @@ class Agent:
         return argv, env
 
     def _start(self, pod: LocalPod) -> None:
-        threading.Thread(target=self._run_pod, args=(pod,), name=f"pod-{pod.name}", daemon=True).start()
+        threading.Thread(
+            target=self._run_pod, args=(pod,), name=f"pod-{pod.name}", daemon=True
+        ).start()
 
     def _run_pod(self, pod: LocalPod) -> None:
         containers = [*(pod.spec.get("initContainers") or []), *pod.spec["containers"]]
         pod.init_names = [c["name"] for c in pod.spec.get("initContainers") or []]
-        too_big = [c for c in containers if _bytes(c["resources"]["requests"]["memory"]) > NODE_MEMORY]
+        too_big = [
+            c for c in containers if _bytes(c["resources"]["requests"]["memory"]) > NODE_MEMORY
+        ]
         if too_big:  # the scheduler finds no node with that much memory
             pod.waiting_reason = "Unschedulable"
             return
@@ -292,10 +309,8 @@ class Agent:
             proc.wait(5)
         except ProcessLookupError:
             pass
-        try:  # TorchServe children of a stopped pod
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # TorchServe children of a stopped pod
 
     def _terminate(self, pod: LocalPod) -> None:
         """Graceful pod deletion: out of the endpoints at once, SIGTERM, then gone."""
@@ -305,8 +320,14 @@ class Agent:
             pod.terminating = True
             pod.ready = False
         grace = float(pod.spec.get("terminationGracePeriodSeconds", 30))
+        self._update_endpoints()  # the endpoints controller drops it first
+        pre_stop = (pod.spec["containers"][0].get("lifecycle") or {}).get("preStop") or {}
+        delay = float((pre_stop.get("sleep") or {}).get("seconds", 0))
+        self.terminations.append((time.monotonic(), pod.name, pod.port))
 
         def finish() -> None:
+            if delay and pod.phase == "Running":
+                time.sleep(delay)  # preStop sleep: traffic still in flight lands
             self._kill(pod, grace=grace)
             with self._lock:
                 self.pods.pop(pod.name, None)
@@ -315,7 +336,9 @@ class Agent:
 
         threading.Thread(target=finish, name=f"stop-{pod.name}", daemon=True).start()
 
-    def _new_pod(self, *, owner_kind: str, owner_name: str, template: Mapping[str, Any], template_hash: str) -> LocalPod:
+    def _new_pod(
+        self, *, owner_kind: str, owner_name: str, template: Mapping[str, Any], template_hash: str
+    ) -> LocalPod:
         name = f"{owner_name}-{next(self._counter)}"
         pod = LocalPod(
             name=name,
@@ -336,7 +359,10 @@ class Agent:
     def _pod_object(self, pod: LocalPod, job: Mapping[str, Any]) -> dict[str, Any]:
         def statuses(names: list[str]) -> list[dict[str, Any]]:
             return [
-                {"name": n, "state": pod.statuses.get(n, {"waiting": {"reason": "PodInitializing"}})}
+                {
+                    "name": n,
+                    "state": pod.statuses.get(n, {"waiting": {"reason": "PodInitializing"}}),
+                }
                 for n in names
             ]
 
@@ -367,9 +393,19 @@ class Agent:
                         "kind": "Pod",
                         "metadata": {
                             "name": pod.name,
-                            "labels": {**pod.labels, "job-name": name, "batch.kubernetes.io/job-name": name},
+                            "labels": {
+                                **pod.labels,
+                                "job-name": name,
+                                "batch.kubernetes.io/job-name": name,
+                            },
                             "ownerReferences": [
-                                {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
+                                {
+                                    "apiVersion": "batch/v1",
+                                    "kind": "Job",
+                                    "name": name,
+                                    "uid": job["metadata"]["uid"],
+                                    "controller": True,
+                                }
                             ],
                         },
                         "spec": pod.spec,
@@ -387,17 +423,29 @@ class Agent:
             "succeeded": succeeded,
         }
         if succeeded:
-            new_status["conditions"] = [{"type": "Complete", "status": "True", "lastTransitionTime": _now()}]
+            new_status["conditions"] = [
+                {"type": "Complete", "status": "True", "lastTransitionTime": _now()}
+            ]
             new_status["completionTime"] = _now()
         elif failed > int(job["spec"].get("backoffLimit", 6)):
             new_status["conditions"] = [
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the specified backoff limit"}
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                }
             ]
         elif deadline is not None and time.monotonic() - started > float(deadline):
             for pod in active:
                 self._terminate(pod)
             new_status["conditions"] = [
-                {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "DeadlineExceeded",
+                    "message": "Job was active longer than specified deadline",
+                }
             ]
         elif not active:
             template = job["spec"]["template"]
@@ -426,7 +474,11 @@ class Agent:
         current = [p for p in mine if p.template_hash == thash]
         old = [p for p in mine if p.template_hash != thash]
         for _ in range(replicas - len(current)):
-            current.append(self._new_pod(owner_kind="Deployment", owner_name=name, template=template, template_hash=thash))
+            current.append(
+                self._new_pod(
+                    owner_kind="Deployment", owner_name=name, template=template, template_hash=thash
+                )
+            )
         for pod in sorted(current, key=lambda p: -p.started)[: max(0, len(current) - replicas)]:
             self._terminate(pod)
             current.remove(pod)
@@ -435,7 +487,11 @@ class Agent:
             for pod in old:  # maxUnavailable 0: old pods go once the new ones serve
                 self._terminate(pod)
         with self._lock:
-            alive = [p for p in self.pods.values() if p.owner_kind == "Deployment" and p.owner_name == name]
+            alive = [
+                p
+                for p in self.pods.values()
+                if p.owner_kind == "Deployment" and p.owner_name == name
+            ]
         new_status = {
             "observedGeneration": dep["metadata"].get("generation", 1),
             "replicas": len(alive),
@@ -450,7 +506,9 @@ class Agent:
     # -- kubelet probes and kube-proxy ---------------------------------------------------------
     def _probe(self) -> None:
         with self._lock:
-            pods = [p for p in self.pods.values() if p.owner_kind == "Deployment" and not p.terminating]
+            pods = [
+                p for p in self.pods.values() if p.owner_kind == "Deployment" and not p.terminating
+            ]
         for pod in pods:
             if pod.phase != "Running" or not pod.port:
                 pod.ready = False
@@ -462,7 +520,9 @@ class Agent:
             probe = pod.spec["containers"][0].get("readinessProbe") or {}
             timeout = float(probe.get("timeoutSeconds", 1))
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{pod.port}/ping", timeout=timeout) as resp:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{pod.port}/ping", timeout=timeout
+                ) as resp:
                     ok = resp.status == 200
             except Exception:
                 ok = False
@@ -482,7 +542,9 @@ class Agent:
                 endpoints[svc["metadata"]["name"]] = [
                     p.port
                     for p in self.pods.values()
-                    if p.ready and not p.terminating and all(p.labels.get(k) == v for k, v in selector.items())
+                    if p.ready
+                    and not p.terminating
+                    and all(p.labels.get(k) == v for k, v in selector.items())
                 ]
         self.endpoints = endpoints
 
@@ -539,8 +601,8 @@ class ServiceProxy:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = _forward  # noqa: N815
-            do_POST = _forward  # noqa: N815
+            do_GET = _forward
+            do_POST = _forward
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True

@@ -16,7 +16,6 @@ import itertools
 import json
 import threading
 import urllib.error
-
 import urllib.request
 import uuid
 from collections.abc import Mapping
@@ -217,5 +216,3 @@ class Api:
         except urllib.error.HTTPError as exc:
             if exc.code != 404:
                 raise
-
-

@@ -31,9 +31,7 @@ TEST_IMAGE = "local/packrat-serving:test"
 T = TypeVar("T")
 
 
-def wait_for(
-    check: Callable[[], T | None], *, timeout: float, what: str, period: float = 0.1
-) -> T:
+def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, period: float = 0.1) -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -59,6 +57,7 @@ class OperatorProcess:
             sys.executable,
             "-m",
             "packrat",
+            *(["-v"] if os.environ.get("PACKRAT_OPERATOR_VERBOSE") else []),
             "operator",
             "--namespace",
             NAMESPACE,
@@ -94,7 +93,9 @@ class OperatorProcess:
                 self.kill()
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
             return str(r.read().decode())
 
     def healthy(self) -> bool:
@@ -119,7 +120,9 @@ class OperatorCluster:
             workdir=self.pods_dir,
             images={TEST_IMAGE},
         ).start()
-        kubeconfig = self.emulator.write_kubeconfig(workdir / "kubeconfig.json", namespace=NAMESPACE)
+        kubeconfig = self.emulator.write_kubeconfig(
+            workdir / "kubeconfig.json", namespace=NAMESPACE
+        )
         self.operator = OperatorProcess(kubeconfig=kubeconfig, log=workdir / "operator.log")
         self.operator.start()
 
