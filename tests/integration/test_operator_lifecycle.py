@@ -269,6 +269,45 @@ def test_operator_passive_never_ready_aborts(cluster: OperatorCluster) -> None:
     assert (cluster.status(NAME).get("switch") or {}).get("stage") == "aborted"
 
 
+def test_operator_auto_batch_reads_estimate(cluster: OperatorCluster) -> None:
+    # back to a spec the active slot already serves, now with an automatic batch range:
+    # no switch, and the operator reads the serving pods' batch-size estimate
+    switches = len(cluster.events("SwitchStarted"))
+    cluster.api.patch(
+        "packratmodels",
+        NAME,
+        {
+            "spec": {
+                "batchSize": None,
+                "memory": None,
+                "autoBatch": {"min": 2, "max": 4, "sustainObservations": 100},
+            }
+        },
+    )
+    seen = wait_for(
+        lambda: (
+            (cluster.status(NAME).get("batchSize") or {}).get("observedAt")
+            and cluster.status(NAME)["batchSize"]
+        ),
+        timeout=60,
+        what="a batch-size reading",
+        period=0.25,
+    )
+    assert 2 <= seen["observed"] <= 4  # the estimate, clamped to the range
+    assert seen["current"] == 2
+    status = cluster.status(NAME)
+    assert status["phase"] == "Ready" and status["activeSlot"] == "a"
+    assert len(cluster.events("SwitchStarted")) == switches
+
+
+def test_operator_pods_were_guaranteed(cluster: OperatorCluster) -> None:
+    # every profiling and serving pod the agent ran had requests == limits everywhere
+    assert cluster.agent.qos, "no pods ran"
+    assert set(cluster.agent.qos.values()) == {"Guaranteed"}, cluster.agent.qos
+    assert any(name.startswith(f"{NAME}-profile-") for name in cluster.agent.qos)
+    assert any(name.startswith(f"{NAME}-b-") for name in cluster.agent.qos)
+
+
 def test_operator_delete_removes_children(cluster: OperatorCluster) -> None:
     cluster.api.delete("packratmodels", NAME)
 

@@ -440,3 +440,30 @@ def test_pod_failure_reasons() -> None:
     }
     text = pod_failure(crash) or ""
     assert "exit code 2" in text and "last line" in text
+
+
+def test_auto_batch_replans_for_sustained_estimate() -> None:
+    kube, _ = _setup(
+        {
+            "model": {"zoo": "tiny"},
+            "cpus": 2,
+            "autoBatch": {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 0},
+            "profiling": {"maxBatch": 8},
+        }
+    )
+    estimates = iter([8, 8, 8, 8, 8, 8])
+    rec = Reconciler(kube, config=Config(image="img"), estimates=lambda ns, n: next(estimates))
+    rec.reconcile(NS, "tiny", now=T0)
+    kube.finish_job(ok=True, log=_profile_json())
+    rec.reconcile(NS, "tiny", now=T0)
+    assert kube.prm()["status"]["plan"]["batch"] == 1  # starts at autoBatch.min
+    kube.make_ready("tiny-a")
+    rec.reconcile(NS, "tiny", now=T0)  # Ready, first reading
+    assert kube.prm()["status"]["batchSize"]["observed"] == 8
+    assert "target" not in kube.prm()["status"]["batchSize"]
+    res = rec.reconcile(NS, "tiny", now=T0)  # second equal reading: re-plan
+    assert any(e[1] == "BatchSizeChanged" for e in res.events)
+    assert kube.prm()["status"]["batchSize"]["target"] == 8
+    res = rec.reconcile(NS, "tiny", now=T0)
+    assert res.phase == "Reconfiguring"
+    assert kube.prm()["status"]["switch"]["plan"]["batch"] == 8

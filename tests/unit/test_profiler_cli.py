@@ -45,7 +45,7 @@ def test_bench_options() -> None:
     )
     assert args.batch == "4,8" and args.profile == Path("p.json")
     assert args.repeats == 5 and args.format == "json" and not args.serving
-    assert args.requests == 200
+    assert args.requests is None and args.output is None
 
 
 def test_bench_serving_dispatches_lazily(monkeypatch: pytest.MonkeyPatch) -> None:

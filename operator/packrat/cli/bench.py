@@ -11,8 +11,10 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from packrat.cli import CliError
@@ -46,18 +48,36 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds per point of the quick profile (default 5)",
     )
-    parser.add_argument("--repeats", type=int, default=10, help="interleaved repetitions")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="interleaved repetitions (default 10; 3 with --serving)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="warm-up runs per configuration")
     parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--json-out",
+        dest="output",
+        type=Path,
+        help="also write the JSON result (with every sample) to this file, any --format",
+    )
     parser.add_argument(
         "--serving",
         action="store_true",
         help="benchmark through the serving stack (packrat.serve.bench) instead",
     )
-    parser.add_argument(
-        "--requests", type=int, default=200, help="requests per repetition with --serving"
+    serving = parser.add_argument_group("with --serving")
+    serving.add_argument("--requests", type=int, help="requests per run (default 64)")
+    serving.add_argument(
+        "--max-batch-delay-ms", type=int, help="the dispatcher's batching delay (default 5)"
     )
+    serving.add_argument("--workdir", type=Path, help="where the serving processes keep files")
+    serving.add_argument("--configs", help="comma-separated subset of the configurations")
     parser.set_defaults(func=run)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds: the worker processes are stopped
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,9 +88,12 @@ def run(args: argparse.Namespace) -> int:
 
     from packrat.plan.profile import ProfileError, load_profile
     from packrat.profiler.bench import ensure_profile, format_bench_table, run_bench
+    from packrat.profiler.client import WorkerError
     from packrat.profiler.profiler import ProfilerError
 
     batches = parse_int_list(args.batch, what="--batch")
+    repeats = 10 if args.repeats is None else args.repeats
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         given = load_profile(args.profile) if args.profile else None
         profile = ensure_profile(
@@ -87,26 +110,30 @@ def run(args: argparse.Namespace) -> int:
             cpus=args.cpus,
             batches=batches,
             profile=profile,
-            repeats=args.repeats,
+            repeats=repeats,
             warmup=args.warmup,
             stream=sys.stderr,
         )
-    except (ProfileError, ProfilerError) as exc:
+    except (ProfileError, ProfilerError, WorkerError) as exc:
         raise CliError(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     load = os.getloadavg()[0]
+    payload = {
+        "model": args.model,
+        "cpus": args.cpus,
+        "repeats": repeats,
+        "profile": str(args.profile) if args.profile else None,
+        "loadavg_1m_at_end": load,
+        "results": [r.to_dict() for r in results],
+    }
+    if args.output:
+        args.output.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     if args.format == "json":
-        payload = {
-            "model": args.model,
-            "cpus": args.cpus,
-            "repeats": args.repeats,
-            "profile": str(args.profile) if args.profile else None,
-            "loadavg_1m_at_end": load,
-            "results": [r.to_dict() for r in results],
-        }
         print(json.dumps(payload, indent=2))
     else:
         print(
-            f"{args.model} on {args.cpus} cores, {args.repeats} interleaved repetitions; "
+            f"{args.model} on {args.cpus} cores, {repeats} interleaved repetitions; "
             f"latency per batch, median [p25-p75]; 1-min load average at the end {load:.2f}"
         )
         print(format_bench_table(results))

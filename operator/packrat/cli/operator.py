@@ -73,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=3,
         help="profiling Jobs per profile before the model is Failed (default 3)",
     )
+    parser.add_argument(
+        "--serving-url",
+        default="http://{service}.{namespace}.svc:8080",
+        help="URL template of a model's Service, for reading its batch-size estimate "
+        "(autoBatch); {service} and {namespace} are filled in",
+    )
     parser.set_defaults(func=run)
 
 
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             profile_retry_seconds=args.profile_retry_seconds,
         ),
         resync_seconds=args.resync_seconds,
+        serving_url=args.serving_url,
         scanning=bool(args.all_namespaces)
         or any(any(c in ns for c in "*?[") for ns in args.namespace),
     )

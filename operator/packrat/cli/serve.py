@@ -48,6 +48,13 @@ def register(subparsers: Any) -> None:
         "--drain-seconds", type=float, default=30.0, help="SIGTERM: longest wait for in-flight"
     )
     parser.add_argument(
+        "--drain-grace-seconds",
+        type=float,
+        default=0.0,
+        help="SIGTERM: keep accepting new connections (reporting not ready) this long before "
+        "closing the port, for load balancers that notice a terminating pod late (default 0)",
+    )
+    parser.add_argument(
         "--workdir", type=Path, help="writable directory for archives, TorchServe temp and logs"
     )
     parser.add_argument(
@@ -113,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             max_batch_delay_ms=args.max_batch_delay_ms,
             queue_limit=args.queue_limit,
             drain_seconds=args.drain_seconds,
+            drain_grace_seconds=args.drain_grace_seconds,
             workdir=args.workdir,
             cpus=cpus,
             warmup_body=warmup,

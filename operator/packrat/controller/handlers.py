@@ -8,8 +8,11 @@ cannot act on stale state. Events and metrics are emitted from the pass's result
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +36,8 @@ class OperatorOptions:
     # With an exact list of namespaces the operator needs no cluster-wide list/watch of
     # namespaces and CRDs (least privilege); the CRD must then exist before it starts.
     scanning: bool = True
+    # Where the operator reads a model's /status (batch-size estimate, for autoBatch).
+    serving_url: str = "http://{service}.{namespace}.svc:8080"
 
 
 class _Locks:
@@ -74,6 +79,22 @@ def _publish(body: kopf.Body, result: Result) -> None:
             logger.exception("could not post event %s", reason)
 
 
+def estimate_reader(url_template: str) -> Callable[[str, str], int | None]:
+    """Reads Packrat's batch-size estimate from a model's Service (``GET /status``)."""
+
+    def read(namespace: str, name: str) -> int | None:
+        url = url_template.format(service=name, namespace=namespace).rstrip("/") + "/status"
+        try:
+            with urllib.request.urlopen(url, timeout=2.0) as resp:
+                doc = json.loads(resp.read())
+            return int(doc["batch_size_estimate"]["estimate"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.debug("no batch-size estimate from %s: %s", url, exc)
+            return None
+
+    return read
+
+
 def build_registry(
     options: OperatorOptions, *, kube: KubeApi | None = None
 ) -> kopf.OperatorRegistry:
@@ -84,7 +105,11 @@ def build_registry(
 
     def reconciler() -> Reconciler:
         if "r" not in state:
-            state["r"] = Reconciler(kube or Kube(), config=options.config)
+            state["r"] = Reconciler(
+                kube or Kube(),
+                config=options.config,
+                estimates=estimate_reader(options.serving_url),
+            )
         return state["r"]
 
     def run_pass(body: kopf.Body, trigger: str) -> None:
@@ -116,9 +141,13 @@ def build_registry(
         # kopf's own per-handler messages ("Timer succeeded") stay out of the cluster's
         # Events and the log; the reconcile pass posts its own Events for transitions.
         settings.posting.level = logging.WARNING
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.scanning.disabled = not options.scanning
+        # A deleted model's timer may be mid-pass; check again soon instead of kopf's 60 s,
+        # so the finalizer goes (and the garbage collector starts) promptly.
+        settings.background.cancellation_polling = 1.0
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:

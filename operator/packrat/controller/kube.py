@@ -18,6 +18,8 @@ from packrat.controller.spec import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
 
+REQUEST_TIMEOUT = 30.0  # seconds; a hung call must not hold a model's reconcile lock forever
+
 # resource name -> (API prefix, plural)
 RESOURCES: dict[str, tuple[str, str]] = {
     "packratmodels": (f"/apis/{GROUP}/{VERSION}", PLURAL),
@@ -114,7 +116,9 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self._api.call_api(method, url, header_params=headers, body=body_out)
+        response = self._api.call_api(
+            method, url, header_params=headers, body=body_out, _request_timeout=REQUEST_TIMEOUT
+        )
         data = response.read()
         status = int(response.status)
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data or "")

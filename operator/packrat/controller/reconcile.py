@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat.controller import manifests as m
+from packrat.controller.autobatch import clamp, decide, observe
 from packrat.controller.kube import KubeApi
 from packrat.controller.spec import (
     DEFAULT_IMAGE,
@@ -183,9 +184,17 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 class Reconciler:
     """Runs passes for one PackratModel object at a time."""
 
-    def __init__(self, kube: KubeApi, *, config: Config | None = None) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        *,
+        config: Config | None = None,
+        estimates: Callable[[str, str], int | None] | None = None,
+    ) -> None:
         self.kube = kube
         self.config = config or Config()
+        # (namespace, name) -> the serving pods' batch-size estimate, for autoBatch
+        self.estimates = estimates
 
     # -- entry point -----------------------------------------------------------------------
     def reconcile(
@@ -264,11 +273,11 @@ class Reconciler:
             return
 
         # 2. plan ------------------------------------------------------------------------
-        batch = initial_batch(spec)
+        batch = self._batch(spec, status)
+        auto = spec.get("autoBatch")
+        max_batch = max(batch, int(auto["max"])) if auto else batch
         try:
-            optimizer = Optimizer.for_profile(
-                profile, cpus=int(spec["cpus"]), max_batch=max(batch, 1)
-            )
+            optimizer = Optimizer.for_profile(profile, cpus=int(spec["cpus"]), max_batch=max_batch)
             plan = _plan_dict(optimizer.plan(batch))
         except PlanError as exc:
             result.phase = "Failed"
@@ -324,6 +333,56 @@ class Reconciler:
             status.pop("switch", None)
 
         self._steady(obj, status, result, replicas=replicas, now=now)
+        if auto and result.phase == "Ready" and "switch" not in status:
+            self._observe_batch(obj, status, result, optimizer=optimizer, now=now)
+
+    def _batch(self, spec: Mapping[str, Any], status: Mapping[str, Any]) -> int:
+        """The batch size to plan for: fixed, or the automatic range's target/current/min."""
+        if "autoBatch" not in spec:
+            return initial_batch(spec)
+        auto = spec["autoBatch"]
+        seen = status.get("batchSize") or {}
+        batch = seen.get("target") or seen.get("current") or auto["min"]
+        return clamp(int(batch), lo=int(auto["min"]), hi=int(auto["max"]))
+
+    def _observe_batch(
+        self,
+        obj: Mapping[str, Any],
+        status: dict[str, Any],
+        result: Result,
+        *,
+        optimizer: Optimizer,
+        now: datetime.datetime,
+    ) -> None:
+        """autoBatch: read the serving pods' batch-size estimate and maybe pick a new target."""
+        if self.estimates is None:
+            return
+        meta = obj["metadata"]
+        estimate = self.estimates(meta.get("namespace", "default"), meta["name"])
+        if estimate is None:
+            return
+        auto = obj["spec"]["autoBatch"]
+        seen = observe(
+            status.get("batchSize") or {}, estimate=estimate, auto=auto, now=now_iso(now)
+        )
+        last = parse_time((status.get("lastSwitch") or {}).get("time"))
+        target = decide(
+            batch_status=seen,
+            auto=auto,
+            seconds_since_switch=(now - last).total_seconds() if last else None,
+            latency=lambda b: optimizer.latency(b) if optimizer.feasible(b) else None,
+        )
+        if target is not None:
+            seen["target"] = target
+            seen["streak"] = 0
+            self._emit(
+                result,
+                "Normal",
+                "BatchSizeChanged",
+                f"observed batch size {seen['observed']} held {auto['sustainObservations']} "
+                f"readings: re-planning from batch {seen.get('current')} to {target}",
+            )
+        status["batchSize"] = seen
 
     # -- profiling -------------------------------------------------------------------------
     def _profile(
@@ -428,6 +487,12 @@ class Reconciler:
                     )
                     if text:
                         break
+            finished = parse_time((job.get("status") or {}).get("completionTime"))
+            if not text and (finished is None or (now - finished).total_seconds() < 60):
+                # the pod's status or log may lag the Job's condition: look again shortly
+                result.phase = "Profiling"
+                status["profile"] = pstatus
+                return None
             try:
                 if not text:
                     raise ProfileError("the profiling pod's log is empty or gone")
@@ -811,6 +876,9 @@ class Reconciler:
             "plan": str((switch.get("plan") or {}).get("label", "")),
         }
         result.switch_result = "aborted"
+        status["batchSize"] = {
+            k: v for k, v in (status.get("batchSize") or {}).items() if k != "target"
+        }
         message = f"switch aborted ({reason}); still serving slot {status['activeSlot']}"
         self._emit(result, "Warning", "SwitchAborted", message)
         self._cond(status, obj, "Reconfiguring", False, "SwitchAborted", message, now=now)

@@ -124,6 +124,12 @@ class Dispatcher:
             m.instance_up.labels(model, inst.name).set(0)
             m.instance_requests.labels(model, inst.name)
         m.ready.labels(model).set(0)
+        # Labelled children looked up once: the request path runs for every request.
+        self._queue_gauge = m.queue_depth.labels(model)
+        self._in_flight_gauge = m.in_flight.labels(model)
+        self._duration = m.request_duration.labels(model)
+        self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
+        self._by_code: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -226,8 +232,8 @@ class Dispatcher:
         self._gauges()
 
     def _gauges(self) -> None:
-        self.metrics.queue_depth.labels(self.model).set(len(self._waiters))
-        self.metrics.in_flight.labels(self.model).set(sum(self.outstanding))
+        self._queue_gauge.set(len(self._waiters))
+        self._in_flight_gauge.set(sum(self.outstanding))
 
     async def acquire(self) -> int:
         """An instance index for one request: at once, or after waiting in the queue."""
@@ -279,7 +285,6 @@ class Dispatcher:
         if name != self.model:
             return _error(404, f"Model not found: {name}")
         start = time.perf_counter()
-        m = self.metrics
         body = await request.read()
         try:
             index = await self.acquire()
@@ -296,7 +301,7 @@ class Dispatcher:
                 source="dispatcher",
             )
         inst = self.instances[index]
-        m.instance_requests.labels(self.model, inst.name).inc()
+        self._per_instance[index].inc()
         try:
             response = await self._forward(request, inst, body)
         finally:
@@ -309,8 +314,11 @@ class Dispatcher:
     def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
         m = self.metrics
         code = str(response.status)
-        m.request_duration.labels(self.model).observe(time.perf_counter() - start)
-        m.requests.labels(self.model, code).inc()
+        self._duration.observe(time.perf_counter() - start)
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = m.requests.labels(self.model, code)
+        counter.inc()
         if response.status >= 400:
             m.errors.labels(self.model, code, source).inc()
         return response

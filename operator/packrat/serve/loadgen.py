@@ -232,6 +232,7 @@ async def run_poisson(
     headers = {"Content-Type": content_type}
     result = PoissonResult(rate=rate, duration_s=duration_s)
     tasks: list[asyncio.Task[RequestRecord]] = []
+    outstanding = {"n": 0}
     async with _session(timeout_s, min(max_outstanding, 1000)) as session:
         origin = time.perf_counter()
         next_at = 0.0
@@ -242,9 +243,12 @@ async def run_poisson(
             delay = origin + next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while sum(1 for t in tasks if not t.done()) >= max_outstanding:
+            while outstanding["n"] >= max_outstanding:
                 await asyncio.sleep(0.001)
-            tasks.append(asyncio.create_task(_one(session, target, body, headers, origin)))
+            task = asyncio.create_task(_one(session, target, body, headers, origin))
+            outstanding["n"] += 1
+            task.add_done_callback(lambda _t: outstanding.__setitem__("n", outstanding["n"] - 1))
+            tasks.append(task)
         records = await asyncio.gather(*tasks)
         result.elapsed_s = time.perf_counter() - origin
     result.records = sorted(records, key=lambda r: r.sent_s)

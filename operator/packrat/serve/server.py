@@ -7,7 +7,8 @@ delay), warmed with one batch, and only then marked up. A monitor keeps polling 
 management API: an instance whose worker is not READY is marked down, and a worker with a
 new pid (TorchServe restarted it) is warmed again before it is marked up, so ``/ping``
 reflects worker restarts. SIGTERM or SIGINT: stop listening, finish what is in flight (at
-most ``drain_seconds``), stop TorchServe, return 0.
+most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which it still
+accepts connections but reports not ready), stop TorchServe, return 0.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class ServeOptions:
     max_batch_delay_ms: int = 5
     queue_limit: int = 1024
     drain_seconds: float = 30.0
+    drain_grace_seconds: float = 0.0  # keep accepting (not ready) this long after SIGTERM
     workdir: Path | None = None
     cpus: Sequence[int] | None = None  # default: this process's cpuset
     warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
@@ -198,6 +200,10 @@ class PodServer:
             stop_wait.cancel()
             log.info("packrat serve: draining (%d outstanding)", dispatcher.pending)
             dispatcher.begin_drain()
+            if opts.drain_grace_seconds > 0:
+                # Endpoints and load balancers notice a terminating pod late: keep serving,
+                # reporting not-ready, until they have stopped sending new connections.
+                await asyncio.sleep(opts.drain_grace_seconds)
             await site.stop()
             if not await dispatcher.wait_idle(opts.drain_seconds):
                 log.warning(

@@ -70,6 +70,23 @@ def _bytes(quantity: str) -> float:
     return float(quantity)
 
 
+def qos_class(pod_spec: Mapping[str, Any]) -> str:
+    """The pod's QoS class, by the kubelet's rules (init containers included)."""
+    containers = [*(pod_spec.get("initContainers") or []), *pod_spec["containers"]]
+    guaranteed = True
+    any_request = False
+    for c in containers:
+        res = c.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        any_request = any_request or bool(requests or limits)
+        for kind in ("cpu", "memory"):
+            if kind not in limits or requests.get(kind, limits[kind]) != limits[kind]:
+                guaranteed = False
+    if guaranteed:
+        return "Guaranteed"
+    return "Burstable" if any_request else "BestEffort"
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -124,6 +141,7 @@ class Agent:
         self.endpoints: dict[str, list[int]] = {}
         self.errors: list[str] = []
         self.terminations: list[tuple[float, str, int]] = []
+        self.qos: dict[str, str] = {}  # every pod ever started -> its QoS class
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="agent", daemon=True)
@@ -340,6 +358,7 @@ class Agent:
         self, *, owner_kind: str, owner_name: str, template: Mapping[str, Any], template_hash: str
     ) -> LocalPod:
         name = f"{owner_name}-{next(self._counter)}"
+        self.qos[name] = qos_class(template["spec"])
         pod = LocalPod(
             name=name,
             owner_kind=owner_kind,
@@ -356,7 +375,7 @@ class Agent:
         return pod
 
     # -- Job controller ----------------------------------------------------------------------------
-    def _pod_object(self, pod: LocalPod, job: Mapping[str, Any]) -> dict[str, Any]:
+    def _pod_object(self, pod: LocalPod, job: Mapping[str, Any], *, phase: str) -> dict[str, Any]:
         def statuses(names: list[str]) -> list[dict[str, Any]]:
             return [
                 {
@@ -367,7 +386,8 @@ class Agent:
             ]
 
         return {
-            "phase": pod.phase,
+            "phase": phase,
+            "qosClass": self.qos.get(pod.name, ""),
             "initContainerStatuses": statuses(pod.init_names),
             "containerStatuses": statuses([c["name"] for c in pod.spec["containers"]]),
         }
@@ -379,11 +399,13 @@ class Agent:
             return
         with self._lock:
             mine = [p for p in self.pods.values() if p.owner_kind == "Job" and p.owner_name == name]
-        active = [p for p in mine if p.phase in ("Pending", "Running") and not p.terminating]
+        # one snapshot of the pods' phases: the Job's status never runs ahead of its pods'
+        phases = {p.name: p.phase for p in mine}
+        active = [p for p in mine if phases[p.name] in ("Pending", "Running") and not p.terminating]
         started = self._job_started.setdefault(job["metadata"]["uid"], time.monotonic())
         deadline = job["spec"].get("activeDeadlineSeconds")
         for pod in mine:  # publish pod objects (the operator reads reasons from them)
-            body = self._pod_object(pod, job)
+            body = self._pod_object(pod, job, phase=phases[pod.name])
             existing = self.api.get("pods", pod.name)
             if existing is None:
                 self.api.create(
@@ -414,8 +436,8 @@ class Agent:
                 )
             elif existing.get("status") != body:
                 self.api.patch("pods", pod.name, {"status": body}, sub="status")
-        failed = sum(1 for p in mine if p.phase == "Failed")
-        succeeded = sum(1 for p in mine if p.phase == "Succeeded")
+        failed = sum(1 for p in mine if phases[p.name] == "Failed")
+        succeeded = sum(1 for p in mine if phases[p.name] == "Succeeded")
         new_status: dict[str, Any] = {
             "startTime": status.get("startTime") or _now(),
             "active": len(active),

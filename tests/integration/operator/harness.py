@@ -43,8 +43,9 @@ def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, period
 
 
 class OperatorProcess:
-    def __init__(self, *, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, *, kubeconfig: Path, log: Path, serving_url: str) -> None:
         self.kubeconfig = kubeconfig
+        self.serving_url = serving_url
         self.log = log
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -71,6 +72,8 @@ class OperatorProcess:
             str(self.metrics_port),
             "--liveness",
             f"http://127.0.0.1:{self.liveness_port}/healthz",
+            "--serving-url",
+            self.serving_url,
         ]
         self.starts += 1
         with self.log.open("ab") as out:
@@ -123,7 +126,12 @@ class OperatorCluster:
         kubeconfig = self.emulator.write_kubeconfig(
             workdir / "kubeconfig.json", namespace=NAMESPACE
         )
-        self.operator = OperatorProcess(kubeconfig=kubeconfig, log=workdir / "operator.log")
+        self.operator = OperatorProcess(
+            kubeconfig=kubeconfig,
+            log=workdir / "operator.log",
+            # the agent's kube-proxy stands in for the Service's cluster DNS name
+            serving_url=f"http://127.0.0.1:{self.agent.proxy.port}/svc/{{service}}",
+        )
         self.operator.start()
 
     def close(self) -> None:
