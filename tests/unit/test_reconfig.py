@@ -9,6 +9,7 @@ import pytest
 from packrat.plan.optimizer import Optimizer, optimize
 from packrat.plan.profile import load_profile
 from packrat.plan.reconfig import (
+    Decision,
     Observation,
     Outcome,
     Policy,
@@ -199,3 +200,66 @@ def test_on_the_papers_resnet_profile_a_load_step_switches_once() -> None:
             current = opt.plan(d.target or current.batch)
             last = now
     assert switches == 1 and current.batch == 16
+
+
+def _overridden(history: list[Observation], *, current: int, **kw: object) -> Decision:
+    return decide(
+        policy=POLICY,
+        current_plan=OPT.plan(current),
+        table=TABLE,
+        optimal_latency=OPT.latency,
+        history=history,
+        last_switch_at=kw.pop("last_switch_at", None),  # type: ignore[arg-type]
+        now=history[-1].time if history else 0.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_pin_switches_without_sustain_interval_or_gain_then_holds() -> None:
+    # no data, a switch one second ago, an unsustained load: the pin still switches
+    decision = _overridden(stream(1, 64), current=1, pinned=16, last_switch_at=0.0)
+    assert decision.outcome is Outcome.SWITCH and decision.target == 16
+    assert "pinned" in decision.message
+    # ... once: at the pinned batch it holds whatever the load says
+    held = _overridden(stream(64, 64, 64, 64), current=16, pinned=16)
+    assert held.outcome is Outcome.HOLD_PINNED and held.target == 16
+    # a pin is clamped to the policy range like any target
+    policy = Policy(min_batch=2, max_batch=8, sustain=3, min_interval_s=0, min_gain=0.0)
+    clamped = decide(
+        policy=policy,
+        current_plan=OPT.plan(2),
+        table=TABLE,
+        optimal_latency=OPT.latency,
+        history=[],
+        last_switch_at=None,
+        now=0.0,
+        pinned=64,
+    )
+    assert clamped.target == 8 and "clamped" in clamped.message
+
+
+def test_an_infeasible_pin_holds() -> None:
+    table = {(1, 2): 1.0, (2, 2): 0.8, (2, 4): 1.5}
+    opt = Optimizer(table, cpus=2, max_batch=8)
+    decision = decide(
+        policy=Policy(min_batch=1, max_batch=8),
+        current_plan=opt.plan(2),
+        table=table,
+        optimal_latency=opt.latency,
+        history=[],
+        last_switch_at=None,
+        now=0.0,
+        pinned=8,
+    )
+    assert decision.outcome is Outcome.HOLD_INFEASIBLE
+
+
+def test_a_trigger_skips_only_the_interval() -> None:
+    history = stream(16, 16, 16, start=100.0)
+    forced = _overridden(history, current=1, last_switch_at=95.0, ignore_interval=True)
+    assert forced.outcome is Outcome.SWITCH
+    # sustain and gain still apply
+    unsustained = _overridden(stream(1, 16), current=1, last_switch_at=0.0, ignore_interval=True)
+    assert unsustained.outcome is Outcome.HOLD_NOT_SUSTAINED
+    same = _overridden(stream(4, 4, 4), current=4, ignore_interval=True)
+    assert same.outcome is Outcome.HOLD_SAME

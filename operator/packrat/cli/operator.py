@@ -79,6 +79,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="URL template of a model's Service, for reading its batch-size estimate "
         "(autoBatch); {service} and {namespace} are filled in",
     )
+    parser.add_argument(
+        "--pod-url",
+        default="http://{ip}:8080",
+        help="URL template of one serving pod, for reading each ready pod's batch-size "
+        "estimate (autoBatch); {ip}, {pod} and {namespace} are filled in",
+    )
     parser.set_defaults(func=run)
 
 
@@ -108,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         resync_seconds=args.resync_seconds,
         serving_url=args.serving_url,
+        pod_url=args.pod_url,
         scanning=bool(args.all_namespaces)
         or any(any(c in ns for c in "*?[") for ns in args.namespace),
     )

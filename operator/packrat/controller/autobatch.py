@@ -1,82 +1,258 @@
-"""Online batch-size reconfiguration for ``spec.autoBatch``: when to re-plan, as a pure function.
+"""autoBatch glue: the serving pods' batch-size estimates in, ``status.batchSize`` out.
 
-The serving pods estimate the batch size their load forms (Packrat's estimator, exported on
-``/status``). The operator re-plans for a new batch size only when the estimate is stable
-(``sustainObservations`` equal readings), the last switch is old enough
-(``minIntervalSeconds``) and the new plan is expected to be meaningfully faster (``minGain``):
-a switch costs a second set of warm pods, so it must pay for itself.
+The decision rules (sustain, minimum interval, expected gain, clamping, pinning) live in the
+pure ``packrat.plan.reconfig``; this module only translates between Kubernetes and those
+rules: the ``spec.autoBatch`` policy, the override annotations, the observation history kept
+in ``status.batchSize`` (all state lives in status, so a restarted operator carries on), a
+cache of optimizers (the DP runs once per profile, cpus and maximum batch), and reading the
+estimates over HTTP from every ready serving pod the Service selects.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
+import json
+import logging
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.kube import KubeApi
+from packrat.controller.status import parse_time
+from packrat.plan.optimizer import Optimizer
+from packrat.plan.profile import Profile
+from packrat.plan.reconfig import Decision, Observation, Policy, combine_estimates
 
-def clamp(estimate: int, *, lo: int, hi: int) -> int:
-    return max(lo, min(hi, int(estimate)))
+logger = logging.getLogger(__name__)
 
-
-def effective_latency(plan_latency_ms: float, *, plan_batch: int, load_batch: int) -> float:
-    """Latency of a plan made for ``plan_batch`` when the load forms batches of ``load_batch``.
-
-    Larger batches need ``ceil(load / plan)`` rounds; smaller ones still wait for instances
-    sized for the plan's batch (approximated by the full batch latency).
-    """
-    rounds = max(1, math.ceil(load_batch / plan_batch))
-    return plan_latency_ms * rounds
-
-
-def expected_gain(
-    *, current_batch: int, current_latency_ms: float, new_batch: int, new_latency_ms: float
-) -> float:
-    """Relative latency gain of re-planning for ``new_batch`` under a load of that batch."""
-    before = effective_latency(current_latency_ms, plan_batch=current_batch, load_batch=new_batch)
-    if before <= 0:
-        return 0.0
-    return 1.0 - new_latency_ms / before
+PIN_ANNOTATION = "packrat.dev/pin-batch"
+"""``"N"``: switch to batch N once (clamped to the autoBatch range), then hold there."""
+RECONFIGURE_ANNOTATION = "packrat.dev/reconfigure"
+"""Any new value: decide at once, ignoring ``minIntervalSeconds`` (sustain and gain apply)."""
+HISTORY_LIMIT = 10
+"""Switches kept in ``status.switchHistory``."""
 
 
-def observe(
-    batch_status: Mapping[str, Any], *, estimate: int, auto: Mapping[str, Any], now: str
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One round of estimates: one per ready pod, and where they came from."""
+
+    estimates: tuple[int, ...]
+    source: str  # "pods" (each ready pod's /status) or "service" (one pod, via the Service)
+
+    @property
+    def combined(self) -> int | None:
+        return combine_estimates(self.estimates)
+
+
+EstimateSource = Callable[[str, str], "Reading | int | Sequence[int] | None"]
+"""(namespace, name) -> the serving pods' batch-size estimates."""
+
+
+def as_reading(value: Reading | int | Sequence[int] | None) -> Reading | None:
+    """Normalise what an estimate source returns (a plain int counts as one Service read)."""
+    if value is None or isinstance(value, Reading):
+        return value
+    if isinstance(value, int):
+        return Reading((value,), "service")
+    return Reading(tuple(int(v) for v in value), "pods")
+
+
+def policy_from_spec(auto: Mapping[str, Any]) -> Policy:
+    """The decision policy of a (defaulted) ``spec.autoBatch``."""
+    return Policy(
+        min_batch=int(auto["min"]),
+        max_batch=int(auto["max"]),
+        sustain=int(auto["sustainObservations"]),
+        min_interval_s=float(auto["minIntervalSeconds"]),
+        min_gain=float(auto["minGain"]),
+    )
+
+
+def parse_pin(annotations: Mapping[str, str] | None) -> tuple[int | None, str | None]:
+    """The pinned batch from the annotation, or (None, why it is unusable)."""
+    raw = (annotations or {}).get(PIN_ANNOTATION)
+    if raw is None or not str(raw).strip():
+        return None, None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        return None, f"annotation {PIN_ANNOTATION}={raw!r} is not an integer; ignored"
+    if value < 1:
+        return None, f"annotation {PIN_ANNOTATION}={raw!r} must be >= 1; ignored"
+    return value, None
+
+
+def pending_trigger(
+    annotations: Mapping[str, str] | None, batch_status: Mapping[str, Any]
+) -> str | None:
+    """The reconfigure annotation's value when it has not been acted on yet."""
+    value = (annotations or {}).get(RECONFIGURE_ANNOTATION)
+    if value is None or value == batch_status.get("reconfigureHandled"):
+        return None
+    return str(value)
+
+
+def record_observation(
+    batch_status: Mapping[str, Any], *, reading: Reading, policy: Policy, now: str
 ) -> dict[str, Any]:
-    """``status.batchSize`` after one reading: the clamped estimate and how long it held."""
-    value = clamp(estimate, lo=int(auto["min"]), hi=int(auto["max"]))
+    """``status.batchSize`` with one more observation: the pods' combined estimate clamped to
+    the policy's range (``observed``; the raw per-pod values in ``estimates``), and the last
+    ``sustain`` observations (``recent``)."""
     out = dict(batch_status)
-    streak = int(out.get("streak") or 0)
-    out["streak"] = streak + 1 if out.get("observed") == value else 1
-    out["observed"] = value
+    if reading.combined is None:
+        return out
+    combined = policy.clamp(reading.combined)
+    out.pop("streak", None)  # superseded by ``recent``
+    recent = [dict(o) for o in out.get("recent") or [] if isinstance(o, Mapping)]
+    recent.append({"batch": combined, "time": now})
+    out["recent"] = recent[-policy.sustain :]
+    out["observed"] = combined
     out["observedAt"] = now
+    out["estimates"] = list(reading.estimates)
+    out["source"] = reading.source
     return out
 
 
-def decide(
+def observations(batch_status: Mapping[str, Any]) -> list[Observation]:
+    """The stored observation history, oldest first, as the decision rules take it."""
+    out = []
+    for item in batch_status.get("recent") or []:
+        when = parse_time(item.get("time")) if isinstance(item, Mapping) else None
+        if when is None or not isinstance(item.get("batch"), int):
+            continue
+        out.append(Observation(time=when.timestamp(), batch=int(item["batch"])))
+    return out
+
+
+def decision_status(decision: Decision, *, now: str, trigger: str | None) -> dict[str, Any]:
+    """``status.batchSize.lastDecision``: what was decided, when and why."""
+    out: dict[str, Any] = {
+        "time": now,
+        "outcome": decision.outcome.value,
+        "message": decision.message,
+    }
+    if decision.target is not None:
+        out["target"] = decision.target
+    if decision.expected_gain is not None:
+        out["expectedGain"] = round(decision.expected_gain, 4)
+    if trigger is not None:
+        out["trigger"] = f"{RECONFIGURE_ANNOTATION}={trigger}"
+    return out
+
+
+def append_history(
+    history: Sequence[Mapping[str, Any]] | None,
+    entry: Mapping[str, Any],
     *,
-    batch_status: Mapping[str, Any],
-    auto: Mapping[str, Any],
-    seconds_since_switch: float | None,
-    latency: Callable[[int], float | None],
-) -> int | None:
-    """The batch size to switch to, or None to keep the current plan."""
-    current = batch_status.get("current")
-    observed = batch_status.get("observed")
-    if current is None or observed is None or observed == current:
+    limit: int = HISTORY_LIMIT,
+) -> list[dict[str, Any]]:
+    """The bounded switch history with ``entry`` appended (oldest dropped first)."""
+    out = [dict(h) for h in history or []]
+    out.append(dict(entry))
+    return out[-limit:]
+
+
+class OptimizerCache:
+    """Optimizers by (profile digest, cpus, max batch): the DP is solved once per key."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, int, int], Optimizer] = OrderedDict()
+        self.misses = 0
+
+    def get(self, profile: Profile, *, digest: str, cpus: int, max_batch: int) -> Optimizer:
+        key = (digest, cpus, max_batch)
+        optimizer = self._items.get(key)
+        if optimizer is None:
+            self.misses += 1
+            optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max_batch)
+            self._items[key] = optimizer
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        else:
+            self._items.move_to_end(key)
+        return optimizer
+
+
+# -- reading the estimates (I/O) ---------------------------------------------------------------
+def parse_estimate(doc: Any) -> int | None:
+    """The batch-size estimate in a serving pod's ``/status`` document."""
+    try:
+        value = int(doc["batch_size_estimate"]["estimate"])
+    except (KeyError, TypeError, ValueError):
         return None
-    if int(batch_status.get("streak") or 0) < int(auto["sustainObservations"]):
+    return value if value >= 1 else None
+
+
+def fetch_estimate(url: str, *, timeout: float) -> int | None:
+    """``GET {url}/status`` and parse the estimate; None when unreachable or malformed."""
+    full = url.rstrip("/") + "/status"
+    try:
+        with urllib.request.urlopen(full, timeout=timeout) as resp:
+            return parse_estimate(json.loads(resp.read()))
+    except (OSError, ValueError) as exc:
+        logger.debug("no batch-size estimate from %s: %s", full, exc)
         return None
-    if seconds_since_switch is not None and seconds_since_switch < float(
-        auto["minIntervalSeconds"]
-    ):
-        return None
-    current_latency = latency(int(current))
-    new_latency = latency(int(observed))
-    if current_latency is None or new_latency is None:
-        return None
-    gain = expected_gain(
-        current_batch=int(current),
-        current_latency_ms=current_latency,
-        new_batch=int(observed),
-        new_latency_ms=new_latency,
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Running, not terminating, Ready condition True, with an IP."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if meta.get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    if not status.get("podIP"):
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
     )
-    return int(observed) if gain >= float(auto["minGain"]) else None
+
+
+class EstimateReader:
+    """Reads every ready serving pod's estimate (the pods the Service selects).
+
+    ``pod_url`` is a template with ``{ip}``, ``{pod}`` and ``{namespace}``; ``service_url``
+    one with ``{service}`` and ``{namespace}``. When no ready pod can be listed (no pods
+    permission, or an environment that publishes none), it reads one estimate through the
+    Service, which answers from whichever pod it picks: correct for one replica, a sample of
+    one for several.
+    """
+
+    def __init__(
+        self, kube: KubeApi, *, pod_url: str, service_url: str, timeout: float = 1.0
+    ) -> None:
+        self.kube = kube
+        self.pod_url = pod_url
+        self.service_url = service_url
+        self.timeout = timeout
+
+    def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        svc = self.kube.get("services", namespace, name)
+        selector = ((svc or {}).get("spec") or {}).get("selector")
+        if not selector:
+            return []
+        try:
+            pods = self.kube.list("pods", namespace, labels=selector)
+        except Exception as exc:  # e.g. 403 without pods permission: fall back to the Service
+            logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
+            return []
+        return [p for p in pods if pod_ready(p)]
+
+    def __call__(self, namespace: str, name: str) -> Reading | None:
+        pods = self.ready_pods(namespace, name)
+        if pods:
+            values = []
+            for pod in pods:
+                url = self.pod_url.format(
+                    ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
+                )
+                value = fetch_estimate(url, timeout=self.timeout)
+                if value is not None:
+                    values.append(value)
+            return Reading(tuple(values), "pods") if values else None
+        url = self.service_url.format(service=name, namespace=namespace)
+        value = fetch_estimate(url, timeout=self.timeout)
+        return Reading((value,), "service") if value is not None else None

@@ -8,17 +8,15 @@ cannot act on stale state. Events and metrics are emitted from the pass's result
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
 from packrat.controller import metrics
+from packrat.controller.autobatch import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
@@ -38,6 +36,8 @@ class OperatorOptions:
     scanning: bool = True
     # Where the operator reads a model's /status (batch-size estimate, for autoBatch).
     serving_url: str = "http://{service}.{namespace}.svc:8080"
+    # Where the operator reads each ready serving pod's /status ({ip}, {pod}, {namespace}).
+    pod_url: str = "http://{ip}:8080"
 
 
 class _Locks:
@@ -62,6 +62,13 @@ def _publish(body: kopf.Body, result: Result) -> None:
         metrics.PROFILING_SECONDS.observe(result.profiling_seconds)
     if result.switch_result is not None:
         metrics.SWITCHES.labels(result=result.switch_result).inc()
+    metrics.publish_autobatch(
+        namespace=namespace,
+        model=name,
+        observed_batch=result.observed_batch,
+        decision=result.decision,
+        switch_seconds=result.switch_seconds,
+    )
     if result.plan is not None:
         speedup = result.plan.get("expected_speedup")
         if speedup is not None:
@@ -79,22 +86,6 @@ def _publish(body: kopf.Body, result: Result) -> None:
             logger.exception("could not post event %s", reason)
 
 
-def estimate_reader(url_template: str) -> Callable[[str, str], int | None]:
-    """Reads Packrat's batch-size estimate from a model's Service (``GET /status``)."""
-
-    def read(namespace: str, name: str) -> int | None:
-        url = url_template.format(service=name, namespace=namespace).rstrip("/") + "/status"
-        try:
-            with urllib.request.urlopen(url, timeout=2.0) as resp:
-                doc = json.loads(resp.read())
-            return int(doc["batch_size_estimate"]["estimate"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            logger.debug("no batch-size estimate from %s: %s", url, exc)
-            return None
-
-    return read
-
-
 def build_registry(
     options: OperatorOptions, *, kube: KubeApi | None = None
 ) -> kopf.OperatorRegistry:
@@ -105,10 +96,13 @@ def build_registry(
 
     def reconciler() -> Reconciler:
         if "r" not in state:
+            api = kube or Kube()
             state["r"] = Reconciler(
-                kube or Kube(),
+                api,
                 config=options.config,
-                estimates=estimate_reader(options.serving_url),
+                estimates=EstimateReader(
+                    api, pod_url=options.pod_url, service_url=options.serving_url
+                ),
             )
         return state["r"]
 

@@ -45,9 +45,47 @@ EXPECTED_LATENCY = Gauge(
     registry=REGISTRY,
 )
 
+# -- autoBatch (online reconfiguration) -----------------------------------------------------------
+OBSERVED_BATCH = Gauge(
+    "packrat_model_observed_batch_size",
+    "autoBatch: the serving pods' combined batch-size estimate (mode over ready pods).",
+    ["namespace", "model"],
+    registry=REGISTRY,
+)
+DECISIONS = Counter(
+    "packrat_operator_autobatch_decisions",
+    "autoBatch decisions by outcome (switch, hold_not_sustained, hold_too_soon, "
+    "hold_gain_too_small, hold_same, hold_pinned, hold_infeasible, hold_no_data).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+SWITCH_SECONDS = Histogram(
+    "packrat_operator_switch_duration_seconds",
+    "Completed plan switches: seconds from the start to the Service selecting the new slot.",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+
+
+def publish_autobatch(
+    *,
+    namespace: str,
+    model: str,
+    observed_batch: int | None,
+    decision: str | None,
+    switch_seconds: float | None,
+) -> None:
+    """Record one reconcile pass's autoBatch observation, decision and switch duration."""
+    if observed_batch is not None:
+        OBSERVED_BATCH.labels(namespace=namespace, model=model).set(observed_batch)
+    if decision is not None:
+        DECISIONS.labels(outcome=decision).inc()
+    if switch_seconds is not None:
+        SWITCH_SECONDS.observe(switch_seconds)
+
 
 def forget_model(namespace: str, model: str) -> None:
     """Drop a deleted model's gauges."""
-    for gauge in (EXPECTED_SPEEDUP, EXPECTED_LATENCY):
+    for gauge in (EXPECTED_SPEEDUP, EXPECTED_LATENCY, OBSERVED_BATCH):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, model)

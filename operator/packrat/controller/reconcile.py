@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from packrat.controller import autobatch as ab
 from packrat.controller import manifests as m
-from packrat.controller.autobatch import clamp, decide, observe
 from packrat.controller.kube import KubeApi
 from packrat.controller.spec import (
     DEFAULT_IMAGE,
@@ -32,6 +32,7 @@ from packrat.controller.spec import (
 from packrat.controller.status import Facts, derive_phase, now_iso, parse_time, set_condition
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile, ProfileError, parse_profile
+from packrat.plan.reconfig import decide
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,11 @@ class Result:
     profiling_seconds: float | None = None
     plan: dict[str, Any] | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)
+    # autoBatch: the combined observation and the decision of this pass, if any
+    observed_batch: int | None = None
+    decision: str | None = None
+    # seconds from the start of a completed switch to the Service selecting the new slot
+    switch_seconds: float | None = None
 
 
 def _plan_dict(plan: Plan) -> dict[str, Any]:
@@ -189,12 +195,13 @@ class Reconciler:
         kube: KubeApi,
         *,
         config: Config | None = None,
-        estimates: Callable[[str, str], int | None] | None = None,
+        estimates: ab.EstimateSource | None = None,
     ) -> None:
         self.kube = kube
         self.config = config or Config()
-        # (namespace, name) -> the serving pods' batch-size estimate, for autoBatch
+        # (namespace, name) -> the serving pods' batch-size estimates, for autoBatch
         self.estimates = estimates
+        self.optimizers = ab.OptimizerCache()
 
     # -- entry point -----------------------------------------------------------------------
     def reconcile(
@@ -277,7 +284,12 @@ class Reconciler:
         auto = spec.get("autoBatch")
         max_batch = max(batch, int(auto["max"])) if auto else batch
         try:
-            optimizer = Optimizer.for_profile(profile, cpus=int(spec["cpus"]), max_batch=max_batch)
+            optimizer = self.optimizers.get(
+                profile,
+                digest=str((status.get("profile") or {}).get("digest", "")),
+                cpus=int(spec["cpus"]),
+                max_batch=max_batch,
+            )
             plan = _plan_dict(optimizer.plan(batch))
         except PlanError as exc:
             result.phase = "Failed"
@@ -334,7 +346,7 @@ class Reconciler:
 
         self._steady(obj, status, result, replicas=replicas, now=now)
         if auto and result.phase == "Ready" and "switch" not in status:
-            self._observe_batch(obj, status, result, optimizer=optimizer, now=now)
+            self._observe_batch(obj, status, result, optimizer=optimizer, profile=profile, now=now)
 
     def _batch(self, spec: Mapping[str, Any], status: Mapping[str, Any]) -> int:
         """The batch size to plan for: fixed, or the automatic range's target/current/min."""
@@ -343,7 +355,7 @@ class Reconciler:
         auto = spec["autoBatch"]
         seen = status.get("batchSize") or {}
         batch = seen.get("target") or seen.get("current") or auto["min"]
-        return clamp(int(batch), lo=int(auto["min"]), hi=int(auto["max"]))
+        return max(int(auto["min"]), min(int(auto["max"]), int(batch)))
 
     def _observe_batch(
         self,
@@ -352,36 +364,60 @@ class Reconciler:
         result: Result,
         *,
         optimizer: Optimizer,
+        profile: Profile,
         now: datetime.datetime,
     ) -> None:
-        """autoBatch: read the serving pods' batch-size estimate and maybe pick a new target."""
-        if self.estimates is None:
-            return
+        """autoBatch: record the pods' combined estimate, decide (``plan.reconfig``), maybe
+        set a new target; the next pass switches to it through the active-passive switch."""
         meta = obj["metadata"]
-        estimate = self.estimates(meta.get("namespace", "default"), meta["name"])
-        if estimate is None:
-            return
-        auto = obj["spec"]["autoBatch"]
-        seen = observe(
-            status.get("batchSize") or {}, estimate=estimate, auto=auto, now=now_iso(now)
+        namespace, name = meta.get("namespace", "default"), meta["name"]
+        policy = ab.policy_from_spec(obj["spec"]["autoBatch"])
+        annotations = meta.get("annotations") or {}
+        seen = dict(status.get("batchSize") or {})
+        pinned, pin_error = ab.parse_pin(annotations)
+        trigger = ab.pending_trigger(annotations, seen)
+        reading = ab.as_reading(self.estimates(namespace, name)) if self.estimates else None
+        stamp = now_iso(now)
+        if reading is not None and reading.combined is not None:
+            seen = ab.record_observation(seen, reading=reading, policy=policy, now=stamp)
+            result.observed_batch = seen["observed"]
+        elif pinned is None and trigger is None:
+            return  # nothing new to decide on
+        last = (
+            (status.get("lastSwitch") or {}) if isinstance(status.get("lastSwitch"), dict) else {}
         )
-        last = parse_time((status.get("lastSwitch") or {}).get("time"))
-        target = decide(
-            batch_status=seen,
-            auto=auto,
-            seconds_since_switch=(now - last).total_seconds() if last else None,
-            latency=lambda b: optimizer.latency(b) if optimizer.feasible(b) else None,
+        last_at = parse_time(last.get("time"))
+        if (
+            pinned is not None
+            and last.get("result") == "Aborted"
+            and last_at is not None
+            and (now - last_at).total_seconds() < policy.min_interval_s
+        ):
+            pinned = None  # a pinned switch that aborted is retried after minIntervalSeconds
+        current_plan = Plan.from_dict(wire_plan(status.get("plan") or {}))
+        decision = decide(
+            policy=policy,
+            current_plan=current_plan,
+            table=profile.table(),
+            optimal_latency=optimizer.latency,
+            history=ab.observations(seen),
+            last_switch_at=last_at.timestamp() if last_at else None,
+            now=now.timestamp(),
+            pinned=pinned,
+            ignore_interval=trigger is not None,
         )
-        if target is not None:
-            seen["target"] = target
-            seen["streak"] = 0
-            self._emit(
-                result,
-                "Normal",
-                "BatchSizeChanged",
-                f"observed batch size {seen['observed']} held {auto['sustainObservations']} "
-                f"readings: re-planning from batch {seen.get('current')} to {target}",
-            )
+        previous = (seen.get("lastDecision") or {}).get("outcome")
+        seen["lastDecision"] = ab.decision_status(decision, now=stamp, trigger=trigger)
+        if pin_error:
+            seen["lastDecision"]["message"] += f" ({pin_error})"
+        if trigger is not None:
+            seen["reconfigureHandled"] = trigger
+        result.decision = decision.outcome.value
+        if decision.switch and decision.target is not None:
+            seen["target"] = decision.target
+            self._emit(result, "Normal", "BatchSizeChanged", decision.message)
+        elif previous != decision.outcome.value and pin_error:
+            self._emit(result, "Warning", "BadAnnotation", pin_error)
         status["batchSize"] = seen
 
     # -- profiling -------------------------------------------------------------------------
@@ -835,12 +871,23 @@ class Reconciler:
             "timeline": timeline,
         }
         status.pop("switch", None)
+        before = (status.get("batchSize") or {}).get("current")
         status["batchSize"] = {
             **(status.get("batchSize") or {}),
             "current": switch["plan"].get("batch"),
         }
         status["batchSize"].pop("target", None)
+        status["switchHistory"] = ab.append_history(
+            status.get("switchHistory"),
+            {
+                **{k: v for k, v in status["lastSwitch"].items() if k != "timeline"},
+                "fromBatch": before,
+                "toBatch": switch["plan"].get("batch"),
+                "seconds": timeline["selectorSwitchSeconds"],
+            },
+        )
         result.switch_result = "succeeded"
+        result.switch_seconds = timeline["selectorSwitchSeconds"]
         message = f"switch to slot {target} done ({switch.get('reason', '')})"
         self._emit(result, "Normal", "SwitchCompleted", message)
         self._cond(status, obj, "Reconfiguring", False, "SwitchCompleted", message, now=now)
@@ -876,6 +923,14 @@ class Reconciler:
             "plan": str((switch.get("plan") or {}).get("label", "")),
         }
         result.switch_result = "aborted"
+        status["switchHistory"] = ab.append_history(
+            status.get("switchHistory"),
+            {
+                **status["lastSwitch"],
+                "fromBatch": (status.get("batchSize") or {}).get("current"),
+                "toBatch": (switch.get("plan") or {}).get("batch"),
+            },
+        )
         status["batchSize"] = {
             k: v for k, v in (status.get("batchSize") or {}).items() if k != "target"
         }

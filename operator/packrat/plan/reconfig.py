@@ -31,6 +31,7 @@ class Outcome(StrEnum):
     HOLD_GAIN_TOO_SMALL = "hold_gain_too_small"
     HOLD_NO_DATA = "hold_no_data"
     HOLD_INFEASIBLE = "hold_infeasible"
+    HOLD_PINNED = "hold_pinned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,8 @@ def decide(
     history: Sequence[Observation],
     last_switch_at: float | None,
     now: float,
+    pinned: int | None = None,
+    ignore_interval: bool = False,
 ) -> Decision:
     """Decide whether to switch from ``current_plan`` given the recent observations.
 
@@ -134,8 +137,20 @@ def decide(
     the policy's range); it must differ from the current batch; at least ``min_interval_s``
     must have passed since the last switch; and the optimal plan at the target must be
     expected faster than keeping the current plan at the target by more than ``min_gain``.
+
+    Overrides: ``pinned`` (an operator-given batch, clamped to the range) replaces every rule
+    but feasibility: switch to it once, then hold. ``ignore_interval`` (a manual trigger)
+    skips the minimum interval only; sustain and gain still apply.
     """
     current = current_plan.batch
+    if pinned is not None:
+        return _decide_pinned(
+            policy=policy,
+            current_plan=current_plan,
+            table=table,
+            optimal_latency=optimal_latency,
+            pinned=pinned,
+        )
     if not history:
         return Decision(Outcome.HOLD_NO_DATA, current, None, None, "no observations yet")
     recent = [policy.clamp(o.batch) for o in history[-policy.sustain :]]
@@ -153,7 +168,11 @@ def decide(
         return Decision(
             Outcome.HOLD_SAME, current, target, None, f"load still fits batch {current}"
         )
-    if last_switch_at is not None and now - last_switch_at < policy.min_interval_s:
+    if (
+        not ignore_interval
+        and last_switch_at is not None
+        and now - last_switch_at < policy.min_interval_s
+    ):
         wait = policy.min_interval_s - (now - last_switch_at)
         return Decision(
             Outcome.HOLD_TOO_SOON,
@@ -184,4 +203,39 @@ def decide(
         gain,
         f"batch {current} -> {target}: expected {new_latency:.1f} ms vs {keep_latency:.1f} ms "
         f"keeping the current plan ({gain:.1%} faster)",
+    )
+
+
+def _decide_pinned(
+    *,
+    policy: Policy,
+    current_plan: Plan,
+    table: Mapping[tuple[int, int], float],
+    optimal_latency: LatencyFn,
+    pinned: int,
+) -> Decision:
+    current = current_plan.batch
+    target = policy.clamp(pinned)
+    note = (
+        ""
+        if target == pinned
+        else f" (pin {pinned} clamped to {policy.min_batch}..{policy.max_batch})"
+    )
+    if target == current:
+        return Decision(
+            Outcome.HOLD_PINNED, current, target, None, f"pinned at batch {target}{note}"
+        )
+    try:
+        new_latency = optimal_latency(target)
+    except PlanError as exc:
+        return Decision(Outcome.HOLD_INFEASIBLE, current, target, None, f"pin: {exc}")
+    keep_latency = plan_latency_at(current_plan, table, target)
+    gain = (keep_latency - new_latency) / keep_latency
+    return Decision(
+        Outcome.SWITCH,
+        current,
+        target,
+        gain,
+        f"batch {current} -> {target}: pinned by annotation{note}; expected {new_latency:.1f} ms "
+        f"vs {keep_latency:.1f} ms keeping the current plan",
     )

@@ -181,6 +181,7 @@ class Agent:
             self._deployment(dep)
         self._probe()
         self._update_endpoints()
+        self._publish_serving_pods()
 
     # -- garbage collector ------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
@@ -570,6 +571,61 @@ class Agent:
                 ]
         self.endpoints = endpoints
 
+    def _publish_serving_pods(self) -> None:
+        """Pod objects for Deployment pods (podIP 127.0.0.1, Ready condition), so the operator
+        can find each ready serving pod; ``/pod/{name}`` on the proxy reaches its port."""
+        deps = {d["metadata"]["name"]: d for d in self.api.list("deployments")}
+        with self._lock:
+            pods = {
+                p.name: p
+                for p in self.pods.values()
+                if p.owner_kind == "Deployment" and not p.terminating and p.owner_name in deps
+            }
+        existing = {
+            o["metadata"]["name"]: o
+            for o in self.api.list("pods")
+            if any(
+                r.get("kind") == "Deployment" for r in o["metadata"].get("ownerReferences") or []
+            )
+        }
+        for name in existing:
+            if name not in pods:
+                self.api.delete("pods", name)
+        for name, pod in pods.items():
+            phase = "Running" if pod.phase == "Running" else "Pending"
+            status = {
+                "phase": phase,
+                "podIP": "127.0.0.1" if phase == "Running" else "",
+                "qosClass": self.qos.get(name, ""),
+                "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
+            }
+            if name not in existing:
+                dep = deps[pod.owner_name]
+                self.api.create(
+                    "pods",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": name,
+                            "labels": dict(pod.labels),
+                            "ownerReferences": [
+                                {
+                                    "apiVersion": "apps/v1",
+                                    "kind": "Deployment",
+                                    "name": pod.owner_name,
+                                    "uid": dep["metadata"].get("uid"),
+                                    "controller": True,
+                                }
+                            ],
+                        },
+                        "spec": pod.spec,
+                        "status": status,
+                    },
+                )
+            elif existing[name].get("status") != status:
+                self.api.patch("pods", name, {"status": status}, sub="status")
+
     # -- queries for tests -------------------------------------------------------------------------
     def running(self, owner_name: str) -> list[LocalPod]:
         with self._lock:
@@ -593,13 +649,17 @@ class ServiceProxy:
 
             def _forward(self) -> None:
                 parts = self.path.split("/", 3)
-                if len(parts) < 3 or parts[1] != "svc":
+                if len(parts) < 3 or parts[1] not in ("svc", "pod"):
                     self.send_error(404)
                     return
-                service, rest = parts[2], "/" + (parts[3] if len(parts) > 3 else "")
+                if len(parts) >= 3 and parts[1] == "pod":  # one pod, by name (its pod IP)
+                    pod = proxy.agent.pods.get(parts[2])
+                    ports = [pod.port] if pod is not None and pod.port else []
+                else:
+                    ports = list(proxy.agent.endpoints.get(parts[2]) or [])
+                rest = "/" + (parts[3] if len(parts) > 3 else "")
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                ports = list(proxy.agent.endpoints.get(service) or [])
                 if not ports:
                     self._reply(503, b'{"error": "no endpoints"}', "application/json")
                     return
@@ -639,3 +699,6 @@ class ServiceProxy:
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.port}/svc/{service}"
+
+    def pod_url(self, pod: str) -> str:
+        return f"http://127.0.0.1:{self.port}/pod/{pod}"

@@ -43,9 +43,12 @@ def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, period
 
 
 class OperatorProcess:
-    def __init__(self, *, kubeconfig: Path, log: Path, serving_url: str) -> None:
+    def __init__(
+        self, *, kubeconfig: Path, log: Path, serving_url: str, pod_url: str | None = None
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.serving_url = serving_url
+        self.pod_url = pod_url
         self.log = log
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -74,6 +77,7 @@ class OperatorProcess:
             f"http://127.0.0.1:{self.liveness_port}/healthz",
             "--serving-url",
             self.serving_url,
+            *(["--pod-url", self.pod_url] if self.pod_url else []),
         ]
         self.starts += 1
         with self.log.open("ab") as out:
@@ -131,6 +135,8 @@ class OperatorCluster:
             log=workdir / "operator.log",
             # the agent's kube-proxy stands in for the Service's cluster DNS name
             serving_url=f"http://127.0.0.1:{self.agent.proxy.port}/svc/{{service}}",
+            # ... and each pod's IP: the agent publishes serving pods, the proxy reaches them
+            pod_url=f"http://127.0.0.1:{self.agent.proxy.port}/pod/{{pod}}",
         )
         self.operator.start()
 
@@ -217,3 +223,78 @@ class Load:
     def served_between(self, start: float, end: float) -> tuple[int, int]:
         window = [code for t, code in self.results if start <= t <= end]
         return sum(1 for c in window if c == 200), sum(1 for c in window if c != 200)
+
+
+@dataclass
+class BurstLoad:
+    """Closed-loop bursts of ``burst`` concurrent requests through the Service proxy, from
+    ``packrat loadgen`` subprocesses (asyncio, outside this process: the test process's GIL
+    serves the proxy, not the clients), run back to back in chunks until stopped.
+
+    ``records`` holds (start time on this process's monotonic clock, latency s, status code)
+    for every request; ``burst`` may be changed while running (the next chunk uses it).
+    """
+
+    cluster: OperatorCluster
+    service: str
+    model: str
+    burst: int
+    chunk: int = 100
+    records: list[tuple[float, float, int]] = field(default_factory=list)
+    failures: list[tuple[float, int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        body = self.cluster.workdir / "burst-body.json"
+        body.write_text(json.dumps([0.1] * 16))
+        while not self._stop.is_set():
+            burst = self.burst
+            cmd = [
+                sys.executable,
+                "-m",
+                "packrat",
+                "loadgen",
+                "--url",
+                self.cluster.agent.proxy.url(self.service),
+                "--model",
+                self.model,
+                "--input",
+                str(body),
+                "--burst",
+                str(burst),
+                "--bursts",
+                str(max(1, self.chunk // max(1, burst // 4))),
+                "--timeout",
+                "60",
+                "--format",
+                "json",
+                "--records",
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+            finished = time.monotonic()
+            if proc.returncode != 0:
+                self.errors.append(proc.stderr[-500:])
+                time.sleep(0.2)
+                continue
+            doc = json.loads(proc.stdout)
+            records = doc.get("records") or []
+            # loadgen's clock starts after its imports: align its last answer with its exit
+            last = max((float(r["sent_s"]) + float(r["latency_s"]) for r in records), default=0)
+            for rec in records:
+                at = finished - last + float(rec["sent_s"])
+                code = int(rec.get("status") or 0)
+                self.records.append((at, float(rec["latency_s"]), code))
+                if code != 200:
+                    self.failures.append((at, code))
+
+    def __enter__(self) -> BurstLoad:
+        self._thread = threading.Thread(target=self._run, name="burst-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)

@@ -1,0 +1,450 @@
+"""Online reconfiguration, measured: auto-reconfiguring Packrat vs static plans under a load step.
+
+Packrat's claim for its online half is that following the load (re-planning for the batch size
+the arrivals form, switching slots without downtime) serves every phase of a diurnal load about
+as well as the plan tuned for that phase, never drops a request and never flaps. This script
+runs the real operator against the kmock emulator with the integration harness's test agent
+(real ``packrat serve`` processes, Service traffic through its kube-proxy stand-in) and drives
+the same stepped closed-loop load, concurrency 2 -> 8 -> 16 -> 8 -> 2, against three
+PackratModels one after another:
+
+- ``auto``: ``spec.autoBatch`` {min 1, max 16}: the operator re-plans online;
+- ``fat``: one instance with all T threads, batch 16 (a profile with only t=T points);
+- ``mean``: the optimizer's plan for the mean load (batch 8), static.
+
+All three use the same profile (measured once by a real profiling Job, then copied into the
+other models' profile ConfigMaps, so the comparison is not confounded by profiling noise).
+Per-request latency and status are recorded over time with the switch times (switch start and
+Service moved, sampled from status). Outputs under ``benchmarks/results/``: ``<stem>.csv``
+(one row per request), ``<stem>-switches.csv``, ``<stem>.png`` (latency over time with switch
+markers) and ``<stem>.txt`` (the table: mean and p99 latency per phase and configuration,
+failed requests, switches).
+
+It is a benchmark, not a test: one run of each configuration on a shared machine; read the
+numbers with that in mind. With the tiny model, latency is dominated by HTTP and Python
+overhead (client, proxy, dispatcher, TorchServe), so the comparison mainly shows correctness
+(zero failures, switches only at real load changes), not Packrat's speedup.
+
+Run: ``.venv/bin/python benchmarks/reconfig_experiment.py`` (about 6 minutes with the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
+
+from harness import TEST_IMAGE, OperatorCluster, wait_for  # noqa: E402
+
+from packrat.controller import manifests as m  # noqa: E402
+from packrat.controller.spec import profile_key  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PROFILING: dict[str, Any] = {
+    "maxBatch": 16,
+    "threads": [1, 2],
+    "precision": 0.2,
+    "timeBudgetSeconds": 40,
+    "backoffLimit": 1,
+}
+
+
+def spec_for(
+    config: str, *, model: str, cpus: int, sustain: int, interval: float
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"zoo": model},
+        "cpus": cpus,
+        "maxBatchDelayMs": 5,
+        "profiling": dict(PROFILING),
+        "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
+    }
+    if config == "auto":
+        spec["autoBatch"] = {
+            "min": 1,
+            "max": 16,
+            "sustainObservations": sustain,
+            "minIntervalSeconds": interval,
+            "minGain": 0.05,
+        }
+    elif config == "fat":
+        spec["batchSize"] = 16
+        spec["profiling"] = {**PROFILING, "threads": [cpus]}  # only t=T: one fat instance
+    elif config == "mean":
+        spec["batchSize"] = 8  # the mean concurrency of the schedule, 7.2, as a power of two
+    else:
+        raise ValueError(config)
+    return spec
+
+
+@dataclass
+class Recorder:
+    """Closed-loop clients through the Service; the concurrency follows the schedule."""
+
+    cluster: OperatorCluster
+    service: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    concurrency: int = 0
+    phase: str = ""
+    t0: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def _client(self, index: int) -> None:
+        while not self._stop.is_set():
+            if index >= self.concurrency:
+                time.sleep(0.02)
+                continue
+            phase, concurrency, start = self.phase, self.concurrency, time.monotonic()
+            code, body = self.cluster.predict(self.service, self.service, timeout=30)
+            end = time.monotonic()
+            with self._lock:
+                self.rows.append(
+                    {
+                        "t": round(start - self.t0, 4),
+                        "latency_ms": round((end - start) * 1000.0, 3),
+                        "code": code,
+                        "phase": phase,
+                        "concurrency": concurrency,
+                        "error": "" if code == 200 else str(body)[:120],
+                    }
+                )
+
+    def start(self, clients: int) -> None:
+        self.t0 = time.monotonic()
+        for i in range(clients):
+            thread = threading.Thread(target=self._client, args=(i,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+
+def watch_status(
+    cluster: OperatorCluster, name: str, t0: float, stop: threading.Event
+) -> list[dict[str, Any]]:
+    """Samples status every 0.25 s in a thread; returns the (growing) list of samples."""
+    samples: list[dict[str, Any]] = []
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                status = cluster.status(name)
+            except AssertionError:
+                break
+            samples.append(
+                {
+                    "t": time.monotonic() - t0,
+                    "slot": status.get("activeSlot"),
+                    "switching": bool(status.get("switch"))
+                    and (status.get("switch") or {}).get("stage") in ("rollout", "draining"),
+                    "plan_batch": (status.get("plan") or {}).get("batch"),
+                    "label": (status.get("plan") or {}).get("label"),
+                    "observed": (status.get("batchSize") or {}).get("observed"),
+                    "decision": ((status.get("batchSize") or {}).get("lastDecision") or {}).get(
+                        "outcome"
+                    ),
+                }
+            )
+            stop.wait(0.25)
+
+    threading.Thread(target=run, daemon=True).start()
+    return samples
+
+
+def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Switch start (status.switch appears) and Service moved (activeSlot changes) times."""
+    events = []
+    for before, after in itertools.pairwise(samples):
+        if after["switching"] and not before["switching"]:
+            events.append({"t": after["t"], "event": "switch_started", "plan": after["label"]})
+        if after["slot"] != before["slot"] and before["slot"] is not None:
+            events.append({"t": after["t"], "event": "service_moved", "plan": after["label"]})
+    return events
+
+
+def copy_profile(
+    cluster: OperatorCluster, *, source_cm: str, name: str, spec: dict[str, Any], threads: list[int]
+) -> None:
+    """Pre-create ``name``'s profile ConfigMap from ``source_cm`` (only ``threads`` points)."""
+    source = cluster.api.get("configmaps", source_cm)
+    assert source is not None
+    profile = json.loads(source["data"][m.PROFILE_FILE])
+    profile["points"] = [p for p in profile["points"] if p["threads"] in threads]
+    key = profile_key(spec, image=TEST_IMAGE)
+    cluster.api.create(
+        "configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": m.profile_object_name(name, key),
+                "labels": {m.LABEL_MODEL: name, m.LABEL_PROFILE_KEY: key[:16]},
+            },
+            "data": {m.PROFILE_FILE: json.dumps(profile)},
+        },
+    )
+
+
+def run_config(
+    cluster: OperatorCluster,
+    *,
+    config: str,
+    spec: dict[str, Any],
+    schedule: list[tuple[str, int, float]],
+    source_cm: str | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], str | None]:
+    name = config
+    if source_cm is not None:
+        copy_profile(
+            cluster,
+            source_cm=source_cm,
+            name=name,
+            spec=spec,
+            threads=spec["profiling"]["threads"],
+        )
+    cluster.api.create(
+        "packratmodels",
+        {
+            "apiVersion": "packrat.dev/v1alpha1",
+            "kind": "PackratModel",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+    wait_for(
+        lambda: cluster.status(name).get("phase") == "Ready",
+        timeout=300,
+        what=f"{name} Ready ({cluster.log_tail(3)})",
+        period=0.5,
+    )
+    profile_cm = cluster.status(name)["profile"]["configMap"]
+    print(f"[{config}] ready: plan {cluster.status(name)['plan']['label']}", flush=True)
+    recorder = Recorder(cluster, name)
+    recorder.phase, recorder.concurrency = schedule[0][0], schedule[0][1]
+    recorder.start(max(c for _, c, _ in schedule))
+    stop = threading.Event()
+    samples = watch_status(cluster, name, recorder.t0, stop)
+    for phase, concurrency, seconds in schedule:
+        recorder.phase, recorder.concurrency = phase, concurrency
+        print(f"[{config}] phase {phase}: {concurrency} clients for {seconds:.0f}s", flush=True)
+        time.sleep(seconds)
+    recorder.stop()
+    stop.set()
+    status = cluster.status(name)
+    cluster.api.delete("packratmodels", name)
+    wait_for(
+        lambda: not any(p.owner_name.startswith(f"{name}-") for p in cluster.agent.pods.values()),
+        timeout=60,
+        what=f"{name}'s pods gone",
+    )
+    for row in recorder.rows:
+        row["config"] = config
+    events = switch_events(samples)
+    for event in events:
+        event["config"] = config
+    return recorder.rows, events, status, profile_cm
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def table(
+    rows: list[dict[str, Any]],
+    schedule: list[tuple[str, int, float]],
+    configs: list[str],
+    switches: dict[str, int],
+) -> str:
+    lines = [
+        "config | phase (clients) | requests | mean ms | p99 ms | failed",
+        "---|---|---|---|---|---",
+    ]
+    for config in configs:
+        for phase, concurrency, _ in schedule:
+            lat = [
+                r["latency_ms"]
+                for r in rows
+                if r["config"] == config and r["phase"] == phase and r["code"] == 200
+            ]
+            failed = sum(
+                1
+                for r in rows
+                if r["config"] == config and r["phase"] == phase and r["code"] != 200
+            )
+            if lat:
+                lines.append(
+                    f"{config} | {phase} ({concurrency}) | {len(lat)} | "
+                    f"{statistics.fmean(lat):.1f} | {percentile(lat, 0.99):.1f} | {failed}"
+                )
+    lines.append("")
+    lines.append("config | requests | failed | switches (completed)")
+    lines.append("---|---|---|---")
+    for config in configs:
+        mine = [r for r in rows if r["config"] == config]
+        failed = sum(1 for r in mine if r["code"] != 200)
+        lines.append(f"{config} | {len(mine)} | {failed} | {switches.get(config, 0)}")
+    return "\n".join(lines)
+
+
+def plot(
+    rows: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    schedule: list[tuple[str, int, float]],
+    configs: list[str],
+    path: Path,
+    title: str,
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(configs), 1, figsize=(12, 3.2 * len(configs)), sharex=True)
+    for ax, config in zip(axes, configs, strict=True):
+        mine = [r for r in rows if r["config"] == config]
+        ok = [r for r in mine if r["code"] == 200]
+        bad = [r for r in mine if r["code"] != 200]
+        ax.scatter([r["t"] for r in ok], [r["latency_ms"] for r in ok], s=2, alpha=0.35)
+        if bad:
+            ax.scatter(
+                [r["t"] for r in bad], [r["latency_ms"] for r in bad], s=12, c="red", label="failed"
+            )
+        start = 0.0
+        for phase, concurrency, seconds in schedule:
+            ax.axvspan(start, start + seconds, alpha=0.06 if concurrency % 2 else 0.0)
+            ax.text(start + 1, 0.95, f"{phase}: {concurrency}", transform=ax.get_xaxis_transform())
+            ax.axvline(start, color="grey", lw=0.5)
+            start += seconds
+        for event in [e for e in events if e["config"] == config]:
+            style = "--" if event["event"] == "switch_started" else "-"
+            ax.axvline(event["t"], color="red", ls=style, lw=1)
+            if event["event"] == "service_moved":
+                ax.text(
+                    event["t"],
+                    0.8,
+                    f" {event['plan']}",
+                    color="red",
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=8,
+                )
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{config}\nlatency ms")
+    axes[-1].set_xlabel("seconds since the load started (red: switch started --, Service moved -)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--phase-seconds", type=float, default=15.0)
+    parser.add_argument("--sustain", type=int, default=3)
+    parser.add_argument("--min-interval", type=float, default=5.0)
+    parser.add_argument("--configs", default="auto,fat,mean")
+    parser.add_argument("--stem", default=None)
+    args = parser.parse_args(argv)
+    configs = args.configs.split(",")
+    stem = args.stem or f"reconfig-{args.model}"
+    d = args.phase_seconds
+    schedule = [("p1", 2, d), ("p2", 8, d), ("p3", 16, d), ("p4", 8, d), ("p5", 2, d)]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    switches: dict[str, int] = {}
+    history: dict[str, Any] = {}
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reconfig-") as tmp:
+        cluster = OperatorCluster(Path(tmp))
+        try:
+            source_cm: str | None = None
+            for config in configs:
+                spec = spec_for(
+                    config,
+                    model=args.model,
+                    cpus=args.cpus,
+                    sustain=args.sustain,
+                    interval=args.min_interval,
+                )
+                got, evs, status, cm = run_config(
+                    cluster, config=config, spec=spec, schedule=schedule, source_cm=source_cm
+                )
+                source_cm = source_cm or cm
+                rows += got
+                events += evs
+                done = [h for h in status.get("switchHistory") or [] if h["result"] == "Succeeded"]
+                switches[config] = len(done)
+                history[config] = {
+                    "plan": (status.get("plan") or {}).get("label"),
+                    "switchHistory": status.get("switchHistory") or [],
+                    "lastDecision": (status.get("batchSize") or {}).get("lastDecision"),
+                }
+        finally:
+            if cluster.agent.errors:
+                print("agent errors:", cluster.agent.errors[-5:])
+            cluster.close()
+    with (RESULTS / f"{stem}.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(
+            out, fieldnames=["config", "phase", "concurrency", "t", "latency_ms", "code", "error"]
+        )
+        writer.writeheader()
+        writer.writerows(rows)
+    with (RESULTS / f"{stem}-switches.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=["config", "t", "event", "plan"])
+        writer.writeheader()
+        writer.writerows(events)
+    text = table(rows, schedule, configs, switches)
+    header = (
+        f"reconfig experiment: model {args.model}, {args.cpus} cpus, closed-loop clients "
+        f"{' -> '.join(str(c) for _, c, _ in schedule)}, {d:.0f}s per phase, "
+        f"autoBatch sustain {args.sustain}, minInterval {args.min_interval:.0f}s; "
+        f"one run per configuration, sequential, on a shared 2-core machine; "
+        f"total {time.monotonic() - began:.0f}s\n"
+        f"command: .venv/bin/python benchmarks/reconfig_experiment.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}\n"
+    )
+    switch_lines = "\n".join(
+        f"{config}: plan {h['plan']}; switches: "
+        + "; ".join(
+            f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('result')} ({s.get('seconds')}s)"
+            for s in h["switchHistory"]
+        )
+        for config, h in history.items()
+    )
+    report = f"{header}\n{text}\n\n{switch_lines}\n"
+    (RESULTS / f"{stem}.txt").write_text(report)
+    plot(
+        rows,
+        events,
+        schedule,
+        configs,
+        RESULTS / f"{stem}.png",
+        f"Packrat online reconfiguration ({args.model}, {args.cpus} cpus)",
+    )
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
