@@ -31,15 +31,16 @@ Run: ``.venv/bin/python benchmarks/reconfig_experiment.py`` (about 6 minutes wit
 from __future__ import annotations
 
 import argparse
+import asyncio
 import csv
 import itertools
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,51 +90,58 @@ def spec_for(
     return spec
 
 
-@dataclass
-class Recorder:
-    """Closed-loop clients through the Service; the concurrency follows the schedule."""
+async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path) -> None:
+    """The load process: closed-loop bursts of B concurrent requests, B following the schedule
+    (one burst at a time; the next starts when the last answer of the previous arrived)."""
+    import aiohttp
 
-    cluster: OperatorCluster
-    service: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    concurrency: int = 0
-    phase: str = ""
-    t0: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _threads: list[threading.Thread] = field(default_factory=list)
+    body = json.dumps([0.1] * 16).encode()
+    rows: list[dict[str, Any]] = []
+    timeout = aiohttp.ClientTimeout(total=60)
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(timeout=timeout) as session:
 
-    def _client(self, index: int) -> None:
-        while not self._stop.is_set():
-            if index >= self.concurrency:
-                time.sleep(0.02)
-                continue
-            phase, concurrency, start = self.phase, self.concurrency, time.monotonic()
-            code, body = self.cluster.predict(self.service, self.service, timeout=30)
-            end = time.monotonic()
-            with self._lock:
-                self.rows.append(
-                    {
-                        "t": round(start - self.t0, 4),
-                        "latency_ms": round((end - start) * 1000.0, 3),
-                        "code": code,
-                        "phase": phase,
-                        "concurrency": concurrency,
-                        "error": "" if code == 200 else str(body)[:120],
-                    }
-                )
+        async def one(phase: str, burst: int) -> None:
+            start = time.monotonic()
+            try:
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
+                    text = await resp.text()
+                    code = resp.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                code, text = 0, repr(exc)
+            rows.append(
+                {
+                    "t": start,  # CLOCK_MONOTONIC: shared by the processes of one machine
+                    "latency_ms": round((time.monotonic() - start) * 1000.0, 3),
+                    "code": code,
+                    "phase": phase,
+                    "concurrency": burst,
+                    "error": "" if code == 200 else text[:120],
+                }
+            )
 
-    def start(self, clients: int) -> None:
-        self.t0 = time.monotonic()
-        for i in range(clients):
-            thread = threading.Thread(target=self._client, args=(i,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        end = 0.0
+        for phase, burst, seconds in schedule:
+            end += seconds
+            while time.monotonic() - t0 < end:
+                await asyncio.gather(*(one(phase, burst) for _ in range(burst)))
+    out.write_text(json.dumps(rows))
 
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
+
+def load_process(
+    url: str, schedule: list[tuple[str, int, float]], out: Path
+) -> subprocess.Popen[bytes]:
+    """Starts the load in its own process (this one's GIL serves the Service proxy)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--load-only",
+            json.dumps({"url": url, "schedule": schedule, "out": str(out)}),
+        ]
+    )
 
 
 def watch_status(
@@ -236,17 +244,19 @@ def run_config(
     )
     profile_cm = cluster.status(name)["profile"]["configMap"]
     print(f"[{config}] ready: plan {cluster.status(name)['plan']['label']}", flush=True)
-    recorder = Recorder(cluster, name)
-    recorder.phase, recorder.concurrency = schedule[0][0], schedule[0][1]
-    recorder.start(max(c for _, c, _ in schedule))
+    out = cluster.workdir / f"load-{config}.json"
+    url = f"{cluster.agent.proxy.url(name)}/predictions/{name}"
+    t0 = time.monotonic()
+    proc = load_process(url, schedule, out)
     stop = threading.Event()
-    samples = watch_status(cluster, name, recorder.t0, stop)
-    for phase, concurrency, seconds in schedule:
-        recorder.phase, recorder.concurrency = phase, concurrency
-        print(f"[{config}] phase {phase}: {concurrency} clients for {seconds:.0f}s", flush=True)
-        time.sleep(seconds)
-    recorder.stop()
+    samples = watch_status(cluster, name, t0, stop)
+    total = sum(seconds for _, _, seconds in schedule)
+    print(f"[{config}] load {[(p, b) for p, b, _ in schedule]} for {total:.0f}s", flush=True)
+    proc.wait(timeout=total + 300)
     stop.set()
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    for row in rows:
+        row["t"] = round(row["t"] - t0, 4)
     status = cluster.status(name)
     cluster.api.delete("packratmodels", name)
     wait_for(
@@ -254,12 +264,12 @@ def run_config(
         timeout=60,
         what=f"{name}'s pods gone",
     )
-    for row in recorder.rows:
+    for row in rows:
         row["config"] = config
     events = switch_events(samples)
     for event in events:
         event["config"] = config
-    return recorder.rows, events, status, profile_cm
+    return rows, events, status, profile_cm
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -328,12 +338,17 @@ def plot(
             ax.scatter(
                 [r["t"] for r in bad], [r["latency_ms"] for r in bad], s=12, c="red", label="failed"
             )
-        start = 0.0
-        for phase, concurrency, seconds in schedule:
-            ax.axvspan(start, start + seconds, alpha=0.06 if concurrency % 2 else 0.0)
-            ax.text(start + 1, 0.95, f"{phase}: {concurrency}", transform=ax.get_xaxis_transform())
-            ax.axvline(start, color="grey", lw=0.5)
-            start += seconds
+        for phase, concurrency, _ in schedule:  # phases where the load process started them
+            times = [r["t"] for r in mine if r["phase"] == phase]
+            if times:
+                ax.axvline(min(times), color="grey", lw=0.8)
+                ax.text(
+                    min(times) + 0.5,
+                    0.93,
+                    f"{phase}: bursts of {concurrency}",
+                    transform=ax.get_xaxis_transform(),
+                    fontsize=8,
+                )
         for event in [e for e in events if e["config"] == config]:
             style = "--" if event["event"] == "switch_started" else "-"
             ax.axvline(event["t"], color="red", ls=style, lw=1)
@@ -356,6 +371,12 @@ def plot(
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:1] == ["--load-only"]:
+        job = json.loads(args_list[1])
+        schedule = [(str(p), int(b), float(d)) for p, b, d in job["schedule"]]
+        asyncio.run(_bursts(job["url"], schedule, Path(job["out"])))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--cpus", type=int, default=2)

@@ -1,1 +1,13 @@
-"""Run one serving pod from a plan: TorchServe with pinned thin instances behind a dispatcher."""
+"""Run one serving pod from a plan: TorchServe with pinned thin instances behind a dispatcher.
+
+- :mod:`~packrat.serve.config`: pure decisions (plan -> instances and core sets, TorchServe's
+  loopback-only settings, registrations, the status document).
+- :mod:`~packrat.serve.routing`: which instance takes the next request (pure).
+- :mod:`~packrat.serve.archive` / :mod:`~packrat.serve.handler` / :mod:`~packrat.serve.codec`:
+  model archives whose workers pin themselves before loading, the worker-side handler (native
+  or wrapping a user's), the request wire format.
+- :mod:`~packrat.serve.torchserve`: one isolated TorchServe process.
+- :mod:`~packrat.serve.dispatcher` / :mod:`~packrat.serve.metrics`: the public port.
+- :mod:`~packrat.serve.server`: ``packrat serve`` end to end (readiness, restarts, drain).
+- :mod:`~packrat.serve.loadgen` / :mod:`~packrat.serve.bench`: load and the serving benchmark.
+"""

@@ -400,6 +400,14 @@ def obtain_profile(settings: BenchSettings, *, cpus: int, workdir: Path) -> Prof
 
 
 async def bench(settings: BenchSettings) -> BenchResult:
+    """Run the benchmark; its work files go to ``settings.workdir`` or a removed temp dir."""
+    if settings.workdir is not None:
+        return await _bench(settings, settings.workdir)
+    with tempfile.TemporaryDirectory(prefix="packrat-bench-") as tmp:
+        return await _bench(settings, Path(tmp))
+
+
+async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
     from packrat.runtime.cpus import allowed_cpus
     from packrat.serve.codec import example_body
 
@@ -412,7 +420,6 @@ async def bench(settings: BenchSettings) -> BenchResult:
     if t > len(available):
         raise BenchError(f"--cpus {t} but only {len(available)} cpus are available")
     cpus = available[:t]
-    workdir = settings.workdir or Path(tempfile.mkdtemp(prefix="packrat-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     profile = await asyncio.to_thread(obtain_profile, settings, cpus=t, workdir=workdir)
     optimizer = Optimizer.for_profile(profile, cpus=t, max_batch=max(settings.batches))
