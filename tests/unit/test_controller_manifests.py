@@ -109,8 +109,10 @@ def test_deployment_serves_plan_with_probes() -> None:
     assert c["command"][c["command"].index("--port") + 1] == "8080"
     env = {e["name"]: e["value"] for e in c["env"]}
     assert json.loads(env["PACKRAT_PLAN"])["instances"] == PLAN["instances"]
-    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+    for probe in ("readinessProbe", "startupProbe"):
         assert c[probe]["httpGet"]["path"] == "/ping"
+    # a restarting worker or a draining pod leaves the Service (/ping) but is not killed
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ref = dep["metadata"]["ownerReferences"][0]
     assert ref["uid"] == "1234" and ref["controller"] is True
 

@@ -368,8 +368,10 @@ def serving_deployment(
                     "failureThreshold": 2,
                     "timeoutSeconds": 2,
                 },
+                # liveness is /healthz: /ping is 503 while a worker restarts or the pod drains,
+                # which must take the pod out of the Service, not get it killed
                 "livenessProbe": {
-                    "httpGet": probe_get,
+                    "httpGet": {"path": "/healthz", "port": "http"},
                     "periodSeconds": 10,
                     "failureThreshold": 6,
                     "timeoutSeconds": 5,
