@@ -62,9 +62,7 @@ PROFILING: dict[str, Any] = {
 }
 
 
-def spec_for(
-    config: str, *, model: str, cpus: int, sustain: int, interval: float
-) -> dict[str, Any]:
+def spec_for(config: str, *, model: str, cpus: int, sustain: int, interval: int) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"zoo": model},
         "cpus": cpus,
@@ -188,12 +186,11 @@ def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def copy_profile(
-    cluster: OperatorCluster, *, source_cm: str, name: str, spec: dict[str, Any], threads: list[int]
+    cluster: OperatorCluster, *, source: str, name: str, spec: dict[str, Any], threads: list[int]
 ) -> None:
-    """Pre-create ``name``'s profile ConfigMap from ``source_cm`` (only ``threads`` points)."""
-    source = cluster.api.get("configmaps", source_cm)
-    assert source is not None
-    profile = json.loads(source["data"][m.PROFILE_FILE])
+    """Pre-create ``name``'s profile ConfigMap from the profile JSON ``source`` (only the
+    ``threads`` points)."""
+    profile = json.loads(source)
     profile["points"] = [p for p in profile["points"] if p["threads"] in threads]
     key = profile_key(spec, image=TEST_IMAGE)
     cluster.api.create(
@@ -216,13 +213,13 @@ def run_config(
     config: str,
     spec: dict[str, Any],
     schedule: list[tuple[str, int, float]],
-    source_cm: str | None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], str | None]:
+    source: str | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], str]:
     name = config
-    if source_cm is not None:
+    if source is not None:
         copy_profile(
             cluster,
-            source_cm=source_cm,
+            source=source,
             name=name,
             spec=spec,
             threads=spec["profiling"]["threads"],
@@ -236,13 +233,18 @@ def run_config(
             "spec": spec,
         },
     )
-    wait_for(
-        lambda: cluster.status(name).get("phase") == "Ready",
-        timeout=300,
-        what=f"{name} Ready ({cluster.log_tail(3)})",
-        period=0.5,
-    )
-    profile_cm = cluster.status(name)["profile"]["configMap"]
+    deadline = time.monotonic() + 300
+    while cluster.status(name).get("phase") != "Ready":
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} not Ready: {cluster.status(name)}\n{cluster.log_tail(20)}")
+        status = cluster.status(name)
+        if status.get("phase") == "Failed":
+            raise RuntimeError(f"{name} Failed: {status.get('message')}")
+        print(f"[{config}] {status.get('phase')}: {status.get('message', '')[:120]}", flush=True)
+        time.sleep(5)
+    profile_cm = cluster.api.get("configmaps", cluster.status(name)["profile"]["configMap"])
+    assert profile_cm is not None
+    profile_text = str(profile_cm["data"][m.PROFILE_FILE])
     print(f"[{config}] ready: plan {cluster.status(name)['plan']['label']}", flush=True)
     out = cluster.workdir / f"load-{config}.json"
     url = f"{cluster.agent.proxy.url(name)}/predictions/{name}"
@@ -269,7 +271,7 @@ def run_config(
     events = switch_events(samples)
     for event in events:
         event["config"] = config
-    return rows, events, status, profile_cm
+    return rows, events, status, profile_text
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--phase-seconds", type=float, default=15.0)
     parser.add_argument("--sustain", type=int, default=3)
-    parser.add_argument("--min-interval", type=float, default=5.0)
+    parser.add_argument("--min-interval", type=int, default=5)
     parser.add_argument("--configs", default="auto,fat,mean")
     parser.add_argument("--stem", default=None)
     args = parser.parse_args(argv)
@@ -399,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="reconfig-") as tmp:
         cluster = OperatorCluster(Path(tmp))
         try:
-            source_cm: str | None = None
+            source: str | None = None
             for config in configs:
                 spec = spec_for(
                     config,
@@ -409,9 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                     interval=args.min_interval,
                 )
                 got, evs, status, cm = run_config(
-                    cluster, config=config, spec=spec, schedule=schedule, source_cm=source_cm
+                    cluster, config=config, spec=spec, schedule=schedule, source=source
                 )
-                source_cm = source_cm or cm
+                source = source or cm
                 rows += got
                 events += evs
                 done = [h for h in status.get("switchHistory") or [] if h["result"] == "Succeeded"]

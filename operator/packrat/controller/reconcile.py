@@ -383,9 +383,7 @@ class Reconciler:
             result.observed_batch = seen["observed"]
         elif pinned is None and trigger is None:
             return  # nothing new to decide on
-        last = (
-            (status.get("lastSwitch") or {}) if isinstance(status.get("lastSwitch"), dict) else {}
-        )
+        last: dict[str, Any] = status.get("lastSwitch") or {}
         last_at = parse_time(last.get("time"))
         if (
             pinned is not None
