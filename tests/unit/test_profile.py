@@ -51,6 +51,12 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert loaded.latency(2, 1) == 1.0 and loaded.latency(2, 2) is None
 
 
+def test_save_creates_missing_folders(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "p.json"
+    sample_profile().save(path)
+    assert load_profile(path).table() == sample_profile().table()
+
+
 def test_csv_export_and_import_round_trip(tmp_path: Path) -> None:
     profile = sample_profile()
     path = tmp_path / "p.csv"

@@ -127,8 +127,12 @@ class Profile:
         return out.getvalue()
 
     def save(self, path: str | Path) -> None:
-        """Write atomically (tmp file + rename) as JSON, or CSV when the suffix is .csv."""
+        """Write atomically (tmp file + rename) as JSON, or CSV when the suffix is .csv.
+
+        Missing parent folders are created, so ``-o results/run1/profile.json`` just works.
+        """
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         text = self.to_csv() if path.suffix.lower() == ".csv" else self.to_json()
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
