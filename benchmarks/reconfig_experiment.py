@@ -453,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('result')} ({s.get('seconds')}s)"
             for s in h["switchHistory"]
         )
+        + (
+            f"; last decision: {h['lastDecision'].get('outcome')}: "
+            f"{h['lastDecision'].get('message')}"
+            if h.get("lastDecision")
+            else ""
+        )
         for config, h in history.items()
     )
     report = f"{header}\n{text}\n\n{switch_lines}\n"
