@@ -15,7 +15,6 @@ from packrat.plan.reconfig import (
     Policy,
     combine_estimates,
     decide,
-    floor_pow2,
     plan_latency_at,
 )
 
@@ -145,13 +144,6 @@ def test_combine_estimates_takes_the_mode_and_breaks_ties_upward() -> None:
     assert combine_estimates([4, 8]) == 8
     assert combine_estimates([]) is None
     assert combine_estimates([0]) is None
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"), [(0, 1), (1.9, 1), (2, 2), (7.99, 4), (8, 8), (1000, 512)]
-)
-def test_floor_pow2(value: float, expected: int) -> None:
-    assert floor_pow2(value) == expected
 
 
 def test_plan_latency_at_its_own_batch_is_its_expected_latency() -> None:

@@ -88,13 +88,6 @@ def combine_estimates(estimates: Sequence[int]) -> int | None:
     return max(counts, key=lambda b: (counts[b], b))
 
 
-def floor_pow2(value: float) -> int:
-    """The largest power of two <= value, and at least 1."""
-    if value < 2:
-        return 1
-    return 1 << math.floor(math.log2(value))
-
-
 def plan_latency_at(plan: Plan, table: Mapping[tuple[int, int], float], batch: int) -> float:
     """Expected latency of keeping ``plan`` when ``batch`` requests arrive together.
 
