@@ -511,7 +511,15 @@ class Reconciler:
 
         state = _job_state(job)
         failure: str | None = None
-        pods = self.kube.list("pods", namespace, labels={"job-name": obj_name})
+        # only this Job's pods: a deleted predecessor of the same name may leave pods behind
+        # until the garbage collector removes them
+        job_uid = job["metadata"].get("uid")
+        pods = [
+            p
+            for p in self.kube.list("pods", namespace, labels={"job-name": obj_name})
+            if job_uid is None
+            or any(r.get("uid") == job_uid for r in p["metadata"].get("ownerReferences") or [])
+        ]
         if state == "succeeded":
             text = None
             for pod in pods:

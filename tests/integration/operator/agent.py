@@ -104,6 +104,9 @@ class LocalPod:
     name: str
     owner_kind: str
     owner_name: str
+    # like the real Job controller, match a Job's pods by the Job's uid: a Job recreated
+    # under the same name must not adopt the pods of its deleted predecessor
+    owner_uid: str
     template_hash: str
     labels: dict[str, str]
     spec: dict[str, Any]
@@ -193,13 +196,17 @@ class Agent:
                 refs = obj["metadata"].get("ownerReferences") or []
                 if refs and not any(r.get("uid") in uids for r in refs):
                     self.api.delete(resource, obj["metadata"]["name"])
-        live_jobs = {j["metadata"]["name"] for j in self.api.list("jobs")}
+        live_jobs = {j["metadata"].get("uid") for j in self.api.list("jobs")}
         live_deps = {d["metadata"]["name"] for d in self.api.list("deployments")}
         with self._lock:
             pods = list(self.pods.values())
         for pod in pods:
-            owners = live_jobs if pod.owner_kind == "Job" else live_deps
-            if pod.owner_name not in owners:
+            alive = (
+                pod.owner_uid in live_jobs
+                if pod.owner_kind == "Job"
+                else pod.owner_name in live_deps
+            )
+            if not alive:
                 self._terminate(pod)
 
     # -- running containers -------------------------------------------------------------------
@@ -356,7 +363,13 @@ class Agent:
         threading.Thread(target=finish, name=f"stop-{pod.name}", daemon=True).start()
 
     def _new_pod(
-        self, *, owner_kind: str, owner_name: str, template: Mapping[str, Any], template_hash: str
+        self,
+        *,
+        owner_kind: str,
+        owner_name: str,
+        template: Mapping[str, Any],
+        template_hash: str,
+        owner_uid: str = "",
     ) -> LocalPod:
         name = f"{owner_name}-{next(self._counter)}"
         self.qos[name] = qos_class(template["spec"])
@@ -364,6 +377,7 @@ class Agent:
             name=name,
             owner_kind=owner_kind,
             owner_name=owner_name,
+            owner_uid=owner_uid,
             template_hash=template_hash,
             labels=dict((template.get("metadata") or {}).get("labels") or {}),
             spec=json.loads(json.dumps(template["spec"])),
@@ -399,7 +413,8 @@ class Agent:
         if any(c.get("status") == "True" for c in status.get("conditions") or []):
             return
         with self._lock:
-            mine = [p for p in self.pods.values() if p.owner_kind == "Job" and p.owner_name == name]
+            uid = job["metadata"]["uid"]
+            mine = [p for p in self.pods.values() if p.owner_kind == "Job" and p.owner_uid == uid]
         # one snapshot of the pods' phases: the Job's status never runs ahead of its pods'
         phases = {p.name: p.phase for p in mine}
         active = [p for p in mine if phases[p.name] in ("Pending", "Running") and not p.terminating]
@@ -472,7 +487,13 @@ class Agent:
             ]
         elif not active:
             template = job["spec"]["template"]
-            self._new_pod(owner_kind="Job", owner_name=name, template=template, template_hash="")
+            self._new_pod(
+                owner_kind="Job",
+                owner_name=name,
+                owner_uid=job["metadata"]["uid"],
+                template=template,
+                template_hash="",
+            )
             new_status["active"] = 1
         if {k: status.get(k) for k in new_status} != new_status:
             self.api.patch("jobs", name, {"status": new_status}, sub="status")
