@@ -168,3 +168,18 @@ def check_packrat_argv(argv: list[str]) -> str:
     except SystemExit as exc:  # argparse exits on unknown or invalid arguments
         raise AssertionError(f"`packrat {' '.join(argv)}` is rejected by argparse") from exc
     return sub
+
+
+#: A plan as ``packrat plan --format json`` prints it, for the manifest builders.
+SAMPLE_PLAN: dict[str, Any] = {
+    "cpus": 4,
+    "batch": 8,
+    "instances": [{"threads": 2, "batch": 4, "count": 2, "latency_ms": 10.0}],
+    "expected_latency_ms": 10.0,
+    "fat_latency_ms": 15.0,
+    "expected_speedup": 1.5,
+    "num_instances": 2,
+    "total_threads": 4,
+    "label": "2x2t/b4",
+    "alternatives": {},
+}

@@ -20,6 +20,7 @@ from packaging_support import (
     NAMESPACE,
     RELEASE,
     ROOT,
+    SAMPLE_PLAN,
     all_containers,
     by_kind,
     helm_home,
@@ -291,18 +292,7 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
         "metadata": {"name": "resnet50", "namespace": "models-a", "uid": "u-1"},
         "spec": {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8},
     }
-    plan = {
-        "cpus": 4,
-        "batch": 8,
-        "instances": [{"threads": 2, "batch": 4, "count": 2, "latency_ms": 10.0}],
-        "expected_latency_ms": 10.0,
-        "fat_latency_ms": 15.0,
-        "expected_speedup": 1.5,
-        "num_instances": 2,
-        "total_threads": 4,
-        "label": "2x2t/b4",
-        "alternatives": {},
-    }
+    plan = SAMPLE_PLAN
     deployment = manifests.serving_deployment(
         owner, slot="a", plan=plan, serving_hash="h" * 16, replicas=1
     )

@@ -24,6 +24,7 @@ import yaml
 from packaging_support import (
     CHART_DIR,
     IMAGES_DIR,
+    SAMPLE_PLAN,
     all_containers,
     check_packrat_argv,
     helm_home,
@@ -252,18 +253,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "format": "torchscript",
     },
 }
-PLAN = {
-    "cpus": 4,
-    "batch": 8,
-    "instances": [{"threads": 2, "batch": 4, "count": 2, "latency_ms": 10.0}],
-    "expected_latency_ms": 10.0,
-    "fat_latency_ms": 15.0,
-    "expected_speedup": 1.5,
-    "num_instances": 2,
-    "total_threads": 4,
-    "label": "2x2t/b4",
-    "alternatives": {},
-}
+PLAN = SAMPLE_PLAN
 
 
 def controller_workloads() -> Iterator[dict[str, Any]]:
