@@ -88,12 +88,14 @@ def spec_for(config: str, *, model: str, cpus: int, sustain: int, interval: int)
     return spec
 
 
-async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path) -> None:
+async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path, *, zoo: str) -> None:
     """The load process: closed-loop bursts of B concurrent requests, B following the schedule
     (one burst at a time; the next starts when the last answer of the previous arrived)."""
     import aiohttp
 
-    body = json.dumps([0.1] * 16).encode()
+    from packrat.serve.codec import example_body
+
+    body = example_body(zoo)  # the zoo model's example input, as `packrat loadgen` sends it
     rows: list[dict[str, Any]] = []
     timeout = aiohttp.ClientTimeout(total=60)
     t0 = time.monotonic()
@@ -103,7 +105,7 @@ async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path) -
             start = time.monotonic()
             try:
                 async with session.post(
-                    url, data=body, headers={"Content-Type": "application/json"}
+                    url, data=body, headers={"Content-Type": "application/octet-stream"}
                 ) as resp:
                     text = await resp.text()
                     code = resp.status
@@ -129,7 +131,7 @@ async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path) -
 
 
 def load_process(
-    url: str, schedule: list[tuple[str, int, float]], out: Path
+    url: str, schedule: list[tuple[str, int, float]], out: Path, *, zoo: str
 ) -> subprocess.Popen[bytes]:
     """Starts the load in its own process (this one's GIL serves the Service proxy)."""
     return subprocess.Popen(
@@ -137,7 +139,7 @@ def load_process(
             sys.executable,
             __file__,
             "--load-only",
-            json.dumps({"url": url, "schedule": schedule, "out": str(out)}),
+            json.dumps({"url": url, "schedule": schedule, "out": str(out), "zoo": zoo}),
         ]
     )
 
@@ -249,7 +251,7 @@ def run_config(
     out = cluster.workdir / f"load-{config}.json"
     url = f"{cluster.agent.proxy.url(name)}/predictions/{name}"
     t0 = time.monotonic()
-    proc = load_process(url, schedule, out)
+    proc = load_process(url, schedule, out, zoo=spec["model"]["zoo"])
     stop = threading.Event()
     samples = watch_status(cluster, name, t0, stop)
     total = sum(seconds for _, _, seconds in schedule)
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     if args_list[:1] == ["--load-only"]:
         job = json.loads(args_list[1])
         schedule = [(str(p), int(b), float(d)) for p, b, d in job["schedule"]]
-        asyncio.run(_bursts(job["url"], schedule, Path(job["out"])))
+        asyncio.run(_bursts(job["url"], schedule, Path(job["out"]), zoo=job["zoo"]))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
