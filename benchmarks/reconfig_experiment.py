@@ -387,9 +387,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-seconds", type=float, default=15.0)
     parser.add_argument("--sustain", type=int, default=3)
     parser.add_argument("--min-interval", type=int, default=5)
+    parser.add_argument(
+        "--profile-budget",
+        type=int,
+        default=int(PROFILING["timeBudgetSeconds"]),
+        help="profiling time budget (s); ResNet-50 needs ~240 to reach batch 16",
+    )
     parser.add_argument("--configs", default="auto,fat,mean")
     parser.add_argument("--stem", default=None)
     args = parser.parse_args(argv)
+    PROFILING["timeBudgetSeconds"] = args.profile_budget
     configs = args.configs.split(",")
     stem = args.stem or f"reconfig-{args.model}"
     d = args.phase_seconds
