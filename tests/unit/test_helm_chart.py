@@ -417,7 +417,7 @@ NAMESPACED_RESOURCES = {
     ("", "services"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "update", "delete"},
     ("batch", "jobs"): {"create", "get", "list", "watch", "patch", "update", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "delete"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"create", "patch"},
 }

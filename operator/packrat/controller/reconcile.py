@@ -547,8 +547,9 @@ class Reconciler:
                     obj, key=key, profile_json=profile.to_json(), cpu_model=profile.meta.cpu_model
                 )
                 self.kube.create("configmaps", namespace, cm_body)
-                # background propagation: the garbage collector removes the Job's pods
                 self.kube.delete("jobs", namespace, obj_name)
+                for pod in pods:  # don't wait for the garbage collector: the retry reuses the name
+                    self.kube.delete("pods", namespace, pod["metadata"]["name"])
                 started = (job.get("status") or {}).get("startTime") or pstatus.get("startedAt")
                 result.profiling_seconds = _seconds_since(started, now)
                 self._emit(
@@ -578,7 +579,9 @@ class Reconciler:
                 self.config.profile_retry_seconds * 2 ** (attempts - 1),
                 self.config.profile_retry_max_seconds,
             )
-            self.kube.delete("jobs", namespace, obj_name)  # its pods go with it
+            self.kube.delete("jobs", namespace, obj_name)
+            for pod in pods:  # don't wait for the garbage collector: the retry reuses the name
+                self.kube.delete("pods", namespace, pod["metadata"]["name"])
             pstatus.update(
                 attempts=attempts,
                 lastFailure=failure[:1000],
