@@ -112,6 +112,18 @@ def crd_schema(path: Path | None = None) -> dict[str, Any]:
     raise AssertionError("no v1alpha1 version in the CRD")
 
 
+def strict_schema(schema: Any) -> Any:
+    """The schema as the API server applies it with strict field validation: unknown fields fail."""
+    if isinstance(schema, dict):
+        out = {k: strict_schema(v) for k, v in schema.items()}
+        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out.setdefault("additionalProperties", False)
+        return out
+    if isinstance(schema, list):
+        return [strict_schema(v) for v in schema]
+    return schema
+
+
 def pyproject() -> dict[str, Any]:
     with (ROOT / "pyproject.toml").open("rb") as handle:
         return tomllib.load(handle)

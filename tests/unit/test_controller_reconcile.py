@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 from openapi_schema_validator import OAS30Validator
+from packaging_support import strict_schema
 
 from packrat.controller.reconcile import Config, Reconciler, merge_patch, pod_failure
 from packrat.controller.status import get_condition
@@ -354,22 +355,11 @@ def test_profile_reused_for_batch_change() -> None:
     assert kube.of("jobs") == []
 
 
-def _strict(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
-            out.setdefault("additionalProperties", False)
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
-
-
 def test_written_status_matches_the_crd_schema() -> None:
     crd = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "crds" / "packratmodel.yaml").read_text()
     )
-    status_schema = _strict(
+    status_schema = strict_schema(
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     )
     validator = OAS30Validator(status_schema)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from openapi_schema_validator import OAS30Validator
+from packaging_support import strict_schema
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "packratmodel.yaml"
 
@@ -18,21 +19,9 @@ def _crd() -> dict[str, Any]:
     return data
 
 
-def _strict(schema: Any) -> Any:
-    """The schema as the API server applies it with strict field validation: unknown fields fail."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in out and not out.get("x-kubernetes-preserve-unknown-fields"):
-            out.setdefault("additionalProperties", False)
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
-
-
 def _validator() -> OAS30Validator:
     schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    strict = _strict(schema)
+    strict = strict_schema(schema)
     strict["properties"]["metadata"] = {"type": "object"}
     return OAS30Validator(strict)
 
