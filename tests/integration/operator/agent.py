@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import http.client
-import http.server
 import itertools
 import json
 import os
@@ -591,6 +589,9 @@ class Agent:
                     and all(p.labels.get(k) == v for k, v in selector.items())
                 ]
         self.endpoints = endpoints
+        with self._lock:
+            ports = {p.name: p.port for p in self.pods.values() if p.port}
+        self.proxy.publish(services=endpoints, pods=ports)
 
     def _publish_serving_pods(self) -> None:
         """Pod objects for Deployment pods (podIP 127.0.0.1, Ready condition), so the operator
@@ -654,69 +655,50 @@ class Agent:
 
 
 class ServiceProxy:
-    """kube-proxy for one port: ``/svc/{service}/...`` goes to a ready endpoint of that Service."""
+    """kube-proxy for one port, run as its own process (``kubeproxy.py``): ``/svc/{service}/...``
+    goes to a ready endpoint of that Service, ``/pod/{name}/...`` to that pod's port.
+
+    The agent hands it the routing table through a file (:meth:`publish`, atomic rename, only
+    when the table changed); the proxy rereads it on the next request.
+    """
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.port = free_port()
-        self._rr = itertools.count()
-        proxy = self
+        self.table = agent.workdir / "kube-proxy-table.json"
+        self._published: str | None = None
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _forward(self) -> None:
-                parts = self.path.split("/", 3)
-                if len(parts) < 3 or parts[1] not in ("svc", "pod"):
-                    self.send_error(404)
-                    return
-                if len(parts) >= 3 and parts[1] == "pod":  # one pod, by name (its pod IP)
-                    pod = proxy.agent.pods.get(parts[2])
-                    ports = [pod.port] if pod is not None and pod.port else []
-                else:
-                    ports = list(proxy.agent.endpoints.get(parts[2]) or [])
-                rest = "/" + (parts[3] if len(parts) > 3 else "")
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                if not ports:
-                    self._reply(503, b'{"error": "no endpoints"}', "application/json")
-                    return
-                port = ports[next(proxy._rr) % len(ports)]
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                try:
-                    headers = {"Content-Type": self.headers.get("Content-Type", "application/json")}
-                    conn.request(self.command, rest, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    self._reply(resp.status, data, resp.getheader("Content-Type") or "text/plain")
-                except OSError as exc:
-                    self._reply(502, f"endpoint {port}: {exc}".encode(), "text/plain")
-                finally:
-                    conn.close()
-
-            def _reply(self, code: int, data: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = _forward
-            do_POST = _forward
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="proxy", daemon=True)
+    def publish(self, *, services: Mapping[str, list[int]], pods: Mapping[str, int]) -> None:
+        text = json.dumps({"services": dict(services), "pods": dict(pods)}, sort_keys=True)
+        with self._lock:
+            if text == self._published:
+                return
+            tmp = self.table.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.table)
+            self._published = text
 
     def start(self) -> None:
-        self._thread.start()
+        self.publish(services={}, pods={})
+        script = Path(__file__).resolve().parent / "kubeproxy.py"
+        cmd = [sys.executable, str(script), "--port", str(self.port), "--table", str(self.table)]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()  # "ready" once it listens
+        if line.strip() != "ready":
+            self._proc.kill()
+            raise RuntimeError(f"kube-proxy did not start (exit {self._proc.wait()})")
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.port}/svc/{service}"
