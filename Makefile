@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration lint typecheck layers bench bench-optimizer e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
 
 venv: $(STAMP)
 
@@ -46,6 +46,14 @@ bench-optimizer: venv
 
 bench: venv
 	$(BIN)/packrat bench --model resnet50 --cpus 2 --batch 4,8,16,32
+
+# Online reconfiguration (issue 6): auto vs static fat vs static mean-load plan, about 15 minutes.
+bench-reconfig: venv
+	$(BIN)/python benchmarks/reconfig_experiment.py --model resnet50 --phase-seconds 40 --profile-budget 240 --stem reconfig-resnet50
+
+# Why serving pods need exclusive cores: 1 vs 2 threads beside a busy process, about 2 minutes.
+bench-contention: venv
+	$(BIN)/python benchmarks/thread_contention.py --model resnet50 --batch 4 --out thread-contention-resnet50.txt
 
 # Opt-in (it creates a kind cluster and builds images); skipped where kind, Docker or helm are missing.
 e2e-kind: venv

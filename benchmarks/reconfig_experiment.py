@@ -62,12 +62,21 @@ PROFILING: dict[str, Any] = {
 }
 
 
-def spec_for(config: str, *, model: str, cpus: int, sustain: int, interval: int) -> dict[str, Any]:
+def spec_for(
+    config: str,
+    *,
+    model: str,
+    cpus: int,
+    sustain: int,
+    interval: int,
+    profiling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    profiling = dict(PROFILING if profiling is None else profiling)
     spec: dict[str, Any] = {
         "model": {"zoo": model},
         "cpus": cpus,
         "maxBatchDelayMs": 5,
-        "profiling": dict(PROFILING),
+        "profiling": profiling,
         "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
     }
     if config == "auto":
@@ -80,7 +89,7 @@ def spec_for(config: str, *, model: str, cpus: int, sustain: int, interval: int)
         }
     elif config == "fat":
         spec["batchSize"] = 16
-        spec["profiling"] = {**PROFILING, "threads": [cpus]}  # only t=T: one fat instance
+        spec["profiling"] = {**profiling, "threads": [cpus]}  # only t=T: one fat instance
     elif config == "mean":
         spec["batchSize"] = 8  # the mean concurrency of the schedule, 7.2, as a power of two
     else:
@@ -276,6 +285,24 @@ def run_config(
     return rows, events, status, profile_text
 
 
+def profile_lines(source: str) -> str:
+    """The measured profile as a small table: latency (ms) per batch, one column per thread count
+    (the profiling Job ran on the same shared cores as everything else)."""
+    points = json.loads(source)["points"]
+    threads = sorted({int(p["threads"]) for p in points})
+    batches = sorted({int(p["batch"]) for p in points})
+    by = {(int(p["threads"]), int(p["batch"])): float(p["latency_ms"]) for p in points}
+    lines = [
+        "profile used by all three (mean ms per batch):",
+        "batch | " + " | ".join(f"t={t}" for t in threads),
+        "---|" + "---|" * len(threads),
+    ]
+    for b in batches:
+        cells = [f"{by[(t, b)]:.1f}" if (t, b) in by else "" for t in threads]
+        lines.append(f"{b} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
@@ -396,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="auto,fat,mean")
     parser.add_argument("--stem", default=None)
     args = parser.parse_args(argv)
-    PROFILING["timeBudgetSeconds"] = args.profile_budget
+    profiling = {**PROFILING, "timeBudgetSeconds": args.profile_budget}
     configs = args.configs.split(",")
     stem = args.stem or f"reconfig-{args.model}"
     d = args.phase_seconds
@@ -418,11 +445,14 @@ def main(argv: list[str] | None = None) -> int:
                     cpus=args.cpus,
                     sustain=args.sustain,
                     interval=args.min_interval,
+                    profiling=profiling,
                 )
                 got, evs, status, cm = run_config(
                     cluster, config=config, spec=spec, schedule=schedule, source=source
                 )
-                source = source or cm
+                if source is None:
+                    source = cm
+                    (RESULTS / f"{stem}-profile.json").write_text(cm)
                 rows += got
                 events += evs
                 done = [h for h in status.get("switchHistory") or [] if h["result"] == "Succeeded"]
@@ -471,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         for config, h in history.items()
     )
     report = f"{header}\n{text}\n\n{switch_lines}\n"
+    if source is not None:
+        report += "\n" + profile_lines(source) + "\n"
     (RESULTS / f"{stem}.txt").write_text(report)
     plot(
         rows,
