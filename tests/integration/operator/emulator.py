@@ -50,10 +50,23 @@ PATHS = {
 
 
 class CompatEmulator(kmock.KubernetesEmulator):
-    """kmock plus the metadata a real API server maintains, and pod logs."""
+    """kmock plus the metadata a real API server maintains, and pod logs.
+
+    It also keeps kmock's request log short. kmock records every request for assertions and
+    finds the reaction for each new one by scanning that whole log once per candidate reaction
+    (``request in payload._source``), so a request's cost grows with the number served before
+    it: after a few minutes of an operator, an agent and a status poller talking to it, one
+    request took about 0.3 s of CPU and the test process used a whole core, competing with the
+    serving pods it was supposed to stand beside. Nothing here asserts on that log, so beyond
+    ``HISTORY`` entries it is cut down to the requests still being handled (whose reaction
+    lookup may still need them).
+    """
+
+    HISTORY = 16
 
     def setup(self) -> None:
         self.pod_logs: dict[tuple[str, str, str], str] = {}
+        self._in_flight: set[int] = set()
         self._versions = itertools.count(1)
         for key, (kind, subresources) in RESOURCES.items():
             self.resources[key] = kmock.ResourceInfo(
@@ -63,7 +76,21 @@ class CompatEmulator(kmock.KubernetesEmulator):
                 subresources=subresources,
             )
 
+    def _trim_history(self) -> None:
+        if len(self._requests) > self.HISTORY:
+            self._requests[:] = [r for r in self._requests if id(r) in self._in_flight]
+            for payload in self._payloads:
+                payload._requests.clear()  # kept by kmock for assertions only
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self._in_flight.add(id(request))
+        try:
+            self._trim_history()
+            return await self._handle_compat(request)
+        finally:
+            self._in_flight.discard(id(request))
+
+    async def _handle_compat(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
             if request.subresource == "log" and request.method == enums.method.GET:
                 container = request.params.get("container", "")
