@@ -13,7 +13,8 @@ burst and their batch-size estimates measured the proxy, not the load. Each requ
 fresh upstream connection (no pooling): a request never rides a kept-alive connection to a pod
 that has left the endpoints.
 
-Run: ``python kubeproxy.py --port PORT --table FILE``; it prints ``ready`` once listening.
+Run: ``python kubeproxy.py --port PORT --table FILE``; it prints ``ready`` once listening and
+exits when its parent process does.
 """
 
 from __future__ import annotations
@@ -111,8 +112,12 @@ async def main(argv: list[str]) -> None:
     site = web.TCPSite(runner, "127.0.0.1", args.port, backlog=1024)
     await site.start()
     print("ready", flush=True)
+    parent = os.getppid()
     try:
-        await asyncio.Event().wait()
+        # exit with the test process, even when it dies without stopping us (no orphan left
+        # holding the CI job's output open)
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
     finally:
         await runner.cleanup()
 
