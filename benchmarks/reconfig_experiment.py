@@ -142,7 +142,7 @@ async def _bursts(url: str, schedule: list[tuple[str, int, float]], out: Path, *
 def load_process(
     url: str, schedule: list[tuple[str, int, float]], out: Path, *, zoo: str
 ) -> subprocess.Popen[bytes]:
-    """Starts the load in its own process (this one's GIL serves the Service proxy)."""
+    """Starts the load in its own process (this one's GIL serves the emulator and the agent)."""
     return subprocess.Popen(
         [
             sys.executable,

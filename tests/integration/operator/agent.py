@@ -139,7 +139,6 @@ class Agent:
         self.period = period
         self.pods: dict[str, LocalPod] = {}
         self.oom_kill_job_pods = 0
-        self.endpoints: dict[str, list[int]] = {}
         self.errors: list[str] = []
         self.terminations: list[tuple[float, str, int]] = []
         self.qos: dict[str, str] = {}  # every pod ever started -> its QoS class
@@ -588,7 +587,6 @@ class Agent:
                     and not p.terminating
                     and all(p.labels.get(k) == v for k, v in selector.items())
                 ]
-        self.endpoints = endpoints
         with self._lock:
             ports = {p.name: p.port for p in self.pods.values() if p.port}
         self.proxy.publish(services=endpoints, pods=ports)

@@ -229,7 +229,8 @@ class Load:
 class BurstLoad:
     """Closed-loop bursts of ``burst`` concurrent requests through the Service proxy, from
     ``packrat loadgen`` subprocesses (asyncio, outside this process: the test process's GIL
-    serves the proxy, not the clients), run back to back in chunks until stopped.
+    serves the emulator and the agent, not the clients), run back to back in chunks until
+    stopped.
 
     ``records`` holds (start time on this process's monotonic clock, latency s, status code)
     for every request; ``burst`` may be changed while running (the next chunk uses it).
