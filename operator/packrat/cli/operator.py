@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--unschedulable-grace-seconds",
         type=float,
-        default=60.0,
+        default=float(os.environ.get("PACKRAT_UNSCHEDULABLE_GRACE_SECONDS", "60")),
         help="a profiling pod the scheduler cannot place fails its attempt after this long "
         "(default 60)",
     )

@@ -24,7 +24,7 @@ from packrat.controller.context import Config, Pass, Result
 from packrat.controller.drift import merge_patch
 from packrat.controller.kube import KubeApi
 from packrat.controller.model import InvalidSpec, ModelSpec, parse
-from packrat.controller.ownership import conflict_message
+from packrat.controller.ownership import conflict_message, owned_by
 from packrat.controller.plans import status_plan, wire_plan
 from packrat.controller.pods import pod_failure
 from packrat.controller.profiling import ensure_profile
@@ -139,6 +139,8 @@ class Reconciler:
 
         if invalid is not None or model is None:
             self._invalid(p, invalid.errors if invalid else ["spec unreadable"])
+            return
+        if self._foreign(p, children):
             return
 
         # 2. profile
@@ -267,6 +269,26 @@ class Reconciler:
             p.emit("Warning", "InvalidSpec", message)
         p.status["message"] = message
         p.cond("Ready", False, "InvalidSpec", message)
+
+    def _foreign(self, p: Pass, children: Children) -> bool:
+        """Objects under our names that are not ours: nothing more is done until they go."""
+        uid = p.obj["metadata"].get("uid")
+        found = [("Service", p.name, children.service)] + [
+            ("Deployment", m.deployment_name(p.name, slot), dep)
+            for slot, dep in children.deployments.items()
+        ]
+        for kind, name, obj in found:
+            if obj is not None and not owned_by(obj, name=p.name, uid=uid):
+                p.conflict(kind, name)
+        if not p.conflicts:
+            return False
+        message = conflict_message(p.conflicts)
+        p.result.phase = "Failed"
+        p.result.result = "conflict"
+        p.result.waiting = True  # a foreign object's removal sends us no event: look again
+        p.status["message"] = message
+        p.cond("Ready", False, "OwnershipConflict", message)
+        return True
 
     def _report_conflicts(self, p: Pass) -> None:
         previous = get_condition(p.status.get("conditions"), "OwnershipConflict") or {}

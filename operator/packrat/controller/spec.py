@@ -87,11 +87,12 @@ def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(spec))
     for key, value in DEFAULTS.items():
         if isinstance(value, dict):
-            merged = dict(value)
             given = out.get(key)
-            if isinstance(given, Mapping):
-                merged.update(given)
-            out[key] = merged
+            if given is None:
+                out[key] = dict(value)
+            elif isinstance(given, Mapping):
+                out[key] = {**value, **given}
+            # anything else stays as given, for validation to report
         else:
             out.setdefault(key, value)
     auto = out.get("autoBatch")
