@@ -68,6 +68,7 @@ class CompatEmulator(kmock.KubernetesEmulator):
         self.pod_logs: dict[tuple[str, str, str], str] = {}
         self.faults: list[list[Any]] = []  # [method, path part, times left, status]
         self.requests_failed = 0
+        self.request_counts: dict[tuple[str, str, bool, str], int] = {}
         self._in_flight: set[int] = set()
         self._versions = itertools.count(1)
         for key, (kind, subresources) in RESOURCES.items():
@@ -100,7 +101,19 @@ class CompatEmulator(kmock.KubernetesEmulator):
                 return int(status)
         return None
 
+    def count(self, request: rendering.Request) -> None:
+        """Count requests by verb, resource path (without the object's name), watch or not,
+        and client (the User-Agent's product: the tests' client is Python-urllib)."""
+        parts = [x for x in str(request.url.path).split("/") if x]
+        if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+            parts = parts[: parts.index("namespaces") + 3]  # .../namespaces/NS/PLURAL
+        verb = str(getattr(request.method, "value", request.method)).upper()
+        agent = str(request.headers.get("User-Agent", ""))
+        key = (verb, "/".join(parts), "watch" in request.params, agent.split("/", maxsplit=1)[0])
+        self.request_counts[key] = self.request_counts.get(key, 0) + 1
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        self.count(request)
         status = self._fault(request) if self.faults else None
         if status is not None:
             return aiohttp.web.json_response(
