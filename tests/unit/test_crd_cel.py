@@ -66,9 +66,9 @@ def with_defaults(schema: Mapping[str, Any], value: Any) -> Any:
         extra = schema.get("additionalProperties")
         if isinstance(extra, Mapping):
             known = set(schema.get("properties") or {})
-            for name in out:
+            for name, item in list(out.items()):
                 if name not in known:
-                    out[name] = with_defaults(extra, out[name])
+                    out[name] = with_defaults(extra, item)
         return out
     if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
         return [with_defaults(schema["items"], v) for v in value]
