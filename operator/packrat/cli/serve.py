@@ -15,6 +15,8 @@ from typing import Any
 
 from packrat.cli import CliError
 
+MAX_PLAN_BYTES = 1024 * 1024
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -73,9 +75,16 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
     """The plan JSON and where it came from."""
     if args.plan is not None:
         try:
-            return args.plan.read_text(), str(args.plan)
+            with args.plan.open("rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)
         except OSError as exc:
-            raise CliError(f"cannot read plan {args.plan}: {exc}") from None
+            raise CliError(f"cannot read plan {args.plan}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_PLAN_BYTES:
+            raise CliError(f"plan {args.plan} is larger than {MAX_PLAN_BYTES} bytes")
+        try:
+            return raw.decode("utf-8"), str(args.plan)
+        except UnicodeDecodeError as exc:
+            raise CliError(f"plan {args.plan}: not UTF-8 text (byte {exc.start})") from None
     text = os.environ.get(args.plan_env)
     if not text:
         raise CliError(f"environment variable {args.plan_env} is not set or empty")

@@ -61,6 +61,10 @@ def parse_plan(text: str, *, origin: str) -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ServeConfigError(f"{origin}: plan is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ServeConfigError(f"{origin}: plan is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise ServeConfigError(f"{origin}: plan is not valid JSON: {str(exc)[:100]}") from None
     try:
         return Plan.from_dict(data)
     except PlanError as exc:
