@@ -75,7 +75,10 @@ class OperatorProcess:
             "operator",
             "--namespace",
             NAMESPACE,
+            # event-driven: a change wakes its model; the resync is only a safety net
             "--resync-seconds",
+            "300",
+            "--poll-seconds",
             "0.5",
             "--profile-retry-seconds",
             "1",
