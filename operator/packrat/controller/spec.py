@@ -64,7 +64,8 @@ _SPEC_FIELDS = {
     "affinity",
     "switch",
 }
-_MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest"}
+_CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
+_MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest", "sampleContentType"}
 _VOLUME_FIELDS = {"persistentVolumeClaim", "configMap", "path"}
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -173,6 +174,15 @@ def _validate_model(errors: list[str], model: Any) -> None:
     sample = model.get("sampleRequest")
     if sample is not None and not isinstance(sample, str):
         errors.append("spec.model.sampleRequest must be a base64 string")
+    if fmt == "mar" and sample is None:
+        errors.append(
+            "a mar model needs model.sampleRequest (it is profiled through its own handler)"
+        )
+    content_type = model.get("sampleContentType")
+    if content_type is not None and (
+        not isinstance(content_type, str) or not _CONTENT_TYPE_RE.match(content_type)
+    ):
+        errors.append(f"spec.model.sampleContentType must be a type/subtype, got {content_type!r}")
 
 
 def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
@@ -353,17 +363,20 @@ def profile_key(spec: Mapping[str, Any], *, image: str) -> str:
     spec = with_defaults(spec)
     profiling = spec["profiling"]
     threads = profiling.get("threads") or list(range(1, int(spec["cpus"]) + 1))
-    return _digest(
-        {
-            "model": model_identity(spec["model"]),
-            "image": image,
-            "cpus": spec["cpus"],
-            "maxBatch": profiling["maxBatch"],
-            "threads": sorted(threads),
-            "nodeSelector": spec.get("nodeSelector") or {},
-            "affinity": spec.get("affinity") or {},
-        }
-    )
+    key: dict[str, Any] = {
+        "model": model_identity(spec["model"]),
+        "image": image,
+        "cpus": spec["cpus"],
+        "maxBatch": profiling["maxBatch"],
+        "threads": sorted(threads),
+        "nodeSelector": spec.get("nodeSelector") or {},
+        "affinity": spec.get("affinity") or {},
+    }
+    sample = spec["model"].get("sampleRequest")
+    if sample is not None:  # the profile is measured through the handler with this request
+        key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
+        key["sampleContentType"] = spec["model"].get("sampleContentType")
+    return _digest(key)
 
 
 def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str) -> str:
