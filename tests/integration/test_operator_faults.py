@@ -8,16 +8,10 @@ failed requests are printed (benchmarks/faults.py measures them), never asserted
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
-
 from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -37,16 +31,6 @@ SPEC: dict[str, Any] = {
     },
     "switch": {"readyTimeoutSeconds": 90, "drainSeconds": 2},
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorCluster]:
-    cluster = OperatorCluster(tmp_path_factory.mktemp("faults"))
-    try:
-        yield cluster
-    finally:
-        print("\n--- operator log tail ---\n" + cluster.log_tail(40))
-        cluster.close()
 
 
 def _ready(cluster: OperatorCluster) -> bool:

@@ -7,15 +7,10 @@ so the module runs no model process (the profiling pods never start).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
-
 from harness import OperatorCluster, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import http.server
 import json
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
-
 from emulator import Api, EmulatorThread
 
 from packrat.controller.autobatch import Reading
