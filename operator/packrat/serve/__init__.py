@@ -9,5 +9,5 @@
 - :mod:`~packrat.serve.torchserve`: one isolated TorchServe process.
 - :mod:`~packrat.serve.dispatcher` / :mod:`~packrat.serve.metrics`: the public port.
 - :mod:`~packrat.serve.server`: ``packrat serve`` end to end (readiness, restarts, drain).
-- :mod:`~packrat.serve.loadgen` / :mod:`~packrat.serve.bench`: load and the serving benchmark.
+- :mod:`~packrat.serve.loadgen`: closed-loop load (the benchmarks live in :mod:`packrat.bench`).
 """
