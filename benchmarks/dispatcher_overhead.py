@@ -37,7 +37,7 @@ from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher import Dispatcher
 from packrat.serve.loadgen import percentile
 from packrat.serve.server import wait_ready
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve import allocate_ports, free_ports
 
 PLAN = {
     "cpus": 1,
@@ -84,19 +84,20 @@ async def latency_part(requests: int, cpus: list[int]) -> dict[str, object]:
     (tmp / "plan.json").write_text(json.dumps(PLAN))
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
+    ts_ports = allocate_ports()  # a free block: TorchServe's inference port is its first
     cmd = [
         sys.executable, "-m", "packrat", "serve", "--model", "tiny", "--plan",
         str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
         "--max-batch-delay-ms", "1", "--cpus", str(cpus[0]), "--workdir", str(tmp / "work"),
+        "--torchserve-port-base", str(ts_ports.inference),
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if not await wait_ready(url, timeout_s=120):
             raise RuntimeError("packrat serve did not become ready")
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"{url}/status") as r:
-                status = await r.json()
-            direct = f"{status['torchserve']['inference']}/predictions/tiny_i0"
+            # /status no longer names internal addresses; the port block was chosen here.
+            direct = f"http://127.0.0.1:{ts_ports.inference}/predictions/tiny_i0"
             via = f"{url}/predictions/tiny"
             body = example_body("tiny")
             out: dict[str, object] = {}
@@ -146,7 +147,7 @@ def _dispatcher(port: int, backend: int, cpu: int) -> None:
         inst = InstanceSpec(index=0, name="stub_i0", threads=1, batch=512, cpus=(cpu,))
         d = Dispatcher(model="stub", instances=[inst], backend_url=f"http://127.0.0.1:{backend}")
         d.set_up(0, True)
-        runner = web.AppRunner(d.app(), access_log=None)
+        runner = d.runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         await asyncio.Event().wait()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from packrat.bench.serving import run_serving_bench
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 from packrat.runtime.cpus import allowed_cpus
-from packrat.serve.bench import run_serving_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -39,13 +39,14 @@ def test_serving_bench_runs_all_four_configurations(
     )
     assert run_serving_bench(args) == 0
     table = capsys.readouterr().out
-    for config in ("packrat", "fat", "torchserve", "per-core"):
+    for config in ("packrat", "fat", "torchserve", "per_core"):
         assert f"  {config}" in table
     assert "speedup of packrat over: fat" in table
     result = json.loads((tmp_path / "result.json").read_text())
     row = result["batches"]["4"]
     assert row["plan"]["label"] == "2x1t/b2"  # 1.0 ms beats the fat 2.5 ms
     assert {c: v["errors"] for c, v in row["configs"].items()} == {
-        "packrat": 0, "fat": 0, "torchserve": 0, "per-core": 0,
+        "packrat": 0, "fat": 0, "torchserve": 0, "per_core": 0,
     }  # fmt: skip
-    assert all(len(r["batch_latencies_ms"]) == 2 for r in result["runs"])  # 8 requests / B=4
+    # 8 requests / B=4 would be 2 bursts: every run records at least 8, so medians are medians
+    assert all(len(r["batch_latencies_ms"]) >= 8 for r in result["runs"])

@@ -171,6 +171,47 @@ def cpus_allowed(pid: int | str, task: str | None = None) -> list[int]:
     raise AssertionError("no Cpus_allowed_list")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (from /proc's parent links)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, parent in parents.items() if parent == current]
+        out += children
+        frontier += children
+    return out
+
+
+def worker_pids(pod: Pod) -> dict[tuple[int, ...], int]:
+    """The pod's TorchServe worker processes, by the cores each is pinned to (/status no
+    longer shows pids)."""
+    found: dict[tuple[int, ...], int] = {}
+    for pid in descendants(pod.proc.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"model_service_worker" in cmdline:
+                found[tuple(cpus_allowed(pid))] = pid
+        except (OSError, AssertionError):
+            continue
+    return found
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
 def test_not_ready_before_load_ready_after(pod: Pod) -> None:
     assert 503 in pod.pings, pod.pings  # answered "not ready" while the models loaded
     assert pod.pings[-1] == 200
@@ -182,9 +223,10 @@ def test_each_worker_is_pinned_to_its_own_cores(pod: Pod) -> None:
     instances = status["instances"]
     assert len(instances) == 2
     assert {tuple(i["cpus"]) for i in instances} == {(CPUS[0],), (CPUS[1],)}
+    workers = worker_pids(pod)
+    assert set(workers) == {(CPUS[0],), (CPUS[1],)}, workers
     for inst in instances:
-        pid = inst["pid"]
-        assert cpus_allowed(pid) == inst["cpus"], inst
+        pid = workers[tuple(inst["cpus"])]
         for task in os.listdir(f"/proc/{pid}/task"):  # every thread, not just the main one
             assert cpus_allowed(pid, task) == inst["cpus"]
 
@@ -217,6 +259,36 @@ def test_a_bad_request_fails_alone(pod: Pod) -> None:
     assert [a[0] for a in answers] == [200, 400, 200, 400]
     assert json.loads(answers[1][1])["code"] == 400
     assert post(pod.url, [(good, "application/octet-stream")])[0][0] == 200
+
+
+def test_hostile_bodies_fail_alone_in_their_batch(pod: Pod) -> None:
+    """Deep nesting and a 5,000-digit integer made every request of their batch a 503."""
+    good = encode_sample([zoo.example_input("tiny", 1)[0]])
+    deep = b"[" * 100_000 + b"]" * 100_000
+    huge = ("[" + "7" * 5000 + "]").encode()
+    for _ in range(3):  # batches of 2 on two instances: hostile and good requests mixed
+        answers = post(
+            pod.url,
+            [
+                (good, "application/octet-stream"),
+                (deep, "application/json"),
+                (good, "application/octet-stream"),
+                (huge, "application/json"),
+            ],
+        )
+        assert [a[0] for a in answers] == [200, 400, 200, 400], answers
+
+
+def test_an_oversized_upload_is_413_and_nothing_reaches_torchserve(pod: Pod) -> None:
+    answers = post(pod.url, [(b"\0" * (7 * 1024 * 1024), "application/octet-stream")])
+    assert answers[0][0] == 413
+    assert json.loads(answers[0][1])["code"] == 413
+
+
+def test_status_shows_no_pids_or_internal_addresses(pod: Pod) -> None:
+    text = json.dumps(pod.status())
+    assert '"pid"' not in text and "127.0.0.1" not in text and "torchserve" not in text
+    assert all({"up", "restarts", "status"} <= set(i) for i in pod.status()["instances"])
 
 
 def test_overload_is_shed_with_503_and_retry_after(pod: Pod) -> None:
@@ -266,23 +338,38 @@ def test_loadgen_cli_against_the_pod(pod: Pod) -> None:
     assert summary["batch_latency"]["p50_ms"] > 0
 
 
+def test_a_stopped_worker_fails_readiness_until_it_continues(pod: Pod) -> None:
+    """SIGSTOP: TorchServe still lists the worker READY; /ping stayed 200 before."""
+    cpus = tuple(pod.status()["instances"][0]["cpus"])
+    pid = worker_pids(pod)[cpus]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _ping(pod.url) == 503, "readiness to fail")
+        assert pod.status()["instances"][0]["status"] == "STOPPED"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: _ping(pod.url) == 200, "readiness to come back")
+
+
 def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
     before = pod.status()["instances"][1]
-    os.kill(before["pid"], signal.SIGKILL)
+    old_pid = worker_pids(pod)[tuple(before["cpus"])]
+    os.kill(old_pid, signal.SIGKILL)
     seen: list[int] = []
     deadline = time.monotonic() + 60
-    after = before
+    new_pid = old_pid
     while time.monotonic() < deadline:
         code = _ping(pod.url)
         seen.append(code)
-        after = pod.status()["instances"][1]
-        if code == 200 and after["pid"] != before["pid"]:
+        new_pid = worker_pids(pod).get(tuple(before["cpus"]), old_pid)
+        if code == 200 and new_pid != old_pid:
             break
         time.sleep(0.05)
     assert 503 in seen, seen  # not ready while the instance was down
-    assert seen[-1] == 200 and after["pid"] != before["pid"], pod.log_text()[-3000:]
+    assert seen[-1] == 200 and new_pid != old_pid, pod.log_text()[-3000:]
+    after = pod.status()["instances"][1]
     assert after["restarts"] >= 1
-    assert cpus_allowed(after["pid"]) == before["cpus"]
+    assert cpus_allowed(new_pid) == before["cpus"]
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
     result = asyncio.run(run_bursts(url=pod.url, model="tiny", body=good, burst=4, bursts=3))
     assert result.errors == 0
@@ -385,6 +472,48 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(user_pod: Pod) -> None
     assert _ping(user_pod.url) == 0  # the port is closed
     log = user_pod.log_text()
     assert "draining (5 outstanding)" in log, log[-2000:]
+
+
+def test_when_torchserve_dies_queued_clients_get_503_and_the_pod_exits(tmp_path: Path) -> None:
+    """Before: queued clients hung and the pod took 32 s to exit."""
+    plan = plan_json([{"threads": 1, "batch": 1, "count": 1}], cpus=1)
+    pod = start_pod(
+        tmp_path,
+        model="tiny",
+        plan=plan,
+        extra=["--cpus", str(CPUS[0]), "--queue-limit", "64", "--drain-seconds", "60"],
+    )
+    try:
+        worker = next(iter(worker_pids(pod).values()))
+        os.kill(worker, signal.SIGSTOP)  # requests pile up in the dispatcher's queue
+        good = encode_sample([zoo.example_input("tiny", 1)[0]])
+
+        async def go() -> list[int]:
+            async with aiohttp.ClientSession() as s:
+
+                async def one() -> int:
+                    try:
+                        async with s.post(f"{pod.url}/predictions/tiny", data=good) as r:
+                            await r.read()
+                            return r.status
+                    except aiohttp.ClientError:
+                        return 0
+
+                tasks = [asyncio.create_task(one()) for _ in range(8)]
+                for _ in range(2000):
+                    async with s.get(f"{pod.url}/status") as r:
+                        if (await r.json())["outstanding"]["queued"] >= 4:
+                            break
+                    await asyncio.sleep(0.02)
+                os.killpg(os.getpgid(worker), signal.SIGKILL)  # TorchServe's whole group
+                return list(await asyncio.gather(*tasks))
+
+        statuses = asyncio.run(go())
+        assert statuses.count(503) >= 4, statuses
+        assert pod.proc.wait(timeout=60) == 1
+        assert "TorchServe exited" in pod.log_text()
+    finally:
+        stop_pod(pod)
 
 
 def test_a_torchscript_file_is_served(tmp_path: Path) -> None:

@@ -50,14 +50,14 @@ def test_bench_options() -> None:
 
 def test_bench_serving_dispatches_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[argparse.Namespace] = []
-    fake = types.ModuleType("packrat.serve.bench")
+    fake = types.ModuleType("packrat.bench.serving")
 
     def run_serving_bench(args: argparse.Namespace) -> int:
         seen.append(args)
         return 7
 
     fake.run_serving_bench = run_serving_bench  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "packrat.serve.bench", fake)
+    monkeypatch.setitem(sys.modules, "packrat.bench.serving", fake)
     args = _parse("bench --model tiny --cpus 2 --batch 4 --serving --requests 9 --repeats 2")
     assert args.func(args) == 7
     assert seen and seen[0].requests == 9 and seen[0].repeats == 2

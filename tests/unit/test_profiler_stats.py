@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from packrat.bench.microbench import BenchConfig, bench_configs
+from packrat.plan.baselines import even_split
 from packrat.plan.optimizer import optimize
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
-from packrat.profiler.bench import BenchConfig, bench_configs, even_split
 from packrat.profiler.profiler import (
     ProfilerError,
     ProfileSettings,

@@ -1,8 +1,8 @@
 """``packrat bench``: Packrat's microbenchmark on this machine's cores, measured for real.
 
-Thin: the measurement lives in :mod:`packrat.profiler.bench` (plan vs fat vs one-per-core,
-interleaved) and, with ``--serving``, in ``packrat.serve.bench`` (the same comparison through
-the serving stack).
+Thin: the measurement lives in :mod:`packrat.bench.microbench` (plan vs fat vs one-per-core,
+interleaved) and, with ``--serving``, in :mod:`packrat.bench.serving` (the same comparison
+through the serving stack).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--serving",
         action="store_true",
-        help="benchmark through the serving stack (packrat.serve.bench) instead",
+        help="benchmark through the serving stack (packrat.bench.serving) instead",
     )
     serving = parser.add_argument_group("with --serving")
     serving.add_argument("--requests", type=int, help="requests per run (default 64)")
@@ -82,12 +82,12 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.serving:
-        serve_bench = importlib.import_module("packrat.serve.bench")
+        serve_bench = importlib.import_module("packrat.bench.serving")
         code: int = serve_bench.run_serving_bench(args)
         return code
 
+    from packrat.bench.microbench import ensure_profile, format_bench_table, run_bench
     from packrat.plan.profile import ProfileError, load_profile
-    from packrat.profiler.bench import ensure_profile, format_bench_table, run_bench
     from packrat.profiler.client import WorkerError
     from packrat.profiler.profiler import ProfilerError
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from packrat.plan.optimizer import Optimizer
-from packrat.serve.bench import (
+from packrat.bench.serving import (
+    MIN_BURSTS,
     BenchResult,
     BenchSettings,
     Run,
-    fat_plan,
+    config_plans,
     format_table,
-    per_core_plan,
 )
+from packrat.plan.baselines import FAT, PER_CORE, baseline_plan, expected_latency
+from packrat.plan.optimizer import Optimizer
 
 TABLE = {
     (1, 2): 100.0, (1, 4): 190.0, (1, 8): 400.0,
@@ -23,28 +24,30 @@ TABLE = {
 def test_configurations_for_a_plan() -> None:
     plan = Optimizer(TABLE, cpus=2, max_batch=8).plan(8)
     assert plan.label == "2x1t/b4"  # 190 ms beats the fat 300 ms
-    fat = fat_plan(plan)
+    plans = config_plans(plan, TABLE)
+    assert plans["packrat"] is plan and plans["torchserve"] is None
+    fat, per_core = plans[FAT], plans[PER_CORE]
+    assert fat is not None and per_core is not None
     assert fat.expand() == [(2, 8)] and fat.expected_latency_ms == 300.0
-    per_core, expected = per_core_plan(plan, TABLE)
-    assert per_core.expand() == [(1, 4), (1, 4)] and expected == 190.0
+    assert per_core.expand() == [(1, 4), (1, 4)] and per_core.expected_latency_ms == 190.0
 
 
 def test_one_instance_per_core_splits_the_batch_evenly() -> None:
     table = {(3, 7): 1.0, (1, 7): 5.0, (1, 2): 2.0, (1, 3): 3.0}
-    plan = Optimizer(table, cpus=3, max_batch=7).plan(7)
-    per_core, expected = per_core_plan(plan, table)
+    per_core = baseline_plan(PER_CORE, cpus=3, batch=7, table=table)
     assert sorted(b for _, b in per_core.expand()) == [2, 2, 3]
     assert all(t == 1 for t, _ in per_core.expand())
-    assert expected == 3.0
-    _, unknown = per_core_plan(plan, {(3, 7): 1.0})
-    assert unknown is None
+    assert expected_latency(tuple(per_core.expand()), table) == 3.0
+    assert expected_latency(tuple(per_core.expand()), {(3, 7): 1.0}) is None
 
 
 def test_settings_from_the_bench_cli() -> None:
     args = argparse.Namespace(model="resnet50", batch="4,8", cpus=2, repeats=None, requests=40)
     s = BenchSettings.from_args(args)
     assert (s.batches, s.cpus, s.repeats, s.requests, s.profile) == ([4, 8], 2, 3, 40, None)
-    assert (s.bursts(4), s.bursts(8), s.bursts(32)) == (10, 5, 2)
+    # at least MIN_BURSTS per run at every B: --requests 32 at B=32 was a single burst
+    assert MIN_BURSTS == 8
+    assert (s.bursts(4), s.bursts(8), s.bursts(32)) == (10, 8, 8)
 
 
 def test_summary_and_table_report_medians_and_speedups() -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from packrat.plan.baselines import BASELINES, baseline_pairs, even_split, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile
 from packrat.profiler.client import WorkerProcess
@@ -37,7 +38,7 @@ __all__ = [
     "run_bench",
 ]
 
-CONFIG_NAMES = ("plan", "fat", "per_core")
+CONFIG_NAMES = ("plan", *BASELINES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,27 +58,13 @@ class BenchConfig:
         return "+".join(f"{n}x{t}t/b{b}" for (t, b), n in ordered)
 
 
-def even_split(batch: int, parts: int) -> list[int]:
-    """``batch`` split into at most ``parts`` near-equal positive pieces, largest first."""
-    parts = max(1, min(parts, batch))
-    base, rest = divmod(batch, parts)
-    return [base + 1 if i < rest else base for i in range(parts)]
-
-
 def bench_configs(plan: Plan, table: dict[tuple[int, int], float]) -> list[BenchConfig]:
     """The plan, the fat instance and one 1-thread instance per core for ``plan.batch``."""
-    cpus, batch = plan.cpus, plan.batch
-    per_core = tuple((1, b) for b in even_split(batch, cpus))
-    per_core_lat = [table.get(pair) for pair in per_core]
-    return [
-        BenchConfig("plan", tuple(plan.expand()), plan.expected_latency_ms),
-        BenchConfig("fat", ((cpus, batch),), plan.fat_latency_ms),
-        BenchConfig(
-            "per_core",
-            per_core,
-            None if any(v is None for v in per_core_lat) else max(v for v in per_core_lat if v),
-        ),
-    ]
+    configs = [BenchConfig("plan", tuple(plan.expand()), plan.expected_latency_ms)]
+    for name in BASELINES:
+        pairs = baseline_pairs(name, cpus=plan.cpus, batch=plan.batch)
+        configs.append(BenchConfig(name, pairs, expected_latency(pairs, table)))
+    return configs
 
 
 @dataclass(slots=True)

@@ -9,15 +9,21 @@ For each batch size B it serves the model four ways on the same cores, with the 
 - ``torchserve``: TorchServe out of the box, as a user would run it: one registration with
   batch size B, TorchServe's default worker count, no thread settings, no pinning, queried
   directly (no dispatcher);
-- ``per-core``: one 1-thread instance per core through ``packrat serve``.
+- ``per_core``: one 1-thread instance per core through ``packrat serve``.
+
+``fat`` and ``per_core`` are :mod:`packrat.plan.baselines`, the same ones ``packrat bench``
+measures on raw workers.
 
 The configurations are interleaved (every repetition runs each once, in a rotated order),
 because these machines are shared and noisy; the report gives the median over repetitions
 of each run's median batch latency, the spread (min..max), the measured speedup of the plan
 over each alternative and the optimizer's expected speedup.
 
-It needs a profile to plan from: ``--profile FILE``, or it runs ``packrat profile`` (a
-subprocess; the profiler layer is not imported here) with a time budget.
+Every run records at least :data:`MIN_BURSTS` bursts (after one warm-up burst), so each
+run's median is a median of several batches at every B, not one sample.
+
+It needs a profile to plan from: ``--profile FILE``, or a quick one measured first by the
+profiler (:func:`packrat.bench.microbench.ensure_profile`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ import json
 import logging
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,20 +43,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packrat.plan.optimizer import InstanceGroup, Optimizer, Plan, PlanError
+from packrat.bench.servers import BenchError, PackratServe, PlainTorchServe
+from packrat.plan.baselines import BASELINES, FAT, PER_CORE, baseline_plan, expected_latency
+from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile, ProfileError, load_profile
-from packrat.serve.archive import build_archive, default_model_name
 from packrat.serve.loadgen import run_bursts
-from packrat.serve.server import wait_ready
-from packrat.serve.torchserve import TorchServe, free_ports
 
 log = logging.getLogger(__name__)
 
-CONFIGS = ("packrat", "fat", "torchserve", "per-core")
+PACKRAT = "packrat"
+TORCHSERVE = "torchserve"
+CONFIGS = (PACKRAT, FAT, TORCHSERVE, PER_CORE)
+MIN_BURSTS = 8
 
-
-class BenchError(RuntimeError):
-    """The benchmark cannot run (no profile, a server that does not start)."""
+__all__ = ["CONFIGS", "BenchError", "BenchSettings", "bench", "config_plans", "run_serving_bench"]
 
 
 @dataclass
@@ -62,7 +67,7 @@ class BenchSettings:
     batches: list[int]
     cpus: int | None = None
     repeats: int = 3
-    requests: int = 64  # requests per run: bursts = max(2, requests // B), recorded
+    requests: int = 64  # requests per run: bursts = max(MIN_BURSTS, requests // B), recorded
     point_budget_s: float | None = None  # seconds per profile point when profiling here
     save_profile: Path | None = None
     json_output: bool = False
@@ -101,8 +106,9 @@ class BenchSettings:
         )
 
     def bursts(self, batch: int) -> int:
-        """Recorded bursts of ``batch`` requests per run: about ``requests`` requests, >= 2."""
-        return max(2, self.requests // batch)
+        """Recorded bursts of ``batch`` requests per run: about ``requests`` requests, and at
+        least :data:`MIN_BURSTS` (``--requests 32`` at B=32 was one burst: a one-sample median)."""
+        return max(MIN_BURSTS, self.requests // batch)
 
 
 @dataclass
@@ -151,12 +157,12 @@ class BenchResult:
             ours = row["configs"].get("packrat", {}).get("median_ms")
             row["speedup"] = {
                 c: row["configs"][c]["median_ms"] / ours
-                for c in ("fat", "torchserve", "per-core")
+                for c in (FAT, TORCHSERVE, PER_CORE)
                 if ours and c in row["configs"]
             }
             row["expected_speedup"] = {
-                "fat": plan.get("expected_speedup"),
-                "per-core": plan.get("expected_speedup_per_core"),
+                FAT: plan.get("expected_speedup"),
+                PER_CORE: plan.get("expected_speedup_per_core"),
             }
             out["batches"][batch] = row
         return out
@@ -166,8 +172,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"serving benchmark: model {summary['settings']['model']}, cpus "
         f"{','.join(map(str, summary['cpus']))}, {summary['settings']['repeats']} interleaved "
-        f"repetitions x ~{summary['settings']['requests']} requests (bursts of B, at least 2 "
-        "bursts, after 1 warm-up burst); batch latency in ms "
+        f"repetitions x ~{summary['settings']['requests']} requests (bursts of B, at least "
+        f"{MIN_BURSTS} bursts, after 1 warm-up burst); batch latency in ms "
         "(median over repetitions of each run's median, [min..max] of the run medians)",
         "",
     ]
@@ -191,149 +197,17 @@ def format_table(summary: dict[str, Any]) -> str:
 
 
 # -- the configurations ----------------------------------------------------------------------
-def fat_plan(plan: Plan) -> Plan:
-    t, b = plan.cpus, plan.batch
-    return Plan(
-        cpus=t,
-        batch=b,
-        instances=(InstanceGroup(t, b, 1, plan.fat_latency_ms),),
-        expected_latency_ms=plan.fat_latency_ms or plan.expected_latency_ms,
-        fat_latency_ms=plan.fat_latency_ms,
-        model=plan.model,
-    )
-
-
-def per_core_plan(plan: Plan, table: Mapping[tuple[int, int], float]) -> tuple[Plan, float | None]:
-    """One 1-thread instance per core (``min(T, B)`` of them), the batch split evenly, and its
-    expected latency from the profile (None when a slice size was not profiled)."""
-    t, b = plan.cpus, plan.batch
-    n = min(t, b)
-    sizes = [b // n + (1 if i < b % n else 0) for i in range(n)]
-    groups: dict[int, int] = {}
-    for size in sizes:
-        groups[size] = groups.get(size, 0) + 1
-    latencies = [table.get((1, size)) for size in groups]
-    expected = None if any(v is None for v in latencies) else max(v for v in latencies if v)
-    per_core = Plan(
-        cpus=t,
-        batch=b,
-        instances=tuple(
-            InstanceGroup(1, size, count, table.get((1, size)))
-            for size, count in sorted(groups.items(), reverse=True)
-        ),
-        expected_latency_ms=expected or plan.expected_latency_ms,
-        fat_latency_ms=plan.fat_latency_ms,
-        model=plan.model,
-    )
-    return per_core, expected
-
-
-class _PackratServe:
-    """``packrat serve`` as a subprocess on the given cpus."""
-
-    def __init__(self, *, settings: BenchSettings, plan: Plan, cpus: Sequence[int], workdir: Path):
-        self.settings, self.plan, self.cpus, self.workdir = settings, plan, cpus, workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = free_ports(1)[0]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.model = default_model_name(settings.model)
-
-    async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        plan_file = self.workdir / "plan.json"
-        plan_file.write_text(json.dumps(self.plan.to_dict()))
-        cmd = [
-            sys.executable,
-            "-m",
-            "packrat",
-            "serve",
-            "--model",
-            self.settings.model,
-            "--plan",
-            str(plan_file),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--max-batch-delay-ms",
-            str(self.settings.max_batch_delay_ms),
-            "--cpus",
-            ",".join(map(str, self.cpus)),
-            "--workdir",
-            str(self.workdir / "serve"),
-            "--drain-seconds",
-            "10",
-        ]
-        log_file = (self.workdir / "serve.log").open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-        log_file.close()
-        if not await wait_ready(self.url, timeout_s=self.settings.startup_timeout_s):
-            await self.stop()
-            tail = (self.workdir / "serve.log").read_text(errors="replace")[-2000:]
-            raise BenchError(f"packrat serve ({self.plan.label}) did not become ready:\n{tail}")
-
-    async def stop(self) -> None:
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        for _ in range(300):
-            if proc.poll() is not None:
-                break
-            await asyncio.sleep(0.1)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        self.proc = None
-
-
-class _PlainTorchServe:
-    """TorchServe out of the box: default workers, no thread settings, no pinning."""
-
-    def __init__(self, *, settings: BenchSettings, batch: int, cpus: Sequence[int], workdir: Path):
-        self.settings, self.batch, self.cpus, self.workdir = settings, batch, cpus, workdir
-        self.ts: TorchServe | None = None
-        self.model = default_model_name(settings.model)
-        self.url = ""
-
-    async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        archive = await asyncio.to_thread(
-            build_archive, self.settings.model, workdir=self.workdir / "archive", name=self.model
-        )
-        # No PACKRAT_SERVE_CONFIG: the handler finds no instance settings and does not pin.
-        env = {k: "" for k in ("PACKRAT_SERVE_CONFIG",)}
-        # The same cores as the other configurations, and TorchServe's default worker count.
-        self.ts = TorchServe(
-            workdir=self.workdir / "ts", env=env, default_workers=None, affinity=self.cpus
-        )
-        await self.ts.start(timeout_s=self.settings.startup_timeout_s)
-        mar = self.ts.add_archive(archive.path)
-        from packrat.serve.config import registration_query
-
-        await self.ts.register(
-            registration_query(
-                None,
-                mar=mar,
-                name=self.model,
-                batch=self.batch,
-                max_batch_delay_ms=self.settings.max_batch_delay_ms,
-                # TorchServe's default worker count: one per available processor (the JVM
-                # sees the affinity set above). POST /models alone would start none.
-                workers=len(self.cpus),
-            )
-        )
-        self.url = self.ts.inference_url
-
-    async def stop(self) -> None:
-        if self.ts is not None:
-            await self.ts.stop()
-            self.ts = None
+def config_plans(plan: Plan, table: Mapping[tuple[int, int], float]) -> dict[str, Plan | None]:
+    """What each configuration serves for ``plan.batch``: the plan, the two baselines (from
+    :mod:`packrat.plan.baselines`) and TorchServe's own default (no plan)."""
+    out: dict[str, Plan | None] = {PACKRAT: plan, TORCHSERVE: None}
+    for name in BASELINES:
+        out[name] = baseline_plan(name, cpus=plan.cpus, batch=plan.batch, table=table)
+    return out
 
 
 def _describe(plan: Plan | None, config: str, batch: int) -> str:
-    if config == "torchserve":
+    if config == TORCHSERVE:
         return f"ts-default/b{batch}"
     return plan.label if plan else "?"
 
@@ -348,12 +222,27 @@ async def _measure(
     workdir: Path,
     body: bytes,
 ) -> tuple[list[float], int]:
-    server: _PackratServe | _PlainTorchServe
-    if config == "torchserve":
-        server = _PlainTorchServe(settings=settings, batch=batch, cpus=cpus, workdir=workdir)
+    server: PackratServe | PlainTorchServe
+    delay, startup = settings.max_batch_delay_ms, settings.startup_timeout_s
+    if config == TORCHSERVE:
+        server = PlainTorchServe(
+            model=settings.model,
+            batch=batch,
+            cpus=cpus,
+            workdir=workdir,
+            max_batch_delay_ms=delay,
+            startup_timeout_s=startup,
+        )
     else:
         assert plan is not None
-        server = _PackratServe(settings=settings, plan=plan, cpus=cpus, workdir=workdir)
+        server = PackratServe(
+            model=settings.model,
+            plan=plan,
+            cpus=cpus,
+            workdir=workdir,
+            max_batch_delay_ms=delay,
+            startup_timeout_s=startup,
+        )
     try:
         await server.start()
         result = await run_bursts(
@@ -370,33 +259,21 @@ async def _measure(
     return [v * 1000 for v in result.batch_latencies_s], result.errors
 
 
-def obtain_profile(settings: BenchSettings, *, cpus: int, workdir: Path) -> Profile:
-    if settings.profile is not None:
-        return load_profile(settings.profile)
-    out = settings.save_profile or workdir / "profile.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "packrat",
-        "profile",
-        "--model",
-        settings.model,
-        "--cpus",
-        str(cpus),
-        "--max-batch",
-        str(max(settings.batches)),
-        "--time-budget",
-        str(int(settings.profile_budget_s)),
-        *(["--point-budget", str(settings.point_budget_s)] if settings.point_budget_s else []),
-        "-o",
-        str(out),
-    ]
-    log.info("no --profile given: profiling first (%s)", " ".join(cmd))
-    proc = subprocess.run(cmd, check=False)
-    if proc.returncode != 0 or not out.exists():
-        raise BenchError(f"profiling failed (exit {proc.returncode}); pass --profile FILE")
-    return load_profile(out)
+def obtain_profile(settings: BenchSettings, *, cpus: int) -> Profile:
+    """The given profile, checked against the model and T, or a quick one measured now by the
+    profiler itself (in this process's threads, no ``packrat profile`` subprocess)."""
+    from packrat.bench.microbench import ensure_profile
+
+    given = load_profile(settings.profile) if settings.profile is not None else None
+    return ensure_profile(
+        spec=settings.model,
+        cpus=cpus,
+        batches=settings.batches,
+        profile=given,
+        save_to=settings.save_profile,
+        point_budget_s=settings.point_budget_s or 5.0,
+        stream=sys.stderr,
+    )
 
 
 async def bench(settings: BenchSettings) -> BenchResult:
@@ -421,7 +298,7 @@ async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
         raise BenchError(f"--cpus {t} but only {len(available)} cpus are available")
     cpus = available[:t]
     workdir.mkdir(parents=True, exist_ok=True)
-    profile = await asyncio.to_thread(obtain_profile, settings, cpus=t, workdir=workdir)
+    profile = await asyncio.to_thread(obtain_profile, settings, cpus=t)
     optimizer = Optimizer.for_profile(profile, cpus=t, max_batch=max(settings.batches))
     body = await asyncio.to_thread(example_body, settings.model)
     result = BenchResult(
@@ -438,13 +315,10 @@ async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
     plans: dict[int, dict[str, Plan | None]] = {}
     for b in settings.batches:
         plan = optimizer.plan(b)
-        per_core, per_core_expected = per_core_plan(plan, optimizer.table)
-        plans[b] = {
-            "packrat": plan,
-            "fat": fat_plan(plan),
-            "per-core": per_core,
-            "torchserve": None,
-        }
+        plans[b] = config_plans(plan, optimizer.table)
+        per_core_plan = plans[b][PER_CORE]
+        assert per_core_plan is not None
+        per_core_expected = expected_latency(tuple(per_core_plan.expand()), optimizer.table)
         doc = plan.to_dict()
         if per_core_expected is not None:
             doc["expected_speedup_per_core"] = per_core_expected / plan.expected_latency_ms
@@ -494,7 +368,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
     settings = BenchSettings.from_args(args)
     try:
         result = asyncio.run(bench(settings))
-    except (BenchError, ProfileError, PlanError, OSError) as exc:
+    except (BenchError, ProfileError, PlanError, OSError, RuntimeError) as exc:
         print(f"packrat bench --serving: error: {exc}", file=sys.stderr)
         return 2
     except asyncio.CancelledError:
@@ -520,7 +394,7 @@ def run_serving_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m packrat.serve.bench``: the same benchmark without the bench CLI."""
+    """``python -m packrat.bench.serving``: the same benchmark without the bench CLI."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", default="4,8,16,32")
