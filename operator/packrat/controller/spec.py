@@ -88,11 +88,12 @@ def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(spec))
     for key, value in DEFAULTS.items():
         if isinstance(value, dict):
-            merged = dict(value)
             given = out.get(key)
-            if isinstance(given, Mapping):
-                merged.update(given)
-            out[key] = merged
+            if given is None:
+                out[key] = dict(value)
+            elif isinstance(given, Mapping):
+                out[key] = {**value, **given}
+            # anything else stays as given, for validation to report
         else:
             out.setdefault(key, value)
     auto = out.get("autoBatch")
@@ -137,7 +138,7 @@ def _validate_model(errors: list[str], model: Any) -> None:
         )
     if "uri" in model:
         uri = model["uri"]
-        if not isinstance(uri, str) or not re.match(r"^https?://\S+$", uri) or len(uri) > 2048:
+        if not isinstance(uri, str) or not re.fullmatch(r"https?://\S+", uri) or len(uri) > 2048:
             errors.append(f"spec.model.uri must be an http(s) URL, got {uri!r}")
     if "volume" in model:
         volume = model["volume"]
@@ -154,7 +155,7 @@ def _validate_model(errors: list[str], model: Any) -> None:
             if cm is not None and not (isinstance(cm, Mapping) and cm.get("name")):
                 errors.append("spec.model.volume.configMap.name is required")
             path = volume.get("path")
-            if not isinstance(path, str) or not _PATH_RE.match(path) or ".." in path:
+            if not isinstance(path, str) or not _PATH_RE.fullmatch(path) or ".." in path:
                 errors.append(
                     f"spec.model.volume.path must be a relative path without '..', got {path!r}"
                 )
@@ -167,7 +168,7 @@ def _validate_model(errors: list[str], model: Any) -> None:
         errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
     name = model.get("name")
     if name is not None and (
-        not isinstance(name, str) or not _MODEL_NAME_RE.match(name) or len(name) > 63
+        not isinstance(name, str) or not _MODEL_NAME_RE.fullmatch(name) or len(name) > 63
     ):
         errors.append(f"spec.model.name must match {_MODEL_NAME_RE.pattern}, got {name!r}")
     sample = model.get("sampleRequest")
@@ -192,7 +193,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     range, profiled threads within cpus).
     """
     errors: list[str] = []
-    if name is not None and (len(name) > MAX_NAME_LENGTH or not _DNS_LABEL_RE.match(name)):
+    if name is not None and (len(name) > MAX_NAME_LENGTH or not _DNS_LABEL_RE.fullmatch(name)):
         errors.append(
             f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
             f"starting with a letter, got {name!r}"
@@ -212,7 +213,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
     _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
     memory = spec.get("memory")
-    if not isinstance(memory, str) or not _MEMORY_RE.match(memory):
+    if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
         errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")
     image = spec.get("image")
     if image is not None and (not isinstance(image, str) or not image or len(image) > 512):
@@ -273,6 +274,9 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
             _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
             _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
             _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
+            gain = auto.get("minGain")
+            if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
+                errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")
             lo, hi = auto.get("min"), auto.get("max")
             if _is_int(lo) and _is_int(hi) and lo > hi:
                 errors.append("autoBatch.min must not exceed autoBatch.max")
