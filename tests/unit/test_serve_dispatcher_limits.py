@@ -206,7 +206,7 @@ def test_a_client_that_gives_up_frees_its_slot_before_a_worker_sees_it() -> None
             fake.gate.clear()
             held = [asyncio.create_task(post(s, url)) for _ in range(2)]
             await until(lambda: fake.arrived == 2, "two in flight")
-            reader, writer = await raw(url)
+            _reader, writer = await raw(url)
             writer.write(head(3) + b"abc")
             await writer.drain()
             await until(lambda: d.slots.queued == 1, "one queued")
