@@ -81,6 +81,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches per point")
     parser.add_argument("--min-samples", type=int, default=5, help="samples before stopping")
+    parser.add_argument(
+        "--allow-contended",
+        action="store_true",
+        default=None,
+        help=(
+            "store the profile even when its cores were not quiet or a monotonicity break "
+            "survived re-measurement (it is recorded as contaminated); default: refuse, or "
+            "PACKRAT_ALLOW_CONTENDED=1"
+        ),
+    )
     parser.set_defaults(func=run)
 
 
@@ -163,6 +173,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         time_budget_s=args.time_budget,
         warmup=args.warmup,
         min_samples=args.min_samples,
+        **({"allow_contended": True} if args.allow_contended else {}),
     )
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:

@@ -190,6 +190,8 @@ def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
     ]
     if profiling.get("threads"):
         cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
+    if profiling.get("allowContended"):
+        cmd[-2:-2] = ["--allow-contended"]
     if spec["model"].get("sampleRequest") is not None:
         cmd[-2:-2] = [
             "--sample-request-env",

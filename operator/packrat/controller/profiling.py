@@ -16,6 +16,8 @@ from typing import Any
 
 from packrat.controller import manifests as m
 from packrat.controller.context import Pass
+from packrat.controller.isolation import CONDITION as ISOLATION_CONDITION
+from packrat.controller.isolation import cores_exclusive
 from packrat.controller.model import ModelSpec
 from packrat.controller.ownership import owned_by
 from packrat.controller.pods import job_state, pod_failure, unschedulable
@@ -93,6 +95,9 @@ def ensure_profile(
             pstatus.pop(stale, None)
         status["profile"] = pstatus
         p.cond("Profiled", True, "Profiled", f"profile in configmap {obj_name}")
+        exclusive, reason, message = cores_exclusive(profile)
+        if exclusive is not None:
+            p.cond(ISOLATION_CONDITION, exclusive, reason, message[:2000])
         return profile
 
     drop_superseded(p, jobs, keep=obj_name)
@@ -204,6 +209,9 @@ def _follow_job(
                 f"profile stored in configmap {obj_name} "
                 f"({len(profile.points)} points, cpu {profile.meta.cpu_model})",
             )
+            exclusive, reason, message = cores_exclusive(profile)
+            if exclusive is False:
+                p.emit("Warning", reason, f"profiling pod: {message}"[:1000])
             return ensure_profile(p, model, configmap=cm_body, jobs=[])
     if state != "failed":
         stuck = _stuck(p, pods)

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from packrat.plan.profile import Profile, ProfileError, ProfileMeta, ProfilePoint, load_profile
+from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
+from packrat.profiler.checkpoint import existing_profile as _existing
 from packrat.profiler.client import HandlerTarget, WorkerError, WorkerProcess
-from packrat.profiler.progress import Progress, format_duration
+from packrat.profiler.errors import ProfilerError
+from packrat.profiler.progress import Progress, estimate_seconds, format_duration
 from packrat.profiler.stats import summarize
+from packrat.profiler.verify import Verifier, allow_contended_default, set_aside
 from packrat.runtime.cpus import (
     CoreAssignmentError,
     allowed_cpus,
@@ -46,10 +49,6 @@ __all__ = [
     "run_profile",
     "thread_grid",
 ]
-
-
-class ProfilerError(RuntimeError):
-    """The profile cannot be (or could not be) measured as asked; the message says why."""
 
 
 def batch_grid(max_batch: int, *, extra: Sequence[int] = ()) -> list[int]:
@@ -88,6 +87,12 @@ class ProfileSettings:
     min_samples: int = 5
     max_samples: int = 100_000  # the budget or the precision stops first in practice
     startup_timeout_s: float = 300.0
+    # verified isolation (see .verify): calibrate cores, re-measure suspects, refuse or allow
+    allow_contended: bool = field(default_factory=allow_contended_default)
+    verify: bool = True
+    remeasure_rounds: int = 2
+    check_every: int = 8  # points between core calibrations
+    calibration_s: float = 0.2
 
     def check(self) -> None:
         if not 0 < self.precision < 1:
@@ -111,6 +116,7 @@ class ProfileRun:
     kept: list[tuple[int, int]] = field(default_factory=list)
     missing: list[tuple[int, int]] = field(default_factory=list)
     stopped: str = "complete"  # complete | time_budget
+    isolation: dict[str, Any] = field(default_factory=dict)  # the verdict, as recorded
     elapsed_s: float = 0.0
     startup_s: float = 0.0  # total time spent starting workers (process + torch + model)
     cpus: list[int] = field(default_factory=list)
@@ -142,69 +148,6 @@ def _torch_version() -> str:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def _existing(path: Path, meta: ProfileMeta, through: dict[str, Any]) -> Profile | None:
-    """The profile already at ``path`` if it is for the same model, T and CPU; else refuse."""
-    if not path.exists():
-        return None
-    try:
-        old = load_profile(path)
-    except ProfileError as exc:
-        raise ProfilerError(
-            f"{path} exists but is not a readable profile ({exc}); move it away or choose "
-            f"another -o"
-        ) from None
-    mismatches = [
-        f"{name} {got!r} (this run: {want!r})"
-        for name, got, want in (
-            ("model digest", old.meta.model_digest, meta.model_digest),
-            ("cpus", old.meta.cpus, meta.cpus),
-            ("cpu model", old.meta.cpu_model, meta.cpu_model),
-            *(
-                (key, old.meta.extra.get(key, "model" if key == "through" else None), want)
-                for key, want in through.items()
-                if key != "sample_content_type"
-            ),
-        )
-        if got != want
-    ]
-    if mismatches:
-        raise ProfilerError(
-            f"{path} holds a profile of {old.meta.model!r} with "
-            + ", ".join(mismatches)
-            + "; refusing to mix measurements: choose another -o or delete the file"
-        )
-    return old
-
-
-def estimate_seconds(
-    todo: Sequence[tuple[int, int]],
-    points: dict[tuple[int, int], ProfilePoint],
-    *,
-    settings: ProfileSettings,
-    startup_s: float,
-) -> float | None:
-    """Time the points in ``todo`` will take, extrapolated from the points measured so far.
-
-    L(t, b) is taken as linear in b from the largest measured batch with the same t (or any
-    t, scaled by threads); a point costs start-up + (warm-up + samples) x L, capped by the
-    per-point budget. None until at least one point is known.
-    """
-    if not points:
-        return None
-    samples = [p.samples for p in points.values() if p.samples] or [settings.min_samples]
-    typical_n = max(settings.min_samples, sum(samples) / len(samples))
-    total = 0.0
-    for t, b in todo:
-        same = [p for p in points.values() if p.threads == t]
-        ref = max(same or points.values(), key=lambda p: (p.batch, -abs(p.threads - t)))
-        latency_s = ref.latency_ms / 1000.0 * b / ref.batch
-        if not same:
-            latency_s *= ref.threads / t
-        work = (settings.warmup + typical_n) * latency_s
-        total += startup_s + min(settings.point_budget_s + latency_s, work)
-    return total
 
 
 def measure_point(
@@ -292,7 +235,15 @@ def run_profile(
         raise ProfilerError(str(exc)) from None
     ts = thread_grid(cpus, threads)
     bs = batch_grid(max_batch, extra=extra_batches)
-    base = profile_cpus(cpus, allowed=allowed)
+    pool = sorted(allowed) if allowed is not None else allowed_cpus()
+    base = profile_cpus(cpus, allowed=pool)
+    verifier = Verifier(
+        requested=cpus,
+        pool=pool,
+        cores=base,
+        calibration_s=settings.calibration_s,
+        enabled=settings.verify,
+    )
     grid = [(t, b) for b in bs for t in ts]  # small batches first: cheapest, most used
     meta = ProfileMeta(
         model=model_name(spec),
@@ -346,24 +297,18 @@ def run_profile(
             "complete": all(k in points for k in grid),
             "updated": _now(),
         }
+        if run.isolation:
+            info["isolation"] = run.isolation
         profile = Profile(meta=replace(meta, extra=info), points=tuple(points.values()))
         profile = profile.with_points(profile.points)
         if path is not None:
             profile.save(path)
         return profile
 
-    for threads_, batch in todo:
-        left = None
-        if settings.time_budget_s is not None:
-            left = settings.time_budget_s - (time.monotonic() - began)
-            if left < 1.0:
-                run.stopped = "time_budget"
-                break
-        budget = settings.point_budget_s if left is None else min(settings.point_budget_s, left)
+    def measure(threads_: int, batch: int, budget: float) -> tuple[ProfilePoint, dict[str, Any]]:
         cores = assign_cores([threads_], cpus=base, span_sockets=True)[0]
-        point_began = time.monotonic()
         try:
-            point, report = measure_point(
+            return measure_point(
                 spec=spec,
                 threads=threads_,
                 batch=batch,
@@ -376,6 +321,22 @@ def run_profile(
             raise ProfilerError(
                 f"measuring threads={threads_} batch={batch} failed: {exc}"
             ) from None
+
+    first = verifier.check()
+    if first is not None and not first.quiet:
+        progress.show("warning: " + "; ".join(first.reasons()))
+    for index, (threads_, batch) in enumerate(todo):
+        if index and settings.check_every and index % settings.check_every == 0:
+            verifier.check()
+        left = None
+        if settings.time_budget_s is not None:
+            left = settings.time_budget_s - (time.monotonic() - began)
+            if left < 1.0:
+                run.stopped = "time_budget"
+                break
+        budget = settings.point_budget_s if left is None else min(settings.point_budget_s, left)
+        point_began = time.monotonic()
+        point, report = measure(threads_, batch, budget)
         seconds = time.monotonic() - point_began
         run.startup_s += report["startup_s"]
         points[point.key] = point
@@ -404,8 +365,30 @@ def run_profile(
             estimate=estimate,
         )
     run.missing = [k for k in grid if k not in points]
+    if settings.verify and points:
+
+        def again(key: tuple[int, int]) -> ProfilePoint:
+            point, _ = measure(key[0], key[1], settings.point_budget_s)
+            progress.show(f"re-measured t={key[0]} b={key[1]}: {point.latency_ms:.2f} ms")
+            return point
+
+        run.isolation = verifier.finish(
+            points,
+            again,
+            rounds=settings.remeasure_rounds,
+            allowed=settings.allow_contended,
+            show=progress.show,
+        )
     run.profile = save()
     run.elapsed_s = time.monotonic() - began
+    if run.isolation.get("contaminated") and not settings.allow_contended:
+        kept = set_aside(path)
+        raise ProfilerError(
+            "refusing to store a contaminated profile: "
+            + "; ".join(run.isolation["reasons"])
+            + (f" (measurements kept in {kept})" if kept else "")
+            + "; profile on exclusive, quiet cores, or allow it with --allow-contended"
+        )
     verdict = "complete" if not run.missing else f"stopped by {run.stopped.replace('_', ' ')}"
     progress.finish(
         f"{verdict}: {len(run.measured)} measured, {len(run.kept)} kept, "

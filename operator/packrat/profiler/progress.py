@@ -9,7 +9,13 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import TextIO
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TextIO
+
+from packrat.plan.profile import ProfilePoint
+
+if TYPE_CHECKING:
+    from packrat.profiler.profiler import ProfileSettings
 
 
 def format_duration(seconds: float) -> str:
@@ -91,3 +97,32 @@ class Progress:
         if message:
             self.stream.write(message + "\n")
         self.stream.flush()
+
+
+def estimate_seconds(
+    todo: Sequence[tuple[int, int]],
+    points: dict[tuple[int, int], ProfilePoint],
+    *,
+    settings: ProfileSettings,
+    startup_s: float,
+) -> float | None:
+    """Time the points in ``todo`` will take, extrapolated from the points measured so far.
+
+    L(t, b) is taken as linear in b from the largest measured batch with the same t (or any
+    t, scaled by threads); a point costs start-up + (warm-up + samples) x L, capped by the
+    per-point budget. None until at least one point is known.
+    """
+    if not points:
+        return None
+    samples = [p.samples for p in points.values() if p.samples] or [settings.min_samples]
+    typical_n = max(settings.min_samples, sum(samples) / len(samples))
+    total = 0.0
+    for t, b in todo:
+        same = [p for p in points.values() if p.threads == t]
+        ref = max(same or points.values(), key=lambda p: (p.batch, -abs(p.threads - t)))
+        latency_s = ref.latency_ms / 1000.0 * b / ref.batch
+        if not same:
+            latency_s *= ref.threads / t
+        work = (settings.warmup + typical_n) * latency_s
+        total += startup_s + min(settings.point_budget_s + latency_s, work)
+    return total
