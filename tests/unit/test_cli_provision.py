@@ -89,3 +89,17 @@ def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFi
     )
     assert code == 2
     assert "bad.csv: line 3: not a number" in capsys.readouterr().err
+
+
+def test_loadgen_trace_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "t.csv"
+    bad.write_text("timestamp\n2\n1\n")
+    body = tmp_path / "body.json"
+    body.write_text("{}")
+    args = ["loadgen", "--url", "http://127.0.0.1:9", "--model", "m", "--input", str(body)]
+    assert main([*args, "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "t.csv: line 3: timestamp 1.0 is before the previous one" in err
+    assert err.count("\n") == 1

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packrat.plan.estimator import BatchSizeEstimator, estimate_series, floor_pow2
+from packrat.plan.estimator import (
+    BatchSizeEstimator,
+    estimate_series,
+    floor_pow2,
+    nearest_pow2,
+)
 
 
 @pytest.mark.parametrize(
@@ -114,3 +119,42 @@ def test_estimate_is_a_power_of_two_within_the_observed_range(depths: list[float
         value = est.observe(d)
         assert value & (value - 1) == 0
         assert 1 <= value <= max(1.0, *depths)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.0, 1),
+        (1.0, 1),
+        (1.41, 1),
+        (1.42, 2),
+        (2.8, 2),
+        (2.9, 4),
+        (5.5, 4),
+        (6.0, 8),
+        (8.0, 8),
+        (11.0, 8),
+        (12.0, 16),
+        (float("nan"), 1),
+    ],
+)
+def test_nearest_pow2_rounds_on_a_log_scale(value: float, expected: int) -> None:
+    assert nearest_pow2(value) == expected
+
+
+@pytest.mark.parametrize("burst", [2, 8, 16])
+def test_nearest_reads_a_partly_drained_burst_as_the_burst(burst: int) -> None:
+    """Burst-synchronised clients: the outstanding depth runs from B down to about B/2
+    (answers leave as the batch finishes), so the mean is ~0.75 B. Flooring halves it (the
+    bias measured in the reconfiguration experiment); the nearest power of two does not."""
+    cycle = [burst - i * (burst / 2) / 20 for i in range(20)]  # B .. B/2
+    depths = cycle * 50
+    assert estimate_series(depths)[-1] == burst // 2
+    assert estimate_series(depths, rounding="nearest")[-1] == burst
+
+
+def test_nearest_still_follows_a_real_halving() -> None:
+    depths = [8.0] * 400 + [4.0] * 800
+    assert estimate_series(depths, rounding="nearest")[-1] == 4
+    with pytest.raises(ValueError, match="rounding"):
+        BatchSizeEstimator(rounding="ceil")

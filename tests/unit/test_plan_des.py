@@ -192,3 +192,21 @@ def test_nearest_rank() -> None:
     assert nearest_rank(values, 99) == 99.0
     assert nearest_rank(values, 100) == 100.0
     assert math.isnan(nearest_rank(np.array([]), 99))
+
+
+def test_a_constant_schedule_equals_fixed_replicas() -> None:
+    trace = gamma_trace(100.0, cv=2.0, duration_s=20.0, seed=4)
+    for spread in ("random", "round_robin"):
+        fixed = simulate(trace, TABLE, [(2, 4)], replicas=3, spread=spread)
+        scheduled = simulate(trace, TABLE, [(2, 4)], spread=spread, schedule=[(0.0, 3)])
+        assert np.array_equal(fixed.latencies_ms, scheduled.latencies_ms)
+
+
+def test_scaling_up_mid_trace_cuts_the_backlog() -> None:
+    trace = gamma_trace(400.0, duration_s=20.0, seed=4)  # one replica sustains ~267/s
+    one = simulate(trace, TABLE, [(2, 4)], replicas=1, queue_limit=10**9)
+    later = simulate(trace, TABLE, [(2, 4)], schedule=[(0.0, 1), (10.0, 3)], queue_limit=10**9)
+    tail = trace > 15.0
+    assert later.latencies_ms[tail].mean() < one.latencies_ms[tail].mean() / 10
+    with pytest.raises(SimulationError, match="schedule"):
+        simulate(trace, TABLE, [(2, 4)], schedule=[(1.0, 1)])

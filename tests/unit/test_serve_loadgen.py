@@ -114,3 +114,28 @@ def test_invalid_arguments() -> None:
         asyncio.run(run_bursts(url="http://x", model="m", body=b"", burst=0, bursts=1))
     with pytest.raises(ValueError):
         asyncio.run(run_poisson(url="http://x", model="m", body=b"", rate=0, duration_s=1))
+
+
+def test_trace_replay_sends_at_the_trace_times() -> None:
+    from packrat.serve.replay import run_trace
+
+    arrivals = [10.0, 10.05, 10.1, 10.3, 10.3]
+
+    async def body() -> object:
+        runner, url = await _server(0.0, [200])
+        try:
+            return await run_trace(url=url, model="m", body=b"x", arrivals_s=arrivals)
+        finally:
+            await runner.cleanup()
+
+    result = asyncio.run(body())
+    s = result.summary()  # type: ignore[attr-defined]
+    assert s["mode"] == "trace" and s["requests"] == 5 and s["errors"] == 0
+    assert s["rate"] == pytest.approx(4 / 0.3)
+    sent = [r.sent_s for r in result.records]  # type: ignore[attr-defined]
+    # never early; lateness is the event loop's, bounded loosely on a busy machine
+    assert all(s_ >= a - 10.0 - 1e-3 for s_, a in zip(sent, arrivals, strict=True))
+    with pytest.raises(ValueError, match="sorted"):
+        asyncio.run(run_trace(url="http://x", model="m", body=b"", arrivals_s=[1.0, 0.0]))
+    with pytest.raises(ValueError, match="no arrivals"):
+        asyncio.run(run_trace(url="http://x", model="m", body=b"", arrivals_s=[]))

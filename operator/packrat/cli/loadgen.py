@@ -1,4 +1,4 @@
-"""``packrat loadgen``: closed-loop bursts or open-loop Poisson load against a serving endpoint.
+"""``packrat loadgen``: closed-loop bursts, open-loop Poisson or trace replay against an endpoint.
 
 Bursts measure what Packrat optimizes, the latency of a batch of B requests arriving
 together (until the last answer); Poisson arrivals measure per-request latency under a
@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--burst", type=int, help="requests per burst B")
     mode.add_argument("--rate", type=float, help="Poisson arrival rate (requests per second)")
+    mode.add_argument(
+        "--trace",
+        type=Path,
+        help="replay arrival times open-loop: a CSV, one timestamp (s) per line or a "
+        "'timestamp' column (what packrat provision reads)",
+    )
     parser.add_argument("--bursts", type=int, default=10, help="number of bursts (default 10)")
     parser.add_argument("--warmup-bursts", type=int, default=1, help="unrecorded bursts first")
     parser.add_argument("--duration", type=float, default=10.0, help="Poisson duration (s)")
@@ -82,6 +88,24 @@ def run(args: argparse.Namespace) -> int:
                 burst=args.burst,
                 bursts=args.bursts,
                 warmup_bursts=max(args.warmup_bursts, 0),
+                timeout_s=args.timeout,
+            )
+        )
+    elif args.trace is not None:
+        from packrat.plan.traces import TraceError, load_trace
+        from packrat.serve.replay import run_trace
+
+        try:
+            arrivals = load_trace(args.trace)
+        except TraceError as exc:
+            raise CliError(str(exc)) from None
+        result = asyncio.run(
+            run_trace(
+                url=args.url,
+                model=args.model,
+                body=body,
+                content_type=content_type,
+                arrivals_s=arrivals.tolist(),
                 timeout_s=args.timeout,
             )
         )

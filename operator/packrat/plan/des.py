@@ -4,7 +4,7 @@ What it models, as the serving code does it:
 
 - **Service** (``spread``): each arrival goes to one replica, ``random`` (kube-proxy's
   iptables mode picks a backend uniformly per connection) or ``round_robin`` (IPVS).
-- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher`): sends the request to the
+- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher` and its slots): sends the request to the
   instance with the least outstanding work relative to its batch size, ``(n_i + 1) / b_i``
   (ties to the larger batch, then the lower index, as :func:`packrat.serve.routing.
   choose_instance`), at most ``cap_factor * b_i`` outstanding per instance; the rest waits in
@@ -105,9 +105,15 @@ def simulate(
     queue_limit: int = 1024,
     overhead_ms: float = 0.0,
     seed: int = 0,
+    schedule: Sequence[tuple[float, int]] | None = None,
 ) -> SimResult:
     """Simulate ``replicas`` identical pods, each running ``instances`` ``(threads, batch)``,
-    on the arrival trace ``arrivals_s`` (sorted seconds). See the module docstring."""
+    on the arrival trace ``arrivals_s`` (sorted seconds). See the module docstring.
+
+    ``schedule`` (``(time_s, replicas)`` steps, the first at or before the first arrival)
+    makes the replica count vary, as an autoscaler does: an arrival goes to one of the
+    replicas active at its time; a removed replica still finishes what it holds (drain).
+    """
     arr = np.asarray(arrivals_s, dtype=np.float64)
     if arr.ndim != 1:
         raise SimulationError("arrivals must be a 1-D array of timestamps")
@@ -122,10 +128,19 @@ def simulate(
     if max_batch_delay_ms < 0 or cap_factor < 1 or queue_limit < 0 or overhead_ms < 0:
         raise SimulationError("delay, overhead and queue limit must be >= 0, cap factor >= 1")
     n = int(arr.size)
+    active = np.full(n, replicas, dtype=np.int64)
+    if schedule is not None:
+        steps = sorted(schedule)
+        if not steps or any(k < 1 for _, k in steps) or (n and steps[0][0] > arr[0]):
+            raise SimulationError("a schedule needs steps of >= 1 replica from the first arrival")
+        at = np.searchsorted(np.array([t for t, _ in steps]), arr, side="right") - 1
+        active = np.array([k for _, k in steps], dtype=np.int64)[at]
+        replicas = int(max(k for _, k in steps))
     if spread == "random":
-        target = np.random.default_rng(seed).integers(0, replicas, size=n)
+        u = np.random.default_rng(seed).random(n)
+        target = np.minimum((u * active).astype(np.int64), active - 1)
     else:
-        target = np.arange(n) % replicas
+        target = np.arange(n) % active
     times = (arr * 1000.0).tolist()
     per_replica = len(instances)
     ordered = sorted(range(per_replica), key=lambda i: (-instances[i][1], i))

@@ -4,13 +4,15 @@ An envelope is, for each window length ``w`` (from twice the service time, doubl
 60 s), the largest number of arrivals seen in any window of that length, as a rate
 ``r_w = max_count_w / w``. Short windows catch bursts, long windows catch rate shifts.
 
-The tuner compares the live envelope with the one the plan was built for. The plan's
-``n`` replicas are known to absorb the sample trace, so at window ``w`` they sustain
-``C_w = max(n * mu, planned r_w)`` (``mu`` = one replica's throughput at the planned batch
-and size; for long windows ``C_w = n * mu``, InferLine's ``ceil(r / mu)`` rule). A live rate
-above ``C_w`` asks for ``ceil(n * r_w / C_w)`` replicas: the tuner scales up to the largest
-such count at once, and scales down only to the largest count wanted over a trailing
-``scale_down_delay_s``, so a burst that recurs within that time never makes it flap.
+The tuner compares the live envelope with the one the plan was built for: the plan's ``n``
+replicas were simulated to meet the SLO on the sample trace, so at window ``w`` they are
+known to sustain its rate ``C_w`` (without a sample: ``n * mu``, ``mu`` being one replica's
+throughput at the planned batch and size, InferLine's ``ceil(r / mu)`` rule). A live rate
+``r_w`` asks for ``ceil(n * r_w / ((1 + tolerance) * C_w))`` replicas, so the plan's own
+utilisation is kept and noise within the tolerance does nothing. The tuner scales up to the
+largest count any window asks for at once, and scales down only to the largest count that
+``ceil(n * r_w / C_w)`` (the tolerance kept as headroom: hysteresis) asked for over a
+trailing ``scale_down_delay_s``, so a burst that recurs within that time never makes it flap.
 
 Pure: the caller feeds arrival timestamps (seconds, any monotonic clock) and asks for a
 decision at a time it chooses; memory is bounded by the longest window and ``max_events``.
@@ -104,6 +106,7 @@ class Tuner:
         min_replicas: int = 1,
         max_replicas: int | None = None,
         scale_down_delay_s: float = 120.0,
+        tolerance: float = 0.1,
         max_events: int = 1_000_000,
     ) -> None:
         if planned_replicas < 1 or min_replicas < 1:
@@ -119,9 +122,12 @@ class Tuner:
         self.windows = list(windows)
         self.planned = planned_replicas
         self.mu = replica_capacity
+        if tolerance < 0:
+            raise ValueError("tolerance must be >= 0")
         base = planned_replicas * replica_capacity
         planned = planned_rates if planned_rates is not None else [0.0] * len(windows)
-        self.sustained = [max(base, r) for r in planned]
+        self.sustained = [r if r > 0 else base for r in planned]
+        self.tolerance = tolerance
         self.min_replicas = min_replicas
         self.max_replicas = max_replicas
         self.scale_down_delay_s = scale_down_delay_s
@@ -154,13 +160,21 @@ class Tuner:
             self._started = now_s
         rates = self.rates(now_s)
         wants = [
-            math.ceil(self.planned * r / c - 1e-9) if r > 0 else 0
+            math.ceil(self.planned * r / ((1 + self.tolerance) * c) - 1e-9) if r > 0 else 0
             for r, c in zip(rates.tolist(), self.sustained, strict=True)
         ]
         worst = int(np.argmax([w / self.planned for w in wants]))
         wanted = self._clamp(max(*wants, self.min_replicas))
+        # hysteresis: the way down keeps the tolerance as headroom (no tolerance applied)
+        keep = max(
+            (
+                math.ceil(self.planned * r / c - 1e-9)
+                for r, c in zip(rates, self.sustained, strict=True)
+            ),
+            default=0,
+        )
         history = self._wanted
-        history.append((now_s, wanted))
+        history.append((now_s, self._clamp(max(keep, wanted, self.min_replicas))))
         while history and history[0][0] < now_s - self.scale_down_delay_s:
             history.popleft()
         previous = self.replicas

@@ -6,6 +6,12 @@ with an exponentially weighted moving average (alpha 0.1), floor the average to 
 two (plans exist per power of two, and flooring never overestimates the load), and report
 the mode of the last ``window`` floored values, so one spike does not flip the estimate.
 
+``rounding="nearest"`` is the unbiased variant: the nearest power of two on a log scale.
+Flooring reads burst-synchronised clients as half the burst whenever the sampled mean depth
+falls below the burst size (measured: 2 -> 1, 8 -> 4, 16 -> 8); the nearest power of two
+reads any mean depth above ``B / sqrt(2)`` as ``B``, at the price of overestimating a load
+just above ``B / sqrt(2)``.
+
 Pure: the caller samples the queue depth (every few milliseconds in the dispatcher) and
 feeds the numbers in; nothing here reads a clock or awaits anything.
 """
@@ -18,6 +24,19 @@ from dataclasses import dataclass
 
 DEFAULT_ALPHA = 0.1
 DEFAULT_WINDOW = 200
+
+
+ROUNDINGS = ("floor", "nearest")
+
+
+def nearest_pow2(value: float) -> int:
+    """The power of two nearest to ``value`` on a log scale (``round(log2 value)``): the
+    unbiased variant. Between 2^k and 2^(k+1) the boundary is the geometric mean
+    2^(k+0.5), so 6 reads as 8 and 5.5 as 4; 1 for anything below sqrt(2) (including 0)."""
+    if not math.isfinite(value) or value < math.sqrt(2):
+        return 1
+    exponent = math.floor(math.log2(value) + 0.5)
+    return 1 << exponent
 
 
 def floor_pow2(value: float) -> int:
@@ -52,7 +71,10 @@ class BatchSizeEstimator:
         window: int = DEFAULT_WINDOW,
         min_batch: int = 1,
         max_batch: int | None = None,
+        rounding: str = "floor",
     ) -> None:
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
         if window < 1:
@@ -63,6 +85,8 @@ class BatchSizeEstimator:
         self.window = window
         self.min_batch = min_batch
         self.max_batch = max_batch
+        self.rounding = rounding
+        self._round = floor_pow2 if rounding == "floor" else nearest_pow2
         self._ewma: float | None = None
         self._recent: deque[int] = deque(maxlen=window)
         self._counts: Counter[int] = Counter()
@@ -91,7 +115,7 @@ class BatchSizeEstimator:
             if self._ewma is None
             else self.alpha * depth + (1 - self.alpha) * self._ewma
         )
-        floored = self._clamp(floor_pow2(self._ewma))
+        floored = self._clamp(self._round(self._ewma))
         if len(self._recent) == self.window:
             old = self._recent[0]
             self._counts[old] -= 1
@@ -128,7 +152,8 @@ def estimate_series(
     *,
     alpha: float = DEFAULT_ALPHA,
     window: int = DEFAULT_WINDOW,
+    rounding: str = "floor",
 ) -> list[int]:
     """The estimate after each sample of ``depths`` (for tests, simulations and plots)."""
-    estimator = BatchSizeEstimator(alpha=alpha, window=window)
+    estimator = BatchSizeEstimator(alpha=alpha, window=window, rounding=rounding)
     return [estimator.observe(d) for d in depths]

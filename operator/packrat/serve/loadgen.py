@@ -268,7 +268,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         )
     else:
         lines.append(
-            f"poisson {summary['rate']:.1f} req/s for {summary['duration_s']:.1f} s "
+            f"{summary['mode']} {summary['rate']:.1f} req/s for {summary['duration_s']:.1f} s "
             f"(achieved {summary['achieved_rate']:.1f} req/s)"
         )
         lines.append(f"{'':24}{'mean':>10}{'p50':>10}{'p99':>10}{'max':>10}")

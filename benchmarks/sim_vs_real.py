@@ -1,0 +1,103 @@
+"""Simulated vs measured P99 on a real ``packrat serve`` pod, same traces, open-loop replay.
+
+Run: ``.venv/bin/python benchmarks/sim_vs_real.py`` (about 5 minutes: the pod starts, then
+one Poisson trace per load level is replayed with ``run_trace``, what ``packrat loadgen
+--trace`` does). The DES gets the same trace, the profile the plan came from and the plan;
+results go to ``benchmarks/results/sim-vs-real.{json,txt}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packrat.plan.des import nearest_rank, simulate
+from packrat.plan.optimizer import Optimizer
+from packrat.plan.profile import load_profile
+from packrat.plan.traces import gamma_trace
+from packrat.serve.bench import BenchSettings, _PackratServe
+from packrat.serve.codec import example_body
+from packrat.serve.replay import run_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    profile = load_profile(args.profile)
+    plan = Optimizer.for_profile(profile, cpus=args.cpus, max_batch=args.batch).plan(args.batch)
+    settings = BenchSettings(model=args.model, batches=[args.batch], max_batch_delay_ms=5)
+    body = example_body(args.model)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="packrat-simreal-") as tmp:
+        pod = _PackratServe(
+            settings=settings, plan=plan, cpus=list(range(args.cpus)), workdir=Path(tmp)
+        )
+        await pod.start()
+        try:
+            warm = gamma_trace(2.0, duration_s=5.0, seed=99)
+            await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=warm.tolist())
+            for i, rate in enumerate(args.rates):
+                trace = gamma_trace(rate, cv=args.cv, duration_s=args.duration, seed=i + 1)
+                measured = await run_trace(
+                    url=pod.url, model=pod.model, body=body, arrivals_s=trace.tolist()
+                )
+                lat = np.array([r.latency_s * 1000.0 for r in measured.records if r.ok])
+                sim = simulate(trace, profile.table(), plan.expand(), max_batch_delay_ms=5.0)
+                rows.append(
+                    {
+                        "rate": rate,
+                        "arrivals": int(trace.size),
+                        "errors": measured.errors,
+                        "measured_p99_ms": nearest_rank(lat, 99),
+                        "measured_p50_ms": nearest_rank(lat, 50),
+                        "simulated_p99_ms": sim.p99_ms,
+                        "simulated_p50_ms": sim.percentile(50),
+                        "send_lag_ms": measured.late_s * 1000.0,
+                    }
+                )
+                print(rows[-1], flush=True)
+        finally:
+            await pod.stop()
+    return {"model": args.model, "profile": str(args.profile), "plan": plan.label, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--profile", type=Path, default=RESULTS / "profile-resnet50-2cpu.json")
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument(
+        "--rates", type=lambda s: [float(x) for x in s.split(",")], default=[6.0, 12.0, 18.0]
+    )
+    parser.add_argument("--cv", type=float, default=1.0)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--stem", default="sim-vs-real")
+    args = parser.parse_args()
+    doc = asyncio.run(main_async(args))
+    (RESULTS / f"{args.stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        f"{doc['model']}, plan {doc['plan']} from {doc['profile']}",
+        f"{'rate/s':>8}{'sim P99':>10}{'real P99':>10}{'ratio':>8}{'sim P50':>10}"
+        f"{'real P50':>10}{'errors':>8}",
+    ]
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['rate']:>8.1f}{r['simulated_p99_ms']:>10.1f}{r['measured_p99_ms']:>10.1f}"
+            f"{r['measured_p99_ms'] / r['simulated_p99_ms']:>8.2f}{r['simulated_p50_ms']:>10.1f}"
+            f"{r['measured_p50_ms']:>10.1f}{r['errors']:>8}"
+        )
+    text = "\n".join(lines) + "\n"
+    (RESULTS / f"{args.stem}.txt").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
