@@ -66,6 +66,12 @@ def register(subparsers: Any) -> None:
         "--cpus",
         help="use these cpus instead of this process's cpuset (e.g. 0-3); must be a subset",
     )
+    parser.add_argument(
+        "--private-weights",
+        action="store_true",
+        help="every instance loads its own copy of the weights instead of mapping the pod's "
+        "one shared file (the behaviour before shared weights; for comparisons)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat.serve.archive import ArchiveError
     from packrat.serve.config import ServeConfigError, parse_plan
     from packrat.serve.server import ServeOptions, serve
+    from packrat.serve.shared_weights import SharedWeightsError
     from packrat.serve.torchserve import TorchServeError
 
     text, origin = read_plan_text(args)
@@ -124,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             cpus=cpus,
             warmup_body=warmup,
+            shared_weights=not args.private_weights,
         )
         return asyncio.run(serve(opts))
-    except (ServeConfigError, ArchiveError, TorchServeError) as exc:
+    except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:
         raise CliError(str(exc)) from None

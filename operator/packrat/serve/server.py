@@ -42,6 +42,7 @@ from packrat.serve.config import (
 from packrat.serve.dispatcher import Dispatcher
 from packrat.serve.handler import CONFIG_ENV
 from packrat.serve.metrics import ServeMetrics
+from packrat.serve.shared_weights import ensure_weights, shared_weights_file
 from packrat.serve.torchserve import TorchServe
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class ServeOptions:
     warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
     health_interval_s: float = 0.5
     estimator_interval_s: float = 0.005
+    shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
 
 
 @dataclass
@@ -118,6 +120,7 @@ class PodServer:
         self.dispatcher: Dispatcher | None = None
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
+        self.weights = shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
         self._stop = asyncio.Event()
 
     def status(self) -> dict[str, Any]:
@@ -147,7 +150,10 @@ class PodServer:
         opts = self.opts
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
-        settings.write_text(json.dumps(worker_settings(self.instances)))
+        doc = worker_settings(self.instances)
+        if self.weights is not None:
+            doc["weights"] = str(self.weights)
+        settings.write_text(json.dumps(doc))
         self.torchserve = TorchServe(workdir=self.workdir, env={CONFIG_ENV: str(settings)})
         dispatcher = Dispatcher(
             model=self.name,
@@ -231,12 +237,20 @@ class PodServer:
 
     async def _start_backend(self) -> None:
         assert self.torchserve is not None
-        archive = await asyncio.to_thread(
-            build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
-        )
-        if self.warmup is None:
-            self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
-        await self.torchserve.start()
+
+        async def prepare() -> ModelArchive:
+            archive = await asyncio.to_thread(
+                build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
+            )
+            if self.warmup is None:
+                self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+            if self.weights is not None:
+                await ensure_weights(self.opts.model, self.weights)
+            return archive
+
+        # The archive and the weight file are made while the JVM starts.
+        archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
+        log.info("packrat serve: TorchServe is up and the archive is built")
         mar = self.torchserve.add_archive(archive.path)
         await asyncio.gather(
             *(
