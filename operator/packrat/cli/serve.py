@@ -69,13 +69,12 @@ def register(subparsers: Any) -> None:
         "--cpus",
         help="use these cpus instead of this process's cpuset (e.g. 0-3); must be a subset",
     )
-<<<<<<< HEAD
     parser.add_argument(
         "--private-weights",
         action="store_true",
         help="every instance loads its own copy of the weights instead of mapping the pod's "
         "one shared file (the behaviour before shared weights; for comparisons)",
-=======
+    )
     limits = parser.add_argument_group("limits (docs/serving.md)")
     limits.add_argument(
         "--max-body-bytes",
@@ -104,7 +103,6 @@ def register(subparsers: Any) -> None:
         type=int,
         help="TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
         "the next free block of 10 when taken)",
->>>>>>> origin/main
     )
     parser.set_defaults(func=run)
 
@@ -135,13 +133,9 @@ def run(args: argparse.Namespace) -> int:
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
     from packrat.serve.archive import ArchiveError
     from packrat.serve.config import ServeConfigError, parse_plan
-<<<<<<< HEAD
-    from packrat.serve.server import ServeOptions, serve
-    from packrat.serve.shared_weights import SharedWeightsError
-=======
     from packrat.serve.connections import ConnectionLimits
     from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
->>>>>>> origin/main
+    from packrat.serve.shared_weights import SharedWeightsError
     from packrat.serve.torchserve import TorchServeError
 
     text, origin = read_plan_text(args)
@@ -188,15 +182,12 @@ def run(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             cpus=cpus,
             warmup_body=warmup,
-<<<<<<< HEAD
             shared_weights=not args.private_weights,
-=======
             max_body_bytes=args.max_body_bytes,
             max_buffered_bytes=args.max_buffered_bytes,
             body_timeout_s=args.body_timeout,
             limits=limits,
             torchserve_port_base=args.torchserve_port_base,
->>>>>>> origin/main
         )
         return asyncio.run(serve(opts))
     except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:
