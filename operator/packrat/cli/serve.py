@@ -69,6 +69,12 @@ def register(subparsers: Any) -> None:
         "--cpus",
         help="use these cpus instead of this process's cpuset (e.g. 0-3); must be a subset",
     )
+    parser.add_argument(
+        "--private-weights",
+        action="store_true",
+        help="every instance loads its own copy of the weights instead of mapping the pod's "
+        "one shared file (the behaviour before shared weights; for comparisons)",
+    )
     limits = parser.add_argument_group("limits (docs/serving.md)")
     limits.add_argument(
         "--max-body-bytes",
@@ -129,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat.serve.config import ServeConfigError, parse_plan
     from packrat.serve.connections import ConnectionLimits
     from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
+    from packrat.serve.shared_weights import SharedWeightsError
     from packrat.serve.torchserve import TorchServeError
 
     text, origin = read_plan_text(args)
@@ -175,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             cpus=cpus,
             warmup_body=warmup,
+            shared_weights=not args.private_weights,
             max_body_bytes=args.max_body_bytes,
             max_buffered_bytes=args.max_buffered_bytes,
             body_timeout_s=args.body_timeout,
@@ -182,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
             torchserve_port_base=args.torchserve_port_base,
         )
         return asyncio.run(serve(opts))
-    except (ServeConfigError, ArchiveError, TorchServeError) as exc:
+    except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:
         raise CliError(str(exc)) from None
     except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail
         print(f"packrat serve: error: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -24,6 +24,7 @@ import importlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,14 @@ def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any
     data = json.loads(Path(config_path).read_text())
     entry = data.get("instances", {}).get(model_name)
     return entry if isinstance(entry, dict) else None
+
+
+def pod_weights(config_path: str | None) -> Path | None:
+    """The pod's shared weight file (``"weights"`` in the settings file), if it has one."""
+    if not config_path:
+        return None
+    path = json.loads(Path(config_path).read_text()).get("weights")
+    return Path(path) if isinstance(path, str) and path else None
 
 
 def handle(data: Any, context: Any) -> Any:
@@ -81,7 +90,8 @@ def _initialize(context: Any) -> Any:
     if wrapped.exists():
         spec = json.loads(wrapped.read_text())
         return _WrappedService(str(spec["handler"]), context)
-    return _NativeService(json.loads((model_dir / MODEL_FILE).read_text()), model_dir)
+    spec = json.loads((model_dir / MODEL_FILE).read_text())
+    return _NativeService(spec, model_dir, pod_weights(os.environ.get(CONFIG_ENV)))
 
 
 # -- a user's handler, loaded the way TorchServe loads it -----------------------------------
@@ -114,7 +124,7 @@ class _WrappedService:
 
 # -- zoo models and TorchScript files ------------------------------------------------------
 class _NativeService:
-    def __init__(self, spec: dict[str, Any], model_dir: Path) -> None:
+    def __init__(self, spec: dict[str, Any], model_dir: Path, weights: Path | None) -> None:
         import torch
 
         from packrat.runtime.zoo import load_model
@@ -123,7 +133,16 @@ class _NativeService:
         source = str(spec["spec"])
         if spec.get("file"):  # a TorchScript file shipped inside the archive
             source = str(model_dir / source)
-        self.model = load_model(source).eval()
+        start = time.monotonic()
+        if weights is not None:  # map the pod's one copy (packrat.runtime.weights)
+            from packrat.runtime.weights import load_shared, mapped_bytes
+
+            self.model = load_shared(source, weights)
+            how = f"{mapped_bytes(self.model, weights).fraction:.0%} mapped from {weights.name}"
+        else:
+            self.model = load_model(source).eval()
+            how = "private copy"
+        log.info("packrat: model loaded in %.3f s (%s)", time.monotonic() - start, how)
         self.inputs: list[dict[str, Any]] | None = spec.get("inputs")
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[Any]:

@@ -50,6 +50,7 @@ from packrat.serve.connections import ConnectionLimits
 from packrat.serve.dispatcher import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Dispatcher
 from packrat.serve.handler import CONFIG_ENV
 from packrat.serve.metrics import ServeMetrics
+from packrat.serve.shared_weights import ensure_weights, shared_weights_file
 from packrat.serve.torchserve import TorchServe
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class ServeOptions:
     health_interval_s: float = 0.5
     health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
     estimator_interval_s: float = 0.005
+    shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     body_timeout_s: float = 30.0
@@ -137,6 +139,7 @@ class PodServer:
         self.dispatcher: Dispatcher | None = None
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
+        self.weights = shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
         self._stop = asyncio.Event()
 
     def status(self) -> dict[str, Any]:
@@ -164,7 +167,10 @@ class PodServer:
         opts = self.opts
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
-        settings.write_text(json.dumps(worker_settings(self.instances)))
+        doc = worker_settings(self.instances)
+        if self.weights is not None:
+            doc["weights"] = str(self.weights)
+        settings.write_text(json.dumps(doc))
         self.torchserve = TorchServe(
             workdir=self.workdir,
             env={CONFIG_ENV: str(settings)},
@@ -260,12 +266,20 @@ class PodServer:
 
     async def _start_backend(self) -> None:
         assert self.torchserve is not None
-        archive = await asyncio.to_thread(
-            build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
-        )
-        if self.warmup is None:
-            self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
-        await self.torchserve.start()
+
+        async def prepare() -> ModelArchive:
+            archive = await asyncio.to_thread(
+                build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
+            )
+            if self.warmup is None:
+                self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+            if self.weights is not None:
+                await ensure_weights(self.opts.model, self.weights)
+            return archive
+
+        # The archive and the weight file are made while the JVM starts.
+        archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
+        log.info("packrat serve: TorchServe is up and the archive is built")
         assert self.dispatcher is not None
         self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
         mar = self.torchserve.add_archive(archive.path)

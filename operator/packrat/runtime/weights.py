@@ -1,0 +1,193 @@
+"""One copy of the weights per pod: a state dict saved once, memory-mapped by every instance.
+
+This is the CPU analog of Ignite's direct host access. The pod writes the model's state
+dict once (:func:`export`, ``torch.save``'s zip format, whose tensor records are 64-byte
+aligned); every worker then builds the architecture on the ``meta`` device (no memory, no
+random initialisation) and assigns tensors that ``torch.load(mmap=True)`` maps straight
+from that file (:func:`load_shared`). The mapping is private copy-on-write, and inference
+never writes a weight, so every worker reads the same page-cache pages: N instances hold
+one copy of the weights between them, not N, and an instance starts without copying a
+byte. Pages are faulted in on first use, so the warm-up pass that touches every layer
+once is also the load, layer by layer, overlapped with execution.
+
+TorchScript files are loaded as usual (TorchScript cannot be built on ``meta``) and their
+parameters and buffers then swapped for the mapped ones, which frees the private copies.
+What cannot be shared stays per worker: activations, per-thread buffers, the runtime.
+
+Also a command, so that the pod's dispatcher process never holds the model:
+``python -m packrat.runtime.weights MODEL OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from packrat.runtime import zoo
+
+__all__ = [
+    "MappedBytes",
+    "WeightsError",
+    "export",
+    "load_shared",
+    "mapped_bytes",
+    "weights_path",
+]
+
+SUFFIX = ".weights.pt"
+
+
+class WeightsError(RuntimeError):
+    """The weight file is missing, unreadable or does not match the model."""
+
+
+def weights_path(directory: Path, spec: str) -> Path:
+    """Where the pod keeps ``spec``'s weights: named by the model digest, so never stale."""
+    digest = zoo.model_digest(spec).removeprefix("sha256:")[:16]
+    return directory / f"{zoo.model_name(spec)}-{digest}{SUFFIX}"
+
+
+def _tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every persistent parameter and buffer, as plain tensors."""
+    return {name: t.detach() for name, t in model.state_dict(keep_vars=True).items()}
+
+
+def export(spec: str, path: Path) -> Path:
+    """Save ``spec``'s weights to ``path`` atomically (a reader never sees half a file)."""
+    model = zoo.load_model(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(_tensors(model), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read(path: Path) -> dict[str, Tensor]:
+    try:
+        state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise WeightsError(f"{path}: cannot map the weight file: {exc}") from None
+    if not isinstance(state, dict) or not all(isinstance(t, Tensor) for t in state.values()):
+        raise WeightsError(f"{path}: not a state dict of tensors")
+    return state
+
+
+def load_shared(spec: str, path: Path) -> nn.Module:
+    """``spec``'s model (eval mode, no grad) whose weights are mapped read-only from ``path``."""
+    state = _read(path)
+    if zoo.is_zoo_name(spec):
+        with torch.device("meta"):
+            model = zoo.load_model(spec)
+        try:
+            model.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as exc:
+            raise WeightsError(f"{path}: does not match {spec}: {exc}") from None
+        left = [n for n, t in _named_tensors(model) if t.is_meta]
+        if left:
+            raise WeightsError(f"{path}: {spec} has tensors the file does not hold: {left[:5]}")
+    else:
+        model = zoo.load_model(spec)
+        _swap_in(model, state, path)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _named_tensors(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+def _swap_in(model: nn.Module, state: dict[str, Tensor], path: Path) -> None:
+    """Point a loaded (TorchScript) module's tensors at the mapped ones, in place."""
+    own = dict(model.state_dict(keep_vars=True))
+    if set(own) != set(state):
+        missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        raise WeightsError(
+            f"{path}: does not match the model (missing {missing[:5]}, unexpected {extra[:5]})"
+        )
+    with torch.no_grad():
+        for name, tensor in own.items():
+            mapped = state[name]
+            if mapped.shape != tensor.shape or mapped.dtype != tensor.dtype:
+                raise WeightsError(
+                    f"{path}: {name} is {mapped.shape}/{mapped.dtype}, "
+                    f"the model has {tensor.shape}/{tensor.dtype}"
+                )
+            tensor.set_(mapped)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True, slots=True)
+class MappedBytes:
+    """How much of a model's tensor data lives inside a mapping of one file."""
+
+    mapped: int
+    total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.mapped / self.total if self.total else 1.0
+
+
+def _file_ranges(path: Path, maps: str) -> list[tuple[int, int]]:
+    target = os.path.realpath(path)
+    out = []
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and os.path.realpath(parts[5].strip()) == target:
+            lo, hi = parts[0].split("-")
+            out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+def mapped_bytes(model: nn.Module, path: Path, *, maps: str | None = None) -> MappedBytes:
+    """Bytes of ``model``'s tensors that lie in this process's mappings of ``path``."""
+    if maps is None:
+        maps = Path("/proc/self/maps").read_text()
+    ranges = _file_ranges(path, maps)
+    seen: set[int] = set()
+    mapped = total = 0
+    for _, t in _named_tensors(model):
+        storage = t.untyped_storage()
+        ptr, size = storage.data_ptr(), storage.nbytes()
+        if ptr in seen or size == 0:
+            continue
+        seen.add(ptr)
+        total += size
+        if any(lo <= ptr and ptr + size <= hi for lo, hi in ranges):
+            mapped += size
+    return MappedBytes(mapped=mapped, total=total)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m packrat.runtime.weights",
+        description="Save a model's weights once, for every instance of a pod to map.",
+    )
+    parser.add_argument("model", help="zoo name or TorchScript file")
+    parser.add_argument("out", type=Path, help="weight file to write (atomically)")
+    args = parser.parse_args(argv)
+    try:
+        export(args.model, args.out)
+    except (zoo.ZooError, OSError) as exc:
+        print(f"packrat weights: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

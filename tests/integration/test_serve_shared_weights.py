@@ -1,0 +1,125 @@
+"""``packrat serve`` with two tiny instances that map the pod's one weight file.
+
+Real TorchServe, real HTTP: the answers must equal the model run in-process, and both
+workers' tensors must come from the same file (it shows in their ``/proc/<pid>/maps``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import torch
+
+from packrat.runtime import zoo
+from packrat.runtime.cpus import allowed_cpus
+from packrat.serve.codec import encode_sample
+from packrat.serve.torchserve import free_ports
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+CPUS = allowed_cpus()
+
+
+async def _get(url: str) -> tuple[int, Any]:
+    try:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r,
+        ):
+            text = await r.text()
+            return r.status, (json.loads(text) if r.status == 200 and text[:1] == "{" else None)
+    except (aiohttp.ClientError, TimeoutError):
+        return 0, None
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
+    if len(CPUS) < 2:
+        pytest.skip("needs a cpuset of at least 2 cpus")
+    tmp = tmp_path_factory.mktemp("shared")
+    plan = {
+        "cpus": 2,
+        "batch": 4,
+        "instances": [{"threads": 1, "batch": 2, "count": 2}],
+        "expected_latency_ms": 1.0,
+        "fat_latency_ms": 1.0,
+    }
+    (tmp / "plan.json").write_text(json.dumps(plan))
+    port = free_ports(1)[0]
+    log = tmp / "serve.log"
+    cmd = [sys.executable, "-m", "packrat", "serve", "--model", "tiny"]
+    cmd += ["--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--workdir", str(tmp / "work"), "--cpus", f"{CPUS[0]},{CPUS[1]}"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while asyncio.run(_get(f"{url}/ping"))[0] != 200:
+            assert proc.poll() is None, log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "not ready in 120 s:\n" + log.read_text()
+            time.sleep(0.2)
+        yield url, tmp / "work", log
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_answers_equal_the_model_run_in_process(pod: tuple[str, Path, Path]) -> None:
+    url = pod[0]
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        expected = zoo.load_model("tiny")(x)
+
+    async def go() -> list[tuple[int, bytes]]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one(i: int) -> tuple[int, bytes]:
+                async with s.post(
+                    f"{url}/predictions/tiny",
+                    data=encode_sample([x[i]]),
+                    headers={"Content-Type": "application/octet-stream"},
+                ) as r:
+                    return r.status, await r.read()
+
+            return list(await asyncio.gather(*(one(i) for i in range(4))))
+
+    for i, (status, body) in enumerate(asyncio.run(go())):
+        assert status == 200, body
+        got = torch.tensor(json.loads(body))
+        assert torch.allclose(got, expected[i], atol=1e-6), (got, expected[i])
+
+
+def test_both_workers_map_the_one_weight_file(pod: tuple[str, Path, Path]) -> None:
+    work = pod[1]
+    files = list((work / "weights").glob("*.weights.pt"))
+    assert len(files) == 1, files
+    target = str(files[0].resolve())
+    mappers = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            maps = (proc / "maps").read_text()
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(line.endswith(target) for line in maps.splitlines()):
+            mappers.append(int(proc.name))
+    assert len(mappers) == 2, mappers  # the two workers, nothing else
+    logs = (work / "logs" / "model_log.log").read_text(errors="replace")
+    assert logs.count(f"100% mapped from {files[0].name}") == 2, logs[-2000:]
