@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
 
@@ -59,12 +60,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorCluste
 
 
 def _metric(text: str, name: str, labels: str = "") -> float:
-    """One sample's value from Prometheus text (0 when absent)."""
-    selector = "{" + labels + "}" if labels else ""
-    for line in text.splitlines():
-        if line.startswith(name + selector + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """The sum of a metric's samples whose labels include ``labels`` (0 when absent)."""
+    wanted = dict(kv.split("=", 1) for kv in labels.split(",")) if labels else {}
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(
+                sample.labels.get(k) == v.strip('"') for k, v in wanted.items()
+            ):
+                total += sample.value
+    return total
 
 
 def test_operator_follows_a_load_step_with_one_switch_and_no_failures(
@@ -156,7 +161,7 @@ def test_operator_follows_a_load_step_with_one_switch_and_no_failures(
         for o in ("hold_same", "hold_not_sustained", "hold_gain_too_small", "hold_too_soon")
     )
     assert holds > 0
-    assert _metric(text, "packrat_operator_switch_duration_seconds_count") == 1
+    assert _metric(text, "packrat_operator_switch_duration_seconds_count", f'model="{NAME}"') == 1
     # (kmock leaves metadata.namespace unset on watch events, so the namespace label may be "")
     observed = [
         float(line.rsplit(" ", 1)[1])

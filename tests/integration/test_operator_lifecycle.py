@@ -134,7 +134,11 @@ def test_operator_profiles_retries_and_serves(cluster: OperatorCluster) -> None:
     # operator metrics and liveness
     text = cluster.operator.metrics()
     assert f'packrat_model_expected_speedup{{model="{NAME}",namespace="{NAMESPACE}"}}' in text
-    assert "packrat_operator_profiling_duration_seconds_count 1.0" in text
+    labels = f'model="{NAME}",namespace="{NAMESPACE}"'
+    assert f"packrat_operator_profiling_duration_seconds_count{{{labels}}} 1.0" in text
+    assert (
+        f'packrat_model_phase{{model="{NAME}",namespace="{NAMESPACE}",phase="Ready"}} 1.0' in text
+    )
     assert cluster.operator.healthy()
 
 
@@ -199,7 +203,8 @@ def test_operator_switch_under_load_zero_failures(cluster: OperatorCluster) -> N
     assert marks["ready"] <= marks["switch"] <= marks["gone"]
     assert cluster.condition(NAME, "Reconfiguring")["reason"] == "SwitchCompleted"
     assert cluster.api.list("jobs") == []  # the profile was reused, not re-measured
-    assert 'packrat_operator_switches_total{result="succeeded"} 1.0' in cluster.operator.metrics()
+    labels = f'model="{NAME}",namespace="{NAMESPACE}",result="succeeded"'
+    assert f"packrat_operator_switches_total{{{labels}}} 1.0" in cluster.operator.metrics()
 
 
 def test_operator_restart_mid_switch_completes_once(cluster: OperatorCluster) -> None:
