@@ -63,6 +63,14 @@ def _publish(body: kopf.Body, result: Result) -> None:
         metrics.record_profiling(namespace, name, result.profiling_seconds)
     if result.switch_result is not None:
         metrics.record_switch(namespace, name, result.switch_result)
+    if (progress := result.profiling_progress) is not None:
+        metrics.record_profiling_progress(
+            namespace,
+            name,
+            done=progress["done"],
+            total=progress["total"],
+            eta_seconds=progress.get("etaSeconds"),
+        )
     metrics.publish_autobatch(
         namespace=namespace,
         model=name,

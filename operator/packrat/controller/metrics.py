@@ -160,13 +160,33 @@ def _histogram(metric: Histogram, namespace: str, model: str) -> Histogram:
     return child
 
 
+# Counters alerts watch with increase(): created at 0 when a model is first seen, so that the
+# first increment is an increase (a series that appears at 1 shows none).
+_ZEROED: tuple[tuple[Counter, tuple[str, ...]], ...] = (
+    (SWITCHES, ("succeeded",)),
+    (SWITCHES, ("aborted",)),
+    (EVENTS, ("Warning", "ProfilingFailed")),
+    (EVENTS, ("Warning", "SwitchAborted")),
+)
+
+
+def _first_sight(namespace: str, model: str) -> None:
+    with _seen_lock:
+        known = (namespace, model) in _seen
+    if not known:
+        for counter, extra in _ZEROED:
+            _counter(counter, namespace, model, *extra)
+
+
 def record_reconcile(namespace: str, model: str, result: str) -> None:
     """One reconcile pass ended with ``result`` (ok, waiting, invalid, error, ...)."""
+    _first_sight(namespace, model)
     _counter(RECONCILES, namespace, model, result).inc()
 
 
 def record_error(namespace: str, model: str, error: str) -> None:
     """A reconcile pass raised ``error`` (the exception's type name)."""
+    _first_sight(namespace, model)
     _counter(RECONCILES, namespace, model, "error").inc()
     _counter(ERRORS, namespace, model, error).inc()
 
@@ -180,6 +200,10 @@ def record_phase(namespace: str, model: str, phase: str, phases: Iterable[str] =
     """The model's status.phase is ``phase``: 1 for it, 0 for every other phase."""
     for each in {*phases, phase}:
         _gauge(PHASE, namespace, model, each).set(1 if each == phase else 0)
+    if phase != "Profiling":  # progress is only shown while a profiling Job runs
+        for gauge in (PROFILING_POINTS_DONE, PROFILING_POINTS, PROFILING_ETA):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, model)
 
 
 def record_profiling(namespace: str, model: str, seconds: float) -> None:

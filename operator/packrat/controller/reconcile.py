@@ -21,6 +21,7 @@ from typing import Any
 from packrat.controller import autobatch as ab
 from packrat.controller import manifests as m
 from packrat.controller.kube import KubeApi
+from packrat.controller.progress import parse_progress
 from packrat.controller.spec import (
     DEFAULT_IMAGE,
     initial_batch,
@@ -64,6 +65,8 @@ class Result:
     decision: str | None = None
     # seconds from the start of a completed switch to the Service selecting the new slot
     switch_seconds: float | None = None
+    # the running profiling Job's progress (status.profiling.progress)
+    profiling_progress: dict[str, Any] | None = None
 
 
 def _plan_dict(plan: Plan) -> dict[str, Any]:
@@ -510,6 +513,7 @@ class Reconciler:
             return None
 
         state = _job_state(job)
+        status.pop("profiling", None)  # progress is shown while the Job runs, below
         failure: str | None = None
         # only this Job's pods: a deleted predecessor of the same name may leave pods behind
         # until the garbage collector removes them
@@ -610,6 +614,9 @@ class Reconciler:
 
         # still running: surface stuck pods (image pull errors and the like)
         result.phase = "Profiling"
+        result.profiling_progress = self._profiling_progress(namespace, pods)
+        if result.profiling_progress is not None:
+            status["profiling"] = {"progress": result.profiling_progress}
         stuck = [r for r in (pod_failure(p) for p in pods) if r]
         message = f"profiling job {obj_name} running" + (f": {stuck[-1]}" if stuck else "")
         status["message"] = message
@@ -623,6 +630,24 @@ class Reconciler:
             now=now,
         )
         status["profile"] = pstatus
+        return None
+
+    def _profiling_progress(
+        self, namespace: str, pods: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """The running profiler's last progress line (points done, total, ETA), if any."""
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase") in ("Pending", "Running"):
+                try:
+                    log = self.kube.read_log(
+                        namespace, pod["metadata"]["name"], container="profile"
+                    )
+                except Exception:  # progress is informational: never fail the pass for it
+                    logger.debug("no profiling log from %s", pod["metadata"]["name"], exc_info=True)
+                    continue
+                progress = parse_progress(log)
+                if progress is not None:
+                    return progress
         return None
 
     # -- serving ---------------------------------------------------------------------------

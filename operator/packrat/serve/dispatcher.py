@@ -302,10 +302,14 @@ class Dispatcher:
             )
         inst = self.instances[index]
         self._per_instance[index].inc()
+        forwarded = time.perf_counter()
         try:
             response = await self._forward(request, inst, body)
         finally:
             self._release(index)
+            self.metrics.instance_duration.labels(self.model, inst.name).observe(
+                time.perf_counter() - forwarded
+            )
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()

@@ -64,6 +64,15 @@ class ServeMetrics:
             ["model", "plan_instance"],
             registry=r,
         )
+        self.instance_duration = Histogram(
+            "packrat_instance_request_duration_seconds",
+            "Time TorchServe took to answer a forwarded request, per plan instance: the "
+            "instance's batch latency plus its batching delay (compare with the plan's "
+            "expected batch latency).",
+            ["model", "plan_instance"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "packrat_requests_in_flight",
             "Requests forwarded to TorchServe and not answered yet.",
