@@ -10,6 +10,7 @@ import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
 from packrat.controller import autobatch as ab
+from packrat.controller import estimates
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import AUTO_BATCH_DEFAULTS
 from packrat.plan.profile import parse_profile
@@ -176,8 +177,10 @@ def test_estimate_reader_reads_every_ready_pod_the_service_selects(
         asked.append(url)
         return answers.get(url)
 
-    monkeypatch.setattr(ab, "fetch_estimate", fake_fetch)
-    reader = ab.EstimateReader(kube, pod_url="http://{ip}:8080", service_url="http://svc/{service}")
+    monkeypatch.setattr(estimates, "fetch_estimate", fake_fetch)
+    reader = estimates.EstimateReader(
+        kube, pod_url="http://{ip}:8080", service_url="http://svc/{service}"
+    )
     assert reader(NS, "m") == ab.Reading((8, 4), "pods")
     assert sorted(asked) == ["http://10.0.0.1:8080", "http://10.0.0.2:8080"]
     # no ready pods listed: one reading through the Service

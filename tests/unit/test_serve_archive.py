@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -79,3 +81,82 @@ def test_instance_settings_lookup(tmp_path: Path) -> None:
     assert instance_settings("m", str(cfg)) is None
     assert instance_settings("m_i0", None) is None
     assert instance_settings("m_i0", "") is None
+
+
+def _mar_with(path: Path, manifest: object, **entries: bytes) -> Path:
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        for name, data in entries.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        [1, 2],
+        "model",
+        {"model": "resnet"},
+        {"model": {"handler": 7}},
+        {"model": {"handler": ["h.py"]}},
+        {"model": {"handler": "  "}},
+        {"model": None},
+    ],
+)
+def test_malformed_manifests_are_archive_errors(tmp_path: Path, manifest: object) -> None:
+    """These raised AttributeError/TypeError tracebacks before."""
+    mar = _mar_with(tmp_path / "m.mar", manifest)
+    with pytest.raises(ArchiveError) as info:
+        wrap_mar(mar, workdir=tmp_path, name="x")
+    assert "\n" not in str(info.value) and str(mar) in str(info.value)
+
+
+def test_manifest_that_is_not_json_or_not_utf8(tmp_path: Path) -> None:
+    for i, raw in enumerate([b"{", b"\xff\xfe", b"[" * 100_000]):
+        mar = tmp_path / f"m{i}.mar"
+        with zipfile.ZipFile(mar, "w") as z:
+            z.writestr("MAR-INF/MANIFEST.json", raw)
+        with pytest.raises(ArchiveError, match="not valid JSON"):
+            wrap_mar(mar, workdir=tmp_path, name="x")
+
+
+def test_a_wrapped_archive_with_a_broken_record(tmp_path: Path) -> None:
+    mar = _mar_with(
+        tmp_path / "w.mar",
+        {"model": {"handler": f"{ENTRY_MODULE}.py"}},
+        **{WRAPPED_FILE: b'{"handler": 3}'},
+    )
+    with pytest.raises(ArchiveError, match="names no handler"):
+        wrap_mar(mar, workdir=tmp_path, name="x")
+
+
+def test_a_zip_bomb_entry_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    """64 MiB of zeros deflate to ~64 KB; the old code read the whole entry into memory."""
+    mar = tmp_path / "bomb.mar"
+    manifest = {"model": {"handler": "h.py"}}
+    with zipfile.ZipFile(mar, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        with z.open("weights.bin", "w") as f:
+            chunk = b"\x00" * (1 << 20)
+            for _ in range(64):
+                f.write(chunk)
+    assert mar.stat().st_size < 1 << 20
+    (tmp_path / "w").mkdir()
+    with pytest.raises(ArchiveError, match="zip bomb"):
+        wrap_mar(mar, workdir=tmp_path / "w", name="x")
+    assert not (tmp_path / "w" / "x.mar").exists()
+
+
+def test_entries_are_streamed_not_read_whole(tmp_path: Path) -> None:
+    big = os.urandom(16 << 20)  # incompressible, like real weights
+    mar = _mar_with(tmp_path / "big.mar", {"model": {"handler": "h.py"}}, **{"w.bin": big})
+    (tmp_path / "w").mkdir()
+    tracemalloc.start()
+    try:
+        out = wrap_mar(mar, workdir=tmp_path / "w", name="big")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20
+    with zipfile.ZipFile(out.path) as z:
+        assert z.read("w.bin") == big

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packrat.serve.codec import CodecError, decode_sample, encode_output, encode_sample
 
@@ -67,3 +70,52 @@ def test_encode_output_picks_the_row_and_first_output() -> None:
     assert json.loads(encode_output(out, 1)) == [3.0, 4.0]
     assert json.loads(encode_output((out, out * 0), 0)) == [1.0, 2.0]
     assert json.loads(encode_output({"logits": out}, 0)) == [1.0, 2.0]
+
+
+HOSTILE = [
+    b"[" * 100_000 + b"]" * 100_000,  # RecursionError inside json
+    ("[" + "1" * 5000 + "]").encode(),  # ValueError: integer string too long
+    b"[1e999, 2]",  # inf: a float, then a wrong shape
+    b'{"inputs": {"a": 1}}',
+    b'{"inputs": [[1, 2, 3], [4, 5, 6]], "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+    "[" * 5000 + "]" * 5000,  # a str body (TorchServe decoded text)
+    [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],  # deep, numeric
+    [10**5000],  # an int too large for any tensor dtype
+    [[1, 2, 3], [4, 5, float("nan")]][:1],
+    {"inputs": None},
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE)
+def test_hostile_bodies_raise_only_codec_errors(body: object) -> None:
+    with pytest.raises(CodecError):
+        decode_sample(body, ONE)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(["inputs", "x"]), children, max_size=2)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=st.binary(max_size=200) | json_values)
+def test_fuzz_decode_never_raises_anything_but_codec_error(body: object) -> None:
+    for inputs in (ONE, TWO, None):
+        try:
+            tensors = decode_sample(body, inputs)
+        except CodecError:
+            continue
+        assert all(isinstance(t, torch.Tensor) for t in tensors)
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=json_values)
+def test_fuzz_json_text_of_any_value(body: object) -> None:
+    text = json.dumps(body).encode()
+    with contextlib.suppress(CodecError):
+        decode_sample(text, ONE)

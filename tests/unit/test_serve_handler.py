@@ -112,3 +112,47 @@ def test_a_wrapped_function_handler(fresh: Path, monkeypatch: pytest.MonkeyPatch
     ctx = FakeContext("m_i0", fresh)
     handler.handle(None, ctx)
     assert handler.handle([{"body": b"a"}], ctx) == ["fn"]
+
+
+def _native(fresh: Path, inputs: Any) -> FakeContext:
+    (fresh / handler.MODEL_FILE).write_text(json.dumps({"spec": "tiny", "inputs": inputs}))
+    ctx = FakeContext("m_i0", fresh)
+    handler.handle(None, ctx)
+    return ctx
+
+
+def test_hostile_requests_fail_alone_in_their_batch(fresh: Path) -> None:
+    """Deep nesting (RecursionError) and a 5,000-digit integer (ValueError) used to escape the
+    handler and fail the whole batch of four."""
+    ctx = _native(fresh, zoo.input_spec("tiny"))
+    x = torch.randn(2, 16, generator=torch.Generator().manual_seed(2))
+    rows = [
+        {"body": bytearray(encode_sample([x[0]]))},
+        {"body": bytearray(b"[" * 100_000 + b"]" * 100_000)},
+        {"body": bytearray(("[" + "9" * 5000 + "]").encode())},
+        {"data": x[1].tolist()},
+        "not even a dict",
+    ]
+    out = handler.handle(rows, ctx)
+    assert ctx.statuses == {1: 400, 2: 400, 4: 400}
+    assert all(json.loads(out[i])["code"] == 400 for i in (1, 2, 4))
+    assert len(json.loads(out[0])) == len(json.loads(out[3])) > 0
+
+
+def test_a_request_the_model_rejects_fails_alone(fresh: Path) -> None:
+    """Without an input description any numeric array decodes; the model itself then raises
+    on the wrong width, for those requests only."""
+    ctx = _native(fresh, None)
+    good = torch.randn(2, 16, generator=torch.Generator().manual_seed(3))
+    rows = [
+        {"data": good[0].tolist()},
+        {"data": [1.0, 2.0, 3.0]},
+        {"data": good[1].tolist()},
+        {"data": [4.0, 5.0, 6.0]},
+    ]
+    out = handler.handle(rows, ctx)
+    assert ctx.statuses == {1: 400, 3: 400}
+    assert "model failed" in json.loads(out[1])["message"]
+    with torch.inference_mode():
+        expected = zoo.load_model("tiny")(good)
+    assert torch.allclose(torch.tensor(json.loads(out[2])), expected[1], atol=1e-5)

@@ -18,6 +18,7 @@ from packrat import __version__
 # Subcommand modules, in the order ``packrat --help`` lists them.
 COMMANDS: tuple[str, ...] = (
     "plan",
+    "provision",
     "profile",
     "bench",
     "serve",

@@ -58,8 +58,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--resync-seconds",
         type=float,
-        default=float(os.environ.get("PACKRAT_RESYNC_SECONDS", "5")),
-        help="how often each model is reconciled while waiting (default 5)",
+        default=float(os.environ.get("PACKRAT_RESYNC_SECONDS", "300")),
+        help="how often a model at rest is re-read, as a safety net: changes to a model and "
+        "its children arrive as watch events (default 300)",
+    )
+    parser.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_POLL_SECONDS", "2")),
+        help="how often a model is looked at while something is in progress: profiling, a "
+        "switch, pods starting (default 2)",
+    )
+    parser.add_argument(
+        "--unschedulable-grace-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_UNSCHEDULABLE_GRACE_SECONDS", "60")),
+        help="a profiling pod the scheduler cannot place fails its attempt after this long "
+        "(default 60)",
     )
     parser.add_argument(
         "--profile-retry-seconds",
@@ -97,8 +112,11 @@ def run(args: argparse.Namespace) -> int:
     from packrat.controller.reconcile import Config
     from packrat.controller.spec import DEFAULT_IMAGE
 
-    if args.resync_seconds <= 0:
-        raise CliError("--resync-seconds must be positive")
+    for flag in ("resync_seconds", "poll_seconds"):
+        if getattr(args, flag) <= 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be positive")
+    if args.unschedulable_grace_seconds < 0:
+        raise CliError("--unschedulable-grace-seconds must not be negative")
     if args.max_profile_attempts < 1:
         raise CliError("--max-profile-attempts must be at least 1")
     if not args.namespace and not args.all_namespaces:
@@ -111,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
             image=args.image or DEFAULT_IMAGE,
             max_profile_attempts=args.max_profile_attempts,
             profile_retry_seconds=args.profile_retry_seconds,
+            unschedulable_grace_seconds=args.unschedulable_grace_seconds,
         ),
         resync_seconds=args.resync_seconds,
+        poll_seconds=args.poll_seconds,
         serving_url=args.serving_url,
         pod_url=args.pod_url,
         scanning=bool(args.all_namespaces)

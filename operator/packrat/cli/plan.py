@@ -15,7 +15,7 @@ from typing import Any
 
 from packrat.cli import CliError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
-from packrat.plan.profile import Profile, ProfileError, load_profile
+from packrat.plan.profile import MAX_BATCH, Profile, ProfileError, load_profile
 
 
 def parse_int_list(text: str, *, what: str) -> list[int]:
@@ -58,12 +58,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def measured_cpus(profile: Profile) -> int:
+    """The cores a profile speaks for: ``meta.cpus``, else the most threads it measured."""
+    return profile.meta.cpus if profile.meta.cpus > 0 else profile.max_threads
+
+
 def make_optimizer(profile: Profile, *, cpus: int, max_batch: int) -> Optimizer:
-    if cpus > profile.meta.cpus > 0:
+    limit = measured_cpus(profile)
+    if cpus > limit:
+        where = (
+            "the profile was measured on"
+            if profile.meta.cpus > 0
+            else "the profile measured (it does not record meta.cpus)"
+        )
         raise CliError(
-            f"--cpus {cpus} exceeds the {profile.meta.cpus} cores the profile was measured on; "
+            f"--cpus {cpus} exceeds the {limit} cores {where}; "
             "profile on the target cores instead of extrapolating"
         )
+    if max_batch > MAX_BATCH:
+        raise CliError(f"--batch {max_batch} is larger than {MAX_BATCH}")
     try:
         return Optimizer.for_profile(profile, cpus=cpus, max_batch=max_batch)
     except PlanError as exc:
@@ -149,7 +162,18 @@ def plot_plans(
     plt.close(fig)
 
 
+def check_writable(path: Path) -> None:
+    """Refuse an output path whose folder is missing before any work is done."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise CliError(f"--plot {path}: folder {parent} does not exist")
+    if path.is_dir():
+        raise CliError(f"--plot {path}: is a folder")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_writable(args.plot)
     try:
         profile = load_profile(args.profile)
     except ProfileError as exc:
@@ -171,6 +195,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         curve = [optimizer.plan(b) for b in range(1, max(batches) + 1) if optimizer.feasible(b)]
         title = f"{profile.meta.model}: expected latency on {cpus} cores"
-        plot_plans(curve, args.plot, title=title, marked=plans)
+        try:
+            plot_plans(curve, args.plot, title=title, marked=plans)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"--plot {args.plot}: cannot write the plot: {exc}") from None
         print(f"plot written to {args.plot}")
     return 0

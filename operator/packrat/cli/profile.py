@@ -8,8 +8,12 @@ profile after every point (rerunning with the same ``-o`` resumes) and prints th
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
+import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -29,7 +33,29 @@ def register(subparsers: Any) -> None:
             "checkpointed after every point and a rerun resumes."
         ),
     )
-    parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
+    parser.add_argument(
+        "--model", required=True, help="zoo name, TorchScript file or TorchServe .mar archive"
+    )
+    parser.add_argument(
+        "--sample-request",
+        type=Path,
+        metavar="FILE",
+        help=(
+            "a request body the model's handler accepts; batch b runs b copies of it through "
+            "the handler the serving pod runs (required for a .mar; for a zoo model or "
+            "TorchScript file it profiles through Packrat's native handler)"
+        ),
+    )
+    parser.add_argument(
+        "--sample-request-env",
+        metavar="VAR",
+        help="like --sample-request, from the base64 text in environment variable VAR",
+    )
+    parser.add_argument(
+        "--sample-content-type",
+        default="application/octet-stream",
+        help="the sample request's Content-Type (default application/octet-stream)",
+    )
     parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
@@ -76,9 +102,60 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds: the running worker is killed, checkpoint kept
 
 
+def _sample_request(args: argparse.Namespace, workdir: Path) -> Path | None:
+    if args.sample_request is not None and args.sample_request_env:
+        raise CliError("give --sample-request or --sample-request-env, not both")
+    if args.sample_request is not None:
+        if not args.sample_request.is_file():
+            raise CliError(f"--sample-request {args.sample_request}: no such file")
+        return Path(args.sample_request)
+    if args.sample_request_env:
+        text = os.environ.get(args.sample_request_env)
+        if not text:
+            raise CliError(f"--sample-request-env {args.sample_request_env}: variable is unset")
+        try:
+            body = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise CliError(
+                f"--sample-request-env {args.sample_request_env}: not base64 text"
+            ) from None
+        path = workdir / "sample-request.bin"
+        path.write_bytes(body)
+        return path
+    return None
+
+
+def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
+    """What to run per batch: None (the bare model) or an archive's handler + sample request."""
+    from packrat.profiler.client import HandlerTarget
+    from packrat.serve.archive import ArchiveError, build_archive, is_mar
+
+    sample = _sample_request(args, workdir)
+    if sample is None:
+        if is_mar(args.model):
+            raise CliError(
+                f"{args.model}: a .mar is profiled through its own handler; give "
+                "--sample-request FILE, a request body that handler accepts"
+            )
+        return None
+    try:
+        archive = build_archive(args.model, workdir=workdir / "archive")
+    except ArchiveError as exc:
+        raise CliError(str(exc)) from None
+    return HandlerTarget(
+        archive=archive.path, sample_request=sample, content_type=args.sample_content_type
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="packrat-profile-") as tmp:
+        return _run(args, Path(tmp))
+
+
+def _run(args: argparse.Namespace, workdir: Path) -> int:
     from packrat.profiler.profiler import ProfilerError, ProfileSettings, run_profile
 
+    handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
     settings = ProfileSettings(
         precision=args.precision,
@@ -96,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             output=args.output,
             threads=threads,
             settings=settings,
+            handler=handler,
         )
     except ProfilerError as exc:
         raise CliError(str(exc)) from None

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from packrat.cli import CliError
+
+MAX_PLAN_BYTES = 1024 * 1024
 
 
 def register(subparsers: Any) -> None:
@@ -66,6 +69,35 @@ def register(subparsers: Any) -> None:
         "--cpus",
         help="use these cpus instead of this process's cpuset (e.g. 0-3); must be a subset",
     )
+    limits = parser.add_argument_group("limits (docs/serving.md)")
+    limits.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=6 * 1024 * 1024,
+        help="largest request body; 413 beyond, before it is read (default 6 MiB, below "
+        "TorchServe's own 6.5 MB)",
+    )
+    limits.add_argument(
+        "--max-buffered-bytes",
+        type=int,
+        default=128 * 1024 * 1024,
+        help="request bytes buffered across all requests; 503 beyond (default 128 MiB)",
+    )
+    limits.add_argument(
+        "--max-connections", type=int, default=1024, help="open client connections (1024)"
+    )
+    limits.add_argument(
+        "--header-timeout", type=float, default=10.0, help="seconds for a request head (10)"
+    )
+    limits.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds for a request body (30)"
+    )
+    limits.add_argument(
+        "--torchserve-port-base",
+        type=int,
+        help="TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
+        "the next free block of 10 when taken)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -73,9 +105,16 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
     """The plan JSON and where it came from."""
     if args.plan is not None:
         try:
-            return args.plan.read_text(), str(args.plan)
+            with args.plan.open("rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)
         except OSError as exc:
-            raise CliError(f"cannot read plan {args.plan}: {exc}") from None
+            raise CliError(f"cannot read plan {args.plan}: {exc.strerror or exc}") from None
+        if len(raw) > MAX_PLAN_BYTES:
+            raise CliError(f"plan {args.plan} is larger than {MAX_PLAN_BYTES} bytes")
+        try:
+            return raw.decode("utf-8"), str(args.plan)
+        except UnicodeDecodeError as exc:
+            raise CliError(f"plan {args.plan}: not UTF-8 text (byte {exc.start})") from None
     text = os.environ.get(args.plan_env)
     if not text:
         raise CliError(f"environment variable {args.plan_env} is not set or empty")
@@ -88,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
     from packrat.serve.archive import ArchiveError
     from packrat.serve.config import ServeConfigError, parse_plan
-    from packrat.serve.server import ServeOptions, serve
+    from packrat.serve.connections import ConnectionLimits
+    from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
     from packrat.serve.torchserve import TorchServeError
 
     text, origin = read_plan_text(args)
@@ -103,6 +143,17 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"--cpus {args.cpus}: cpus {outside} are outside this process's cpuset")
     if args.queue_limit < 0:
         raise CliError("--queue-limit must be >= 0")
+    if not 1 <= args.max_body_bytes <= args.max_buffered_bytes:
+        raise CliError("need 1 <= --max-body-bytes <= --max-buffered-bytes")
+    try:
+        limits = ConnectionLimits(
+            max_connections=args.max_connections,
+            header_timeout_s=args.header_timeout,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.body_timeout <= 0:
+        raise CliError("--body-timeout must be > 0")
     warmup = None
     if args.warmup_body is not None:
         try:
@@ -124,7 +175,15 @@ def run(args: argparse.Namespace) -> int:
             workdir=args.workdir,
             cpus=cpus,
             warmup_body=warmup,
+            max_body_bytes=args.max_body_bytes,
+            max_buffered_bytes=args.max_buffered_bytes,
+            body_timeout_s=args.body_timeout,
+            limits=limits,
+            torchserve_port_base=args.torchserve_port_base,
         )
         return asyncio.run(serve(opts))
     except (ServeConfigError, ArchiveError, TorchServeError) as exc:
         raise CliError(str(exc)) from None
+    except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail
+        print(f"packrat serve: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1

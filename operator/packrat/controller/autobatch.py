@@ -4,21 +4,18 @@ The decision rules (sustain, minimum interval, expected gain, clamping, pinning)
 pure ``packrat.plan.reconfig``; this module only translates between Kubernetes and those
 rules: the ``spec.autoBatch`` policy, the override annotations, the observation history kept
 in ``status.batchSize`` (all state lives in status, so a restarted operator carries on), a
-cache of optimizers (the DP runs once per profile, cpus and maximum batch), and reading the
-estimates over HTTP from every ready serving pod the Service selects.
+cache of optimizers (the DP runs once per profile, cpus and maximum batch), and parsing
+the estimate a serving pod reports (``estimates`` reads them).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.kube import KubeApi
 from packrat.controller.status import parse_time
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import Profile
@@ -186,17 +183,6 @@ def parse_estimate(doc: Any) -> int | None:
     return value if value >= 1 else None
 
 
-def fetch_estimate(url: str, *, timeout: float) -> int | None:
-    """``GET {url}/status`` and parse the estimate; None when unreachable or malformed."""
-    full = url.rstrip("/") + "/status"
-    try:
-        with urllib.request.urlopen(full, timeout=timeout) as resp:
-            return parse_estimate(json.loads(resp.read()))
-    except (OSError, ValueError) as exc:
-        logger.debug("no batch-size estimate from %s: %s", full, exc)
-        return None
-
-
 def pod_ready(pod: Mapping[str, Any]) -> bool:
     """Running, not terminating, Ready condition True, with an IP."""
     meta = pod.get("metadata") or {}
@@ -209,50 +195,3 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-
-
-class EstimateReader:
-    """Reads every ready serving pod's estimate (the pods the Service selects).
-
-    ``pod_url`` is a template with ``{ip}``, ``{pod}`` and ``{namespace}``; ``service_url``
-    one with ``{service}`` and ``{namespace}``. When no ready pod can be listed (no pods
-    permission, or an environment that publishes none), it reads one estimate through the
-    Service, which answers from whichever pod it picks: correct for one replica, a sample of
-    one for several.
-    """
-
-    def __init__(
-        self, kube: KubeApi, *, pod_url: str, service_url: str, timeout: float = 1.0
-    ) -> None:
-        self.kube = kube
-        self.pod_url = pod_url
-        self.service_url = service_url
-        self.timeout = timeout
-
-    def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        svc = self.kube.get("services", namespace, name)
-        selector = ((svc or {}).get("spec") or {}).get("selector")
-        if not selector:
-            return []
-        try:
-            pods = self.kube.list("pods", namespace, labels=selector)
-        except Exception as exc:  # e.g. 403 without pods permission: fall back to the Service
-            logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
-            return []
-        return [p for p in pods if pod_ready(p)]
-
-    def __call__(self, namespace: str, name: str) -> Reading | None:
-        pods = self.ready_pods(namespace, name)
-        if pods:
-            values = []
-            for pod in pods:
-                url = self.pod_url.format(
-                    ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
-                )
-                value = fetch_estimate(url, timeout=self.timeout)
-                if value is not None:
-                    values.append(value)
-            return Reading(tuple(values), "pods") if values else None
-        url = self.service_url.format(service=name, namespace=namespace)
-        value = fetch_estimate(url, timeout=self.timeout)
-        return Reading((value,), "service") if value is not None else None

@@ -1,27 +1,45 @@
-"""Thin kopf handlers: every trigger runs one reconcile pass (``reconcile.Reconciler``).
+"""kopf wiring: one daemon per PackratModel runs its passes; watches on the children wake it.
 
-Create and update events give a prompt first pass; a per-object timer repeats the pass, which
-is how waiting (for a Job, for ready pods, for a drain period) is expressed. Passes for one
-object are serialised by a lock, and each pass re-reads the object, so overlapping triggers
-cannot act on stale state. Events and metrics are emitted from the pass's result.
+Event-driven: a change to a model or to any object it owns (Deployments, the Service,
+profiling Jobs and their pods, profile ConfigMaps, found by their labels) wakes that
+model's daemon at once. While something is in progress (profiling, a switch, pods
+starting) the daemon looks again every ``poll_seconds``; a model at rest is only re-read
+every ``resync_seconds`` (a safety net), so idle cost does not grow with events elsewhere.
+Passes of one model are sequential by construction (one daemon); they run in a bounded
+thread pool. An API error leaves status as it was and is retried with exponential backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 
+from packrat.controller import autobatch as ab
+from packrat.controller import manifests as m
 from packrat.controller import metrics
-from packrat.controller.autobatch import EstimateReader
+from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
 
 logger = logging.getLogger(__name__)
+
+# (group, version, plural, labels) of the children whose events wake their model's daemon
+CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("apps/v1", "deployments", {"app.kubernetes.io/managed-by": m.MANAGER}),
+    ("v1", "services", {"app.kubernetes.io/managed-by": m.MANAGER}),
+    ("batch/v1", "jobs", {"app.kubernetes.io/managed-by": m.MANAGER}),
+    ("v1", "configmaps", {"app.kubernetes.io/managed-by": m.MANAGER}),
+    ("v1", "pods", {"app.kubernetes.io/name": m.PROFILING_APP}),
+)
+MAX_BACKOFF_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +47,10 @@ class OperatorOptions:
     """Settings of one operator process."""
 
     config: Config = field(default_factory=Config)
-    resync_seconds: float = 5.0
+    # a model at rest is re-read this often (safety net; changes arrive as watch events)
+    resync_seconds: float = 300.0
+    # while something is in progress (profiling, a switch, pods starting)
+    poll_seconds: float = 2.0
     max_workers: int = 8
     # With an exact list of namespaces the operator needs no cluster-wide list/watch of
     # namespaces and CRDs (least privilege); the CRD must then exist before it starts.
@@ -40,18 +61,22 @@ class OperatorOptions:
     pod_url: str = "http://{ip}:8080"
 
 
-class _Locks:
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
+class Wakeups:
+    """One asyncio.Event per model; a watch event on a child sets its model's."""
 
-    def get(self, key: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+
+    def get(self, key: str) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    def wake(self, key: str) -> None:
+        event = self._events.get(key)
+        if event is not None:
+            event.set()
 
     def drop(self, key: str) -> None:
-        with self._guard:
-            self._locks.pop(key, None)
+        self._events.pop(key, None)
 
 
 def _publish(body: kopf.Body, result: Result) -> None:
@@ -95,42 +120,44 @@ def _publish(body: kopf.Body, result: Result) -> None:
             logger.exception("could not post event %s", reason)
 
 
+def _wants_estimates(body: Mapping[str, Any]) -> bool:
+    status = body.get("status") or {}
+    return bool((body.get("spec") or {}).get("autoBatch")) and (
+        status.get("phase") == "Ready" and not status.get("switch")
+    )
+
+
+def _owner_key(meta: Mapping[str, Any]) -> str | None:
+    labels = meta.get("labels") or {}
+    name = labels.get(m.LABEL_MODEL) or labels.get("app.kubernetes.io/instance")
+    if not name:
+        return None
+    return f"{meta.get('namespace', 'default')}/{name}"
+
+
 def build_registry(
     options: OperatorOptions, *, kube: KubeApi | None = None
 ) -> kopf.OperatorRegistry:
     """A kopf registry with the PackratModel handlers (no global state: one per operator)."""
     registry = kopf.OperatorRegistry()
-    locks = _Locks()
-    state: dict[str, Reconciler] = {}
+    wakeups = Wakeups()
+    pool = ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="reconcile")
+    state: dict[str, Any] = {}
 
-    def reconciler() -> Reconciler:
+    def parts() -> tuple[Reconciler, EstimateReader]:
         if "r" not in state:
             api = kube or Kube()
-            state["r"] = Reconciler(
-                api,
-                config=options.config,
-                estimates=EstimateReader(
-                    api, pod_url=options.pod_url, service_url=options.serving_url
-                ),
+            state["r"] = Reconciler(api, config=options.config)
+            state["e"] = EstimateReader(
+                api, pod_url=options.pod_url, service_url=options.serving_url
             )
-        return state["r"]
+        return state["r"], state["e"]
 
-    def run_pass(body: kopf.Body, trigger: str) -> None:
-        meta = body.get("metadata", {})
-        namespace, name = meta.get("namespace", "default"), meta["name"]
-        key = f"{namespace}/{name}"
-        with locks.get(key):
-            try:
-                result = reconciler().reconcile(namespace, name)
-            except Exception as exc:
-                metrics.record_error(namespace, name, type(exc).__name__)
-                logger.exception("reconcile of %s (%s) failed", key, trigger)
-                return
-        if result.result == "gone":
-            metrics.forget_model(namespace, name)
-            locks.drop(key)
-            return
-        _publish(body, result)
+    def run_pass(namespace: str, name: str, want_estimates: bool) -> Result:
+        reconciler, estimates = parts()
+        # the estimates are read before the pass, never during it
+        reading = ab.as_reading(estimates(namespace, name)) if want_estimates else None
+        return reconciler.reconcile(namespace, name, reading=reading)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -140,31 +167,68 @@ def build_registry(
             prefix=GROUP, key="last-handled-configuration"
         )
         settings.execution.max_workers = options.max_workers
-        # kopf's own per-handler messages ("Timer succeeded") stay out of the cluster's
-        # Events and the log; the reconcile pass posts its own Events for transitions.
+        # kopf's own per-handler messages stay out of the cluster's Events and the log; the
+        # reconcile pass posts its own Events for transitions.
         settings.posting.level = logging.WARNING
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.scanning.disabled = not options.scanning
-        # A deleted model's timer may be mid-pass; check again soon instead of kopf's 60 s,
-        # so the finalizer goes (and the garbage collector starts) promptly.
+        # a deleted model's daemon is cancelled at once, so the finalizer goes promptly
         settings.background.cancellation_polling = 1.0
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> Any:
         return kopf.login_via_client(**kwargs)
 
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
-    def created(body: kopf.Body, **_: Any) -> None:
-        run_pass(body, "create")
+    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0, registry=registry)
+    async def model_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace", "default"), meta["name"]
+        key = f"{namespace}/{name}"
+        event = wakeups.get(key)
+        loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            while not stopped:
+                event.clear()
+                try:
+                    result = await loop.run_in_executor(
+                        pool, run_pass, namespace, name, _wants_estimates(body)
+                    )
+                except Exception as exc:
+                    failures += 1
+                    metrics.record_error(namespace, name, type(exc).__name__)
+                    logger.warning("reconcile of %s failed (%s), retrying: %s", key, failures, exc)
+                    delay = min(options.poll_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+                else:
+                    failures = 0
+                    if result.result == "gone":
+                        metrics.forget_model(namespace, name)
+                        return
+                    _publish(body, result)
+                    delay = options.poll_seconds if result.waiting else options.resync_seconds
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=delay)
+        finally:
+            wakeups.drop(key)
 
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    def updated(body: kopf.Body, **_: Any) -> None:
-        run_pass(body, "update")
+    async def updated(meta: kopf.Meta, **_: Any) -> None:
+        wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=options.resync_seconds, registry=registry)
-    def resync(body: kopf.Body, **_: Any) -> None:
-        run_pass(body, "timer")
+    for api_version, plural, labels in CHILD_WATCHES:
+
+        @kopf.on.event(
+            api_version,
+            plural,
+            id=f"wake-on-{plural}",
+            labels=labels,  # type: ignore[arg-type]
+            registry=registry,
+        )
+        async def child_changed(meta: kopf.Meta, **_: Any) -> None:
+            key = _owner_key(meta)
+            if key is not None:
+                wakeups.wake(key)
 
     return registry

@@ -28,6 +28,7 @@ ANNOTATION_PLAN = "packrat.dev/plan"
 PLAN_ENV = "PACKRAT_PLAN"
 PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
+SAMPLE_REQUEST_ENV = "PACKRAT_SAMPLE_REQUEST"
 MODEL_DIR = "/models"
 SLOTS = ("a", "b")
 
@@ -189,7 +190,23 @@ def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
     ]
     if profiling.get("threads"):
         cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
+    if spec["model"].get("sampleRequest") is not None:
+        cmd[-2:-2] = [
+            "--sample-request-env",
+            SAMPLE_REQUEST_ENV,
+            "--sample-content-type",
+            str(spec["model"].get("sampleContentType") or "application/octet-stream"),
+        ]
     return cmd
+
+
+def profile_env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The profile container's environment: the base one plus the sample request (base64)."""
+    env = _base_env()
+    sample = spec["model"].get("sampleRequest")
+    if sample is not None:
+        env.append({"name": SAMPLE_REQUEST_ENV, "value": str(sample)})
+    return env
 
 
 def profiling_job(
@@ -226,7 +243,7 @@ def profiling_job(
             "name": "profile",
             "image": image,
             "command": profile_command(spec, output=output),
-            "env": _base_env(),
+            "env": profile_env(spec),
             "resources": guaranteed_resources(spec),
             "securityContext": _container_security(),
             "volumeMounts": mounts,

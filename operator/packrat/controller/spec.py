@@ -64,7 +64,8 @@ _SPEC_FIELDS = {
     "affinity",
     "switch",
 }
-_MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest"}
+_CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
+_MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest", "sampleContentType"}
 _VOLUME_FIELDS = {"persistentVolumeClaim", "configMap", "path"}
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -87,11 +88,12 @@ def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(spec))
     for key, value in DEFAULTS.items():
         if isinstance(value, dict):
-            merged = dict(value)
             given = out.get(key)
-            if isinstance(given, Mapping):
-                merged.update(given)
-            out[key] = merged
+            if given is None:
+                out[key] = dict(value)
+            elif isinstance(given, Mapping):
+                out[key] = {**value, **given}
+            # anything else stays as given, for validation to report
         else:
             out.setdefault(key, value)
     auto = out.get("autoBatch")
@@ -136,7 +138,7 @@ def _validate_model(errors: list[str], model: Any) -> None:
         )
     if "uri" in model:
         uri = model["uri"]
-        if not isinstance(uri, str) or not re.match(r"^https?://\S+$", uri) or len(uri) > 2048:
+        if not isinstance(uri, str) or not re.fullmatch(r"https?://\S+", uri) or len(uri) > 2048:
             errors.append(f"spec.model.uri must be an http(s) URL, got {uri!r}")
     if "volume" in model:
         volume = model["volume"]
@@ -153,7 +155,7 @@ def _validate_model(errors: list[str], model: Any) -> None:
             if cm is not None and not (isinstance(cm, Mapping) and cm.get("name")):
                 errors.append("spec.model.volume.configMap.name is required")
             path = volume.get("path")
-            if not isinstance(path, str) or not _PATH_RE.match(path) or ".." in path:
+            if not isinstance(path, str) or not _PATH_RE.fullmatch(path) or ".." in path:
                 errors.append(
                     f"spec.model.volume.path must be a relative path without '..', got {path!r}"
                 )
@@ -166,12 +168,21 @@ def _validate_model(errors: list[str], model: Any) -> None:
         errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
     name = model.get("name")
     if name is not None and (
-        not isinstance(name, str) or not _MODEL_NAME_RE.match(name) or len(name) > 63
+        not isinstance(name, str) or not _MODEL_NAME_RE.fullmatch(name) or len(name) > 63
     ):
         errors.append(f"spec.model.name must match {_MODEL_NAME_RE.pattern}, got {name!r}")
     sample = model.get("sampleRequest")
     if sample is not None and not isinstance(sample, str):
         errors.append("spec.model.sampleRequest must be a base64 string")
+    if fmt == "mar" and sample is None:
+        errors.append(
+            "a mar model needs model.sampleRequest (it is profiled through its own handler)"
+        )
+    content_type = model.get("sampleContentType")
+    if content_type is not None and (
+        not isinstance(content_type, str) or not _CONTENT_TYPE_RE.match(content_type)
+    ):
+        errors.append(f"spec.model.sampleContentType must be a type/subtype, got {content_type!r}")
 
 
 def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
@@ -182,7 +193,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     range, profiled threads within cpus).
     """
     errors: list[str] = []
-    if name is not None and (len(name) > MAX_NAME_LENGTH or not _DNS_LABEL_RE.match(name)):
+    if name is not None and (len(name) > MAX_NAME_LENGTH or not _DNS_LABEL_RE.fullmatch(name)):
         errors.append(
             f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
             f"starting with a letter, got {name!r}"
@@ -202,7 +213,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
     _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
     memory = spec.get("memory")
-    if not isinstance(memory, str) or not _MEMORY_RE.match(memory):
+    if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
         errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")
     image = spec.get("image")
     if image is not None and (not isinstance(image, str) or not image or len(image) > 512):
@@ -263,6 +274,9 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
             _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
             _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
             _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
+            gain = auto.get("minGain")
+            if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
+                errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")
             lo, hi = auto.get("min"), auto.get("max")
             if _is_int(lo) and _is_int(hi) and lo > hi:
                 errors.append("autoBatch.min must not exceed autoBatch.max")
@@ -349,17 +363,20 @@ def profile_key(spec: Mapping[str, Any], *, image: str) -> str:
     spec = with_defaults(spec)
     profiling = spec["profiling"]
     threads = profiling.get("threads") or list(range(1, int(spec["cpus"]) + 1))
-    return _digest(
-        {
-            "model": model_identity(spec["model"]),
-            "image": image,
-            "cpus": spec["cpus"],
-            "maxBatch": profiling["maxBatch"],
-            "threads": sorted(threads),
-            "nodeSelector": spec.get("nodeSelector") or {},
-            "affinity": spec.get("affinity") or {},
-        }
-    )
+    key: dict[str, Any] = {
+        "model": model_identity(spec["model"]),
+        "image": image,
+        "cpus": spec["cpus"],
+        "maxBatch": profiling["maxBatch"],
+        "threads": sorted(threads),
+        "nodeSelector": spec.get("nodeSelector") or {},
+        "affinity": spec.get("affinity") or {},
+    }
+    sample = spec["model"].get("sampleRequest")
+    if sample is not None:  # the profile is measured through the handler with this request
+        key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
+        key["sampleContentType"] = spec["model"].get("sampleContentType")
+    return _digest(key)
 
 
 def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str) -> str:

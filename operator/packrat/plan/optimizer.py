@@ -53,19 +53,39 @@ class InstanceGroup:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceGroup:
+        if not isinstance(data, Mapping):
+            raise PlanError(f"an instance must be an object, got {type(data).__name__}")
         latency = data.get("latency_ms")
         return cls(
             threads=_positive_int(data.get("threads"), "threads"),
             batch=_positive_int(data.get("batch"), "batch"),
             count=_positive_int(data.get("count", 1), "count"),
-            latency_ms=None if latency is None else float(latency),
+            latency_ms=None if latency is None else _latency(latency, "instance latency_ms"),
         )
 
 
+# No replica has more cores than this; a plan file asking for more is malformed, not big.
+MAX_PLAN_CPUS = 4096
+
+
 def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PlanError(f"instance {name} must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= (1 << 20):
+        shown = repr(value) if not isinstance(value, int) or value < 1 else "a huge integer"
+        raise PlanError(f"instance {name} must be an integer >= 1, got {shown[:60]}")
     return value
+
+
+def _latency(value: Any, name: str) -> float:
+    """A finite, positive latency in ms (strings, NaN, infinities and booleans refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PlanError(f"{name} must be a number, got {type(value).__name__}")
+    try:
+        out = float(value)
+    except OverflowError:
+        raise PlanError(f"{name} is out of range") from None
+    if not math.isfinite(out) or out <= 0:
+        raise PlanError(f"{name} must be a finite number > 0, got {out}")
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,14 +159,21 @@ class Plan:
         if not isinstance(data, Mapping):
             raise PlanError("a plan must be a JSON object")
         try:
-            instances = tuple(InstanceGroup.from_dict(g) for g in data["instances"])
+            raw = data["instances"]
+            if not isinstance(raw, list):
+                raise PlanError("plan instances must be a list")
+            instances = tuple(InstanceGroup.from_dict(g) for g in raw)
             cpus = _positive_int(data["cpus"], "cpus")
             batch = _positive_int(data["batch"], "batch")
-            latency = float(data["expected_latency_ms"])
+            latency = _latency(data["expected_latency_ms"], "expected_latency_ms")
         except KeyError as exc:
             raise PlanError(f"plan is missing {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:
+            if isinstance(exc, PlanError):
+                raise
             raise PlanError(f"plan is malformed: {exc}") from None
+        if cpus > MAX_PLAN_CPUS:
+            raise PlanError(f"plan cpus must be at most {MAX_PLAN_CPUS}")
         if not instances:
             raise PlanError("plan has no instances")
         threads = sum(g.threads * g.count for g in instances)
@@ -156,22 +183,33 @@ class Plan:
         if total != batch:
             raise PlanError(f"plan instances serve batch {total}, expected {batch}")
         fat = data.get("fat_latency_ms")
+        raw_alts = data.get("alternatives") or {}
+        if not isinstance(raw_alts, Mapping) or not all(
+            isinstance(a, Mapping) and isinstance(a.get("instances", []), list)
+            for a in raw_alts.values()
+        ):
+            raise PlanError("plan alternatives must map names to objects with an instance list")
         alternatives = tuple(
             Alternative(
-                name=name,
+                name=str(name),
                 instances=tuple(InstanceGroup.from_dict(g) for g in alt.get("instances", [])),
-                latency_ms=alt.get("latency_ms"),
+                latency_ms=None
+                if alt.get("latency_ms") is None
+                else _latency(alt["latency_ms"], f"{name} latency_ms"),
             )
-            for name, alt in (data.get("alternatives") or {}).items()
+            for name, alt in raw_alts.items()
         )
+        model = data.get("model")
+        if model is not None and not isinstance(model, str):
+            raise PlanError("plan model must be a string")
         return cls(
             cpus=cpus,
             batch=batch,
             instances=instances,
             expected_latency_ms=latency,
-            fat_latency_ms=None if fat is None else float(fat),
+            fat_latency_ms=None if fat is None else _latency(fat, "fat_latency_ms"),
             alternatives=alternatives,
-            model=data.get("model"),
+            model=model,
         )
 
 

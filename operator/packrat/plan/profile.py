@@ -18,6 +18,11 @@ from typing import Any
 
 FORMAT = "packrat.profile/v1"
 CSV_COLUMNS = ("threads", "batch", "latency_ms")
+# Bounds that keep a hostile file from turning into a huge optimizer table: no machine has
+# more cores than MAX_CPUS, and no profiled batch is larger than MAX_BATCH.
+MAX_CPUS = 4096
+MAX_BATCH = 1 << 16
+MAX_PROFILE_BYTES = 64 * 1024 * 1024
 
 
 class ProfileError(ValueError):
@@ -151,11 +156,14 @@ def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
     for row, p in enumerate(points, start=1):
         count += 1
         where = f"{origin}: point {row} (threads={p.threads}, batch={p.batch})"
-        if not isinstance(p.threads, int) or p.threads < 1:
-            raise ProfileError(f"{where}: threads must be an integer >= 1")
-        if not isinstance(p.batch, int) or p.batch < 1:
-            raise ProfileError(f"{where}: batch must be an integer >= 1")
-        if not _finite_positive(p.latency_ms):
+        for name, top in (("threads", MAX_CPUS), ("batch", MAX_BATCH)):
+            value = getattr(p, name)
+            if not isinstance(value, int) or value < 1:
+                raise ProfileError(f"{where}: {name} must be an integer >= 1")
+            if value > top:
+                raise ProfileError(f"{where}: {name} must be at most {top}")
+        latency_ok = isinstance(p.latency_ms, (int, float)) and not isinstance(p.latency_ms, bool)
+        if not latency_ok or not _finite_positive(p.latency_ms):
             raise ProfileError(
                 f"{where}: latency_ms must be a finite number > 0, got {p.latency_ms}"
             )
@@ -163,7 +171,7 @@ def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
             value = getattr(p, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ProfileError(f"{where}: {name} must be a finite number >= 0, got {value}")
-        if p.samples is not None and p.samples < 1:
+        if p.samples is not None and (not isinstance(p.samples, int) or p.samples < 1):
             raise ProfileError(f"{where}: samples must be >= 1, got {p.samples}")
         if p.key in seen:
             raise ProfileError(f"{where}: duplicate of point {seen[p.key]}")
@@ -180,21 +188,30 @@ def _int_field(value: Any, *, where: str, name: str) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= 32:
         try:
             return int(value.strip())
         except ValueError:
             pass
-    raise ProfileError(f"{where}: {name} must be an integer, got {value!r}")
+    raise ProfileError(f"{where}: {name} must be an integer, got {_show(value)}")
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A value for an error message, cut short (a hostile file may hold megabytes in one)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        return f"an integer of more than {limit} digits"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _float_field(value: Any, *, where: str, name: str) -> float:
-    if isinstance(value, bool):
-        raise ProfileError(f"{where}: {name} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ProfileError(f"{where}: {name} must be a number, got {_show(value)}")
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise ProfileError(f"{where}: {name} must be a number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ProfileError(f"{where}: {name} must be a number, got {_show(value)}") from None
 
 
 def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
@@ -213,7 +230,15 @@ def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
         raise ProfileError(f"{origin}: unknown meta fields {sorted(unknown)}")
     meta_kwargs = dict(raw_meta)
     if "cpus" in meta_kwargs:
-        meta_kwargs["cpus"] = _int_field(meta_kwargs["cpus"], where=f"{origin}: meta", name="cpus")
+        cpus = _int_field(meta_kwargs["cpus"], where=f"{origin}: meta", name="cpus")
+        if not 0 <= cpus <= MAX_CPUS:
+            raise ProfileError(f"{origin}: meta: cpus must be in 0..{MAX_CPUS}, got {_show(cpus)}")
+        meta_kwargs["cpus"] = cpus
+    for key in ("model", "model_digest", "cpu_model", "torch_version", "created", "source"):
+        if key in meta_kwargs and not isinstance(meta_kwargs[key], str):
+            raise ProfileError(f"{origin}: meta: {key} must be a string")
+    if not isinstance(meta_kwargs.get("extra", {}), dict):
+        raise ProfileError(f"{origin}: meta: extra must be an object")
     meta = ProfileMeta(**{**meta_kwargs, "source": meta_kwargs.get("source") or origin})
     raw_points = data.get("points")
     if not isinstance(raw_points, list):
@@ -254,6 +279,13 @@ def profile_from_csv(
 
     Rows are numbered as lines of the file (the header is line 1).
     """
+    try:
+        return _profile_from_csv(text, origin=origin, meta=meta)
+    except csv.Error as exc:
+        raise ProfileError(f"{origin}: not a valid CSV file: {exc}") from None
+
+
+def _profile_from_csv(text: str, *, origin: str, meta: ProfileMeta | None) -> Profile:
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:
@@ -304,9 +336,16 @@ def load_profile(path: str | Path) -> Profile:
     """Load a JSON profile or a ``threads,batch,latency_ms`` CSV, decided by content."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"{path}: larger than {MAX_PROFILE_BYTES} bytes; not a profile")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     return parse_profile(text, origin=str(path))
 
 
@@ -317,6 +356,10 @@ def parse_profile(text: str, *, origin: str) -> Profile:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ProfileError(f"{origin}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        except RecursionError:
+            raise ProfileError(f"{origin}: invalid JSON: nested too deeply") from None
+        except ValueError as exc:  # e.g. an integer of thousands of digits
+            raise ProfileError(f"{origin}: invalid JSON: {str(exc)[:100]}") from None
         return profile_from_dict(data, origin=origin)
     model = Path(origin).stem
     return profile_from_csv(text, origin=origin, meta=ProfileMeta(model=model, source=origin))

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -22,7 +23,7 @@ import packrat
 from packrat.runtime.cpus import format_cpu_list
 from packrat.runtime.pinning import thread_env
 
-__all__ = ["WorkerError", "WorkerProcess"]
+__all__ = ["HandlerTarget", "WorkerError", "WorkerProcess"]
 
 
 class WorkerError(RuntimeError):
@@ -39,10 +40,36 @@ def _child_env(threads: int) -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True, slots=True)
+class HandlerTarget:
+    """Profile through a model archive's handler with one sample request (see worker)."""
+
+    archive: Path
+    sample_request: Path
+    content_type: str = "application/octet-stream"
+
+    def args(self) -> list[str]:
+        return [
+            "--archive",
+            str(self.archive),
+            "--sample-request",
+            str(self.sample_request),
+            "--content-type",
+            self.content_type,
+        ]
+
+
 class WorkerProcess:
     """One pinned model instance in a child process."""
 
-    def __init__(self, *, spec: str, cpus: Sequence[int], threads: int) -> None:
+    def __init__(
+        self,
+        *,
+        spec: str,
+        cpus: Sequence[int],
+        threads: int,
+        handler: HandlerTarget | None = None,
+    ) -> None:
         self.spec = spec
         self.cpus = sorted(cpus)
         self.threads = threads
@@ -66,6 +93,7 @@ class WorkerProcess:
             format_cpu_list(self.cpus),
             "--threads",
             str(threads),
+            *(handler.args() if handler is not None else []),
         ]
         self.proc = subprocess.Popen(
             cmd,
@@ -87,9 +115,15 @@ class WorkerProcess:
 
     @classmethod
     def start(
-        cls, *, spec: str, cpus: Sequence[int], threads: int, timeout: float = 300.0
+        cls,
+        *,
+        spec: str,
+        cpus: Sequence[int],
+        threads: int,
+        timeout: float = 300.0,
+        handler: HandlerTarget | None = None,
     ) -> WorkerProcess:
-        worker = cls(spec=spec, cpus=cpus, threads=threads)
+        worker = cls(spec=spec, cpus=cpus, threads=threads, handler=handler)
         try:
             worker.wait_ready(timeout=timeout)
         except BaseException:

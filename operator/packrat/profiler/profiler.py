@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from packrat.plan.profile import Profile, ProfileError, ProfileMeta, ProfilePoint, load_profile
-from packrat.profiler.client import WorkerError, WorkerProcess
+from packrat.profiler.client import HandlerTarget, WorkerError, WorkerProcess
 from packrat.profiler.progress import Progress, format_duration
 from packrat.profiler.stats import summarize
 from packrat.runtime.cpus import (
@@ -32,6 +32,7 @@ from packrat.runtime.cpus import (
     cpu_model,
     format_cpu_list,
 )
+from packrat.runtime.mar import sha256_bytes
 from packrat.runtime.zoo import ZooError, model_digest, model_name
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def _torch_version() -> str:
         return "unknown"
 
 
-def _existing(path: Path, meta: ProfileMeta) -> Profile | None:
+def _existing(path: Path, meta: ProfileMeta, through: dict[str, Any]) -> Profile | None:
     """The profile already at ``path`` if it is for the same model, T and CPU; else refuse."""
     if not path.exists():
         return None
@@ -160,6 +161,11 @@ def _existing(path: Path, meta: ProfileMeta) -> Profile | None:
             ("model digest", old.meta.model_digest, meta.model_digest),
             ("cpus", old.meta.cpus, meta.cpus),
             ("cpu model", old.meta.cpu_model, meta.cpu_model),
+            *(
+                (key, old.meta.extra.get(key, "model" if key == "through" else None), want)
+                for key, want in through.items()
+                if key != "sample_content_type"
+            ),
         )
         if got != want
     ]
@@ -209,9 +215,10 @@ def measure_point(
     cores: Sequence[int],
     settings: ProfileSettings,
     budget_s: float,
+    handler: HandlerTarget | None = None,
 ) -> tuple[ProfilePoint, dict[str, Any]]:
     """Measure one point in a fresh worker; returns the point and the worker's reports."""
-    worker = WorkerProcess(spec=spec, cpus=cores, threads=threads)
+    worker = WorkerProcess(spec=spec, cpus=cores, threads=threads, handler=handler)
     try:
         ready = worker.wait_ready(timeout=settings.startup_timeout_s)
         if sorted(ready["affinity"]) != sorted(cores) or ready["threads"] != threads:
@@ -269,8 +276,13 @@ def run_profile(
     allowed: Sequence[int] | None = None,
     stream: TextIO | None = None,
     on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None = None,
+    handler: HandlerTarget | None = None,
 ) -> ProfileRun:
-    """Profile ``spec`` on a T-cpu grid; checkpoint to ``output`` after every point."""
+    """Profile ``spec`` on a T-cpu grid; checkpoint to ``output`` after every point.
+
+    With ``handler`` every point runs b copies of its sample request through the archive's
+    handler (what a serving worker runs); ``spec`` still names the model and its digest.
+    """
     settings = settings or ProfileSettings()
     settings.check()
     began = time.monotonic()
@@ -291,8 +303,15 @@ def run_profile(
         created=_now(),
         source="packrat profile",
     )
+    through: dict[str, Any] = {"through": "model"}
+    if handler is not None:
+        through = {
+            "through": "handler",
+            "sample_request_sha256": sha256_bytes(handler.sample_request.read_bytes()),
+            "sample_content_type": handler.content_type,
+        }
     path = Path(output) if output is not None else None
-    old = _existing(path, meta) if path is not None else None
+    old = _existing(path, meta, through) if path is not None else None
     points: dict[tuple[int, int], ProfilePoint] = {}
     extra: dict[str, Any] = {}
     if old is not None:
@@ -314,6 +333,7 @@ def run_profile(
         grid_info = {"threads": ts, "batches": bs}
         info = {
             **extra,
+            **through,
             "grid": grid_info,
             "cpuset": format_cpu_list(base),
             "precision": settings.precision,
@@ -350,6 +370,7 @@ def run_profile(
                 cores=cores,
                 settings=settings,
                 budget_s=budget,
+                handler=handler,
             )
         except WorkerError as exc:
             raise ProfilerError(

@@ -7,6 +7,11 @@ refuses to change inter-op threads once parallel work has started, and OpenMP re
 environment once), and it keeps one measurement's allocator and cache state from leaking
 into the next.
 
+With ``--archive`` the instance is a TorchServe model archive instead of a bare model: its
+handler (the user's, or Packrat's native one) is loaded by TorchServe's own loader and one
+batch of size b is b copies of ``--sample-request`` run through it (:mod:`packrat.runtime.mar`),
+so a profile point includes the handler's pre- and post-processing, as serving does.
+
 Protocol: one JSON object per line. The worker pins itself, loads the model, prints
 ``{"event": "ready", ...}`` and then answers one line per command read from stdin:
 ``info``, ``measure`` (the profiler's adaptive loop), ``warmup``, ``run`` (one timed batch,
@@ -19,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -49,8 +56,18 @@ def _thread_affinities() -> list[int]:
 class Instance:
     """The model, pinned, with cached example inputs per batch size."""
 
-    def __init__(self, *, spec: str, cpus: Sequence[int], threads: int) -> None:
+    def __init__(
+        self,
+        *,
+        spec: str,
+        cpus: Sequence[int],
+        threads: int,
+        archive: str | None = None,
+        sample_request: bytes | None = None,
+        content_type: str = "application/octet-stream",
+    ) -> None:
         os.environ.update(thread_env(threads))
+        os.environ.pop("PACKRAT_SERVE_CONFIG", None)  # pinned here, not by a serving config
         os.sched_setaffinity(0, set(cpus))  # before torch starts any thread
         import torch
 
@@ -63,7 +80,18 @@ class Instance:
         self.cpus = list(cpus)
         self.threads = threads
         start = time.perf_counter()
-        self.model = load_model(spec)
+        self.service: Any = None
+        self.model: Any = None
+        self.workdir: str | None = None
+        self.sample_request = sample_request or b""
+        self.content_type = content_type
+        if archive is not None:
+            from packrat.runtime.mar import HandlerService
+
+            self.workdir = tempfile.mkdtemp(prefix="packrat-profile-")
+            self.service = HandlerService(mar=Path(archive), workdir=Path(self.workdir))
+        else:
+            self.model = load_model(spec)
         self.load_s = time.perf_counter() - start
         self._example_input = example_input
         self._inputs: dict[int, Any] = {}
@@ -76,6 +104,11 @@ class Instance:
 
     def once(self, batch: int) -> tuple[float, float]:
         """Run one batch; returns (start, end) on the system-wide monotonic clock (s)."""
+        if self.service is not None:  # b copies of the sample request through the handler
+            bodies = [self.sample_request] * batch
+            start = time.monotonic()
+            self.service.predict(bodies, content_type=self.content_type)
+            return start, time.monotonic()
         x = self._input(batch)
         with self.torch.inference_mode():
             start = time.monotonic()
@@ -96,7 +129,13 @@ class Instance:
             "interop_threads": self.torch.get_num_interop_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_s": self.load_s,
+            "through": "handler" if self.service is not None else "model",
+            "handler": self.service.handler if self.service is not None else None,
         }
+
+    def cleanup(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Warm up, then sample until the CI is within ``precision`` or the budget ends."""
@@ -170,6 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
     parser.add_argument("--cpus", required=True, help="cpu list to pin to, e.g. 2-3")
     parser.add_argument("--threads", type=int, required=True, help="intra-op threads")
+    parser.add_argument("--archive", help="a TorchServe .mar whose handler to run")
+    parser.add_argument("--sample-request", help="file: the request body for --archive")
+    parser.add_argument("--content-type", default="application/octet-stream")
     args = parser.parse_args(argv)
 
     # stdout is the protocol channel: keep a private copy, send everything else to stderr.
@@ -181,13 +223,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         proto.flush()
 
     try:
-        instance = Instance(spec=args.model, cpus=parse_cpu_list(args.cpus), threads=args.threads)
+        sample = Path(args.sample_request).read_bytes() if args.sample_request else None
+        instance = Instance(
+            spec=args.model,
+            cpus=parse_cpu_list(args.cpus),
+            threads=args.threads,
+            archive=args.archive,
+            sample_request=sample,
+            content_type=args.content_type,
+        )
     except Exception as exc:
         traceback.print_exc()
         out({"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1
     out({"event": "ready", **instance.info()})
-    return _serve(instance, sys.stdin, out)
+    try:
+        return _serve(instance, sys.stdin, out)
+    finally:
+        instance.cleanup()
 
 
 if __name__ == "__main__":

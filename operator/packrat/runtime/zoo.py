@@ -594,7 +594,8 @@ def save_torchscript(
 
 
 def model_digest(spec: str) -> str:
-    """A stable id of what would be loaded: zoo name + architecture version, or file sha256.
+    """A stable id of what would be loaded: zoo name + architecture version, or the sha256 of
+    the file (TorchScript or .mar).
 
     Profiles are keyed by it, so a changed model (file content or zoo definition) is
     re-profiled and an unchanged one never is.
@@ -603,7 +604,8 @@ def model_digest(spec: str) -> str:
     if key is not None:
         text = f"packrat-zoo/{key}/v{_ZOO[key].version}/seed{SEED}"
         return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-    path = _model_path(spec)
+    mar = Path(spec).expanduser()
+    path = mar if mar.suffix.lower() == ".mar" and mar.is_file() else _model_path(spec)
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):

@@ -24,6 +24,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packrat.serve.handler import ENTRY_MODULE, ENTRY_SOURCE, MODEL_FILE, WRAPPED_FILE
 
@@ -113,31 +114,111 @@ def build_archive(spec: str, *, workdir: Path, name: str | None = None) -> Model
     return ModelArchive(path=workdir / f"{name}.mar", name=name, inputs=inputs)
 
 
+# Limits on a user's archive: entries are copied in chunks (never read whole), a small
+# manifest, and no entry may expand beyond MAX_RATIO times its compressed size (a zip bomb: 1 MB
+# that expands to 1 GiB) or the archive beyond MAX_TOTAL_BYTES.
+CHUNK_BYTES = 1024 * 1024
+MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_RATIO = 200
+MAX_TOTAL_BYTES = 32 * 1024**3
+
+
+def _read_small(src: zipfile.ZipFile, name: str, *, mar: Path) -> bytes:
+    with src.open(name) as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ArchiveError(f"{mar}: {name} is larger than {MAX_MANIFEST_BYTES} bytes")
+    return data
+
+
+def _json_object(data: bytes, *, mar: Path, name: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise ArchiveError(f"{mar}: {name} is not valid JSON") from None
+    if not isinstance(doc, dict):
+        raise ArchiveError(f"{mar}: {name} must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def read_handler(src: zipfile.ZipFile, *, mar: Path) -> tuple[dict[str, Any], str]:
+    """The manifest and the handler it names (the original one for an already wrapped archive)."""
+    manifest = _json_object(_read_small(src, MANIFEST, mar=mar), mar=mar, name=MANIFEST)
+    model = manifest.get("model")
+    if not isinstance(model, dict):
+        raise ArchiveError(f"{mar}: the manifest's 'model' must be an object")
+    handler = model.get("handler")
+    if not isinstance(handler, str) or not handler.strip():
+        raise ArchiveError(f"{mar}: the manifest names no handler (a non-empty string)")
+    if handler.split(":")[0].removesuffix(".py") != ENTRY_MODULE:
+        return manifest, handler
+    wrapped = _json_object(_read_small(src, WRAPPED_FILE, mar=mar), mar=mar, name=WRAPPED_FILE)
+    original = wrapped.get("handler")
+    if not isinstance(original, str) or not original.strip():
+        raise ArchiveError(f"{mar}: {WRAPPED_FILE} names no handler")
+    return manifest, original
+
+
+def _copy_entry(
+    src: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    dst: zipfile.ZipFile,
+    target: zipfile.ZipInfo,
+    *,
+    mar: Path,
+    budget: int,
+) -> int:
+    """Stream one entry across; returns its size. Sizes are counted as read, not trusted."""
+    limit = min(budget, max(info.compress_size * MAX_RATIO, CHUNK_BYTES))
+    written = 0
+    with src.open(info) as fin, dst.open(target, "w", force_zip64=True) as fout:
+        while chunk := fin.read(CHUNK_BYTES):
+            written += len(chunk)
+            if written > limit:
+                raise ArchiveError(
+                    f"{mar}: entry {info.filename} expands beyond {limit} bytes "
+                    f"({info.compress_size} compressed): refusing a possible zip bomb"
+                )
+            fout.write(chunk)
+    return written
+
+
 def wrap_mar(mar: Path, *, workdir: Path, name: str) -> ModelArchive:
-    """A copy of a user's ``.mar`` whose workers run Packrat's pinning entry point first."""
+    """A copy of a user's ``.mar`` whose workers run Packrat's pinning entry point first.
+
+    Every malformed archive is an :class:`ArchiveError` with a one-line message.
+    """
     if not mar.is_file():
         raise ArchiveError(f"{mar}: no such model archive")
+    out = workdir / f"{name}.mar"
     try:
         with zipfile.ZipFile(mar) as src:
-            manifest = json.loads(src.read(MANIFEST))
-            handler = manifest.get("model", {}).get("handler")
-            if not handler:
-                raise ArchiveError(f"{mar}: the manifest names no handler")
-            if handler.split(":")[0].removesuffix(".py") == ENTRY_MODULE:
-                original = json.loads(src.read(WRAPPED_FILE))["handler"]  # already wrapped
-            else:
-                original = handler
+            manifest, original = read_handler(src, mar=mar)
             manifest["model"]["handler"] = f"{ENTRY_MODULE}.py"
             manifest["model"]["modelName"] = name
-            out = workdir / f"{name}.mar"
+            budget = MAX_TOTAL_BYTES
             with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as dst:
                 for info in src.infolist():
                     if info.filename in (MANIFEST, WRAPPED_FILE, f"{ENTRY_MODULE}.py"):
                         continue
-                    dst.writestr(info, src.read(info.filename))
+                    if info.is_dir():
+                        dst.writestr(info, b"")
+                        continue
+                    copy = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                    copy.external_attr = info.external_attr
+                    copy.compress_type = zipfile.ZIP_STORED
+                    budget -= _copy_entry(src, info, dst, copy, mar=mar, budget=budget)
                 dst.writestr(MANIFEST, json.dumps(manifest, indent=2))
                 dst.writestr(WRAPPED_FILE, json.dumps({"handler": original}))
                 dst.writestr(f"{ENTRY_MODULE}.py", ENTRY_SOURCE)
-    except (zipfile.BadZipFile, KeyError, json.JSONDecodeError) as exc:
-        raise ArchiveError(f"{mar}: not a valid TorchServe model archive ({exc})") from None
+    except ArchiveError:
+        out.unlink(missing_ok=True)
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, OSError, EOFError) as exc:
+        out.unlink(missing_ok=True)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ArchiveError(f"{mar}: not a valid TorchServe model archive ({first})") from None
+    except (RuntimeError, ValueError, NotImplementedError) as exc:  # encrypted, bad compression
+        out.unlink(missing_ok=True)
+        raise ArchiveError(f"{mar}: cannot read the archive: {exc}") from None
     return ModelArchive(path=out, name=name, inputs=None, wrapped_handler=original)

@@ -7,8 +7,10 @@ answer is JSON: the model's output row for that sample. Raw bytes keep a ResNet-
 588 KiB instead of megabytes of JSON text; JSON keeps curl usable.
 
 Shared by the worker-side handler (decode, encode answers) and the load generator (encode
-samples). Decoding errors raise :class:`CodecError`, which the handler turns into a 400 for
-that request alone.
+samples). Every decoding failure, whatever Python raises underneath (``RecursionError`` for
+deeply nested JSON, ``ValueError`` for an integer of thousands of digits, ``OverflowError``,
+``MemoryError`` for an absurd shape), becomes :class:`CodecError`, which the handler turns
+into a 400 for that request alone.
 """
 
 from __future__ import annotations
@@ -36,7 +38,26 @@ def _sample_bytes(inputs: Sequence[dict[str, Any]]) -> int:
 
 
 def decode_sample(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
-    """One tensor per model input for one sample (no batch dimension)."""
+    """One tensor per model input for one sample (no batch dimension).
+
+    Raises :class:`CodecError` and nothing else for any body, however malformed.
+    """
+    try:
+        return _decode(body, inputs)
+    except CodecError:
+        raise
+    except RecursionError:
+        raise CodecError("body is nested too deeply") from None
+    except Exception as exc:  # a hostile body must fail alone, whatever it trips over
+        raise CodecError(f"body does not decode: {type(exc).__name__}: {_short(exc)}") from None
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _decode(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
     import torch
 
     if isinstance(body, (bytes, bytearray)):
@@ -52,7 +73,7 @@ def decode_sample(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[An
             return tensors
         try:
             body = json.loads(bytes(body).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError
             expected = f"{_sample_bytes(inputs)} raw bytes or " if inputs else ""
             raise CodecError(
                 f"body is neither {expected}JSON ({len(body)} bytes received)"
@@ -60,7 +81,7 @@ def decode_sample(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[An
     if isinstance(body, str):
         try:
             body = json.loads(body)
-        except json.JSONDecodeError:
+        except ValueError:
             raise CodecError("body is not valid JSON") from None
     if isinstance(body, dict) and "inputs" in body:
         body = body["inputs"]
@@ -74,8 +95,8 @@ def decode_sample(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[An
         item = inputs[i] if inputs else {"dtype": "float32", "shape": None}
         try:
             tensor = torch.tensor(part, dtype=getattr(torch, str(item["dtype"])))
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise CodecError(f"input {i} is not a numeric array: {exc}") from None
+        except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
+            raise CodecError(f"input {i} is not a numeric array: {_short(exc)}") from None
         shape = item.get("shape")
         if shape is not None and list(tensor.shape) != [int(d) for d in shape]:
             raise CodecError(f"input {i} has shape {list(tensor.shape)}, expected {list(shape)}")

@@ -54,6 +54,41 @@ class Ports:
     grpc_management: int
     worker_base: int
 
+    @property
+    def listening(self) -> tuple[int, ...]:
+        """The ports TorchServe binds (worker sockets are Unix sockets in its own tmpdir)."""
+        return (
+            self.inference,
+            self.management,
+            self.metrics,
+            self.grpc_inference,
+            self.grpc_management,
+        )
+
+
+# TorchServe's fixed ports inside a serving pod (its own network namespace), all on
+# loopback and below Linux's ephemeral range (32768-60999), so no outgoing connection can
+# take one between choosing and binding. Several TorchServes on one host (tests,
+# benchmarks, a laptop) use the next free block: base + PORT_BLOCK * k.
+DEFAULT_PORT_BASE = 9080
+PORT_BLOCK = 10
+WORKER_PORT_OFFSET = 20  # initial_worker_port = base + 20 (names worker sockets)
+
+
+def fixed_ports(base: int = DEFAULT_PORT_BASE) -> Ports:
+    """The documented TorchServe ports of one block: inference ``base``, management
+    ``base+1``, metrics ``base+2``, gRPC ``base+3`` and ``base+4``."""
+    if not 1024 <= base <= 32768 - PORT_BLOCK - WORKER_PORT_OFFSET:
+        raise ServeConfigError(f"TorchServe port base {base} must be in 1024..32738")
+    return Ports(
+        inference=base,
+        management=base + 1,
+        metrics=base + 2,
+        grpc_inference=base + 3,
+        grpc_management=base + 4,
+        worker_base=base + WORKER_PORT_OFFSET,
+    )
+
 
 def parse_plan(text: str, *, origin: str) -> Plan:
     """A plan from the JSON ``packrat plan --format json`` prints; errors name ``origin``."""
@@ -61,6 +96,10 @@ def parse_plan(text: str, *, origin: str) -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ServeConfigError(f"{origin}: plan is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ServeConfigError(f"{origin}: plan is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise ServeConfigError(f"{origin}: plan is not valid JSON: {str(exc)[:100]}") from None
     try:
         return Plan.from_dict(data)
     except PlanError as exc:

@@ -7,6 +7,17 @@ content types and status codes through unchanged, and keeps at most two batches 
 per instance, so the rest waits here, in a bounded FIFO queue: beyond ``queue_limit`` waiting
 requests it answers 503 with ``Retry-After`` instead of growing without bound.
 
+Admission comes before the body is read: a request whose ``Content-Length`` exceeds
+``max_body_bytes`` (default 6 MiB, below TorchServe's own 6.5 MB limit) is answered 413 at
+once, and one that would not fit the queue, or would take the bytes buffered across all
+requests past ``max_buffered_bytes``, is answered 503; only then is the body read, within
+``body_timeout_s`` (408 beyond). A client that disconnects while its request waits (or while
+its body is read) is dropped from the queue before it reaches a worker and counted in
+``packrat_requests_cancelled_total``, not as an answer; once forwarded, a request runs to
+completion (its slot stays taken until TorchServe answers) and is counted cancelled too.
+When TorchServe is gone (:meth:`Dispatcher.fail`), every queued request and every new one is
+answered 503 at once.
+
 Liveness (``GET /healthz``) is 200 unless TorchServe is gone. Readiness (``GET /ping``) is
 owned by whoever watches the instances (see :mod:`packrat.serve.server`): it marks instances
 up only after they loaded and answered a warm-up batch, and down while their worker
@@ -24,7 +35,6 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,8 +44,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.plan.estimator import BatchSizeEstimator
 from packrat.serve.config import InstanceSpec
+from packrat.serve.connections import ConnectionLimits, GuardedAppRunner
 from packrat.serve.metrics import ServeMetrics
-from packrat.serve.routing import choose_instance, default_caps
+from packrat.serve.slots import BackendGoneError, QueueFullError, Slots
+
+__all__ = ["BackendGoneError", "Dispatcher", "QueueFullError"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +72,24 @@ _HOP_HEADERS = frozenset(
 )
 
 
-class QueueFullError(Exception):
-    """The dispatcher's queue is at its limit."""
+# TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
+DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
+DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
+
+
+class _BodyTooLargeError(Exception):
+    pass
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
     """An error body shaped like TorchServe's own (``code``, ``type``, ``message``)."""
-    kind = {404: "ModelNotFoundException", 503: "ServiceUnavailableException"}.get(
-        status, "InternalServerException"
-    )
+    kind = {
+        400: "BadRequestException",
+        404: "ModelNotFoundException",
+        408: "RequestTimeoutException",
+        413: "RequestEntityTooLargeException",
+        503: "ServiceUnavailableException",
+    }.get(status, "InternalServerException")
     return web.Response(
         status=status,
         text=json.dumps({"code": status, "type": kind, "message": message}),
@@ -93,47 +115,67 @@ class Dispatcher:
         metrics: ServeMetrics | None = None,
         status: Callable[[], Mapping[str, Any]] | None = None,
         alive: Callable[[], bool] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
+        body_timeout_s: float = 30.0,
     ) -> None:
-        if queue_limit < 0:
-            raise ValueError("queue_limit must be >= 0")
+        if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
+            raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
         self.instances = list(instances)
-        self.batches = [inst.batch for inst in self.instances]
-        self.caps = default_caps(self.batches)
         self.backend_url = backend_url.rstrip("/")
-        self.queue_limit = queue_limit
-        self.queue_timeout_s = queue_timeout_s
+        self.slots = Slots(
+            [inst.batch for inst in self.instances],
+            queue_limit=queue_limit,
+            queue_timeout_s=queue_timeout_s,
+            on_change=self._gauges,
+        )
         self.retry_after_s = retry_after_s
+        self.max_body_bytes = max_body_bytes
+        self.max_buffered_bytes = max_buffered_bytes
+        self.body_timeout_s = body_timeout_s
+        self.buffered_bytes = 0
         self.metrics = metrics or ServeMetrics()
         self.estimator = BatchSizeEstimator(window=estimator_window)
         self.estimator_interval_s = estimator_interval_s
-        self.outstanding = [0] * len(self.instances)
-        self.up = [False] * len(self.instances)
         self.draining = False
-        self._waiters: deque[asyncio.Future[int]] = deque()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._session: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._status = status
         self._alive = alive
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
-        m.planned_batch.labels(model).set(sum(self.batches))
+        m.planned_batch.labels(model).set(sum(self.slots.batches))
         for inst in self.instances:
             m.instance_up.labels(model, inst.name).set(0)
             m.instance_requests.labels(model, inst.name)
         m.ready.labels(model).set(0)
+        m.max_buffered_bytes.labels(model).set(max_buffered_bytes)
         # Labelled children looked up once: the request path runs for every request.
         self._queue_gauge = m.queue_depth.labels(model)
         self._in_flight_gauge = m.in_flight.labels(model)
+        self._buffered_gauge = m.buffered_bytes.labels(model)
         self._duration = m.request_duration.labels(model)
         self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
         self._by_code: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
+    def runner(self, limits: ConnectionLimits | None = None, **kwargs: Any) -> web.AppRunner:
+        """An app runner with the connection cap and deadlines, and handler cancellation on
+        (a client that disconnects cancels its handler, so its queued request is dropped)."""
+        closed = self.metrics.connections_closed
+        kwargs.setdefault("access_log", None)
+        kwargs.setdefault("lingering_time", 0.5)  # after a 413, discard at most this long
+        return GuardedAppRunner(
+            self.app(),
+            limits=limits or ConnectionLimits(),
+            on_event=lambda reason: closed.labels(reason).inc(),
+            handler_cancellation=True,
+            **kwargs,
+        )
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
         app.router.add_get("/ping", self.handle_ping)
@@ -173,17 +215,31 @@ class Dispatcher:
 
     # -- state the owner drives -----------------------------------------------------------------
     def set_up(self, index: int, up: bool) -> None:
-        if self.up[index] != up:
+        if self.slots.up[index] != up:
             log.info("instance %s is %s", self.instances[index].name, "up" if up else "down")
-        self.up[index] = up
         self.metrics.instance_up.labels(self.model, self.instances[index].name).set(int(up))
+        self.slots.set_up(index, up and not self.slots.failed)
         self._update_ready()
-        if up:
-            self._dispatch_waiters()
+
+    @property
+    def up(self) -> list[bool]:
+        return list(self.slots.up)
+
+    @property
+    def failed(self) -> str | None:
+        return self.slots.failed
 
     @property
     def ready(self) -> bool:
-        return bool(self.instances) and all(self.up) and not self.draining
+        s = self.slots
+        return bool(self.instances) and all(s.up) and not self.draining and not s.failed
+
+    def fail(self, reason: str) -> None:
+        """TorchServe is gone: every queued request and every new one gets a 503 at once."""
+        self.slots.fail(reason)
+        for inst in self.instances:
+            self.metrics.instance_up.labels(self.model, inst.name).set(0)
+        self._update_ready()
 
     def _update_ready(self) -> None:
         self.metrics.ready.labels(self.model).set(int(self.ready))
@@ -195,73 +251,15 @@ class Dispatcher:
     @property
     def pending(self) -> int:
         """Outstanding requests: queued here plus in flight to TorchServe."""
-        return sum(self.outstanding) + len(self._waiters)
+        return self.slots.pending
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing is outstanding; False when ``timeout_s`` passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-    # -- queueing -------------------------------------------------------------------------------
-    def _choose(self) -> int | None:
-        return choose_instance(self.outstanding, self.batches, up=self.up, caps=self.caps)
-
-    def _take(self, index: int) -> None:
-        self.outstanding[index] += 1
-        self._idle.clear()
-
-    def _release(self, index: int) -> None:
-        self.outstanding[index] -= 1
-        self._dispatch_waiters()
-        if self.pending == 0:
-            self._idle.set()
-
-    def _dispatch_waiters(self) -> None:
-        while self._waiters:
-            index = self._choose()
-            if index is None:
-                break
-            fut = self._waiters.popleft()
-            if fut.done():
-                continue
-            self._take(index)
-            fut.set_result(index)
-        self._gauges()
+        return await self.slots.wait_idle(timeout_s)
 
     def _gauges(self) -> None:
-        self._queue_gauge.set(len(self._waiters))
-        self._in_flight_gauge.set(sum(self.outstanding))
-
-    async def acquire(self) -> int:
-        """An instance index for one request: at once, or after waiting in the queue."""
-        if not self._waiters:
-            index = self._choose()
-            if index is not None:
-                self._take(index)
-                self._gauges()
-                return index
-        if len(self._waiters) >= self.queue_limit:
-            raise QueueFullError
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        self._idle.clear()
-        self._gauges()
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.queue_timeout_s)
-        except (TimeoutError, asyncio.CancelledError):
-            if fut.done() and not fut.cancelled():
-                self._release(fut.result())  # assigned just as we gave up: hand it back
-            else:
-                fut.cancel()
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(fut)
-                self._gauges()
-                if self.pending == 0:
-                    self._idle.set()
-            raise
+        self._queue_gauge.set(self.slots.queued)
+        self._in_flight_gauge.set(self.slots.in_flight)
 
     async def _sample_loop(self) -> None:
         """Feed the estimator the outstanding requests every few ms, while there are any.
@@ -285,35 +283,97 @@ class Dispatcher:
         if name != self.model:
             return _error(404, f"Model not found: {name}")
         start = time.perf_counter()
-        body = await request.read()
-        try:
-            index = await self.acquire()
-        except QueueFullError:
-            return self._count(
-                _error(503, "queue full", **{"Retry-After": str(self.retry_after_s)}),
-                start,
-                source="dispatcher",
+        # Admission, before a byte of the body is read.
+        if self.failed:
+            return self._shed(_error(503, "the model server is gone"), start)
+        length = request.content_length
+        if length is not None and length > self.max_body_bytes:
+            return self._shed(self._too_large(length), start, close=True)
+        if not self.slots.admissible():
+            return self._shed(_error(503, "queue full", **self._retry()), start)
+        reserve = length if length is not None else self.max_body_bytes
+        if self.buffered_bytes + reserve > self.max_buffered_bytes:
+            return self._shed(
+                _error(503, "too many request bodies buffered", **self._retry()), start
             )
-        except TimeoutError:
-            return self._count(
-                _error(503, "no instance took the request in time", **{"Retry-After": "1"}),
-                start,
-                source="dispatcher",
-            )
-        inst = self.instances[index]
-        self._per_instance[index].inc()
-        forwarded = time.perf_counter()
+        self.buffered_bytes += reserve
+        self._buffered_gauge.set(self.buffered_bytes)
+        stage = "reading"
         try:
-            response = await self._forward(request, inst, body)
+            try:
+                body = await asyncio.wait_for(self._read_body(request, length), self.body_timeout_s)
+            except TimeoutError:
+                return self._shed(_error(408, "request body not received in time"), start, True)
+            except _BodyTooLargeError:
+                return self._shed(self._too_large(None), start, close=True)
+            except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                return self._shed(_error(400, f"request body incomplete: {exc}"), start, True)
+            stage = "queued"
+            try:
+                index = await self.slots.acquire()
+            except QueueFullError:
+                return self._shed(_error(503, "queue full", **self._retry()), start)
+            except TimeoutError:
+                msg = "no instance took the request in time"
+                return self._shed(_error(503, msg, **self._retry()), start)
+            except BackendGoneError:
+                return self._shed(_error(503, "the model server is gone"), start)
+            stage = "in_flight"
+            self._per_instance[index].inc()
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            # Once forwarded, the request runs to completion even if its client leaves: the
+            # worker has it, and its slot must stay taken until TorchServe answers.
+            task = asyncio.ensure_future(
+                self._forward_then_release(index, headers, request.query, body)
+            )
+            response = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            self.metrics.cancelled.labels(self.model, stage).inc()
+            raise
         finally:
-            self._release(index)
-            self.metrics.instance_duration.labels(self.model, inst.name).observe(
-                time.perf_counter() - forwarded
-            )
+            self.buffered_bytes -= reserve
+            self._buffered_gauge.set(self.buffered_bytes)
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()
         return self._count(response, start, source="torchserve")
+
+    async def _read_body(self, request: web.Request, length: int | None) -> bytes:
+        if length is not None:
+            return await request.content.readexactly(length) if length else b""
+        chunks: list[bytes] = []
+        total = 0
+        async for chunk in request.content.iter_any():
+            total += len(chunk)
+            if total > self.max_body_bytes:
+                raise _BodyTooLargeError
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, length: int | None) -> web.Response:
+        got = f"{length} bytes" if length is not None else "a longer body"
+        return _error(413, f"request body too large: {got}, at most {self.max_body_bytes} bytes")
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+    def _shed(self, response: web.Response, start: float, close: bool = False) -> web.Response:
+        """An answer the dispatcher gives itself; ``close`` when the body was not read."""
+        if close:
+            response.force_close()
+        return self._count(response, start, source="dispatcher")
+
+    async def _forward_then_release(
+        self, index: int, headers: dict[str, str], query: Mapping[str, str], body: bytes
+    ) -> web.Response:
+        forwarded = time.perf_counter()
+        try:
+            return await self._forward(self.instances[index], headers, query, body)
+        finally:
+            self.slots.release(index)
+            self.metrics.instance_duration.labels(self.model, self.instances[index].name).observe(
+                time.perf_counter() - forwarded
+            )
 
     def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
         m = self.metrics
@@ -327,13 +387,14 @@ class Dispatcher:
             m.errors.labels(self.model, code, source).inc()
         return response
 
-    async def _forward(self, request: web.Request, inst: InstanceSpec, body: bytes) -> web.Response:
+    async def _forward(
+        self, inst: InstanceSpec, headers: dict[str, str], query: Mapping[str, str], body: bytes
+    ) -> web.Response:
         assert self._session is not None, "dispatcher not started"
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         url = f"{self.backend_url}/predictions/{inst.name}"
         try:
             async with self._session.post(
-                url, data=body, headers=headers, params=request.query
+                url, data=body, headers=headers, params=query
             ) as upstream:
                 payload = await upstream.read()
                 out_headers = {
@@ -342,7 +403,8 @@ class Dispatcher:
                 return web.Response(status=upstream.status, body=payload, headers=out_headers)
         except aiohttp.ClientError as exc:
             log.warning("instance %s unreachable: %s", inst.name, exc)
-            return _error(503, f"instance unreachable: {exc}", **{"Retry-After": "1"})
+            # The message names no internal address: clients see the public port only.
+            return _error(503, "instance unreachable", **{"Retry-After": "1"})
 
     async def handle_ping(self, _request: web.Request) -> web.Response:
         if self.ready:
@@ -366,7 +428,7 @@ class Dispatcher:
         doc: dict[str, Any] = dict(self._status()) if self._status else {}
         doc.setdefault("ready", self.ready)
         doc["draining"] = self.draining
-        doc["outstanding"] = {"in_flight": sum(self.outstanding), "queued": len(self._waiters)}
+        doc["outstanding"] = {"in_flight": self.slots.in_flight, "queued": self.slots.queued}
         doc["batch_size_estimate"] = {
             "estimate": self.estimator.estimate,
             "ewma": self.estimator.ewma,

@@ -11,7 +11,9 @@ thread pool is started. Then it either:
   one request = one sample, JSON or raw little-endian bytes, decoded per request so that a
   malformed request fails alone (400 for that request, the rest of the batch is answered); or
 - delegates to the user's own handler from a wrapped ``.mar`` (``packrat_wrapped.json`` names
-  it), loaded exactly as TorchServe would load it, so user handlers work unchanged.
+  it), loaded exactly as TorchServe would load it, so user handlers work unchanged. A user
+  handler owns its whole batch: if it raises, TorchServe answers every request of that batch
+  with an error (and only that batch); per-request isolation is the user handler's job.
 
 Runs inside TorchServe's worker process; imports torch and ``ts`` lazily.
 """
@@ -125,30 +127,54 @@ class _NativeService:
         self.inputs: list[dict[str, Any]] | None = spec.get("inputs")
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[Any]:
-        from packrat.serve.codec import CodecError, decode_sample, encode_output
+        """One answer per request; a request that fails (decoding or in the model) gets a 400
+        of its own and the rest of the batch is answered normally."""
+        from packrat.serve.codec import decode_sample
 
         samples: list[tuple[int, list[Any]]] = []
         out: list[Any] = [None] * len(data)
         for idx, row in enumerate(data):
-            body = row.get("data", row.get("body")) if isinstance(row, dict) else row
             try:
+                body = row.get("data", row.get("body")) if isinstance(row, dict) else row
                 samples.append((idx, decode_sample(body, self.inputs)))
-            except CodecError as exc:
-                context.set_response_status(code=400, phrase="Bad Request", idx=idx)
-                context.set_response_content_type(idx, "application/json")
-                out[idx] = json.dumps({"code": 400, "type": "BadRequest", "message": str(exc)})
-        if samples:
-            torch = self.torch
-            arity = len(samples[0][1])
-            groups: dict[tuple[tuple[int, ...], ...], list[tuple[int, list[Any]]]] = {}
-            for item in samples:
-                key = tuple(tuple(t.shape) for t in item[1])
-                groups.setdefault(key, []).append(item)
-            for items in groups.values():
-                batch = [torch.stack([s[i] for _, s in items]) for i in range(arity)]
-                with torch.inference_mode():
-                    result = self.model(*batch)
-                for row_index, (idx, _) in enumerate(items):
-                    out[idx] = encode_output(result, row_index)
-                    context.set_response_content_type(idx, "application/json")
+            except Exception as exc:  # CodecError, or anything a hostile row trips over
+                out[idx] = _bad_request(context, idx, str(exc) or type(exc).__name__)
+        groups: dict[tuple[tuple[int, ...], ...], list[tuple[int, list[Any]]]] = {}
+        for item in samples:
+            key = tuple(tuple(t.shape) for t in item[1])
+            groups.setdefault(key, []).append(item)
+        for items in groups.values():
+            try:
+                self._run(items, out, context)
+            except Exception as exc:
+                if len(items) == 1:
+                    log.warning("packrat: the model failed on one request: %s", exc)
+                    out[items[0][0]] = _bad_request(context, items[0][0], f"model failed: {exc}")
+                    continue
+                # One request may have broken the whole batch: run each alone to find it.
+                for item in items:
+                    try:
+                        self._run([item], out, context)
+                    except Exception as one:
+                        log.warning("packrat: the model failed on one request: %s", one)
+                        out[item[0]] = _bad_request(context, item[0], f"model failed: {one}")
         return out
+
+    def _run(self, items: list[tuple[int, list[Any]]], out: list[Any], context: Any) -> None:
+        from packrat.serve.codec import encode_output
+
+        torch = self.torch
+        arity = len(items[0][1])
+        batch = [torch.stack([s[i] for _, s in items]) for i in range(arity)]
+        with torch.inference_mode():
+            result = self.model(*batch)
+        answers = [encode_output(result, row) for row in range(len(items))]
+        for (idx, _), answer in zip(items, answers, strict=True):
+            out[idx] = answer
+            context.set_response_content_type(idx, "application/json")
+
+
+def _bad_request(context: Any, idx: int, message: str) -> str:
+    context.set_response_status(code=400, phrase="Bad Request", idx=idx)
+    context.set_response_content_type(idx, "application/json")
+    return json.dumps({"code": 400, "type": "BadRequest", "message": message[:500]})

@@ -128,3 +128,32 @@ class ServeMetrics:
             ["model"],
             registry=r,
         )
+        # -- robustness (issue 10): what the dispatcher refused, dropped or is holding --------
+        self.cancelled = Counter(
+            "packrat_requests_cancelled",
+            "Prediction requests whose client disconnected before the answer, by the stage "
+            "they were in (reading: body; queued: dropped before any worker saw it; in_flight: "
+            "already forwarded, ran to completion unanswered). Not counted in packrat_requests.",
+            ["model", "stage"],
+            registry=r,
+        )
+        self.buffered_bytes = Gauge(
+            "packrat_request_buffered_bytes",
+            "Request body bytes the dispatcher has reserved for requests being read, queued "
+            "or forwarded.",
+            ["model"],
+            registry=r,
+        )
+        self.max_buffered_bytes = Gauge(
+            "packrat_request_buffered_bytes_limit",
+            "Body bytes the dispatcher buffers across all requests before it answers 503.",
+            ["model"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "packrat_connections_closed",
+            "Client connections the dispatcher closed itself, by reason (refused: over the "
+            "connection cap; header_timeout: the request head did not arrive in time).",
+            ["reason"],
+            registry=r,
+        )

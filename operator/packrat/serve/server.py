@@ -6,9 +6,16 @@ loopback, every instance is registered (one worker each, its batch size, the max
 delay), warmed with one batch, and only then marked up. A monitor keeps polling TorchServe's
 management API: an instance whose worker is not READY is marked down, and a worker with a
 new pid (TorchServe restarted it) is warmed again before it is marked up, so ``/ping``
-reflects worker restarts. SIGTERM or SIGINT: stop listening, finish what is in flight (at
-most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which it still
-accepts connections but reports not ready), stop TorchServe, return 0.
+reflects worker restarts. The monitor also pings TorchServe's frontend (short timeout) and
+reads each worker's state from ``/proc`` (a stopped, SIGSTOPped, or zombie worker is down), so
+readiness fails within a few seconds of either one no longer answering. When TorchServe
+itself is gone, every queued request is answered 503 at once and the pod exits with status 1
+within seconds, so Kubernetes restarts it. SIGTERM or SIGINT: stop listening, finish what is
+in flight (at most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which
+it still accepts connections but reports not ready), stop TorchServe, return 0.
+
+``/status`` reports the plan, the estimates, the queue and each instance's health; never
+process ids or internal addresses.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from packrat.serve.config import (
     status_document,
     worker_settings,
 )
-from packrat.serve.dispatcher import Dispatcher
+from packrat.serve.connections import ConnectionLimits
+from packrat.serve.dispatcher import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Dispatcher
 from packrat.serve.handler import CONFIG_ENV
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.torchserve import TorchServe
@@ -64,7 +72,17 @@ class ServeOptions:
     cpus: Sequence[int] | None = None  # default: this process's cpuset
     warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
     health_interval_s: float = 0.5
+    health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
     estimator_interval_s: float = 0.005
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    body_timeout_s: float = 30.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
+
+
+class TorchServeGoneError(RuntimeError):
+    """TorchServe exited while the pod was serving."""
 
 
 @dataclass
@@ -77,7 +95,8 @@ class _Health:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"up": self.up, "pid": self.pid, "restarts": self.restarts, "status": self.status}
+        # No pid: /status is reachable by anyone who can reach the port.
+        return {"up": self.up, "restarts": self.restarts, "status": self.status}
 
 
 def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
@@ -132,8 +151,6 @@ class PodServer:
             ready=bool(d and d.ready),
             health={k: v.to_dict() for k, v in self.health.items()},
         )
-        if self.torchserve is not None:  # loopback only; for debugging and benchmarks
-            doc["torchserve"] = {"inference": self.torchserve.inference_url}
         return doc
 
     def _alive(self) -> bool:
@@ -148,7 +165,11 @@ class PodServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
         settings.write_text(json.dumps(worker_settings(self.instances)))
-        self.torchserve = TorchServe(workdir=self.workdir, env={CONFIG_ENV: str(settings)})
+        self.torchserve = TorchServe(
+            workdir=self.workdir,
+            env={CONFIG_ENV: str(settings)},
+            port_base=opts.torchserve_port_base,
+        )
         dispatcher = Dispatcher(
             model=self.name,
             instances=self.instances,
@@ -158,9 +179,12 @@ class PodServer:
             status=self.status,
             estimator_interval_s=opts.estimator_interval_s,
             alive=self._alive,
+            max_body_bytes=opts.max_body_bytes,
+            max_buffered_bytes=opts.max_buffered_bytes,
+            body_timeout_s=opts.body_timeout_s,
         )
         self.dispatcher = dispatcher
-        runner = web.AppRunner(dispatcher.app(), handle_signals=False, access_log=None)
+        runner = dispatcher.runner(opts.limits, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, opts.host, opts.port, shutdown_timeout=opts.drain_seconds)
         await site.start()
@@ -192,7 +216,12 @@ class PodServer:
                     {monitor, stop_wait}, return_when=asyncio.FIRST_COMPLETED
                 )
                 if monitor in done:
-                    monitor.result()
+                    try:
+                        monitor.result()
+                    except TorchServeGoneError as exc:
+                        log.error("packrat serve: %s", exc)
+                        code = 1
+                        return code  # no drain: nothing can be served any more
             else:
                 starting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -237,6 +266,8 @@ class PodServer:
         if self.warmup is None:
             self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
         await self.torchserve.start()
+        assert self.dispatcher is not None
+        self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
         mar = self.torchserve.add_archive(archive.path)
         await asyncio.gather(
             *(
@@ -251,14 +282,20 @@ class PodServer:
         await self._check_instances(initial=True)
 
     async def _monitor(self) -> None:
-        assert self.torchserve is not None
+        assert self.torchserve is not None and self.dispatcher is not None
         while True:
             await asyncio.sleep(self.opts.health_interval_s)
             if not self.torchserve.running:
-                for i in range(len(self.instances)):
-                    assert self.dispatcher is not None
+                self.dispatcher.fail("the model server is gone")  # queued clients: 503 now
+                raise TorchServeGoneError(f"TorchServe exited:\n{self.torchserve.log_tail()}")
+            if not await self.torchserve.ping(timeout_s=self.opts.health_timeout_s):
+                for i, inst in enumerate(self.instances):
+                    if self.health[inst.name].up:
+                        log.warning("instance %s: TorchServe's frontend does not answer", inst.name)
+                    self.health[inst.name].up = False
+                    self.health[inst.name].status = "UNRESPONSIVE"
                     self.dispatcher.set_up(i, False)
-                raise RuntimeError(f"TorchServe exited:\n{self.torchserve.log_tail()}")
+                continue
             await self._check_instances(initial=False)
 
     async def _check_instances(self, *, initial: bool) -> None:
@@ -268,8 +305,10 @@ class PodServer:
         async def check(i: int, inst: InstanceSpec) -> None:
             health = self.health[inst.name]
             workers = await ts.workers(inst.name)
-            ready = [w for w in workers if w.ready and w.pid]
+            ready = [w for w in workers if w.ready and w.pid and process_runnable(w.pid)]
             health.status = workers[0].status if workers else "MISSING"
+            if workers and not ready and workers[0].ready:
+                health.status = "STOPPED"  # READY to TorchServe, but stopped or a zombie
             if not ready:
                 health.up = False
                 dispatcher.set_up(i, False)
@@ -300,6 +339,8 @@ class PodServer:
         while initial and not all(h.up for h in self.health.values()):
             # Registration is synchronous, so workers exist; wait until each is READY.
             await asyncio.sleep(0.2)
+            if not ts.running:
+                raise TorchServeGoneError(f"TorchServe exited:\n{ts.log_tail()}")
             await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
 
     async def _warm(self, inst: InstanceSpec) -> None:
@@ -323,6 +364,17 @@ class PodServer:
         if bad:
             raise RuntimeError(f"warm-up of {inst.name} failed: {bad[:3]}")
         log.info("instance %s warmed with a batch of %d", inst.name, inst.batch)
+
+
+def process_runnable(pid: int) -> bool:
+    """False when the process is gone, stopped (SIGSTOP: ``T``, traced: ``t``) or a zombie
+    (``Z``, ``X``), as ``/proc/<pid>/stat`` reports it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return state not in ("T", "t", "Z", "X", "x")
 
 
 async def serve(opts: ServeOptions) -> int:

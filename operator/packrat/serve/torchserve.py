@@ -2,8 +2,11 @@
 
 Several TorchServes may run side by side (tests, benchmarks, two slots on a laptop), so each
 gets its own work directory holding its ``TMPDIR`` (pid file), ``java.io.tmpdir`` (worker
-sockets), logs and model store, and its own free loopback ports, initial worker port
-included. The whole process group is stopped on exit, workers included.
+sockets), logs and model store. Ports are fixed and documented
+(:func:`packrat.serve.config.fixed_ports`: 9080-9084 in a pod, outside the ephemeral range,
+so no outgoing connection can take one first); where a block is taken (another TorchServe on
+the same host) the next block is used, and a start that fails with "Address already in use"
+is retried on the next block. The whole process group is stopped on exit, workers included.
 """
 
 from __future__ import annotations
@@ -26,7 +29,18 @@ from typing import Any
 
 import aiohttp
 
-from packrat.serve.config import LOOPBACK, Ports, render_properties, torchserve_settings
+from packrat.serve.config import (
+    DEFAULT_PORT_BASE,
+    LOOPBACK,
+    PORT_BLOCK,
+    Ports,
+    fixed_ports,
+    render_properties,
+    torchserve_settings,
+)
+
+PORT_BASE_ENV = "PACKRAT_TORCHSERVE_PORT_BASE"
+PORT_BLOCKS_TRIED = 64
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +63,41 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def allocate_ports() -> Ports:
-    p = free_ports(6)
-    # Worker ports count up from the base (one per worker); leave room above it.
-    return Ports(
-        inference=p[0],
-        management=p[1],
-        metrics=p[2],
-        grpc_inference=p[3],
-        grpc_management=p[4],
-        worker_base=20000 + (p[5] % 20000),
+def ports_free(ports: Sequence[int]) -> bool:
+    """Whether every port can be bound on loopback right now."""
+    socks = []
+    try:
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.bind((LOOPBACK, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def default_port_base() -> int:
+    raw = os.environ.get(PORT_BASE_ENV)
+    if not raw:
+        return DEFAULT_PORT_BASE
+    try:
+        return int(raw)
+    except ValueError:
+        raise TorchServeError(f"{PORT_BASE_ENV}={raw!r} is not a port number") from None
+
+
+def allocate_ports(base: int | None = None, *, skip: int = 0) -> Ports:
+    """The first block at or above ``base`` (after ``skip`` blocks) whose ports are free."""
+    start = default_port_base() if base is None else base
+    for k in range(skip, skip + PORT_BLOCKS_TRIED):
+        ports = fixed_ports(start + PORT_BLOCK * k)
+        if ports_free(ports.listening):
+            return ports
+    raise TorchServeError(
+        f"no free block of TorchServe ports in {start}..{start + PORT_BLOCK * PORT_BLOCKS_TRIED}"
     )
 
 
@@ -95,13 +134,15 @@ class TorchServe:
         default_workers: int | None = 1,
         job_queue_size: int = 1000,
         affinity: Sequence[int] | None = None,
+        port_base: int | None = None,
     ) -> None:
         self.workdir = workdir
         self.affinity = set(affinity) if affinity else None
         self.model_store = workdir / "model-store"
         self.tmpdir = workdir / "tmp"
         self.logdir = workdir / "logs"
-        self.ports = allocate_ports()
+        self.port_base = port_base
+        self.ports = allocate_ports(port_base)
         self.extra_env = dict(env or {})
         self.default_workers = default_workers
         self.job_queue_size = job_queue_size
@@ -135,7 +176,36 @@ class TorchServe:
         except OSError:
             return ""
 
-    async def start(self, *, timeout_s: float = 120.0) -> None:
+    async def start(self, *, timeout_s: float = 120.0, attempts: int = 3) -> None:
+        """Start and wait until the management API answers; a start that lost a port to
+        another process is retried on the next free block of ports."""
+        for attempt in range(attempts):
+            try:
+                await self._start_once(timeout_s=timeout_s)
+                return
+            except TorchServeError as exc:
+                if "Address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                await self._reap()
+                taken = self.ports
+                self.ports = allocate_ports(self.port_base, skip=1 + attempt)
+                log.warning(
+                    "TorchServe could not bind its ports (%d..): retrying on %d..",
+                    taken.inference,
+                    self.ports.inference,
+                )
+
+    async def _reap(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(self.proc.wait)
+            self.proc = None
+
+    async def _start_once(self, *, timeout_s: float) -> None:
         for d in (self.model_store, self.tmpdir, self.logdir):
             d.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "config.properties"
@@ -192,6 +262,11 @@ class TorchServe:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if "Address already in use" in self.log_tail(100_000):
+                    raise TorchServeError(
+                        f"TorchServe could not bind its ports ({self.ports.inference}..): "
+                        "Address already in use"
+                    )
                 raise TorchServeError(
                     f"TorchServe exited with status {self.proc.returncode}:\n{self.log_tail()}"
                 )
@@ -226,11 +301,23 @@ class TorchServe:
                     f"{self.log_tail()}"
                 )
 
-    async def workers(self, name: str) -> list[WorkerInfo]:
-        """The workers of model ``name`` (empty when unknown or unreachable)."""
+    async def ping(self, *, timeout_s: float = 2.0) -> bool:
+        """Whether the frontend answers its health check within ``timeout_s``."""
         try:
             async with self.session.get(
-                f"{self.management_url}/models/{name}", timeout=aiohttp.ClientTimeout(total=5)
+                f"{self.inference_url}/ping", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as resp:
+                await resp.read()
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, TorchServeError):
+            return False
+
+    async def workers(self, name: str, *, timeout_s: float = 2.0) -> list[WorkerInfo]:
+        """The workers of model ``name`` (empty when unknown, unreachable or too slow)."""
+        try:
+            async with self.session.get(
+                f"{self.management_url}/models/{name}",
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
             ) as resp:
                 if resp.status != 200:
                     return []

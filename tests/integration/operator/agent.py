@@ -114,6 +114,7 @@ class LocalPod:
     ready: bool = False
     terminating: bool = False
     waiting_reason: str = ""
+    unschedulable_since: str = ""  # when the scheduler gave up on it (PodScheduled=False)
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     init_names: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
@@ -265,6 +266,7 @@ class Agent:
         ]
         if too_big:  # the scheduler finds no node with that much memory
             pod.waiting_reason = "Unschedulable"
+            pod.unschedulable_since = _now()
             return
         if any(c["image"] not in self.images for c in containers):
             bad = next(c for c in containers if c["image"] not in self.images)
@@ -402,12 +404,23 @@ class Agent:
                 for n in names
             ]
 
-        return {
+        status: dict[str, Any] = {
             "phase": phase,
             "qosClass": self.qos.get(pod.name, ""),
             "initContainerStatuses": statuses(pod.init_names),
             "containerStatuses": statuses([c["name"] for c in pod.spec["containers"]]),
         }
+        if pod.unschedulable_since:  # what the scheduler reports for a pod no node fits
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/1 nodes are available: 1 Insufficient memory.",
+                    "lastTransitionTime": pod.unschedulable_since,
+                }
+            ]
+        return status
 
     def _job(self, job: dict[str, Any]) -> None:
         name = job["metadata"]["name"]

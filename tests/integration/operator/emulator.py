@@ -66,6 +66,8 @@ class CompatEmulator(kmock.KubernetesEmulator):
 
     def setup(self) -> None:
         self.pod_logs: dict[tuple[str, str, str], str] = {}
+        self.faults: list[list[Any]] = []  # [method, path part, times left, status]
+        self.requests_failed = 0
         self._in_flight: set[int] = set()
         self._versions = itertools.count(1)
         for key, (kind, subresources) in RESOURCES.items():
@@ -82,7 +84,28 @@ class CompatEmulator(kmock.KubernetesEmulator):
             for payload in self._payloads:
                 payload._requests.clear()  # kept by kmock for assertions only
 
+    def fail_next(self, method: str, path_part: str, *, times: int = 1, status: int = 500) -> None:
+        """Answer the next ``times`` requests of ``method`` whose path contains ``path_part``
+        with ``status`` (a transient API server error)."""
+        self.faults.append([method.upper(), path_part, times, status])
+
+    def _fault(self, request: rendering.Request) -> int | None:
+        path = str(request.url.path)
+        verb = str(getattr(request.method, "value", request.method)).upper()
+        for fault in self.faults:
+            method, part, times, status = fault
+            if times > 0 and verb == method and part in path and "watch" not in request.params:
+                fault[2] -= 1
+                self.requests_failed += 1
+                return int(status)
+        return None
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        status = self._fault(request) if self.faults else None
+        if status is not None:
+            return aiohttp.web.json_response(
+                {"kind": "Status", "code": status, "message": "injected fault"}, status=status
+            )
         self._in_flight.add(id(request))
         try:
             self._trim_history()

@@ -31,14 +31,24 @@ TEST_IMAGE = "local/packrat-serving:test"
 T = TypeVar("T")
 
 
-def wait_for(check: Callable[[], T | None], *, timeout: float, what: str, period: float = 0.1) -> T:
+def wait_for(
+    check: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    period: float = 0.1,
+    detail: Callable[[], str] | None = None,
+) -> T:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds with
+    ``what`` (and ``detail()``, evaluated then: the state that did not converge)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            extra = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{extra}")
         time.sleep(period)
 
 
@@ -65,7 +75,10 @@ class OperatorProcess:
             "operator",
             "--namespace",
             NAMESPACE,
+            # event-driven: a change wakes its model; the resync is only a safety net
             "--resync-seconds",
+            "300",
+            "--poll-seconds",
             "0.5",
             "--profile-retry-seconds",
             "1",
@@ -105,6 +118,16 @@ class OperatorProcess:
         ) as r:
             return str(r.read().decode())
 
+    def wait_healthy(self, timeout: float = 180) -> None:
+        """Wait until the operator answers its liveness probe (and so serves its metrics)."""
+
+        def up() -> bool:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"the operator exited with {self.proc.returncode}")
+            return self.healthy()
+
+        wait_for(up, timeout=timeout, what="the operator's liveness probe", period=0.25)
+
     def healthy(self) -> bool:
         try:
             url = f"http://127.0.0.1:{self.liveness_port}/healthz"
@@ -138,7 +161,12 @@ class OperatorCluster:
             # ... and each pod's IP: the agent publishes serving pods, the proxy reaches them
             pod_url=f"http://127.0.0.1:{self.agent.proxy.port}/pod/{{pod}}",
         )
-        self.operator.start()
+        try:
+            self.operator.start()
+            self.operator.wait_healthy()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         self.operator.stop()

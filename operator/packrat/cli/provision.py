@@ -1,0 +1,135 @@
+"""``packrat provision``: replicas, replica size and batch for a P99 latency SLO, fewest cores.
+
+Pure (no torch): reads a profile and an arrival trace (a CSV of timestamps, or a synthetic
+gamma trace from ``--rate`` and ``--cv``), runs InferLine's planner over Packrat plans
+(:mod:`packrat.plan.provision`) and prints the configuration with the coarse-grained
+baselines. Exit status 0 when the SLO is met, 1 when it cannot be (the output then shows the
+best P99 reached), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from packrat.cli import CliError
+from packrat.plan.des import SPREADS
+from packrat.plan.profile import ProfileError, load_profile
+from packrat.plan.provision import Provision, ProvisionError, SimSettings, provision
+from packrat.plan.traces import TraceError, gamma_trace, load_trace
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "provision",
+        help="plan replicas, cores per replica and batch for a P99 latency SLO",
+        description=(
+            "Find the fewest total cores (replicas x cores per replica, each replica running "
+            "Packrat's plan) whose simulated P99 latency on an arrival trace meets the SLO "
+            "(InferLine's planner), and compare with fat replicas sized for the mean and the "
+            "peak rate."
+        ),
+    )
+    parser.add_argument("--profile", required=True, type=Path, help="profile JSON or CSV")
+    parser.add_argument("--slo-p99-ms", required=True, type=float, help="P99 latency target")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
+    source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
+    parser.add_argument("--cv", type=float, default=1.0, help="inter-arrival CV (default 1)")
+    parser.add_argument("--duration", type=float, default=60.0, help="synthetic trace length (s)")
+    parser.add_argument("--seed", type=int, default=0, help="trace and spreading seed")
+    parser.add_argument("--max-cores", type=int, help="total cores allowed (default 64 x T)")
+    parser.add_argument("--max-cpus", type=int, help="largest replica size (default: T)")
+    parser.add_argument("--spread", choices=SPREADS, default="random", help="Service spreading")
+    parser.add_argument("--max-batch-delay-ms", type=float, default=5.0)
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
+        raise CliError(f"--slo-p99-ms must be > 0, got {args.slo_p99_ms}")
+    if args.rate is not None:
+        for name in ("rate", "cv", "duration"):
+            value = getattr(args, name)
+            if not (math.isfinite(value) and value > 0):
+                raise CliError(f"--{name} must be > 0, got {value}")
+    for name in ("max_cores", "max_cpus"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.max_batch_delay_ms < 0:
+        raise CliError("--max-batch-delay-ms must be >= 0")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    try:
+        profile = load_profile(args.profile)
+        if args.trace is not None:
+            trace = load_trace(args.trace)
+        else:
+            trace = gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
+    except (ProfileError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    top = profile.meta.cpus or profile.max_threads
+    if args.max_cpus is not None and args.max_cpus > top:
+        raise CliError(
+            f"--max-cpus {args.max_cpus} exceeds the {top} cores the profile was measured on"
+        )
+    sim = SimSettings(
+        spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
+    )
+    try:
+        result = provision(
+            profile.table(),
+            trace,
+            slo_ms=args.slo_p99_ms,
+            max_cores=args.max_cores,
+            max_cpus=min(args.max_cpus or top, top),
+            sim=sim,
+            model=profile.meta.model,
+        )
+    except ProvisionError as exc:
+        raise CliError(str(exc)) from None
+    if args.format == "json":
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_table(result))
+    return 0 if result.feasible else 1
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def format_table(result: Provision) -> str:
+    doc = result.to_dict()
+    t = doc["trace"]
+    lines = [
+        f"trace: {t['arrivals']} arrivals over {t['duration_s']:.1f} s, mean "
+        f"{t['mean_rate']:.1f}/s, peak (1 s) {t['peak_rate_1s']:.1f}/s; "
+        f"SLO P99 {doc['slo_p99_ms']:.1f} ms",
+        f"{'config':10}{'replicas':>9}{'cpus':>6}{'batch':>7}{'cores':>7}{'P99 ms':>10}"
+        f"{'miss %':>8}  feasible",
+    ]
+    rows = [("planned", doc)] + [(k, v) for k, v in doc["baselines"].items()]
+    for name, row in rows:
+        lines.append(
+            f"{name:10}{row['replicas']:>9}{row['cpus_per_replica']:>6}{row['batch']:>7}"
+            f"{row['cores']:>7}{_ms(row['simulated_p99_ms']):>10}"
+            f"{100 * row['slo_miss_rate']:>8.2f}  {'yes' if row['feasible'] else 'NO'}"
+        )
+    lines.append(f"plan per replica: {doc['plan']['label']}")
+    lines.append(
+        f"search: {doc['search']['evaluations']} simulations in {doc['search']['wall_s']:.2f} s"
+    )
+    if not doc["feasible"]:
+        lines.append(
+            f"infeasible: the best simulated P99 is {_ms(doc['simulated_p99_ms'])} ms "
+            f"> SLO {doc['slo_p99_ms']:.1f} ms"
+        )
+    return "\n".join(lines)

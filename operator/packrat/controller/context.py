@@ -1,0 +1,94 @@
+"""What one reconcile pass carries: settings, the model, the observed children, the status
+being built and what the pass did (``Result``), with the helpers every step uses."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packrat.controller.kube import KubeApi
+from packrat.controller.spec import DEFAULT_IMAGE
+from packrat.controller.status import now_iso, parse_time, set_condition
+
+
+@dataclass(frozen=True)
+class Config:
+    """Operator-wide settings."""
+
+    image: str = DEFAULT_IMAGE
+    max_profile_attempts: int = 3
+    profile_retry_seconds: float = 30.0
+    profile_retry_max_seconds: float = 600.0
+    # a profiling pod the scheduler cannot place fails its attempt after this long
+    unschedulable_grace_seconds: float = 60.0
+
+
+@dataclass
+class Result:
+    """What a pass did, for metrics, events and logs."""
+
+    phase: str = "Pending"
+    result: str = "ok"
+    switch_result: str | None = None
+    profiling_seconds: float | None = None
+    plan: dict[str, Any] | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    # autoBatch: the combined observation and the decision of this pass, if any
+    observed_batch: int | None = None
+    decision: str | None = None
+    # seconds from the start of a completed switch to the Service selecting the new slot
+    switch_seconds: float | None = None
+    # something is in progress (profiling, a switch, pods starting): look again soon
+    waiting: bool = False
+    # the running profiling Job's progress (status.profiling.progress)
+    profiling_progress: dict[str, Any] | None = None
+
+
+@dataclass
+class Pass:
+    """The state of one pass; ``status`` is a private copy, written only if the pass ends."""
+
+    kube: KubeApi
+    config: Config
+    obj: Mapping[str, Any]
+    status: dict[str, Any]
+    result: Result
+    now: datetime.datetime
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"].get("namespace") or "default")
+
+    @property
+    def generation(self) -> int | None:
+        gen = self.obj["metadata"].get("generation")
+        return gen if isinstance(gen, int) else None
+
+    def emit(self, kind: str, reason: str, message: str) -> None:
+        self.result.events.append((kind, reason, message))
+
+    def cond(self, type_: str, value: bool, reason: str, message: str = "") -> None:
+        self.status["conditions"] = set_condition(
+            self.status.get("conditions"),
+            type_=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            now=now_iso(self.now),
+        )
+
+    def seconds_since(self, start: str | None, now: datetime.datetime | None = None) -> float:
+        parsed = parse_time(start)
+        return ((now or self.now) - parsed).total_seconds() if parsed else 0.0
+
+    def conflict(self, kind: str, name: str) -> None:
+        if (kind, name) not in self.conflicts:
+            self.conflicts.append((kind, name))

@@ -1,0 +1,109 @@
+"""Reading the serving pods' batch-size estimates (autoBatch), safely.
+
+A serving pod's image is chosen by the PackratModel's author, so its ``/status`` answer is
+untrusted input: at most ``MAX_BYTES`` are read, redirects are not followed (``http.client``
+never follows them), all pods are read concurrently under one total ``deadline``, and the
+caller reads them before a pass, never while a pass holds anything.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+from packrat.controller.autobatch import Reading, parse_estimate, pod_ready
+from packrat.controller.kube import KubeApi
+
+logger = logging.getLogger(__name__)
+
+MAX_BYTES = 8 * 1024
+DEADLINE_SECONDS = 2.0
+MAX_PODS = 64
+
+
+def fetch_estimate(url: str, *, timeout: float) -> int | None:
+    """``GET {url}/status``: the estimate, or None (unreachable, slow, large, redirect, junk)."""
+    parts = urllib.parse.urlsplit(url.rstrip("/") + "/status")
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"Accept": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        body = resp.read(MAX_BYTES + 1)
+        if len(body) > MAX_BYTES:
+            return None
+        return parse_estimate(json.loads(body))
+    except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:
+        logger.debug("no batch-size estimate from %s: %s", url, exc)
+        return None
+    finally:
+        conn.close()
+
+
+class EstimateReader:
+    """Reads every ready serving pod's estimate (the pods the Service selects).
+
+    ``pod_url`` is a template with ``{ip}``, ``{pod}`` and ``{namespace}``; ``service_url``
+    one with ``{service}`` and ``{namespace}``. When no ready pod can be listed, it reads one
+    estimate through the Service.
+    """
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        *,
+        pod_url: str,
+        service_url: str,
+        deadline: float = DEADLINE_SECONDS,
+        workers: int = 8,
+    ) -> None:
+        self.kube = kube
+        self.pod_url = pod_url
+        self.service_url = service_url
+        self.deadline = deadline
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="estimates")
+
+    def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        svc = self.kube.get("services", namespace, name)
+        selector = ((svc or {}).get("spec") or {}).get("selector")
+        if not selector:
+            return []
+        try:
+            pods = self.kube.list("pods", namespace, labels=selector)
+        except Exception as exc:  # e.g. 403 without pods permission: fall back to the Service
+            logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
+            return []
+        return [p for p in pods if pod_ready(p)][:MAX_PODS]
+
+    def _read_all(self, urls: list[str]) -> list[int]:
+        start = time.monotonic()
+        futures = [self._pool.submit(fetch_estimate, url, timeout=self.deadline) for url in urls]
+        done, _ = wait(futures, timeout=max(0.0, self.deadline - (time.monotonic() - start)))
+        return [v for f in futures if f in done and (v := f.result()) is not None]
+
+    def __call__(self, namespace: str, name: str) -> Reading | None:
+        pods = self.ready_pods(namespace, name)
+        if pods:
+            urls = [self._url(namespace, pod) for pod in pods]
+            values = self._read_all(urls)
+            return Reading(tuple(values), "pods") if values else None
+        values = self._read_all([self.service_url.format(service=name, namespace=namespace)])
+        return Reading((values[0],), "service") if values else None
+
+    def _url(self, namespace: str, pod: Mapping[str, Any]) -> str:
+        return self.pod_url.format(
+            ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

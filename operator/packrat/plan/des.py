@@ -1,0 +1,293 @@
+"""A discrete-event simulation of Packrat serving pods, for planning against a latency SLO.
+
+What it models, as the serving code does it:
+
+- **Service** (``spread``): each arrival goes to one replica, ``random`` (kube-proxy's
+  iptables mode picks a backend uniformly per connection) or ``round_robin`` (IPVS).
+- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher`): sends the request to the
+  instance with the least outstanding work relative to its batch size, ``(n_i + 1) / b_i``
+  (ties to the larger batch, then the lower index, as :func:`packrat.serve.routing.
+  choose_instance`), at most ``cap_factor * b_i`` outstanding per instance; the rest waits in
+  a FIFO queue of at most ``queue_limit`` requests; beyond that the request is shed (503),
+  which the simulation records as an infinite latency (an SLO miss).
+- **TorchServe instance** (one worker per plan instance): when idle with requests queued it
+  starts collecting a batch; the batch runs when it holds ``b_i`` requests or
+  ``max_batch_delay_ms`` after collection began, whichever is first, and takes
+  ``L(t_i, k)`` ms for ``k`` requests (the profile, linearly interpolated between profiled
+  batch sizes, the smallest profiled size's latency below it).
+
+Arrivals are open-loop (a trace of timestamps). Pure: numpy and heapq, no clock, no I/O;
+``random`` spreading is seeded, so a run is a function of its inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+Table = Mapping[tuple[int, int], float]
+
+SPREADS = ("random", "round_robin")
+
+
+class SimulationError(ValueError):
+    """The configuration cannot be simulated (unprofiled instance, bad parameters)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Per-query latencies (ms, ``inf`` for shed requests) in arrival order."""
+
+    latencies_ms: np.ndarray
+
+    @property
+    def queries(self) -> int:
+        return int(self.latencies_ms.size)
+
+    @property
+    def shed(self) -> int:
+        return int(np.isinf(self.latencies_ms).sum())
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank percentile (``inf`` when it falls on a shed request)."""
+        return nearest_rank(self.latencies_ms, q)
+
+    @property
+    def p99_ms(self) -> float:
+        return self.percentile(99.0)
+
+    @property
+    def mean_ms(self) -> float:
+        return float(self.latencies_ms.mean()) if self.queries else math.nan
+
+    def miss_rate(self, slo_ms: float) -> float:
+        """Fraction of queries slower than ``slo_ms`` (shed ones included)."""
+        if not self.queries:
+            return 0.0
+        return float((self.latencies_ms > slo_ms).mean())
+
+
+def nearest_rank(values: np.ndarray, q: float) -> float:
+    """The smallest value with at least q% of ``values`` at or below it; NaN when empty."""
+    if values.size == 0:
+        return math.nan
+    rank = max(1, math.ceil(q / 100.0 * values.size))
+    return float(np.partition(values, rank - 1)[rank - 1])
+
+
+def batch_latency_table(table: Table, threads: int, batch: int) -> list[float]:
+    """``L(threads, k)`` for k = 0..batch (index 0 unused), interpolated between profiled
+    batch sizes; an instance must itself be a profiled pair."""
+    if (threads, batch) not in table:
+        raise SimulationError(f"instance threads={threads} batch={batch} is not in the profile")
+    sizes = sorted(b for (t, b) in table if t == threads and b <= batch)
+    xs = np.array(sizes, dtype=float)
+    ys = np.array([table[(threads, b)] for b in sizes], dtype=float)
+    ks = np.arange(0, batch + 1, dtype=float)
+    out = np.interp(ks, xs, ys)
+    return [float(v) for v in out]
+
+
+def simulate(
+    arrivals_s: np.ndarray | Sequence[float],
+    table: Table,
+    instances: Sequence[tuple[int, int]],
+    *,
+    replicas: int = 1,
+    spread: str = "random",
+    max_batch_delay_ms: float = 5.0,
+    cap_factor: int = 2,
+    queue_limit: int = 1024,
+    overhead_ms: float = 0.0,
+    seed: int = 0,
+) -> SimResult:
+    """Simulate ``replicas`` identical pods, each running ``instances`` ``(threads, batch)``,
+    on the arrival trace ``arrivals_s`` (sorted seconds). See the module docstring."""
+    arr = np.asarray(arrivals_s, dtype=np.float64)
+    if arr.ndim != 1:
+        raise SimulationError("arrivals must be a 1-D array of timestamps")
+    if arr.size and (not np.all(np.isfinite(arr)) or np.any(np.diff(arr) < 0)):
+        raise SimulationError("arrivals must be finite and sorted")
+    if replicas < 1:
+        raise SimulationError(f"replicas must be >= 1, got {replicas}")
+    if not instances:
+        raise SimulationError("a replica needs at least one instance")
+    if spread not in SPREADS:
+        raise SimulationError(f"spread must be one of {SPREADS}, got {spread!r}")
+    if max_batch_delay_ms < 0 or cap_factor < 1 or queue_limit < 0 or overhead_ms < 0:
+        raise SimulationError("delay, overhead and queue limit must be >= 0, cap factor >= 1")
+    n = int(arr.size)
+    if spread == "random":
+        target = np.random.default_rng(seed).integers(0, replicas, size=n)
+    else:
+        target = np.arange(n) % replicas
+    times = (arr * 1000.0).tolist()
+    per_replica = len(instances)
+    ordered = sorted(range(per_replica), key=lambda i: (-instances[i][1], i))
+    lat_cache = {(t, b): batch_latency_table(table, t, b) for t, b in sorted(set(instances))}
+    done = _run(
+        times=times,
+        target=target.tolist(),
+        replicas=replicas,
+        batches=[instances[i][1] for i in ordered],
+        lats=[lat_cache[(instances[i][0], instances[i][1])] for i in ordered],
+        delay=max_batch_delay_ms,
+        cap_factor=cap_factor,
+        queue_limit=queue_limit,
+    )
+    latencies = np.asarray(done, dtype=np.float64) - (arr * 1000.0) + overhead_ms
+    return SimResult(latencies_ms=latencies)
+
+
+def _run(
+    *,
+    times: list[float],
+    target: list[int],
+    replicas: int,
+    batches: list[int],
+    lats: list[list[float]],
+    delay: float,
+    cap_factor: int,
+    queue_limit: int,
+) -> list[float]:
+    """The event loop (inlined for speed: it runs once per query of every candidate).
+
+    Instances are ordered by (-batch, index) within a replica, so the first minimum of
+    ``(n + 1) / b`` found is the routing rule's tie-break winner. A request forwarded to an
+    instance is ``outstanding`` there until its batch completes; ``pending`` holds those not
+    yet in a running batch (TorchServe's own queue).
+    """
+    inf = math.inf
+    k_per = len(batches)
+    total = replicas * k_per
+    bat = batches * replicas
+    lat = lats * replicas
+    caps = [cap_factor * b for b in bat]
+    inv = [1.0 / b for b in bat]
+    outstanding = [0] * total
+    pending: list[deque[int]] = [deque() for _ in range(total)]
+    busy = [False] * total
+    collecting = [0] * total  # token of the open collection; 0 = none
+    running: list[list[int]] = [[] for _ in range(total)]
+    waiters: list[deque[int]] = [deque() for _ in range(replicas)]
+    done = [inf] * len(times)
+    heap: list[tuple[float, int, int]] = []  # (time, seq, code): code >= 0 done g, < 0 deadline
+    seq = 0
+    push = heapq.heappush
+    pop = heapq.heappop
+    single = k_per == 1
+    n = len(times)
+    i = 0
+    while True:
+        if heap and (i >= n or heap[0][0] <= times[i]):
+            now, tok, code = pop(heap)
+            if code < 0:  # a collection deadline: run what has been collected
+                g = -code - 1
+                if collecting[g] != tok or busy[g]:
+                    continue
+            else:  # a batch completed: answer it, refill from the dispatcher queue
+                g = code
+                batch = running[g]
+                for qid in batch:
+                    done[qid] = now
+                outstanding[g] -= len(batch)
+                busy[g] = False
+                w = waiters[g // k_per]
+                while w:
+                    if single:
+                        h = g
+                        if outstanding[h] >= caps[h]:
+                            break
+                    else:
+                        base = (g // k_per) * k_per
+                        h = -1
+                        best_key = inf
+                        for c in range(base, base + k_per):
+                            o = outstanding[c]
+                            if o < caps[c]:
+                                key = (o + 1) * inv[c]
+                                if key < best_key:
+                                    h, best_key = c, key
+                        if h < 0:
+                            break
+                    outstanding[h] += 1
+                    pending[h].append(w.popleft())
+                    if h != g and not busy[h]:
+                        if len(pending[h]) >= bat[h] or delay <= 0:
+                            q = pending[h]
+                            k = min(bat[h], len(q))
+                            running[h] = [q.popleft() for _ in range(k)]
+                            busy[h] = True
+                            collecting[h] = 0
+                            seq += 1
+                            push(heap, (now + lat[h][k], seq, h))
+                        elif not collecting[h]:
+                            seq += 1
+                            collecting[h] = seq
+                            push(heap, (now + delay, seq, -h - 1))
+                q = pending[g]
+                if not q:
+                    running[g] = []
+                    continue
+                if len(q) < bat[g] and delay > 0:
+                    running[g] = []
+                    if not collecting[g]:
+                        seq += 1
+                        collecting[g] = seq
+                        push(heap, (now + delay, seq, -g - 1))
+                    continue
+            q = pending[g]
+            k = min(bat[g], len(q))
+            running[g] = [q.popleft() for _ in range(k)]
+            busy[g] = True
+            collecting[g] = 0
+            seq += 1
+            push(heap, (now + lat[g][k], seq, g))
+            continue
+        if i >= n:
+            break
+        now = times[i]
+        r = target[i]
+        w = waiters[r]
+        h = -1
+        if not w:
+            if single:
+                if outstanding[r] < caps[r]:
+                    h = r
+            else:
+                base = r * k_per
+                best_key = inf
+                for c in range(base, base + k_per):
+                    o = outstanding[c]
+                    if o < caps[c]:
+                        key = (o + 1) * inv[c]
+                        if key < best_key:
+                            h, best_key = c, key
+        if h < 0:
+            if len(w) < queue_limit:
+                w.append(i)
+            i += 1
+            continue
+        outstanding[h] += 1
+        q = pending[h]
+        q.append(i)
+        i += 1
+        if busy[h]:
+            continue
+        if len(q) >= bat[h] or delay <= 0:
+            k = min(bat[h], len(q))
+            running[h] = [q.popleft() for _ in range(k)]
+            busy[h] = True
+            collecting[h] = 0
+            seq += 1
+            push(heap, (now + lat[h][k], seq, h))
+        elif not collecting[h]:
+            seq += 1
+            collecting[h] = seq
+            push(heap, (now + delay, seq, -h - 1))
+    return done

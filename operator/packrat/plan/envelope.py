@@ -1,0 +1,222 @@
+"""Traffic envelopes and InferLine's tuner: scale replicas from the live arrivals.
+
+An envelope is, for each window length ``w`` (from twice the service time, doubling, up to
+60 s), the largest number of arrivals seen in any window of that length, as a rate
+``r_w = max_count_w / w``. Short windows catch bursts, long windows catch rate shifts.
+
+The tuner compares the live envelope with the one the plan was built for. The plan's
+``n`` replicas are known to absorb the sample trace, so at window ``w`` they sustain
+``C_w = max(n * mu, planned r_w)`` (``mu`` = one replica's throughput at the planned batch
+and size; for long windows ``C_w = n * mu``, InferLine's ``ceil(r / mu)`` rule). A live rate
+above ``C_w`` asks for ``ceil(n * r_w / C_w)`` replicas: the tuner scales up to the largest
+such count at once, and scales down only to the largest count wanted over a trailing
+``scale_down_delay_s``, so a burst that recurs within that time never makes it flap.
+
+Pure: the caller feeds arrival timestamps (seconds, any monotonic clock) and asks for a
+decision at a time it chooses; memory is bounded by the longest window and ``max_events``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+MAX_WINDOW_S = 60.0
+
+
+def window_sizes(service_time_s: float, *, max_window_s: float = MAX_WINDOW_S) -> list[float]:
+    """Windows ``2s, 4s, 8s, ...`` below ``max_window_s``, then ``max_window_s`` itself."""
+    if not (math.isfinite(service_time_s) and service_time_s > 0):
+        raise ValueError(f"service time must be > 0, got {service_time_s!r}")
+    if max_window_s <= 0:
+        raise ValueError("max_window_s must be > 0")
+    sizes = []
+    w = 2.0 * service_time_s
+    while w < max_window_s:
+        sizes.append(w)
+        w *= 2.0
+    sizes.append(max_window_s)
+    return sizes
+
+
+def envelope(times_s: np.ndarray | Sequence[float], windows: Sequence[float]) -> np.ndarray:
+    """The largest arrival count in any window of each length, as a rate (per second).
+
+    A window longer than the span observed is counted over what was seen, but divided by its
+    full length, so a short history never inflates a long window's rate.
+    """
+    t = np.asarray(times_s, dtype=np.float64)
+    out = np.zeros(len(windows))
+    if t.size == 0:
+        return out
+    idx = np.arange(t.size)
+    for i, w in enumerate(windows):
+        ends = np.searchsorted(t, t + w, side="left")
+        out[i] = (ends - idx).max() / w
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the tuner wants now, and why (for status, events and metrics)."""
+
+    time_s: float
+    replicas: int
+    previous: int
+    wanted_now: int
+    reason: str
+    rates: tuple[float, ...] = field(default=())
+
+    @property
+    def action(self) -> str:
+        if self.replicas > self.previous:
+            return "scale_up"
+        if self.replicas < self.previous:
+            return "scale_down"
+        return "hold"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "action": self.action,
+            "replicas": self.replicas,
+            "previous": self.previous,
+            "wanted_now": self.wanted_now,
+            "reason": self.reason,
+        }
+
+
+class Tuner:
+    """InferLine's high-frequency tuner for one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        planned_replicas: int,
+        replica_capacity: float,
+        windows: Sequence[float],
+        planned_rates: Sequence[float] | None = None,
+        min_replicas: int = 1,
+        max_replicas: int | None = None,
+        scale_down_delay_s: float = 120.0,
+        max_events: int = 1_000_000,
+    ) -> None:
+        if planned_replicas < 1 or min_replicas < 1:
+            raise ValueError("replica counts must be >= 1")
+        if max_replicas is not None and max_replicas < min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        if not (math.isfinite(replica_capacity) and replica_capacity > 0):
+            raise ValueError(f"replica capacity must be > 0, got {replica_capacity!r}")
+        if not windows or any(w <= 0 for w in windows):
+            raise ValueError("windows must be positive")
+        if planned_rates is not None and len(planned_rates) != len(windows):
+            raise ValueError("planned_rates must have one rate per window")
+        self.windows = list(windows)
+        self.planned = planned_replicas
+        self.mu = replica_capacity
+        base = planned_replicas * replica_capacity
+        planned = planned_rates if planned_rates is not None else [0.0] * len(windows)
+        self.sustained = [max(base, r) for r in planned]
+        self.min_replicas = min_replicas
+        self.max_replicas = max_replicas
+        self.scale_down_delay_s = scale_down_delay_s
+        self.horizon_s = max(self.windows)
+        self._arrivals: deque[float] = deque(maxlen=max_events)
+        self._wanted: deque[tuple[float, int]] = deque()
+        self.replicas = self._clamp(planned_replicas)
+        self._started: float | None = None
+
+    def _clamp(self, n: int) -> int:
+        n = max(n, self.min_replicas)
+        return min(n, self.max_replicas) if self.max_replicas is not None else n
+
+    def observe(self, times_s: Iterable[float]) -> None:
+        """Record arrivals (non-decreasing timestamps; older ones than the last are ignored)."""
+        arrivals = self._arrivals
+        for t in times_s:
+            if not arrivals or t >= arrivals[-1]:
+                arrivals.append(t)
+
+    def rates(self, now_s: float) -> np.ndarray:
+        """The live envelope over the last ``horizon_s`` (the longest window)."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0] < now_s - self.horizon_s:
+            arrivals.popleft()
+        return envelope(np.fromiter(arrivals, dtype=np.float64), self.windows)
+
+    def decide(self, now_s: float) -> Decision:
+        if self._started is None:
+            self._started = now_s
+        rates = self.rates(now_s)
+        wants = [
+            math.ceil(self.planned * r / c - 1e-9) if r > 0 else 0
+            for r, c in zip(rates.tolist(), self.sustained, strict=True)
+        ]
+        worst = int(np.argmax([w / self.planned for w in wants]))
+        wanted = self._clamp(max(*wants, self.min_replicas))
+        history = self._wanted
+        history.append((now_s, wanted))
+        while history and history[0][0] < now_s - self.scale_down_delay_s:
+            history.popleft()
+        previous = self.replicas
+        w = self.windows[worst]
+        detail = (
+            f"window {w:g} s at {rates[worst]:.1f}/s vs {self.sustained[worst]:.1f}/s "
+            f"sustained by {self.planned} planned replicas"
+        )
+        if wanted > previous:
+            self.replicas = wanted
+            reason = f"scale up to {wanted}: {detail}"
+        else:
+            trailing = max(n for _, n in history)
+            if trailing < previous and self._covers_delay(now_s):
+                self.replicas = trailing
+                reason = (
+                    f"scale down to {trailing}: no more wanted for {self.scale_down_delay_s:g} s "
+                    f"({detail})"
+                )
+            else:
+                reason = f"hold {previous}: {detail}"
+        return Decision(
+            time_s=now_s,
+            replicas=self.replicas,
+            previous=previous,
+            wanted_now=wanted,
+            reason=reason,
+            rates=tuple(rates.tolist()),
+        )
+
+    def _covers_delay(self, now_s: float) -> bool:
+        """Scale down only once the tuner has watched for the whole delay."""
+        return self._started is not None and self._started <= now_s - self.scale_down_delay_s
+
+
+def replay(
+    tuner: Tuner, times_s: np.ndarray, *, interval_s: float = 1.0, until_s: float | None = None
+) -> list[Decision]:
+    """Feed a trace to ``tuner`` and decide every ``interval_s`` (for tests and simulations)."""
+    end = float(times_s[-1]) if until_s is None and times_s.size else (until_s or 0.0)
+    decisions = []
+    lo = 0
+    now = interval_s
+    while now <= end + interval_s:
+        hi = int(np.searchsorted(times_s, now, side="right"))
+        tuner.observe(times_s[lo:hi].tolist())
+        lo = hi
+        decisions.append(tuner.decide(now))
+        now += interval_s
+    return decisions
+
+
+def schedule(decisions: Sequence[Decision], *, initial: int) -> list[tuple[float, int]]:
+    """``(time_s, replicas)`` steps from decisions: when the replica count changed."""
+    steps = [(0.0, initial)]
+    for d in decisions:
+        if d.replicas != steps[-1][1]:
+            steps.append((d.time_s, d.replicas))
+    return steps

@@ -1,0 +1,145 @@
+"""Connection limits for the dispatcher's public port: a cap and a deadline for each head.
+
+aiohttp closes a connection that stays idle past its keep-alive timeout, but a client that
+sends its request line and headers a byte at a time is never idle and is held forever, and
+nothing caps how many connections are open. This module adds both, around aiohttp's own
+server classes:
+
+- ``max_connections``: a connection beyond the cap is closed as soon as it is accepted
+  (counted; the client sees a reset and retries elsewhere);
+- ``header_timeout_s``: from the moment a connection opens, or the first byte of a new
+  request on a kept-alive connection, the whole head must arrive within this time;
+- ``keepalive_timeout_s``: an idle kept-alive connection is closed after this long (aiohttp's
+  own timer).
+
+Body read deadlines are the dispatcher's (it reads the body itself, after admission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one dispatcher port allows each client connection."""
+
+    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    keepalive_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if self.header_timeout_s <= 0 or self.keepalive_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
+
+
+class _GuardedHandler(RequestHandler):
+    """aiohttp's per-connection protocol plus the connection cap and the head deadline."""
+
+    def __init__(self, manager: _GuardedServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = manager
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if len(self._guard.connections) > self._guard.limits.max_connections:
+            self._guard.on_event("refused")
+            self.force_close()
+            transport.close()
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        # Idle (no request being handled or parsed) and bytes arrive: a new head starts.
+        if (
+            data
+            and self._head_timer is None
+            and not self._request_in_progress
+            and not self._messages
+        ):
+            self._arm()
+        super().data_received(data)
+        if self._messages:
+            self._disarm()  # the head is complete
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self._loop.call_later(
+            self._guard.limits.header_timeout_s, self._head_expired
+        )
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._request_in_progress or self._messages:
+            return
+        self._guard.on_event("header_timeout")
+        self.force_close()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _GuardedServer(web.Server):
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        limits: ConnectionLimits,
+        on_event: Callable[[str], None],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(handler, **kwargs)
+        self.limits = limits
+        self.on_event = on_event
+
+    def __call__(self) -> RequestHandler:
+        return _GuardedHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GuardedAppRunner(web.AppRunner):
+    """``web.AppRunner`` whose connections obey :class:`ConnectionLimits`.
+
+    ``on_event`` is called with ``"refused"`` (over the cap) or ``"header_timeout"``.
+    """
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: ConnectionLimits,
+        on_event: Callable[[str], None] = lambda _kind: None,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("keepalive_timeout", limits.keepalive_timeout_s)
+        super().__init__(app, **kwargs)
+        self.limits = limits
+        self.on_event = on_event
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return _GuardedServer(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            loop=plain._loop,
+            limits=self.limits,
+            on_event=self.on_event,
+            **plain._kwargs,
+        )

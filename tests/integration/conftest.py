@@ -1,0 +1,31 @@
+"""Fixtures shared by the operator integration tests.
+
+``cluster``: the kmock emulator, the test agent (kubelet, controllers, kube-proxy, garbage
+collector) and the real ``packrat operator`` subprocess, one per test module. Tests in a module
+share it and must not depend on each other's leftovers: state a test needs (a served, profiled
+model) comes from helpers in ``models.py`` that create it when it is missing. The harness
+modules (``tests/integration/operator``) are importable through pytest's ``pythonpath``
+setting in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from harness import OperatorCluster
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[OperatorCluster]:
+    stem = request.module.__name__.rsplit(".", 1)[-1]
+    cluster = OperatorCluster(tmp_path_factory.mktemp(stem))
+    try:
+        yield cluster
+    finally:
+        print(f"\n--- {stem}: operator log tail ---\n" + cluster.log_tail(40))
+        if cluster.agent.errors:
+            print("agent errors:", cluster.agent.errors[-5:])
+        cluster.close()

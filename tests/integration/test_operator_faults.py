@@ -1,0 +1,239 @@
+"""Faults a real cluster throws at a serving model, on the emulator with the real operator.
+
+One model is profiled and served once for the module (``serving``, which any test may be
+first to trigger); each test breaks something, waits (with generous deadlines) for the
+operator to converge, and leaves the model Ready with its original spec. Repair times and
+failed requests are printed (benchmarks/faults.py measures them), never asserted on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "operator"))
+
+from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+NAME = "f"
+SPEC: dict[str, Any] = {
+    "model": {"zoo": "tiny"},
+    "cpus": 2,
+    "batchSize": 2,
+    "maxBatchDelayMs": 2,
+    "profiling": {
+        "maxBatch": 4,
+        "threads": [1, 2],
+        "precision": 0.2,
+        "timeBudgetSeconds": 30,
+        "backoffLimit": 0,
+    },
+    "switch": {"readyTimeoutSeconds": 90, "drainSeconds": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorCluster]:
+    cluster = OperatorCluster(tmp_path_factory.mktemp("faults"))
+    try:
+        yield cluster
+    finally:
+        print("\n--- operator log tail ---\n" + cluster.log_tail(40))
+        cluster.close()
+
+
+def _ready(cluster: OperatorCluster) -> bool:
+    status = cluster.status(NAME)
+    return status.get("phase") == "Ready" and not status.get("switch")
+
+
+@pytest.fixture
+def serving(cluster: OperatorCluster) -> OperatorCluster:
+    """Model ``f`` profiled, serving and at rest with ``SPEC`` (created on first use)."""
+    if cluster.api.get("packratmodels", NAME) is None:
+        cluster.api.create(
+            "packratmodels",
+            {
+                "apiVersion": "packrat.dev/v1alpha1",
+                "kind": "PackratModel",
+                "metadata": {"name": NAME},
+                "spec": SPEC,
+            },
+        )
+    wait_for(
+        lambda: _ready(cluster),
+        timeout=300,
+        what=f"{NAME} Ready (log: {cluster.log_tail(5)})",
+        period=0.25,
+    )
+    wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=120, what="serving")
+    return cluster
+
+
+def _restore(cluster: OperatorCluster) -> None:
+    cluster.api.patch("packratmodels", NAME, {"spec": SPEC})
+    wait_for(lambda: _ready(cluster), timeout=300, what=f"{NAME} back at rest", period=0.25)
+
+
+def _serving_again_after(load: Load, start: float) -> float | None:
+    """Seconds from ``start`` to the first success after the last failure."""
+    failures = [t for t, code in load.results if t >= start and code != 200]
+    if not failures:
+        return 0.0
+    after = [t for t, code in load.results if t > failures[-1] and code == 200]
+    return (after[0] - start) if after else None
+
+
+def _template(cluster: OperatorCluster, name: str) -> dict[str, Any]:
+    dep = cluster.api.get("deployments", name) or {}
+    template: dict[str, Any] = (dep.get("spec") or {}).get("template") or {}
+    return template
+
+
+def _memory(cluster: OperatorCluster, name: str) -> str | None:
+    containers = (_template(cluster, name).get("spec") or {}).get("containers") or [{}]
+    memory: str | None = containers[0].get("resources", {}).get("limits", {}).get("memory")
+    return memory
+
+
+def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -> None:
+    cluster = serving
+    good_hash = cluster.status(NAME)["servingHash"]
+    with Load(cluster, NAME, NAME) as load:
+        wait_for(lambda: len(load.results) > 10, timeout=60, what="load warm-up")
+        # 2Ti fits no node: the passive slot never becomes ready
+        cluster.api.patch(
+            "packratmodels",
+            NAME,
+            {"spec": {"batchSize": 4, "memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
+        )
+        wait_for(
+            lambda: (cluster.status(NAME).get("switch") or {}).get("stage") == "rollout",
+            timeout=60,
+            what="switch under way",
+        )
+        start = time.monotonic()
+        cluster.api.delete("deployments", f"{NAME}-a")
+        # the active slot comes back from the last good configuration, at once
+        wait_for(
+            lambda: _memory(cluster, f"{NAME}-a") == "4Gi",
+            timeout=60,
+            what="active Deployment recreated from the last good spec",
+        )
+        labels = _template(cluster, f"{NAME}-a")["metadata"]["labels"]
+        assert labels["packrat.dev/serving-hash"] == good_hash
+        wait_for(
+            lambda: cluster.predict(NAME, NAME)[0] == 200,
+            timeout=120,
+            what="serving again through the Service",
+        )
+        repaired = time.monotonic() - start
+        wait_for(
+            lambda: cluster.status(NAME).get("lastSwitch", {}).get("result") == "Aborted",
+            timeout=120,
+            what="the failing switch aborted",
+        )
+        wait_for(lambda: cluster.status(NAME).get("phase") == "Ready", timeout=120, what="Ready")
+    status = cluster.status(NAME)
+    assert status["activeSlot"] == "a" and status["servingHash"] == good_hash
+    assert status["servingSpec"]["memory"] == "4Gi"
+    assert _memory(cluster, f"{NAME}-a") == "4Gi"
+    again = _serving_again_after(load, start)
+    print(f"\nfault 1: serving again after {again}s (repaired {repaired:.2f}s), ", end="")
+    print(f"failed requests {len(load.failures)}")
+    _restore(cluster)
+
+
+def test_fault3_service_deleted_during_reprofile(serving: OperatorCluster) -> None:
+    cluster = serving
+    cm_name = cluster.status(NAME)["profile"]["configMap"]
+    with Load(cluster, NAME, NAME) as load:
+        wait_for(lambda: len(load.results) > 10, timeout=60, what="load warm-up")
+        cluster.api.delete("configmaps", cm_name)  # the profile is lost: re-profile
+        wait_for(lambda: cluster.api.list("jobs"), timeout=60, what="re-profiling job")
+        start = time.monotonic()
+        cluster.api.delete("services", NAME)
+        wait_for(
+            lambda: cluster.api.get("services", NAME) is not None,
+            timeout=60,
+            what="Service recreated",
+        )
+        repaired = time.monotonic() - start
+        # it came back while the profiling Job still runs: repairs never wait on profiling
+        assert cluster.api.list("jobs"), "the Service came back only after profiling"
+        wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=60, what="serving")
+        wait_for(lambda: _ready(cluster), timeout=300, what="re-profiled and at rest")
+    again = _serving_again_after(load, start)
+    print(f"\nfault 3: Service back after {repaired:.2f}s, serving again after {again}s, ", end="")
+    print(f"failed requests {len(load.failures)}")
+    assert cluster.api.get("configmaps", cm_name) is not None
+
+
+def test_fault6_api_errors_leave_status(serving: OperatorCluster) -> None:
+    cluster = serving
+    emulator = cluster.emulator.emulator
+    assert emulator is not None
+    before = cluster.model(NAME)
+    generation = before["status"]["observedGeneration"]
+    failed = emulator.requests_failed
+    # every read of the active Deployment fails for a while (wake the model with a spec
+    # change that needs no switch: replicas stay, only an annotation moves)
+    emulator.fail_next("GET", f"/deployments/{NAME}-a", times=4)
+    cluster.api.patch("packratmodels", NAME, {"metadata": {"annotations": {"x": "1"}}})
+    phases: list[str] = []
+    deadline = time.monotonic() + 120
+    while emulator.requests_failed < failed + 4 and time.monotonic() < deadline:
+        status = cluster.status(NAME)
+        phases.append(status.get("phase", ""))
+        assert status.get("observedGeneration") == generation
+        time.sleep(0.05)
+    assert emulator.requests_failed >= failed + 4, "the operator did not retry"
+    assert set(phases) == {"Ready"}, sorted(set(phases))
+    wait_for(lambda: _ready(cluster), timeout=60, what="still Ready")
+    assert "packrat_operator_errors_total" in cluster.operator.metrics()
+
+
+def test_fault7_template_drift_corrected(serving: OperatorCluster) -> None:
+    cluster = serving
+    dep_name = f"{NAME}-a"
+    template = _template(cluster, dep_name)
+    container = dict(template["spec"]["containers"][0])
+    # kubectl set image / edit env / edit resources
+    edited = {
+        **container,
+        "image": "registry.example/other:1",
+        "env": [*container["env"], {"name": "EXTRA", "value": "1"}],
+    }
+    cluster.api.patch(
+        "deployments", dep_name, {"spec": {"template": {"spec": {"containers": [edited]}}}}
+    )
+
+    def restored() -> bool:
+        now = _template(cluster, dep_name)["spec"]["containers"][0]
+        return bool(now["image"] == TEST_IMAGE and now["env"] == container["env"])
+
+    wait_for(restored, timeout=60, what="template drift corrected")
+    assert [e for e in cluster.events("DriftRepaired") if e["type"] == "Warning"]
+    wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=120, what="serving")
+    wait_for(lambda: _ready(cluster), timeout=120, what="Ready")
+
+
+def test_fault2_extra_selector_key_removed(serving: OperatorCluster) -> None:
+    cluster = serving
+    svc = cluster.api.get("services", NAME)
+    assert svc is not None
+    want = dict(svc["spec"]["selector"])
+    cluster.api.patch("services", NAME, {"spec": {"selector": {"extra": "x"}}})
+    wait_for(
+        lambda: (cluster.api.get("services", NAME) or {}).get("spec", {}).get("selector") == want,
+        timeout=60,
+        what="selector back to exactly ours",
+    )
+    wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=60, what="serving")

@@ -1,0 +1,125 @@
+"""Traffic envelopes against brute force, and the tuner on synthetic steps and bursts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packrat.plan.envelope import Tuner, envelope, replay, schedule, window_sizes
+from packrat.plan.traces import gamma_trace, step_trace
+
+WINDOWS = window_sizes(0.2)
+
+
+def brute_envelope(times: list[float], w: float) -> float:
+    return max(sum(1 for u in times if t <= u < t + w) for t in times) / w
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.floats(0, 30, allow_nan=False), min_size=1, max_size=60),
+    st.sampled_from([0.1, 0.5, 1.0, 7.0]),
+)
+def test_envelope_matches_brute_force(values: list[float], w: float) -> None:
+    times = sorted(values)
+    assert envelope(np.array(times), [w])[0] == pytest.approx(brute_envelope(times, w))
+
+
+def test_window_sizes_double_from_twice_the_service_time_to_60_s() -> None:
+    assert window_sizes(0.25) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
+    assert window_sizes(40.0) == [60.0]
+    with pytest.raises(ValueError, match="service time"):
+        window_sizes(0.0)
+
+
+def test_envelope_is_non_increasing_for_poisson_arrivals() -> None:
+    rates = envelope(gamma_trace(100.0, duration_s=120.0, seed=2), WINDOWS)
+    assert all(a >= b for a, b in itertools.pairwise(rates))
+    assert rates[-1] == pytest.approx(100.0, rel=0.15)
+
+
+def make_tuner(planned_trace: np.ndarray, **kw: float) -> Tuner:
+    return Tuner(
+        planned_replicas=3,
+        replica_capacity=40.0,
+        windows=WINDOWS,
+        planned_rates=envelope(planned_trace, WINDOWS),
+        max_replicas=int(kw.pop("max_replicas", 50)),
+        scale_down_delay_s=kw.pop("delay", 120.0),
+    )
+
+
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+def test_scales_up_within_one_window_of_a_rate_step(factor: float) -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=120.0, seed=1))
+    trace = step_trace([100.0, 100.0 * factor], phase_s=120.0, seed=5)
+    decisions = replay(tuner, trace)
+    first_up = next(d for d in decisions if d.action == "scale_up" and d.time_s > 120.0)
+    assert first_up.time_s <= 120.0 + WINDOWS[1] + 1.0  # the step, one short window, a tick
+    assert "scale up" in first_up.reason and "window" in first_up.reason
+    # by the end the longest window sees the new rate: enough replicas for it
+    assert decisions[-1].replicas >= math.ceil(100.0 * factor / 40.0)
+
+
+def test_does_not_flap_on_a_steady_bursty_trace() -> None:
+    planned = gamma_trace(100.0, cv=4.0, duration_s=120.0, seed=1)
+    tuner = make_tuner(planned)
+    decisions = replay(tuner, gamma_trace(100.0, cv=4.0, duration_s=600.0, seed=9))
+    changes = [d for d in decisions if d.action != "hold"]
+    downs = [d for d in changes if d.action == "scale_down"]
+    assert len(changes) <= 3, [d.reason for d in changes]
+    for down in downs:  # a scale-down is never undone within the delay
+        assert not any(
+            d.action == "scale_up" and down.time_s < d.time_s <= down.time_s + 120.0
+            for d in changes
+        )
+
+
+def test_scales_down_only_after_the_trailing_window() -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=120.0, seed=1), delay=120.0)
+    trace = step_trace([400.0, 50.0], phase_s=200.0, seed=4)
+    decisions = replay(tuner, trace)
+    peak = max(d.replicas for d in decisions)
+    assert peak >= 10
+    first_down = next(d for d in decisions if d.action == "scale_down")
+    # the 60 s horizon must forget the high rate, then 120 s more without wanting it
+    assert first_down.time_s >= 200.0 + 120.0
+    assert decisions[-1].replicas < peak
+    assert "scale down" in first_down.reason
+
+
+def test_min_and_max_replicas_bound_decisions() -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=60.0, seed=1), max_replicas=5)
+    decisions = replay(tuner, gamma_trace(1000.0, duration_s=30.0, seed=2))
+    assert max(d.replicas for d in decisions) == 5
+    idle = Tuner(
+        planned_replicas=3,
+        replica_capacity=40.0,
+        windows=WINDOWS,
+        min_replicas=2,
+        scale_down_delay_s=10.0,
+    )
+    out = [idle.decide(float(t)) for t in range(0, 30)]
+    assert out[-1].replicas == 2 and all(d.replicas >= 2 for d in out)
+
+
+def test_memory_is_bounded() -> None:
+    tuner = Tuner(planned_replicas=1, replica_capacity=10.0, windows=[1.0], max_events=100)
+    tuner.observe(np.arange(0, 1000, 0.001).tolist())
+    assert len(tuner._arrivals) == 100
+    tuner.rates(2000.0)
+    assert len(tuner._arrivals) == 0
+
+
+def test_schedule_lists_changes() -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=60.0, seed=1))
+    decisions = replay(tuner, step_trace([100.0, 400.0], phase_s=60.0, seed=3))
+    steps = schedule(decisions, initial=3)
+    assert steps[0] == (0.0, 3)
+    assert all(b[0] > a[0] and b[1] != a[1] for a, b in itertools.pairwise(steps))
+    assert all(d.to_dict()["action"] in {"scale_up", "scale_down", "hold"} for d in decisions)
