@@ -154,3 +154,26 @@ def test_prometheus_rule_is_the_rules_file(tmp_path: Path) -> None:
             assert got["expr"] == want["expr"] and got["annotations"] == want["annotations"]
             assert got["labels"] == {"team": "ml", **want["labels"]}
             assert got.get("for") == want.get("for")
+
+
+def test_notes_only_use_files_they_create() -> None:
+    from packaging_support import render_chart
+
+    notes = render_chart(ENABLED)["packrat-operator/templates/NOTES.txt"]
+    for name in re.findall(r"@(\S+)", notes):
+        assert f"> {name}" in notes, f"NOTES.txt sends {name} but never creates it"
+    assert "grafana_dashboard" in notes and "PrometheusRule" in notes
+    assert "packrat-crds" in notes
+
+
+def test_readme_commands_run_from_a_clone() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    paths = re.findall(r"--profile (\S+\.(?:csv|json))", text)
+    assert paths
+    for path in paths:
+        if path in {"profile.json"}:  # written by the `packrat profile` line before it
+            continue
+        assert not path.startswith(".."), path
+        assert (ROOT / path).is_file(), path
+    for needle in ("```mermaid", "KServe", "Seldon", "Triton", "limited maintenance"):
+        assert needle in text, needle
