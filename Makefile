@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration prometheus-tools dashboards chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
 
 venv: $(STAMP)
 
@@ -37,8 +37,13 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration -q
 
+# Prometheus and promtool (Debian's package, unpacked into .venv/prometheus without root) for
+# the Prometheus tests; where that fails those tests skip and say why, the rest still run.
+prometheus-tools: venv
+	@sh scripts/install_prometheus.sh $(VENV)/prometheus || echo "make prometheus-tools: Prometheus not installed; tests/integration/test_prometheus.py and test_alert_rules.py will skip" >&2
+
 # The README's test command: lint, types, layering, then the whole suite.
-test: lint typecheck layers
+test: lint typecheck layers prometheus-tools
 	$(BIN)/pytest tests -q
 
 bench-optimizer: venv
@@ -70,6 +75,14 @@ images:
 # Regenerate docs/crd-reference.md from the CRD schema descriptions.
 docs: venv
 	$(PY) scripts/gen_crd_docs.py
+
+# Regenerate the Grafana dashboard JSON from scripts/gen_dashboard.py (a unit test checks it).
+dashboards: venv
+	$(PY) scripts/gen_dashboard.py
+
+# Regenerate the chart README's values table from values.yaml's comments (a unit test checks it).
+chart-readme: venv
+	$(PY) scripts/gen_chart_readme.py
 
 # Copy crds/ into the Helm chart (byte-identical; a unit test checks it).
 crds-sync: venv

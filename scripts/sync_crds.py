@@ -1,7 +1,8 @@
 """Copy the CRDs from the top-level crds/ (the single source of truth) into the Helm chart.
 
 Helm installs whatever is in the chart's own crds/ folder, so the chart carries a byte-identical
-copy. `make crds-sync` runs this; `--check` only reports drift (a unit test enforces identity).
+copy; so does the CRDs-only chart helm/packrat-crds (in its templates/, which upgrades update).
+`make crds-sync` runs this; `--check` only reports drift (a unit test enforces identity).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "crds"
 TARGET = ROOT / "helm" / "packrat-operator" / "crds"
+# The CRDs-only chart keeps them in templates/, so that `helm upgrade` updates them (Helm never
+# upgrades a chart's crds/ folder).
+CRDS_CHART = ROOT / "helm" / "packrat-crds" / "templates"
+TARGETS = (TARGET, CRDS_CHART)
 
 
 def crd_files(folder: Path) -> dict[str, bytes]:
@@ -64,14 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="report drift, change nothing")
     args = parser.parse_args(argv)
     if args.check:
-        problems = drift()
+        problems = [line for target in TARGETS for line in drift(target=target)]
         for line in problems:
             print(f"sync_crds: {line}", file=sys.stderr)
         if problems:
             print("sync_crds: run `make crds-sync`", file=sys.stderr)
         return 1 if problems else 0
-    for line in sync():
-        print(f"sync_crds: fixed {line}")
+    for target in TARGETS:
+        for line in sync(target=target):
+            print(f"sync_crds: fixed {line}")
     return 0
 
 

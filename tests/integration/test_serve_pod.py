@@ -314,7 +314,7 @@ def test_metrics_and_status(pod: Pod) -> None:
         line = next(
             ln
             for ln in metrics.splitlines()
-            if ln.startswith("packrat_instance_requests_total") and f'instance="{name}"' in ln
+            if ln.startswith("packrat_instance_requests_total") and f'plan_instance="{name}"' in ln
         )
         assert float(line.rsplit(" ", 1)[1]) > 0
     assert 'packrat_request_errors_total{code="400",model="tiny",source="torchserve"}' in metrics

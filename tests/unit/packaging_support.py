@@ -26,7 +26,13 @@ RELEASE = "prat"
 NAMESPACE = "packrat-system"
 
 # Kinds kubernetes-validate has no schema for: their shape is checked by the tests themselves.
-CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "KopfPeering", "ClusterKopfPeering"}
+CUSTOM_KINDS = {
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "KopfPeering",
+    "ClusterKopfPeering",
+}
 POD_KINDS = {"Deployment", "Job", "Pod", "StatefulSet", "DaemonSet"}
 
 

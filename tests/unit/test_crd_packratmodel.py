@@ -93,10 +93,29 @@ def test_crd_names_and_shape() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
-    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    printer = version["additionalPrinterColumns"]
+    columns = {c["name"]: c["jsonPath"] for c in printer}
+    # kubectl get prm: Ready is the condition (as KServe and Seldon show it), the measured
+    # speedup is shown only once measured, the reason and message in -o wide
+    assert [c["name"] for c in printer if not c.get("priority")] == [
+        "Ready",
+        "Phase",
+        "Plan",
+        "Measured",
+        "Age",
+    ]
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Plan"] == ".status.plan.label"
-    assert columns["Speedup"] == ".status.plan.expectedSpeedup"
-    assert {"Phase", "Ready", "Age"} <= set(columns)
+    assert columns["Measured"] == ".status.measured.speedup"
+    wide = {c["name"]: c["jsonPath"] for c in printer if c.get("priority") == 1}
+    assert wide == {
+        "Expected": ".status.plan.expectedSpeedup",
+        "Reason": '.status.conditions[?(@.type=="Ready")].reason',
+        "Message": '.status.conditions[?(@.type=="Ready")].message',
+    }
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    progress = status["profiling"]["properties"]["progress"]["properties"]
+    assert {"done", "total", "etaSeconds"} <= set(progress)
 
 
 def _walk(schema: dict[str, Any], path: str) -> list[str]:

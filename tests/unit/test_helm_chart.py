@@ -64,6 +64,15 @@ VARIATIONS: dict[str, dict[str, Any]] = {
         **MONITORS,
     },
     "ha-cluster": {"replicaCount": 3, "peering": {"enabled": True}},
+    "observability": {
+        **MONITORS,
+        "dashboards": {"enabled": True, "annotations": {"grafana_folder": "Packrat"}},
+        "prometheusRule": {
+            "enabled": True,
+            "additionalLabels": {"release": "kps"},
+            "alertLabels": {"team": "ml"},
+        },
+    },
     "no-tests-verbose": {
         "tests": {"enabled": False},
         "operator": {"verbose": True, "extraArgs": []},
@@ -249,7 +258,8 @@ def _check_monitor_shape(monitor: dict[str, Any], *, endpoints_key: str) -> None
     assert set(spec) == {"namespaceSelector", "selector", endpoints_key}
     assert isinstance(spec["selector"]["matchLabels"], dict)
     for endpoint in spec[endpoints_key]:
-        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout", "relabelings"}
+        allowed = {"port", "path", "interval", "scrapeTimeout", "relabelings", "honorLabels"}
+        assert set(endpoint) <= allowed
         assert isinstance(endpoint["port"], str) and endpoint["path"] == "/metrics"
         for duration in (endpoint["interval"], endpoint["scrapeTimeout"]):
             assert isinstance(duration, str) and duration[-1] in "smh"
@@ -596,6 +606,7 @@ def test_chart_crds_are_byte_identical_to_top_level() -> None:
     top = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
     assert top, "no CRDs in crds/"
     assert sync_crds.drift() == [], "run `make crds-sync`"
+    assert sync_crds.drift(target=sync_crds.CRDS_CHART) == [], "run `make crds-sync`"
     for name in top:
         assert (ROOT / "crds" / name).read_bytes() == (CHART_DIR / "crds" / name).read_bytes()
     with helm_python.Chart.load(CHART_DIR) as chart:

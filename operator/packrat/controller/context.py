@@ -42,6 +42,8 @@ class Result:
     switch_seconds: float | None = None
     # something is in progress (profiling, a switch, pods starting): look again soon
     waiting: bool = False
+    # the running profiling Job's progress (status.profiling.progress)
+    profiling_progress: dict[str, Any] | None = None
 
 
 @dataclass

@@ -82,11 +82,20 @@ class Wakeups:
 def _publish(body: kopf.Body, result: Result) -> None:
     namespace = body.get("metadata", {}).get("namespace", "")
     name = body.get("metadata", {}).get("name", "")
-    metrics.RECONCILES.labels(result=result.result).inc()
+    metrics.record_reconcile(namespace, name, result.result)
+    metrics.record_phase(namespace, name, result.phase)
     if result.profiling_seconds is not None:
-        metrics.PROFILING_SECONDS.observe(result.profiling_seconds)
+        metrics.record_profiling(namespace, name, result.profiling_seconds)
     if result.switch_result is not None:
-        metrics.SWITCHES.labels(result=result.switch_result).inc()
+        metrics.record_switch(namespace, name, result.switch_result)
+    if (progress := result.profiling_progress) is not None:
+        metrics.record_profiling_progress(
+            namespace,
+            name,
+            done=progress["done"],
+            total=progress["total"],
+            eta_seconds=progress.get("etaSeconds"),
+        )
     metrics.publish_autobatch(
         namespace=namespace,
         model=name,
@@ -95,16 +104,16 @@ def _publish(body: kopf.Body, result: Result) -> None:
         switch_seconds=result.switch_seconds,
     )
     if result.plan is not None:
-        speedup = result.plan.get("expected_speedup")
-        if speedup is not None:
-            metrics.EXPECTED_SPEEDUP.labels(namespace=namespace, model=name).set(float(speedup))
-        latency = result.plan.get("expected_latency_ms")
-        if latency is not None:
-            metrics.EXPECTED_LATENCY.labels(namespace=namespace, model=name).set(
-                float(latency) / 1000.0
-            )
+        plan = result.plan
+        metrics.record_plan(
+            namespace,
+            name,
+            expected_speedup=plan.get("expected_speedup"),
+            expected_latency_ms=plan.get("expected_latency_ms"),
+        )
     for kind, reason, message in result.events:
         logger.info("%s/%s %s %s: %s", namespace, name, kind, reason, message)
+        metrics.record_event(namespace, name, kind, reason)
         try:
             kopf.event(body, type=kind, reason=reason, message=message)
         except Exception:  # events are best effort
@@ -189,8 +198,7 @@ def build_registry(
                     )
                 except Exception as exc:
                     failures += 1
-                    metrics.RECONCILES.labels(result="error").inc()
-                    metrics.ERRORS.labels(error=type(exc).__name__).inc()
+                    metrics.record_error(namespace, name, type(exc).__name__)
                     logger.warning("reconcile of %s failed (%s), retrying: %s", key, failures, exc)
                     delay = min(options.poll_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
                 else:

@@ -21,6 +21,7 @@ from packrat.controller.isolation import cores_exclusive
 from packrat.controller.model import ModelSpec
 from packrat.controller.ownership import owned_by
 from packrat.controller.pods import job_state, pod_failure, unschedulable
+from packrat.controller.progress import parse_progress
 from packrat.controller.status import now_iso, parse_time
 from packrat.plan.profile import Profile, ProfileError, parse_profile
 
@@ -174,6 +175,7 @@ def _follow_job(
     p.result.waiting = True
     state = job_state(job)
     pods = _job_pods(p, job, obj_name)
+    status.pop("profiling", None)  # progress is shown while the Job runs, below
     failure: str | None = None
     if state == "succeeded":
         text = None
@@ -216,6 +218,9 @@ def _follow_job(
     if state != "failed":
         stuck = _stuck(p, pods)
         if stuck is None or stuck[1] is None:
+            p.result.profiling_progress = _progress(p, pods)
+            if p.result.profiling_progress is not None:
+                status["profiling"] = {"progress": p.result.profiling_progress}
             message = f"profiling job {obj_name} running" + (f": {stuck[0]}" if stuck else "")
             if stuck and pstatus.get("stuck") != stuck[0]:
                 p.emit("Warning", "ProfilingStuck", message[:1000])
@@ -236,6 +241,22 @@ def _follow_job(
         )
         failure = reasons[-1] if reasons else job_reason
     _failed_attempt(p, pstatus, failure=failure, obj_name=obj_name, pods=pods)
+    return None
+
+
+def _progress(p: Pass, pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The running profiler's last progress line (points done, total, ETA), if any."""
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
+            continue
+        try:
+            log = p.kube.read_log(p.namespace, pod["metadata"]["name"], container="profile")
+        except Exception:  # progress is informational: never fail the pass for it
+            logger.debug("no profiling log from %s", pod["metadata"]["name"], exc_info=True)
+            continue
+        progress = parse_progress(log)
+        if progress is not None:
+            return progress
     return None
 
 

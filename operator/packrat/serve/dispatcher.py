@@ -366,10 +366,14 @@ class Dispatcher:
     async def _forward_then_release(
         self, index: int, headers: dict[str, str], query: Mapping[str, str], body: bytes
     ) -> web.Response:
+        forwarded = time.perf_counter()
         try:
             return await self._forward(self.instances[index], headers, query, body)
         finally:
             self.slots.release(index)
+            self.metrics.instance_duration.labels(self.model, self.instances[index].name).observe(
+                time.perf_counter() - forwarded
+            )
 
     def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
         m = self.metrics

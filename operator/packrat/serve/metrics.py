@@ -1,7 +1,9 @@
 """The serving pod's Prometheus metrics, in one registry per dispatcher.
 
 Names follow Prometheus conventions (base units, ``_total`` counters, histograms for
-latency). ``packrat_batch_size_estimate`` is the number online reconfiguration acts on:
+latency). Per-instance series label the thin instance ``plan_instance`` (``instance`` is
+Prometheus' own target label and would be renamed ``exported_instance`` on scrape).
+``packrat_batch_size_estimate`` is the number online reconfiguration acts on:
 Packrat's estimator over the dispatcher's queue depth. A registry per dispatcher (not the
 global default) keeps tests and benchmarks that run several dispatchers in one process
 independent.
@@ -59,7 +61,16 @@ class ServeMetrics:
         self.instance_requests = Counter(
             "packrat_instance_requests",
             "Prediction requests forwarded to each instance.",
-            ["model", "instance"],
+            ["model", "plan_instance"],
+            registry=r,
+        )
+        self.instance_duration = Histogram(
+            "packrat_instance_request_duration_seconds",
+            "Time TorchServe took to answer a forwarded request, per plan instance: the "
+            "instance's batch latency plus its batching delay (compare with the plan's "
+            "expected batch latency).",
+            ["model", "plan_instance"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
@@ -96,13 +107,13 @@ class ServeMetrics:
         self.instance_up = Gauge(
             "packrat_instance_up",
             "1 when the instance's worker is loaded, warmed and ready.",
-            ["model", "instance"],
+            ["model", "plan_instance"],
             registry=r,
         )
         self.instance_restarts = Counter(
             "packrat_instance_restarts",
             "Worker restarts observed per instance (a new worker process id).",
-            ["model", "instance"],
+            ["model", "plan_instance"],
             registry=r,
         )
         self.ready = Gauge(

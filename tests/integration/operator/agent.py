@@ -302,7 +302,13 @@ class Agent:
             if oom:
                 time.sleep(1.0)
                 os.killpg(proc.pid, signal.SIGKILL)
-            code = proc.wait()
+            key = (self.api.namespace, pod.name, container["name"])
+            while True:  # the log is readable while the container runs (kubectl logs -f)
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    self.emulator.pod_logs[key] = log.read_text(errors="replace")
             if pod.terminating:
                 return
             reason = "OOMKilled" if oom else ("Completed" if code == 0 else "Error")
@@ -315,7 +321,6 @@ class Agent:
                     "finishedAt": _now(),
                 }
             }
-            key = (self.api.namespace, pod.name, container["name"])
             self.emulator.pod_logs[key] = log.read_text(errors="replace")
             if code != 0 or oom:
                 pod.phase = "Failed"

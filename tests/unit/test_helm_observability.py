@@ -1,0 +1,179 @@
+"""The chart's dashboard and alerts: rendered from the same files the Prometheus test
+evaluates, labelled for Grafana's sidecar, and only ever using metrics the code defines.
+(Strict lint and schema validation of the rendered chart: the "observability" variation of
+test_helm_chart.py.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from packaging_support import CHART_DIR, ROOT, by_kind, helm_home, render_objects
+
+pytest.importorskip("helm_python")
+
+DASHBOARD = CHART_DIR / "dashboards" / "packrat.json"
+RULES = CHART_DIR / "rules" / "packrat-alerts.yaml"
+ENABLED = {
+    "dashboards": {"enabled": True, "namespace": "monitoring"},
+    "prometheusRule": {"enabled": True, "alertLabels": {"team": "ml", "severity": "page"}},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helm_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with helm_home(tmp_path_factory.mktemp("helm")):
+        yield
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _code_metrics() -> set[str]:
+    from packrat.controller import metrics
+    from packrat.serve.metrics import ServeMetrics
+
+    names: set[str] = set()
+    for registry in (metrics.REGISTRY, ServeMetrics().registry):
+        for family in registry.collect():
+            suffixes = {
+                "counter": ("_total",),
+                "histogram": ("_bucket", "_sum", "_count"),
+            }.get(family.type, ("",))
+            names |= {family.name + s for s in suffixes}
+    return names
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\b(packrat_[a-z0-9_]+)", expr))
+
+
+def test_dashboard_json_is_generated() -> None:
+    gen = _script("gen_dashboard")
+    assert DASHBOARD.read_text(encoding="utf-8") == gen.render(), "run `make dashboards`"
+
+
+def test_dashboard_has_the_panels_users_ask_for() -> None:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    titles = " | ".join(p["title"].lower() for p in dashboard["panels"])
+    for wanted in (
+        "request rate",
+        "p50 / p99 per model",
+        "per plan instance",
+        "measured vs expected",
+        "queue depth",
+        "shed",
+        "batch size",
+        "switches",
+        "switch duration",
+        "profiling progress",
+    ):
+        assert wanted in titles, wanted
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "namespace", "model"}
+
+
+def test_every_query_uses_real_metrics() -> None:
+    gen = _script("gen_dashboard")
+    known = _code_metrics()
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    exprs = [e for _, e in gen.queries(dashboard)]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for expr in exprs:
+        names = _metric_names(expr)
+        assert names and names <= known, (expr, names - known)
+    # the legacy label is gone from every query
+    assert not [e for e in exprs if re.search(r"\binstance\b", e)]
+
+
+def test_alerts_cover_the_failure_modes() -> None:
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    assert set(alerts) == {
+        "PackratInstancesDown",
+        "PackratShedRatioHigh",
+        "PackratLatencyAboveExpected",
+        "PackratSwitchAborted",
+        "PackratProfilingFailed",
+        "PackratCoresNotExclusive",
+    }
+    for alert in alerts.values():
+        assert alert["labels"]["severity"] in {"warning", "critical"}
+        assert "{{ $labels.model }}" in alert["annotations"]["summary"]
+        assert "model" in alert["expr"] or "by (namespace, model" in alert["expr"]
+
+
+def test_disabled_by_default() -> None:
+    kinds = {o["kind"] for o in render_objects({})}
+    assert "PrometheusRule" not in kinds
+    assert not [o for o in by_kind(render_objects({}), "ConfigMap") if "dashboard" in str(o)]
+
+
+def test_dashboard_configmap_for_the_grafana_sidecar() -> None:
+    objects = render_objects(ENABLED)
+    (cm,) = [
+        o for o in by_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")
+    ]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["namespace"] == "monitoring"
+    (key,) = cm["data"]
+    assert key.endswith(".json")
+    assert json.loads(cm["data"][key]) == json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    for version in ("1.30.0", kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(cm, version, strict=True)
+    assert len(json.dumps(cm)) < 1_000_000  # a ConfigMap's size limit
+
+
+def test_prometheus_rule_is_the_rules_file(tmp_path: Path) -> None:
+    (rule,) = by_kind(render_objects(ENABLED), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert set(rule["spec"]) == {"groups"}
+    source = yaml.safe_load(RULES.read_text(encoding="utf-8"))["groups"]
+    rendered: list[dict[str, Any]] = rule["spec"]["groups"]
+    assert [g["name"] for g in rendered] == [g["name"] for g in source]
+    for got_group, want_group in zip(rendered, source, strict=True):
+        for got, want in zip(got_group["rules"], want_group["rules"], strict=True):
+            # Prometheus templates survive Helm untouched; extra labels are added, an alert's
+            # own labels win
+            assert got["expr"] == want["expr"] and got["annotations"] == want["annotations"]
+            assert got["labels"] == {"team": "ml", **want["labels"]}
+            assert got.get("for") == want.get("for")
+
+
+def test_notes_only_use_files_they_create() -> None:
+    from packaging_support import render_chart
+
+    notes = render_chart(ENABLED)["packrat-operator/templates/NOTES.txt"]
+    for name in re.findall(r"@(\S+)", notes):
+        assert f"> {name}" in notes, f"NOTES.txt sends {name} but never creates it"
+    assert "grafana_dashboard" in notes and "PrometheusRule" in notes
+    assert "packrat-crds" in notes
+
+
+def test_readme_commands_run_from_a_clone() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    paths = re.findall(r"--profile (\S+\.(?:csv|json))", text)
+    assert paths
+    for path in paths:
+        if path in {"profile.json"}:  # written by the `packrat profile` line before it
+            continue
+        assert not path.startswith(".."), path
+        assert (ROOT / path).is_file(), path
+    for needle in ("```mermaid", "KServe", "Seldon", "Triton", "limited maintenance"):
+        assert needle in text, needle

