@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from packrat.bench.servers import PackratServe
 from packrat.plan.des import nearest_rank, simulate
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 from packrat.plan.traces import gamma_trace
-from packrat.serve.bench import BenchSettings, _PackratServe
 from packrat.serve.codec import example_body
 from packrat.serve.replay import run_trace
 
@@ -32,12 +32,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     profile = load_profile(args.profile)
     plan = Optimizer.for_profile(profile, cpus=args.cpus, max_batch=args.batch).plan(args.batch)
-    settings = BenchSettings(model=args.model, batches=[args.batch], max_batch_delay_ms=5)
     body = example_body(args.model)
     rows = []
     with tempfile.TemporaryDirectory(prefix="packrat-simreal-") as tmp:
-        pod = _PackratServe(
-            settings=settings, plan=plan, cpus=list(range(args.cpus)), workdir=Path(tmp)
+        pod = PackratServe(
+            model=args.model,
+            plan=plan,
+            cpus=list(range(args.cpus)),
+            workdir=Path(tmp),
+            max_batch_delay_ms=5,
+            startup_timeout_s=600,
         )
         await pod.start()
         try:

@@ -4,7 +4,8 @@ What it models, as the serving code does it:
 
 - **Service** (``spread``): each arrival goes to one replica, ``random`` (kube-proxy's
   iptables mode picks a backend uniformly per connection) or ``round_robin`` (IPVS).
-- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher` and its slots): sends the request to the
+- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher` and its slots): sends the
+  request to the
   instance with the least outstanding work relative to its batch size, ``(n_i + 1) / b_i``
   (ties to the larger batch, then the lower index, as :func:`packrat.serve.routing.
   choose_instance`), at most ``cap_factor * b_i`` outstanding per instance; the rest waits in
