@@ -166,11 +166,6 @@ def test_fault3_service_deleted_during_reprofile(serving: OperatorCluster) -> No
     assert cluster.api.get("configmaps", cm_name) is not None
 
 
-@pytest.mark.skipif(
-    os.environ.get("PACKRAT_FAULT_QUARANTINE") != "1",
-    reason="quarantined (issue 9): fails on main since the branches were merged; "
-    "set PACKRAT_FAULT_QUARANTINE=1 to run it",
-)
 def test_fault6_api_errors_leave_status(serving: OperatorCluster) -> None:
     cluster = serving
     emulator = cluster.emulator.emulator
@@ -192,7 +187,7 @@ def test_fault6_api_errors_leave_status(serving: OperatorCluster) -> None:
     assert emulator.requests_failed >= failed + 4, "the operator did not retry"
     assert set(phases) == {"Ready"}, sorted(set(phases))
     wait_for(lambda: _ready(cluster), timeout=60, what="still Ready")
-    assert "packrat_operator_errors_total" in cluster.operator.metrics()
+    assert "packrat_operator_reconcile_errors_total" in cluster.operator.metrics()
 
 
 @pytest.mark.skipif(
