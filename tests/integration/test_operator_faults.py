@@ -190,14 +190,9 @@ def test_fault6_api_errors_leave_status(serving: OperatorCluster) -> None:
     assert "packrat_operator_reconcile_errors_total" in cluster.operator.metrics()
 
 
-@pytest.mark.skipif(
-    os.environ.get("PACKRAT_FAULT_QUARANTINE") != "1",
-    reason="quarantined (issue 9): fails on main since the branches were merged; "
-    "set PACKRAT_FAULT_QUARANTINE=1 to run it",
-)
 def test_fault7_template_drift_corrected(serving: OperatorCluster) -> None:
     cluster = serving
-    dep_name = f"{NAME}-a"
+    dep_name = f"{NAME}-{cluster.status(NAME).get('activeSlot', 'a')}"
     template = _template(cluster, dep_name)
     container = dict(template["spec"]["containers"][0])
     # kubectl set image / edit env / edit resources
@@ -214,7 +209,7 @@ def test_fault7_template_drift_corrected(serving: OperatorCluster) -> None:
         now = _template(cluster, dep_name)["spec"]["containers"][0]
         return bool(now["image"] == TEST_IMAGE and now["env"] == container["env"])
 
-    wait_for(restored, timeout=60, what="template drift corrected")
+    wait_for(restored, timeout=180, what="template drift corrected")
     assert [e for e in cluster.events("DriftRepaired") if e["type"] == "Warning"]
     wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=120, what="serving")
     wait_for(lambda: _ready(cluster), timeout=120, what="Ready")
