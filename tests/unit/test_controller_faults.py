@@ -46,6 +46,26 @@ def test_active_slot_rebuilt_from_last_good_during_and_after_a_failing_switch() 
     assert _memory(kube, "tiny-a") == "4Gi"
 
 
+def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
+    kube, rec = _ready_model()
+    good = kube.prm()["status"]["servingHash"]
+    _set_spec(kube, batchSize=8, memory="2Ti")
+    rec.reconcile(NS, "tiny", now=T0)
+    reason = kube.prm()["status"]["switch"]["reason"]
+    assert "memory 4Gi -> 2Ti" in reason and "batch 4 -> 8" in reason
+    later = T0 + datetime.timedelta(seconds=61)
+    assert rec.reconcile(NS, "tiny", now=later).switch_result == "aborted"
+    # the last good spec again, with other switch timings: nothing to switch to
+    _set_spec(kube, batchSize=4, memory=None, switch={"readyTimeoutSeconds": 9, "drainSeconds": 0})
+    res = rec.reconcile(NS, "tiny", now=later)
+    status = kube.prm()["status"]
+    assert "switch" not in status and res.phase == "Ready"
+    assert status["servingHash"] == good and status["activeSlot"] == "a"
+    assert not [e for e in res.events if e[1] == "SwitchStarted"]
+    b = kube.get("deployments", NS, "tiny-b")
+    assert b is not None and b["spec"]["replicas"] == 0
+
+
 def test_api_error_leaves_status_as_it_was() -> None:
     kube, rec = _ready_model()
     before = kube.prm()["status"]

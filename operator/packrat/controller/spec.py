@@ -399,6 +399,5 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             "nodeSelector": spec.get("nodeSelector") or {},
             "tolerations": spec.get("tolerations") or [],
             "affinity": spec.get("affinity") or {},
-            "drainSeconds": spec["switch"]["drainSeconds"],
         }
     )[:16]
