@@ -25,7 +25,7 @@ from packrat.controller.drift import merge_patch
 from packrat.controller.kube import KubeApi
 from packrat.controller.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.ownership import conflict_message, owned_by
-from packrat.controller.plans import status_plan, wire_plan
+from packrat.controller.plans import keep_served, status_plan, wire_plan
 from packrat.controller.pods import pod_failure
 from packrat.controller.profiling import ensure_profile
 from packrat.controller.service import ensure_service
@@ -159,7 +159,7 @@ class Reconciler:
                 cpus=model.cpus,
                 max_batch=max_batch,
             )
-            plan = status_plan(optimizer.plan(batch))
+            plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
         except PlanError as exc:
             p.result.phase = "Failed"
             p.result.result = "plan_error"
