@@ -103,6 +103,8 @@ def _publish(body: kopf.Body, result: Result) -> None:
         decision=result.decision,
         switch_seconds=result.switch_seconds,
     )
+    if result.cores_exclusive is not None:
+        metrics.record_cores_exclusive(namespace, name, result.cores_exclusive)
     if result.plan is not None:
         plan = result.plan
         metrics.record_plan(

@@ -100,6 +100,7 @@ def ensure_profile(
         exclusive, reason, message = cores_exclusive(profile)
         if exclusive is not None:
             p.cond(ISOLATION_CONDITION, exclusive, reason, message[:2000])
+            p.result.cores_exclusive = exclusive
         return profile
 
     drop_superseded(p, jobs, keep=obj_name)
