@@ -18,6 +18,7 @@ from typing import Any
 
 DEFAULT_CAPACITY = 65_536
 DEFAULT_LIMIT = 50_000
+RESOLUTION_S = 1e-6
 
 
 class ArrivalLog:
@@ -43,12 +44,14 @@ class ArrivalLog:
         return len(self._times)
 
     def after(self, after_s: float, *, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
-        """Arrivals strictly after ``after_s``, the oldest ``limit`` of them.
+        """Arrivals more than ``RESOLUTION_S`` after ``after_s``, the oldest ``limit`` of them
+        (timestamps travel with microsecond resolution, so a cursor the caller took from an
+        answer matches the arrival it came from).
 
         ``{"now", "base", "offsets_ms", "more", "total"}``: each arrival is ``base +
         offsets_ms[i] / 1000``; ``more`` says that newer ones were left for the next call."""
         times = list(self._times)  # one snapshot (the event loop is single-threaded)
-        start = bisect.bisect_right(times, after_s)
+        start = bisect.bisect_right(times, after_s + RESOLUTION_S)
         chosen = times[start : start + max(0, limit)]
         base = math.floor(chosen[0]) if chosen else 0.0
         return {
