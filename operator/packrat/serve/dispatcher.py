@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,6 +44,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.plan.estimator import BatchSizeEstimator
+from packrat.serve.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.config import InstanceSpec
 from packrat.serve.connections import ConnectionLimits, GuardedAppRunner
 from packrat.serve.metrics import ServeMetrics
@@ -138,6 +140,7 @@ class Dispatcher:
         self.metrics = metrics or ServeMetrics()
         self.estimator = BatchSizeEstimator(window=estimator_window)
         self.estimator_interval_s = estimator_interval_s
+        self.arrivals = ArrivalLog()
         self.draining = False
         self._session: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task[None] | None = None
@@ -182,6 +185,7 @@ class Dispatcher:
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/status", self.handle_status)
+        app.router.add_get("/arrivals", self.handle_arrivals)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -283,6 +287,7 @@ class Dispatcher:
         if name != self.model:
             return _error(404, f"Model not found: {name}")
         start = time.perf_counter()
+        self.arrivals.record()
         # Admission, before a byte of the body is read.
         if self.failed:
             return self._shed(_error(503, "the model server is gone"), start)
@@ -423,6 +428,17 @@ class Dispatcher:
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         response.charset = "utf-8"
         return response
+
+    async def handle_arrivals(self, request: web.Request) -> web.Response:
+        """The arrival log after ``?after=`` (seconds since the epoch; default: all of it)."""
+        try:
+            after = float(request.query.get("after", "0"))
+            limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
+        except ValueError:
+            return _error(400, "after must be a number of seconds, limit an integer")
+        if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
+            return _error(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
+        return web.json_response(self.arrivals.after(after, limit=limit))
 
     async def handle_status(self, _request: web.Request) -> web.Response:
         doc: dict[str, Any] = dict(self._status()) if self._status else {}
