@@ -33,8 +33,14 @@ def register(subparsers: Any) -> None:
             "peak rate."
         ),
     )
-    parser.add_argument("--profile", required=True, type=Path, help="profile JSON or CSV")
-    parser.add_argument("--slo-p99-ms", required=True, type=float, help="P99 latency target")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--profile", type=Path, help="profile JSON or CSV (one model)")
+    what.add_argument(
+        "--pipeline", type=Path, help="pipeline YAML: stages, edges, SLO (see docs/pipelines.md)"
+    )
+    parser.add_argument(
+        "--slo-p99-ms", type=float, help="P99 latency target (a pipeline file may give it)"
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
     source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
@@ -50,7 +56,10 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
+    if args.slo_p99_ms is None:
+        if args.pipeline is None:
+            raise CliError("--slo-p99-ms is required with --profile")
+    elif not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
         raise CliError(f"--slo-p99-ms must be > 0, got {args.slo_p99_ms}")
     if args.rate is not None:
         for name in ("rate", "cv", "duration"):
@@ -67,6 +76,10 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    if args.pipeline is not None:
+        from packrat.cli.pipeline_provision import run_pipeline
+
+        return run_pipeline(args)
     try:
         profile = load_profile(args.profile)
         if args.trace is not None:

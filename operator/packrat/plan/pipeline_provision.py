@@ -1,0 +1,109 @@
+"""Provisioning a pipeline for one end-to-end P99 SLO at the fewest cores: the answer.
+
+:func:`provision_pipeline` runs InferLine's search (:mod:`packrat.plan.pipeline_search`)
+on a sample trace, computes each stage's Packrat plan for its chosen cores and batch, and
+adds the coarse-grained baselines (:mod:`packrat.plan.pipeline_baselines`); what
+``packrat provision --pipeline`` prints.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from packrat.plan.optimizer import Optimizer
+from packrat.plan.pipeline import Pipeline
+from packrat.plan.pipeline_baselines import coarse_baselines
+from packrat.plan.pipeline_search import PipelineEvaluation, PipelinePlanner, finite
+from packrat.plan.provision import SimSettings
+from packrat.plan.traces import peak_rate
+
+
+@dataclass(slots=True)
+class PipelineProvision:
+    """The planner's answer, with the coarse-grained baselines."""
+
+    pipeline: Pipeline
+    best: PipelineEvaluation
+    plans: dict[str, dict[str, Any]]
+    scale: dict[str, float]
+    slo_ms: float
+    baselines: dict[str, dict[str, Any]]
+    evaluations: int
+    wall_s: float
+    trace: dict[str, float]
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.best.feasible
+
+    def to_dict(self) -> dict[str, Any]:
+        stages = []
+        for i, name in enumerate(self.pipeline.order):
+            c = self.best.configs[i]
+            stages.append(
+                {
+                    "name": name,
+                    "scale_factor": self.scale[name],
+                    "replicas": c.replicas,
+                    "cpus_per_replica": c.cpus,
+                    "batch": c.batch,
+                    "cores": c.cores,
+                    "plan": self.plans[name],
+                    "stage_p99_ms": finite(self.best.stage_p99_ms[i]),
+                }
+            )
+        return {
+            "stages": stages,
+            "cores": self.best.cores,
+            "simulated_p99_ms": finite(self.best.p99_ms),
+            "slo_p99_ms": self.slo_ms,
+            "slo_miss_rate": self.best.miss_rate,
+            "feasible": self.feasible,
+            "baselines": self.baselines,
+            "search": {"evaluations": self.evaluations, "wall_s": self.wall_s, "steps": self.steps},
+            "trace": self.trace,
+        }
+
+
+def provision_pipeline(
+    pipeline: Pipeline,
+    trace_s: np.ndarray,
+    *,
+    slo_ms: float,
+    max_cores: int | None = None,
+    sim: SimSettings | None = None,
+    models: Mapping[str, str | None] | None = None,
+) -> PipelineProvision:
+    """Plan every stage of ``pipeline`` for ``slo_ms`` end to end on ``trace_s``."""
+    start = time.perf_counter()
+    planner = PipelinePlanner(pipeline, trace_s, slo_ms=slo_ms, max_cores=max_cores, sim=sim)
+    best, steps = planner.greedy()
+    baselines = coarse_baselines(planner)
+    plans = {}
+    for name, c in zip(planner.names, best.configs, strict=True):
+        model = (models or {}).get(name)
+        opt = Optimizer(pipeline.stages[name].table, cpus=c.cpus, max_batch=c.batch, model=model)
+        plans[name] = opt.plan(c.batch).to_dict()
+    return PipelineProvision(
+        pipeline=pipeline,
+        best=best,
+        plans=plans,
+        scale=planner.scale,
+        slo_ms=slo_ms,
+        baselines=baselines,
+        evaluations=planner.evaluations,
+        wall_s=time.perf_counter() - start,
+        trace={
+            "arrivals": int(trace_s.size),
+            "duration_s": float(trace_s[-1] - trace_s[0]) if trace_s.size else 0.0,
+            "mean_rate": planner.rate,
+            "peak_rate_1s": peak_rate(trace_s, window_s=1.0),
+        },
+        steps=steps,
+    )
