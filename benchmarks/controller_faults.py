@@ -95,13 +95,9 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
                 cluster.api.patch(
                     "packratmodels",
                     name,
-                    {
-                        "spec": {
-                            "batchSize": 4,
-                            "memory": "2Ti",
-                            "switch": {"readyTimeoutSeconds": 8},
-                        }
-                    },
+                    # fits no node; the plan stays (a busy machine's profile may lack
+                    # the points of a larger batch)
+                    {"spec": {"memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
                 )
                 wait_for(
                     lambda: (cluster.status(name).get("switch") or {}).get("stage") == "rollout",
@@ -267,6 +263,9 @@ def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
+    # the profile only seeds a plan here: a busy shared machine must not fail the profiling Job
+    # (the agent's pods inherit this environment, as the tests' do from tests/conftest.py)
+    os.environ.setdefault("PACKRAT_ALLOW_CONTENDED", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     f = sub.add_parser("faults")

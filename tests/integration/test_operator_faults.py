@@ -97,11 +97,12 @@ def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -
     good_hash = cluster.status(NAME)["servingHash"]
     with Load(cluster, NAME, NAME) as load:
         wait_for(lambda: len(load.results) > 10, timeout=60, what="load warm-up")
-        # 2Ti fits no node: the passive slot never becomes ready
+        # 2Ti fits no node: the passive slot never becomes ready (the plan stays: a profile
+        # measured on a busy machine may lack the points of a larger batch)
         cluster.api.patch(
             "packratmodels",
             NAME,
-            {"spec": {"batchSize": 4, "memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
+            {"spec": {"memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
         )
         wait_for(
             lambda: (cluster.status(NAME).get("switch") or {}).get("stage") == "rollout",
