@@ -76,6 +76,13 @@ def _serving_again(load: Load, start: float, end: float) -> tuple[float, int]:
     return (after[0] - start if after else float("nan")), len(failures)
 
 
+def _memory(cluster: OperatorCluster, dep_name: str) -> str | None:
+    dep = cluster.api.get("deployments", dep_name) or {}
+    containers = dep.get("spec", {}).get("template", {}).get("spec", {}).get("containers") or [{}]
+    memory: str | None = containers[0].get("resources", {}).get("limits", {}).get("memory")
+    return memory
+
+
 def _at_rest(cluster: OperatorCluster, name: str) -> bool:
     status = cluster.status(name)
     return status.get("phase") == "Ready" and not status.get("switch")
@@ -88,20 +95,16 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"active_deleted_during_failing_switch": [], "service_deleted": []}
     try:
         cluster.api.create("packratmodels", _body(name, SPEC))
-        wait_for(lambda: _at_rest(cluster, name), timeout=300, what="Ready", period=0.25)
+        wait_for(lambda: _at_rest(cluster, name), timeout=900, what="Ready", period=0.25)
         for _ in range(args.repeat):
             with Load(cluster, name, name) as load:
                 wait_for(lambda: len(load.results) > 10, timeout=60, what="warm-up")
                 cluster.api.patch(
                     "packratmodels",
                     name,
-                    {
-                        "spec": {
-                            "batchSize": 4,
-                            "memory": "2Ti",
-                            "switch": {"readyTimeoutSeconds": 8},
-                        }
-                    },
+                    # fits no node; the plan stays (a busy machine's profile may lack
+                    # the points of a larger batch)
+                    {"spec": {"memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
                 )
                 wait_for(
                     lambda: (cluster.status(name).get("switch") or {}).get("stage") == "rollout",
@@ -110,23 +113,36 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 start = time.monotonic()
                 cluster.api.delete("deployments", f"{name}-a")
+                # the operator's part: the active Deployment back, from the last good spec
+                wait_for(
+                    lambda: _memory(cluster, f"{name}-a") == "4Gi",
+                    timeout=120,
+                    what="active Deployment recreated",
+                    period=0.02,
+                )
+                repaired = time.monotonic() - start
                 wait_for(
                     lambda: cluster.status(name).get("lastSwitch", {}).get("result") == "Aborted",
                     timeout=120,
                     what="abort",
                 )
+                # its new pods start like any pod (on a busy machine: minutes)
                 wait_for(
-                    lambda: cluster.status(name).get("phase") == "Ready", timeout=120, what="R"
+                    lambda: cluster.status(name).get("phase") == "Ready", timeout=900, what="R"
                 )
                 time.sleep(1.0)
                 seconds, failed = _serving_again(load, start, time.monotonic())
             out["active_deleted_during_failing_switch"].append(
-                {"serving_again_s": round(seconds, 3), "failed_requests": failed}
+                {
+                    "deployment_back_s": round(repaired, 3),
+                    "serving_again_s": round(seconds, 3),
+                    "failed_requests": failed,
+                }
             )
             # exactly SPEC again (a merge patch of SPEC alone would keep memory: 2Ti)
             current = cluster.model(name)["spec"]
             cluster.api.patch("packratmodels", name, {"spec": merge_patch(current, SPEC)})
-            wait_for(lambda: _at_rest(cluster, name), timeout=300, what="rest", period=0.25)
+            wait_for(lambda: _at_rest(cluster, name), timeout=900, what="rest", period=0.25)
         for _ in range(args.repeat):
             cm = cluster.status(name)["profile"]["configMap"]
             with Load(cluster, name, name) as load:
@@ -138,7 +154,7 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
                 wait_for(lambda: cluster.api.get("services", name), timeout=60, what="service")
                 repaired = time.monotonic() - start
                 still_profiling = bool(cluster.api.list("jobs"))
-                wait_for(lambda: _at_rest(cluster, name), timeout=300, what="rest", period=0.25)
+                wait_for(lambda: _at_rest(cluster, name), timeout=900, what="rest", period=0.25)
                 seconds, failed = _serving_again(load, start, time.monotonic())
             out["service_deleted"].append(
                 {
@@ -267,6 +283,9 @@ def scale(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main() -> int:
+    # the profile only seeds a plan here: a busy shared machine must not fail the profiling Job
+    # (the agent's pods inherit this environment, as the tests' do from tests/conftest.py)
+    os.environ.setdefault("PACKRAT_ALLOW_CONTENDED", "1")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     f = sub.add_parser("faults")

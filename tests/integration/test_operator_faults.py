@@ -3,7 +3,7 @@
 One model is profiled and served once for the module (``serving``, which any test may be
 first to trigger); each test breaks something, waits (with generous deadlines) for the
 operator to converge, and leaves the model Ready with its original spec. Repair times and
-failed requests are printed (benchmarks/faults.py measures them), never asserted on.
+failed requests are printed (benchmarks/controller_faults.py measures them), never asserted on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
 
 from packrat.controller.drift import merge_patch
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 NAME = "f"
 SPEC: dict[str, Any] = {
@@ -55,7 +55,7 @@ def serving(cluster: OperatorCluster) -> OperatorCluster:
         )
     wait_for(
         lambda: _ready(cluster),
-        timeout=300,
+        timeout=600,
         what=f"{NAME} Ready (log: {cluster.log_tail(5)})",
         period=0.25,
     )
@@ -68,7 +68,7 @@ def _restore(cluster: OperatorCluster) -> None:
     added (a ``memory`` that fits no node would then start a switch that never ends)."""
     spec = cluster.model(NAME)["spec"]
     cluster.api.patch("packratmodels", NAME, {"spec": merge_patch(spec, SPEC)})
-    wait_for(lambda: _ready(cluster), timeout=300, what=f"{NAME} back at rest", period=0.25)
+    wait_for(lambda: _ready(cluster), timeout=600, what=f"{NAME} back at rest", period=0.25)
 
 
 def _serving_again_after(load: Load, start: float) -> float | None:
@@ -97,11 +97,12 @@ def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -
     good_hash = cluster.status(NAME)["servingHash"]
     with Load(cluster, NAME, NAME) as load:
         wait_for(lambda: len(load.results) > 10, timeout=60, what="load warm-up")
-        # 2Ti fits no node: the passive slot never becomes ready
+        # 2Ti fits no node: the passive slot never becomes ready (the plan stays: a profile
+        # measured on a busy machine may lack the points of a larger batch)
         cluster.api.patch(
             "packratmodels",
             NAME,
-            {"spec": {"batchSize": 4, "memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
+            {"spec": {"memory": "2Ti", "switch": {"readyTimeoutSeconds": 8}}},
         )
         wait_for(
             lambda: (cluster.status(NAME).get("switch") or {}).get("stage") == "rollout",
@@ -115,12 +116,14 @@ def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -
             lambda: _memory(cluster, f"{NAME}-a") == "4Gi",
             timeout=60,
             what="active Deployment recreated from the last good spec",
+            period=0.02,
         )
         labels = _template(cluster, f"{NAME}-a")["metadata"]["labels"]
         assert labels["packrat.dev/serving-hash"] == good_hash
+        # its pods were deleted with it: new ones start (minutes on a busy machine)
         wait_for(
             lambda: cluster.predict(NAME, NAME)[0] == 200,
-            timeout=120,
+            timeout=600,
             what="serving again through the Service",
         )
         repaired = time.monotonic() - start
@@ -129,7 +132,7 @@ def test_fault1_active_deleted_during_failing_switch(serving: OperatorCluster) -
             timeout=120,
             what="the failing switch aborted",
         )
-        wait_for(lambda: cluster.status(NAME).get("phase") == "Ready", timeout=120, what="Ready")
+        wait_for(lambda: cluster.status(NAME).get("phase") == "Ready", timeout=600, what="Ready")
     status = cluster.status(NAME)
     assert status["activeSlot"] == "a" and status["servingHash"] == good_hash
     assert status["servingSpec"]["memory"] == "4Gi"

@@ -102,8 +102,9 @@ class LocalPod:
     name: str
     owner_kind: str
     owner_name: str
-    # like the real Job controller, match a Job's pods by the Job's uid: a Job recreated
-    # under the same name must not adopt the pods of its deleted predecessor
+    # like the real controllers, match pods by their owner's uid: a Job or Deployment
+    # recreated under the same name must not adopt the pods of its deleted predecessor
+    # (the garbage collector deletes those, so a deleted Deployment's pods stop serving)
     owner_uid: str
     template_hash: str
     labels: dict[str, str]
@@ -195,14 +196,14 @@ class Agent:
                 if refs and not any(r.get("uid") in uids for r in refs):
                     self.api.delete(resource, obj["metadata"]["name"])
         live_jobs = {j["metadata"].get("uid") for j in self.api.list("jobs")}
-        live_deps = {d["metadata"]["name"] for d in self.api.list("deployments")}
+        live_deps = {d["metadata"].get("uid") for d in self.api.list("deployments")}
         with self._lock:
             pods = list(self.pods.values())
         for pod in pods:
             alive = (
                 pod.owner_uid in live_jobs
                 if pod.owner_kind == "Job"
-                else pod.owner_name in live_deps
+                else pod.owner_uid in live_deps
             )
             if not alive:
                 self._terminate(pod)
@@ -516,6 +517,7 @@ class Agent:
     # -- Deployment controller -----------------------------------------------------------------
     def _deployment(self, dep: dict[str, Any]) -> None:
         name = dep["metadata"]["name"]
+        uid = str(dep["metadata"].get("uid", ""))
         replicas = int(dep["spec"].get("replicas", 1))
         template = dep["spec"]["template"]
         thash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:12]
@@ -523,7 +525,10 @@ class Agent:
             mine = [
                 p
                 for p in self.pods.values()
-                if p.owner_kind == "Deployment" and p.owner_name == name and not p.terminating
+                if p.owner_kind == "Deployment"
+                and p.owner_name == name
+                and p.owner_uid == uid
+                and not p.terminating
             ]
         for pod in [p for p in mine if p.phase == "Failed"]:  # restartPolicy Always
             log = pod.workdir / f"{pod.spec['containers'][0]['name']}.log"
@@ -535,7 +540,11 @@ class Agent:
         for _ in range(replicas - len(current)):
             current.append(
                 self._new_pod(
-                    owner_kind="Deployment", owner_name=name, template=template, template_hash=thash
+                    owner_kind="Deployment",
+                    owner_name=name,
+                    owner_uid=uid,
+                    template=template,
+                    template_hash=thash,
                 )
             )
         for pod in sorted(current, key=lambda p: -p.started)[: max(0, len(current) - replicas)]:
@@ -549,7 +558,7 @@ class Agent:
             alive = [
                 p
                 for p in self.pods.values()
-                if p.owner_kind == "Deployment" and p.owner_name == name
+                if p.owner_kind == "Deployment" and p.owner_name == name and p.owner_uid == uid
             ]
         new_status = {
             "observedGeneration": dep["metadata"].get("generation", 1),
