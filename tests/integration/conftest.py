@@ -6,6 +6,10 @@ share it and must not depend on each other's leftovers: state a test needs (a se
 model) comes from helpers in ``models.py`` that create it when it is missing. The harness
 modules (``tests/integration/operator``) are importable through pytest's ``pythonpath``
 setting in pyproject.toml.
+
+``tiny_profiles``: the tiny model's profile, measured once per session by the first test that
+asks for it, for the tests that are not about profiling (``seeding.seed_profile`` hands it to
+a model), so they neither pay for nor depend on a profile measured under their own load.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 from harness import OperatorCluster
+from seeding import MeasuredProfiles
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +34,8 @@ def cluster(
         if cluster.agent.errors:
             print("agent errors:", cluster.agent.errors[-5:])
         cluster.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_profiles(tmp_path_factory: pytest.TempPathFactory) -> MeasuredProfiles:
+    return MeasuredProfiles(tmp_path_factory.mktemp("tiny-profile"))

@@ -16,6 +16,7 @@ from harness import OperatorCluster, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 GRACE_SECONDS = 3
+SLOW = 180.0  # a deadline for anything that takes seconds on a quiet machine
 
 SPEC: dict[str, Any] = {
     "model": {"zoo": "tiny"},
@@ -58,7 +59,7 @@ def _create(cluster: OperatorCluster, name: str, spec: dict[str, Any]) -> None:
 def _delete(cluster: OperatorCluster, name: str) -> None:
     cluster.api.delete("packratmodels", name)
     wait_for(
-        lambda: cluster.api.get("packratmodels", name) is None, timeout=120, what=f"{name} gone"
+        lambda: cluster.api.get("packratmodels", name) is None, timeout=SLOW, what=f"{name} gone"
     )
 
 
@@ -89,7 +90,7 @@ def test_fault2_foreign_service_is_never_taken_over(cluster: OperatorCluster) ->
     _create(cluster, "mine", {**SPEC, "image": "registry.example/not-pulled:1"})
     wait_for(
         lambda: cluster.condition("mine", "OwnershipConflict").get("status") == "True",
-        timeout=60,
+        timeout=SLOW,
         what="OwnershipConflict condition",
     )
     assert _events(cluster, "mine", "OwnershipConflict")
@@ -109,12 +110,12 @@ def test_fault4_superseded_profiling_job_is_deleted(cluster: OperatorCluster) ->
     # an image no node can pull: the profiling pod stays Pending, the Job runs forever
     spec = {**SPEC, "image": "registry.example/not-pulled:1"}
     _create(cluster, "sup", spec)
-    first = wait_for(lambda: _jobs(cluster, "sup"), timeout=60, what="first profiling job")
+    first = wait_for(lambda: _jobs(cluster, "sup"), timeout=SLOW, what="first profiling job")
     assert len(first) == 1
     # the pull error is reported while it runs, in the condition and an event
     wait_for(
         lambda: "ErrImagePull" in cluster.condition("sup", "Profiled").get("message", ""),
-        timeout=60,
+        timeout=SLOW,
         what="image pull error in the Profiled condition",
     )
     assert _events(cluster, "sup", "ProfilingStuck")
@@ -126,7 +127,7 @@ def test_fault4_superseded_profiling_job_is_deleted(cluster: OperatorCluster) ->
         seen.append(jobs)
         return len(jobs) == 1 and jobs != first
 
-    wait_for(replaced, timeout=60, what="the new profiling job alone")
+    wait_for(replaced, timeout=SLOW, what="the new profiling job alone")
     assert all(len(jobs) <= 1 for jobs in seen[1:]), seen
     _delete(cluster, "sup")
 
@@ -135,7 +136,7 @@ def test_fault5_unschedulable_profiling_pod_fails_fast(cluster: OperatorCluster)
     _create(cluster, "big", {**SPEC, "memory": "2Ti"})  # fits no node
     wait_for(
         lambda: "Unschedulable" in cluster.condition("big", "Profiled").get("message", ""),
-        timeout=60,
+        timeout=SLOW,
         what="the scheduler's reason in the Profiled condition",
     )
     assert "Insufficient memory" in cluster.condition("big", "Profiled")["message"]
@@ -145,7 +146,7 @@ def test_fault5_unschedulable_profiling_pod_fails_fast(cluster: OperatorCluster)
         lambda: [
             e for e in _events(cluster, "big", "ProfilingFailed") if "nschedulable" in e["message"]
         ],
-        timeout=120,
+        timeout=SLOW,
         what="the attempt failed as unschedulable",
     )
     _delete(cluster, "big")
@@ -170,7 +171,7 @@ def test_fault9_inputs_bypassing_the_crd_become_invalid_spec(
     _create(cluster, name, spec)
     wait_for(
         lambda: cluster.status(name).get("phase") == "Failed",
-        timeout=60,
+        timeout=SLOW,
         what=f"{name} Failed (log: {cluster.log_tail(5)})",
     )
     ready = cluster.condition(name, "Ready")
