@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration prometheus-tools actionlint-tools dashboards chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration prometheus-tools actionlint-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
 
 venv: $(STAMP)
 
@@ -84,6 +84,13 @@ docs: venv
 # Regenerate the Grafana dashboard JSON from scripts/gen_dashboard.py (a unit test checks it).
 dashboards: venv
 	$(PY) scripts/gen_dashboard.py
+
+# The dashboard preview: the Prometheus test's short real run (operator, serving pods, a real
+# Prometheus) writes every panel's range result, and matplotlib draws them; about 2-5 minutes.
+DASHBOARD_DATA := $(VENV)/dashboard-data.json
+dashboard-png: venv prometheus-tools
+	PACKRAT_DASHBOARD_DATA=$(abspath $(DASHBOARD_DATA)) $(BIN)/pytest tests/integration/test_prometheus.py -q
+	$(PY) scripts/render_dashboard_png.py $(DASHBOARD_DATA) -o helm/packrat-operator/dashboards/packrat.png
 
 # Regenerate the chart README's values table from values.yaml's comments (a unit test checks it).
 chart-readme: venv

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -154,6 +156,39 @@ def test_prometheus_rule_is_the_rules_file(tmp_path: Path) -> None:
             assert got["expr"] == want["expr"] and got["annotations"] == want["annotations"]
             assert got["labels"] == {"team": "ml", **want["labels"]}
             assert got.get("for") == want.get("for")
+
+
+def _promtool() -> str | None:
+    local = ROOT / ".venv" / "prometheus" / "bin" / "promtool"
+    return str(local) if local.is_file() else shutil.which("promtool")
+
+
+def test_rendered_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
+    """What Prometheus loads from the rendered PrometheusRule (its spec is a rules file) is
+    valid for promtool: it parses, every expression is valid PromQL, no duplicate rules."""
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool not installed: run `make prometheus-tools`")
+    (rule,) = by_kind(render_objects(ENABLED), "PrometheusRule")
+    (tmp_path / "rendered.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    out = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "rendered.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SUCCESS: 6 rules found" in out.stdout + out.stderr
+    # and promtool does reject a broken expression
+    rule["spec"]["groups"][0]["rules"][0]["expr"] = "sum by (model (packrat_instance_up)"
+    (tmp_path / "broken.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    out = subprocess.run(
+        [promtool, "check", "rules", str(tmp_path / "broken.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode != 0
 
 
 def test_notes_only_use_files_they_create() -> None:
