@@ -105,6 +105,7 @@ class Dispatcher:
         self.estimator_interval_s = estimator_interval_s
         self.draining = False
         self._sampler: asyncio.Task[None] | None = None
+        self._busy = asyncio.Event()  # set while anything is outstanding: the sampler runs
         self._status = status
         self._alive = alive
         m = self.metrics
@@ -215,21 +216,29 @@ class Dispatcher:
     def _gauges(self) -> None:
         self._queue_gauge.set(self.slots.queued)
         self._in_flight_gauge.set(self.slots.in_flight)
+        if self.slots.pending:
+            self._busy.set()
 
     async def _sample_loop(self) -> None:
         """Feed the estimator the outstanding requests every few ms, while there are any.
 
         Idle samples (nothing outstanding) are skipped: they say nothing about the size of
         the batches that arrive, and between closed-loop bursts of exactly B they would pull
-        the average just below B, which floors to B/2.
+        the average just below B, which floors to B/2. While idle the loop sleeps until a
+        request arrives (no 5 ms tick on an idle pod).
         """
         m = self.metrics
+        estimate = m.batch_size_estimate.labels(self.model)
+        ewma = m.outstanding_ewma.labels(self.model)
         while True:
             depth = self.pending
             if depth > 0:
                 self.estimator.observe(depth)
-            m.batch_size_estimate.labels(self.model).set(self.estimator.estimate)
-            m.outstanding_ewma.labels(self.model).set(self.estimator.ewma)
+            estimate.set(self.estimator.estimate)
+            ewma.set(self.estimator.ewma)
+            if depth == 0:
+                self._busy.clear()
+                await self._busy.wait()
             await asyncio.sleep(self.estimator_interval_s)
 
     # -- HTTP handlers --------------------------------------------------------------------------
