@@ -10,7 +10,9 @@ old, new, ...) because these machines are shared and noisy.
    (target: under 150 MB).
 2. ``abuse``: good requests (closed loop, concurrency 4, 1 KB bodies) alone and while 100
    slow-header connections (one byte a second, reconnecting when closed) and 20 oversized
-   uploads (60 MB, in a loop) run; blocks alternate alone/abused; medians and errors.
+   uploads (60 MB streamed, in a loop) run, from their own process (:class:`Attackers`);
+   blocks alternate alone/abused; medians, errors, the dispatcher's CPU share in each kind
+   of block and what the attackers managed (connections, bytes sent, 413s received).
 3. ``overhead``: throughput and p50 of good requests (concurrency 16) through the dispatcher,
    old tree vs new tree, interleaved.
 
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -157,23 +158,88 @@ async def good_loop(url: str, seconds: float, concurrency: int) -> tuple[list[fl
     return lat, errors["n"], int(len(lat) / elapsed)
 
 
-async def slow_header(port: int, stop: asyncio.Event) -> None:
-    while not stop.is_set():
+ATTACKERS = """
+import asyncio, json, sys
+
+BIG = int(sys.argv[3])
+HEAD = b"POST /predictions/stub HTTP/1.1\\r\\nHost: x\\r\\n"
+stats = {"slow_connects": 0, "upload_connects": 0, "upload_bytes": 0, "answers_413": 0}
+
+async def slow_header(port):
+    while True:
         try:
             _r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.write(b"POST /predictions/stub HTTP/1.1\r\nHost: x\r\n")
-            while not stop.is_set():
+            stats["slow_connects"] += 1
+            w.write(HEAD)
+            while True:
                 w.write(b"X")
                 await w.drain()
                 await asyncio.sleep(1.0)
         except (ConnectionError, OSError):
             await asyncio.sleep(0.1)
 
+async def oversized(port):
+    chunk = memoryview(bytes(64 * 1024))
+    while True:
+        answer = None
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            stats["upload_connects"] += 1
+            w.write(HEAD + b"Content-Length: %d\\r\\n\\r\\n" % BIG)
+            answer = asyncio.ensure_future(r.readline())
+            sent = 0
+            while sent < BIG and not answer.done():
+                w.write(chunk)
+                await w.drain()
+                sent += len(chunk)
+                stats["upload_bytes"] += len(chunk)
+            await answer
+            w.close()
+        except (ConnectionError, OSError):
+            await asyncio.sleep(0.01)
+        if answer is not None and answer.done() and not answer.exception():
+            stats["answers_413"] += answer.result().startswith(b"HTTP/1.1 413")
 
-async def oversized(url: str, stop: asyncio.Event, big: bytes) -> None:
-    async with aiohttp.ClientSession() as s:
-        while not stop.is_set():
-            await upload(s, url, big)
+async def main(port, slow, uploads):
+    tasks = [asyncio.create_task(slow_header(port)) for _ in range(slow)]
+    tasks += [asyncio.create_task(oversized(port)) for _ in range(uploads)]
+    print("attacking", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(json.dumps(stats), flush=True)
+
+asyncio.run(main(int(sys.argv[1]), int(sys.argv[4]), int(sys.argv[2])))
+"""
+
+
+class Attackers:
+    """``slow`` slow-header connections (a byte a second, reconnecting when closed) and
+    ``uploads`` clients streaming 60 MB bodies in 64 KiB writes (reconnecting when closed),
+    in their own process: in the measuring process their writes would stall the event loop
+    that times the good requests (aiohttp copies a 60 MB ``bytes`` body three times per
+    attempt; the loop stalled 24-32 s at a time on this machine), measuring the client."""
+
+    def __init__(self, port: int, uploads: int = 20, slow: int = 100) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ATTACKERS, str(port), str(uploads), str(BIG), str(slow)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"attacking":
+            raise RuntimeError("attackers did not start")
+        self.cpu0 = cpu_seconds(self.proc.pid)
+
+    def stop(self) -> dict[str, float]:
+        cpu = cpu_seconds(self.proc.pid) - self.cpu0
+        out, _ = self.proc.communicate(b"", timeout=30)
+        stats: dict[str, float] = json.loads(out.decode().strip().splitlines()[-1])
+        stats["cpu_s"] = round(cpu, 2)
+        return stats
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def abuse_part(tree: Path, backend: int, *, blocks: int, seconds: float) -> dict[str, object]:
@@ -182,30 +248,35 @@ async def abuse_part(tree: Path, backend: int, *, blocks: int, seconds: float) -
         alone: list[float] = []
         abused: list[float] = []
         errors = {"alone": 0, "abused": 0}
-        big = b"\0" * BIG
+        cpu = {"alone": 0.0, "abused": 0.0}
+        attack: dict[str, float] = {}
         await good_loop(d.url, 1.0, 4)  # warm
         for _ in range(blocks):
+            c0 = cpu_seconds(d.proc.pid)
             lat, err, _ = await good_loop(d.url, seconds, 4)
+            cpu["alone"] += cpu_seconds(d.proc.pid) - c0
             alone += lat
             errors["alone"] += err
-            stop = asyncio.Event()
-            attackers = [asyncio.create_task(slow_header(d.port, stop)) for _ in range(100)]
-            attackers += [asyncio.create_task(oversized(d.url, stop, big)) for _ in range(20)]
-            await asyncio.sleep(1.0)
-            lat, err, _ = await good_loop(d.url, seconds, 4)
-            abused += lat
-            errors["abused"] += err
-            stop.set()
-            for task in attackers:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            attackers = Attackers(d.port)
+            try:
+                await asyncio.sleep(1.0)
+                c0 = cpu_seconds(d.proc.pid)
+                lat, err, _ = await good_loop(d.url, seconds, 4)
+                cpu["abused"] += cpu_seconds(d.proc.pid) - c0
+                abused += lat
+                errors["abused"] += err
+            finally:
+                for k, v in attackers.stop().items():
+                    attack[k] = attack.get(k, 0) + v
         p50_alone = percentile([v * 1000 for v in alone], 50)
         p50_abused = percentile([v * 1000 for v in abused], 50)
+        busy = {k: round(100 * v / (blocks * seconds), 1) for k, v in cpu.items()}
         return {
             "good_alone": {"n": len(alone), "p50_ms": p50_alone, "errors": errors["alone"]},
             "good_abused": {"n": len(abused), "p50_ms": p50_abused, "errors": errors["abused"]},
             "added_p50_pct": 100 * (p50_abused / p50_alone - 1),
+            "dispatcher_cpu_pct": busy,
+            "attackers": attack,
             "rss_after_mb": rss_mb(d.proc.pid),
         }
     finally:

@@ -5,7 +5,9 @@ backend that dies. In-process fake TorchServe, real sockets; no torch."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -73,6 +75,44 @@ def test_an_oversized_body_is_refused_before_it_is_read() -> None:
             writer.close()
             assert fake.arrived == 0 and d.buffered_bytes == 0
             assert (await post(s, url, b"x" * 1000))[0] == 200
+
+    run(body)
+
+
+def _socket_buffer_max() -> int:
+    """The most bytes the kernel buffers on one loopback connection (send + receive side)."""
+    total = 0
+    for name in ("tcp_wmem", "tcp_rmem"):
+        total += int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[2])
+    return total
+
+
+def test_a_refused_body_is_not_read_and_its_connection_is_held_then_closed() -> None:
+    """After its 413 a client that keeps sending gets no further than the socket buffers
+    (aiohttp alone would read and discard the body for its whole lingering time), and the
+    connection is closed once the hold has passed."""
+    big = 4 * _socket_buffer_max() + 64 * 1024 * 1024
+    limits = ConnectionLimits(refused_hold_s=3.0)
+
+    async def body() -> None:
+        async with stack([1], limits=limits, max_body_bytes=1000) as (d, fake, url, s):
+            all_up(d)
+            reader, writer = await raw(url)
+            writer.write(head(big))
+            answer = asyncio.ensure_future(status_of(reader))
+            chunk = memoryview(bytes(64 * 1024))
+            sent = 0
+            with contextlib.suppress(ConnectionError):
+                while sent < big:
+                    writer.write(chunk)
+                    await asyncio.wait_for(writer.drain(), DEADLINE_S)
+                    sent += len(chunk)
+            assert await answer == 413
+            assert sent < _socket_buffer_max() + 4 * 1024 * 1024, f"{sent} bytes taken"
+            assert await closed(reader)
+            writer.close()
+            assert fake.arrived == 0 and d.buffered_bytes == 0
+            assert (await post(s, url, b"x" * 100))[0] == 200
 
     run(body)
 

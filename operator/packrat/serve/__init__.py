@@ -8,9 +8,10 @@
   or wrapping a user's), the request wire format.
 - :mod:`~packrat.serve.torchserve`: one isolated TorchServe process.
 - :mod:`~packrat.serve.dispatcher` / :mod:`~packrat.serve.metrics`: the public port, with
-  :mod:`~packrat.serve.slots` (the bounded queue in front of the instances) and
-  :mod:`~packrat.serve.connections` (connection cap and head deadlines); the limits are
-  documented in ``docs/serving.md``.
+  :mod:`~packrat.serve.slots` (the bounded queue in front of the instances),
+  :mod:`~packrat.serve.connections` (connection cap, head deadlines, refused bodies left
+  unread) and :mod:`~packrat.serve.upstream` (the pooled session to TorchServe, what is
+  proxied); the limits are documented in ``docs/serving.md``.
 - :mod:`~packrat.serve.server`: ``packrat serve`` end to end (readiness, restarts, drain).
 - :mod:`~packrat.serve.loadgen`: closed-loop load (the benchmarks live in :mod:`packrat.bench`).
 """

@@ -11,12 +11,13 @@ Admission comes before the body is read: a request whose ``Content-Length`` exce
 ``max_body_bytes`` (default 6 MiB, below TorchServe's own 6.5 MB limit) is answered 413 at
 once, and one that would not fit the queue, or would take the bytes buffered across all
 requests past ``max_buffered_bytes``, is answered 503; only then is the body read, within
-``body_timeout_s`` (408 beyond). A client that disconnects while its request waits (or while
-its body is read) is dropped from the queue before it reaches a worker and counted in
-``packrat_requests_cancelled_total``, not as an answer; once forwarded, a request runs to
-completion (its slot stays taken until TorchServe answers) and is counted cancelled too.
-When TorchServe is gone (:meth:`Dispatcher.fail`), every queued request and every new one is
-answered 503 at once.
+``body_timeout_s`` (408 beyond). A body refused (413, 408, broken) is not read further, nor
+discarded byte by byte: its connection stops reading and closes after the answer. A client
+that disconnects while its request waits (or while its body is read) is dropped from the
+queue before it reaches a worker and counted in ``packrat_requests_cancelled_total``, not as
+an answer; once forwarded, a request runs to completion (its slot stays taken until
+TorchServe answers) and is counted cancelled too. When TorchServe is gone
+(:meth:`Dispatcher.fail`), every queued request and every new one is answered 503 at once.
 
 An in-pod plan switch (:mod:`packrat.serve.inpod`) hands the dispatcher a new, warmed set of
 instances with :meth:`Dispatcher.swap`: from that instant every new request goes to the new
@@ -38,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -52,33 +52,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from packrat.plan.estimator import BatchSizeEstimator
 from packrat.serve.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.config import InstanceSpec
-from packrat.serve.connections import ConnectionLimits, GuardedAppRunner
+from packrat.serve.connections import ConnectionLimits, GuardedAppRunner, refuse_body
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.upstream import Upstream, error_response, passthrough
 
 __all__ = ["BackendGoneError", "Dispatcher", "QueueFullError"]
 
 log = logging.getLogger(__name__)
-
-# Headers a proxy must not copy between hops (RFC 9110 section 7.6.1) plus length/encoding,
-# which aiohttp recomputes.
-_HOP_HEADERS = frozenset(
-    h.lower()
-    for h in (
-        "Connection",
-        "Keep-Alive",
-        "Proxy-Authenticate",
-        "Proxy-Authorization",
-        "TE",
-        "Trailer",
-        "Transfer-Encoding",
-        "Upgrade",
-        "Content-Length",
-        "Content-Encoding",
-        "Host",
-    )
-)
-
 
 # TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
@@ -87,23 +68,6 @@ DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
 
 class _BodyTooLargeError(Exception):
     pass
-
-
-def _error(status: int, message: str, **headers: str) -> web.Response:
-    """An error body shaped like TorchServe's own (``code``, ``type``, ``message``)."""
-    kind = {
-        400: "BadRequestException",
-        404: "ModelNotFoundException",
-        408: "RequestTimeoutException",
-        413: "RequestEntityTooLargeException",
-        503: "ServiceUnavailableException",
-    }.get(status, "InternalServerException")
-    return web.Response(
-        status=status,
-        text=json.dumps({"code": status, "type": kind, "message": message}),
-        content_type="application/json",
-        headers=headers,
-    )
 
 
 class Dispatcher:
@@ -132,7 +96,8 @@ class Dispatcher:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
         self.instances = list(instances)
-        self.backend_url = backend_url.rstrip("/")
+        self.upstream = Upstream(backend_url)
+        self.backend_url = self.upstream.base_url
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
         self.slots = Slots(
             [inst.batch for inst in self.instances],
@@ -150,8 +115,8 @@ class Dispatcher:
         self.estimator_interval_s = estimator_interval_s
         self.arrivals = ArrivalLog()
         self.draining = False
-        self._session: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task[None] | None = None
+        self._busy = asyncio.Event()  # set while anything is outstanding: the sampler runs
         self._status = status
         self._alive = alive
         self._routes = list(routes)
@@ -180,7 +145,6 @@ class Dispatcher:
         (a client that disconnects cancels its handler, so its queued request is dropped)."""
         closed = self.metrics.connections_closed
         kwargs.setdefault("access_log", None)
-        kwargs.setdefault("lingering_time", 0.5)  # after a 413, discard at most this long
         return GuardedAppRunner(
             self.app(),
             limits=limits or ConnectionLimits(),
@@ -210,13 +174,7 @@ class Dispatcher:
         await self.close()
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None),
-                auto_decompress=False,
-            )
+        await self.upstream.start()
         if self._sampler is None:
             self._sampler = asyncio.create_task(self._sample_loop())
 
@@ -226,9 +184,7 @@ class Dispatcher:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.upstream.close()
 
     # -- state the owner drives -----------------------------------------------------------------
     def set_up(self, index: int, up: bool) -> None:
@@ -321,42 +277,50 @@ class Dispatcher:
         every = [self.slots, *self._retiring]
         self._queue_gauge.set(sum(s.queued for s in every))
         self._in_flight_gauge.set(sum(s.in_flight for s in every))
+        if self.pending:
+            self._busy.set()
 
     async def _sample_loop(self) -> None:
         """Feed the estimator the outstanding requests every few ms, while there are any.
 
         Idle samples (nothing outstanding) are skipped: they say nothing about the size of
         the batches that arrive, and between closed-loop bursts of exactly B they would pull
-        the average just below B, which floors to B/2.
+        the average just below B, which floors to B/2. While idle the loop sleeps until a
+        request arrives (no 5 ms tick on an idle pod).
         """
         m = self.metrics
+        estimate = m.batch_size_estimate.labels(self.model)
+        ewma = m.outstanding_ewma.labels(self.model)
         while True:
             depth = self.pending
             if depth > 0:
                 self.estimator.observe(depth)
-            m.batch_size_estimate.labels(self.model).set(self.estimator.estimate)
-            m.outstanding_ewma.labels(self.model).set(self.estimator.ewma)
+            estimate.set(self.estimator.estimate)
+            ewma.set(self.estimator.ewma)
+            if depth == 0:
+                self._busy.clear()
+                await self._busy.wait()
             await asyncio.sleep(self.estimator_interval_s)
 
     # -- HTTP handlers --------------------------------------------------------------------------
     async def handle_predict(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["model"]
         if name != self.model:
-            return _error(404, f"Model not found: {name}")
+            return error_response(404, f"Model not found: {name}")
         start = time.perf_counter()
         self.arrivals.record()
         # Admission, before a byte of the body is read.
         if self.failed:
-            return self._shed(_error(503, "the model server is gone"), start)
+            return self._shed(error_response(503, "the model server is gone"), start)
         length = request.content_length
         if length is not None and length > self.max_body_bytes:
-            return self._shed(self._too_large(length), start, close=True)
+            return self._refuse(request, self._too_large(length), start)
         if not self.slots.admissible():
-            return self._shed(_error(503, "queue full", **self._retry()), start)
+            return self._shed(error_response(503, "queue full", **self._retry()), start)
         reserve = length if length is not None else self.max_body_bytes
         if self.buffered_bytes + reserve > self.max_buffered_bytes:
             return self._shed(
-                _error(503, "too many request bodies buffered", **self._retry()), start
+                error_response(503, "too many request bodies buffered", **self._retry()), start
             )
         self.buffered_bytes += reserve
         self._buffered_gauge.set(self.buffered_bytes)
@@ -365,26 +329,28 @@ class Dispatcher:
             try:
                 body = await asyncio.wait_for(self._read_body(request, length), self.body_timeout_s)
             except TimeoutError:
-                return self._shed(_error(408, "request body not received in time"), start, True)
+                msg = "request body not received in time"
+                return self._refuse(request, error_response(408, msg), start)
             except _BodyTooLargeError:
-                return self._shed(self._too_large(None), start, close=True)
+                return self._refuse(request, self._too_large(None), start)
             except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                return self._shed(_error(400, f"request body incomplete: {exc}"), start, True)
+                msg = f"request body incomplete: {exc}"
+                return self._refuse(request, error_response(400, msg), start)
             stage = "queued"
             # This request stays with the set it was admitted to, even across a swap.
             slots, instances, counters = self.slots, self.instances, self._per_instance
             try:
                 index = await slots.acquire()
             except QueueFullError:
-                return self._shed(_error(503, "queue full", **self._retry()), start)
+                return self._shed(error_response(503, "queue full", **self._retry()), start)
             except TimeoutError:
                 msg = "no instance took the request in time"
-                return self._shed(_error(503, msg, **self._retry()), start)
+                return self._shed(error_response(503, msg, **self._retry()), start)
             except BackendGoneError:
-                return self._shed(_error(503, "the model server is gone"), start)
+                return self._shed(error_response(503, "the model server is gone"), start)
             stage = "in_flight"
             counters[index].inc()
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
+            headers = passthrough(request.headers.items())
             # Once forwarded, the request runs to completion even if its client leaves: the
             # worker has it, and its slot must stay taken until TorchServe answers.
             task = asyncio.ensure_future(
@@ -418,15 +384,22 @@ class Dispatcher:
 
     def _too_large(self, length: int | None) -> web.Response:
         got = f"{length} bytes" if length is not None else "a longer body"
-        return _error(413, f"request body too large: {got}, at most {self.max_body_bytes} bytes")
+        return error_response(
+            413, f"request body too large: {got}, at most {self.max_body_bytes} bytes"
+        )
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
 
-    def _shed(self, response: web.Response, start: float, close: bool = False) -> web.Response:
-        """An answer the dispatcher gives itself; ``close`` when the body was not read."""
-        if close:
-            response.force_close()
+    def _shed(self, response: web.Response, start: float) -> web.Response:
+        """An answer the dispatcher gives itself."""
+        return self._count(response, start, source="dispatcher")
+
+    def _refuse(self, request: web.Request, response: web.Response, start: float) -> web.Response:
+        """An answer without reading (the rest of) the body: the connection stops reading at
+        once and closes after the answer (:func:`~packrat.serve.connections.refuse_body`)."""
+        response.force_close()
+        refuse_body(request)
         return self._count(response, start, source="dispatcher")
 
     async def _forward_then_release(
@@ -441,7 +414,7 @@ class Dispatcher:
     ) -> web.Response:
         forwarded = time.perf_counter()
         try:
-            return await self._forward(inst, headers, query, body)
+            return await self.upstream.forward(inst.name, headers, query, body)
         finally:
             slots.release(index)
             self.metrics.instance_duration.labels(self.model, inst.name).observe(
@@ -459,25 +432,6 @@ class Dispatcher:
         if response.status >= 400:
             m.errors.labels(self.model, code, source).inc()
         return response
-
-    async def _forward(
-        self, inst: InstanceSpec, headers: dict[str, str], query: Mapping[str, str], body: bytes
-    ) -> web.Response:
-        assert self._session is not None, "dispatcher not started"
-        url = f"{self.backend_url}/predictions/{inst.name}"
-        try:
-            async with self._session.post(
-                url, data=body, headers=headers, params=query
-            ) as upstream:
-                payload = await upstream.read()
-                out_headers = {
-                    k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS
-                }
-                return web.Response(status=upstream.status, body=payload, headers=out_headers)
-        except aiohttp.ClientError as exc:
-            log.warning("instance %s unreachable: %s", inst.name, exc)
-            # The message names no internal address: clients see the public port only.
-            return _error(503, "instance unreachable", **{"Retry-After": "1"})
 
     async def handle_ping(self, _request: web.Request) -> web.Response:
         if self.ready:
@@ -503,9 +457,9 @@ class Dispatcher:
             after = float(request.query.get("after", "0"))
             limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
         except ValueError:
-            return _error(400, "after must be a number of seconds, limit an integer")
+            return error_response(400, "after must be a number of seconds, limit an integer")
         if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
-            return _error(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
+            return error_response(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
         return web.json_response(self.arrivals.after(after, limit=limit))
 
     async def handle_status(self, _request: web.Request) -> web.Response:
