@@ -33,6 +33,7 @@ def test_envelope_matches_brute_force(values: list[float], w: float) -> None:
 def test_window_sizes_double_from_twice_the_service_time_to_60_s() -> None:
     assert window_sizes(0.25) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
     assert window_sizes(40.0) == [60.0]
+    assert window_sizes(0.001, min_window_s=0.1)[:3] == [0.1, 0.2, 0.4]
     with pytest.raises(ValueError, match="service time"):
         window_sizes(0.0)
 

@@ -31,14 +31,18 @@ import numpy as np
 MAX_WINDOW_S = 60.0
 
 
-def window_sizes(service_time_s: float, *, max_window_s: float = MAX_WINDOW_S) -> list[float]:
-    """Windows ``2s, 4s, 8s, ...`` below ``max_window_s``, then ``max_window_s`` itself."""
+def window_sizes(
+    service_time_s: float, *, max_window_s: float = MAX_WINDOW_S, min_window_s: float = 0.0
+) -> list[float]:
+    """Windows ``2s, 4s, 8s, ...`` below ``max_window_s``, then ``max_window_s`` itself;
+    the first is at least ``min_window_s`` (below the timestamps' jitter a window counts
+    the jitter, not the load)."""
     if not (math.isfinite(service_time_s) and service_time_s > 0):
         raise ValueError(f"service time must be > 0, got {service_time_s!r}")
     if max_window_s <= 0:
         raise ValueError("max_window_s must be > 0")
     sizes = []
-    w = 2.0 * service_time_s
+    w = max(2.0 * service_time_s, min_window_s)
     while w < max_window_s:
         sizes.append(w)
         w *= 2.0

@@ -1,0 +1,86 @@
+"""spec.slo + spec.autoscaling end to end: the real operator provisions for the SLO and its
+tuner scales the active Deployment up when the arrivals the real pods see exceed the plan.
+
+The operator (kopf subprocess) runs against the kmock emulator; the test agent runs the real
+profiling Job and ``packrat serve`` pods (tiny model) and publishes them, so the operator
+reads each ready pod's ``GET /arrivals``. The SLO's sample trace is gamma arrivals at 2/s;
+closed-loop clients through the Service then send far more than that, so the envelope's
+rates exceed what the planned replicas sustain and the tuner must scale up. The scale-down
+delay is longer than the test, so the count cannot move back while it is checked. No timing
+assertions: every wait polls a condition with a deadline sized for a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from harness import Load, OperatorCluster, wait_for
+from models import FIRST_READY_S, body
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NAME = "tuned"
+SPEC: dict[str, Any] = {
+    "model": {"zoo": "tiny"},
+    "cpus": 2,
+    "maxBatchDelayMs": 2,
+    "profiling": {
+        "maxBatch": 4,
+        "threads": [1, 2],
+        "precision": 0.2,
+        "timeBudgetSeconds": 30,
+        "backoffLimit": 0,
+    },
+    "switch": {"readyTimeoutSeconds": 120, "drainSeconds": 2},
+    "slo": {"latencyP99Ms": 500, "rate": 2, "durationSeconds": 60},
+    "autoscaling": {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "scaleDownDelaySeconds": 3600,
+        "intervalSeconds": 1,
+    },
+}
+SLOW = 240.0
+
+
+def test_tuner_scales_up_from_the_pods_arrivals_without_failures(
+    cluster: OperatorCluster,
+) -> None:
+    cluster.api.create("packratmodels", body(NAME, SPEC))
+    wait_for(
+        lambda: cluster.status(NAME).get("phase") == "Ready",
+        timeout=FIRST_READY_S,
+        what=f"{NAME} Ready",
+        period=0.5,
+        detail=lambda: f"status: {cluster.status(NAME)}\nlog:\n{cluster.log_tail(20)}",
+    )
+    status = cluster.status(NAME)
+    prov = status["provisioning"]
+    assert prov["feasible"] is True and prov["replicas"] == 1
+    assert cluster.condition(NAME, "Provisioned")["reason"] == "Feasible"
+    planned = prov["replicas"]
+    with Load(cluster, NAME, NAME, clients=3) as load:
+        scaled = wait_for(
+            lambda: (
+                (cluster.status(NAME).get("autoscaling") or {}).get("replicas", 0) > planned
+                and cluster.status(NAME)["autoscaling"]
+            ),
+            timeout=SLOW,
+            what="the tuner scaling up",
+            period=0.5,
+            detail=lambda: f"status: {cluster.status(NAME)}\nlog:\n{cluster.log_tail(20)}",
+        )
+        wanted = int(scaled["replicas"])
+        assert scaled["lastDecision"]["action"] == "scale_up"
+        assert "scale up" in scaled["lastDecision"]["reason"]
+        wait_for(
+            lambda: cluster.status(NAME).get("readyReplicas", 0) >= wanted,
+            timeout=SLOW,
+            what=f"{wanted} ready replicas",
+            period=0.5,
+        )
+        dep = cluster.api.get("deployments", f"{NAME}-{cluster.status(NAME)['activeSlot']}")
+        assert dep is not None and dep["spec"]["replicas"] >= wanted
+    assert load.results and not load.failures, load.failures[:5]
+    assert [e for e in cluster.events("ScaledUp") if NAME in str(e.get("involvedObject"))]
