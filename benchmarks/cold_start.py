@@ -1,4 +1,5 @@
-"""A serving pod's start and memory, private weights against one shared mapped copy (issue 14).
+"""A serving pod's start and memory: private weights, one shared mapped copy, and workers
+forked from the pod's zygote (issue 14).
 
 For each instance count (1-thread instances) and each weight mode, interleaved and
 repeated, one ``packrat serve`` pod is started as a child process and timed from the spawn
@@ -35,6 +36,9 @@ import aiohttp
 
 from packrat.serve.torchserve import free_ports
 
+# private: every worker its own interpreter and weights (before issue 14); shared: one mapped
+# weight file; zygote: shared, and workers forked from the pod's zygote.
+MODES = ("private", "shared", "zygote")
 PHASES = {
     "listening": "listening on",
     "frontend_up": "TorchServe is up and the archive is built",
@@ -73,22 +77,29 @@ def child(args: argparse.Namespace) -> int:
         host="127.0.0.1",
         port=args.port,
         workdir=Path(args.workdir),
-        shared_weights=not args.private_weights,
+        shared_weights=args.pod_mode != "private",
+        zygote=args.pod_mode == "zygote",
     )
     return asyncio.run(server.serve(opts))
 
 
 # -- the parent -----------------------------------------------------------------------------
-def _children(pid: int) -> list[int]:
-    out, frontier = [pid], [pid]
-    parents: dict[int, list[int]] = {}
+def _parents() -> dict[int, int]:
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
         except OSError:
             continue
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(stat.parent.name))
+        out[int(stat.parent.name)] = int(text.rsplit(")", 1)[1].split()[1])
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    out, frontier = [pid], [pid]
+    parents: dict[int, list[int]] = {}
+    for child, ppid in _parents().items():
+        parents.setdefault(ppid, []).append(child)
     while frontier:
         nxt = [c for p in frontier for c in parents.get(p, [])]
         out += nxt
@@ -108,21 +119,30 @@ def _rollup(pid: int) -> dict[str, int]:
 def pod_memory(root: int) -> dict[str, Any]:
     """PSS/RSS in MB per process kind of the pod rooted at ``root``."""
     kinds: dict[str, dict[str, float]] = {}
-    for pid in _children(root):
+    parent_of = _parents()
+    zygotes: set[int] = set()
+    for pid in _children(root):  # breadth first: a zygote comes before its workers
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
             roll = _rollup(pid)
         except OSError:
             continue
+        ppid = parent_of.get(pid)
         kind = (
             "dispatcher"
             if pid == root
+            else "zygote"
+            if "packrat.serve.zygote" in cmd and ppid == root
+            else "worker"  # forked by the zygote (its cmdline is the zygote's)
+            if ppid in zygotes or ("model_service_worker" in cmd and "worker_launcher" not in cmd)
+            else "launcher"
+            if "worker_launcher" in cmd
             else "jvm"
             if "java" in cmd.split(" ")[0]
-            else "worker"
-            if "model_service_worker" in cmd
             else "other"
         )
+        if kind == "zygote":
+            zygotes.add(pid)
         k = kinds.setdefault(kind, {"count": 0, "pss_mb": 0.0, "rss_mb": 0.0})
         k["count"] += 1
         k["pss_mb"] += roll.get("Pss", 0) / 1024
@@ -177,13 +197,12 @@ async def _latency(url: str, model: str, body: bytes, count: int) -> list[float]
     return out
 
 
-def one_pod(args: argparse.Namespace, n: int, shared: bool, body: bytes) -> dict[str, Any]:
+def one_pod(args: argparse.Namespace, n: int, mode: str, body: bytes) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="packrat-cold-"))
     port = free_ports(1)[0]
     cmd = [sys.executable, __file__, "child", "--model", args.model, "--instances", str(n)]
     cmd += ["--port", str(port), "--workdir", str(work / "w"), "--batch", str(args.batch)]
-    if not shared:
-        cmd.append("--private-weights")
+    cmd += ["--pod-mode", mode]
     log = work / "serve.log"
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
@@ -207,7 +226,8 @@ def one_pod(args: argparse.Namespace, n: int, shared: bool, body: bytes) -> dict
         loads = [float(x) for x in re.findall(r"model loaded in ([0-9.]+) s", model_log)]
         return {
             "instances": n,
-            "shared": shared,
+            "mode": mode,
+            "shared": mode != "private",
             "ready_s": round(ready, 3),
             "phases": phases(log.read_text(errors="replace"), t0),
             "model_load_s": loads,
@@ -237,15 +257,15 @@ def parent(args: argparse.Namespace) -> int:
     counts = [int(x) for x in args.instances.split(",")]
     out = Path(args.out + ".json")
     results: list[dict[str, Any]] = []
+    modes = args.modes.split(",")
     for rep in range(args.repeats):
         for n in counts:
-            for shared in (False, True) if rep % 2 == 0 else (True, False):  # interleaved
-                r = one_pod(args, n, shared, body)
+            for mode in modes if rep % 2 == 0 else modes[::-1]:  # interleaved
+                r = one_pod(args, n, mode, body)
                 r["repeat"] = rep
                 results.append(r)
-                mode = "shared " if shared else "private"
                 print(
-                    f"rep {rep} n={n} {mode} ready {r['ready_s']:.2f} s"
+                    f"rep {rep} n={n} {mode:7} ready {r['ready_s']:.2f} s"
                     f" pss {r['memory']['pss_mb']:.0f} MB rss {r['memory']['rss_mb']:.0f} MB"
                     f" p50 {r['latency_ms']['p50']:.1f} ms {r['phases']}",
                     flush=True,
@@ -263,10 +283,11 @@ def main() -> int:
     c.add_argument("--port", type=int, required=True)
     c.add_argument("--workdir", required=True)
     c.add_argument("--batch", type=int, default=1)
-    c.add_argument("--private-weights", action="store_true")
+    c.add_argument("--pod-mode", choices=MODES, default="zygote")
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--instances", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default=",".join(MODES), help="of " + ",".join(MODES))
     parser.add_argument("--batch", type=int, default=1, help="per-instance batch (warm-up size)")
     parser.add_argument("--requests", type=int, default=20, help="sequential requests timed")
     parser.add_argument("--out", default="benchmarks/results/cold-start-resnet50")

@@ -76,6 +76,12 @@ def register(subparsers: Any) -> None:
         "one shared file (the behaviour before shared weights; for comparisons)",
     )
     parser.add_argument(
+        "--no-zygote",
+        action="store_true",
+        help="start every worker as its own fresh interpreter instead of forking it from the "
+        "pod's zygote, which imported torch and mapped the weights once (for comparisons)",
+    )
+    parser.add_argument(
         "--admin-token-env",
         metavar="VAR",
         help="environment variable holding a bearer token; enables POST /admin/plan, the "
@@ -203,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
             limits=limits,
             torchserve_port_base=args.torchserve_port_base,
             admin_token=token,
+            zygote=not args.no_zygote,
         )
         return asyncio.run(serve(opts))
     except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:

@@ -41,6 +41,18 @@ ENTRY_SOURCE = (
 )
 
 _state: dict[str, Any] = {}  # this worker's service, created by the first (init) call
+# Models built before the fork by the pod's zygote (packrat.serve.zygote), by (spec, file).
+_preloaded: dict[tuple[str, str], Any] = {}
+
+
+def preload_model(spec: str, weights: Path) -> None:
+    """Build a zoo model with its weights mapped from ``weights``, for forked workers to use
+    as they are (no torch operation runs: no thread pool exists before the fork)."""
+    from packrat.runtime import zoo
+    from packrat.runtime.weights import load_shared
+
+    if zoo.is_zoo_name(spec):
+        _preloaded[(spec, str(weights))] = load_shared(spec, weights)
 
 
 def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any] | None:
@@ -137,8 +149,10 @@ class _NativeService:
         if weights is not None:  # map the pod's one copy (packrat.runtime.weights)
             from packrat.runtime.weights import load_shared, mapped_bytes
 
-            self.model = load_shared(source, weights)
+            self.model = _preloaded.get((source, str(weights))) or load_shared(source, weights)
             how = f"{mapped_bytes(self.model, weights).fraction:.0%} mapped from {weights.name}"
+            if (source, str(weights)) in _preloaded:
+                how += ", built before the fork"
         else:
             self.model = load_model(source).eval()
             how = "private copy"

@@ -53,6 +53,7 @@ from packrat.serve.inpod import InPodSwitch, admin_routes
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.shared_weights import ensure_weights, shared_weights_file
 from packrat.serve.torchserve import TorchServe
+from packrat.serve.zygote_proc import ZygoteProcess
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class ServeOptions:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
     admin_token: str | None = None  # enables POST /admin/plan (the in-pod switch)
+    zygote: bool = (
+        True  # workers forked from one process that imported torch (packrat.serve.zygote)
+    )
 
 
 class TorchServeGoneError(RuntimeError):
@@ -146,6 +150,11 @@ class PodServer:
         self.generation = 0  # bumped by each in-pod plan switch
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
+        self.zygote = (
+            ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+            if opts.zygote
+            else None
+        )
         self._stop = asyncio.Event()
 
     def status(self) -> dict[str, Any]:
@@ -202,10 +211,12 @@ class PodServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
         self.write_settings(self.instances)
+        worker_python = await self.zygote.start() if self.zygote is not None else None
         self.torchserve = TorchServe(
             workdir=self.workdir,
             env={CONFIG_ENV: str(settings)},
             port_base=opts.torchserve_port_base,
+            worker_python=worker_python,
         )
         dispatcher = Dispatcher(
             model=self.name,
@@ -289,6 +300,8 @@ class PodServer:
                     await monitor
             await runner.cleanup()
             await self.torchserve.stop()
+            if self.zygote is not None:
+                await self.zygote.stop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.remove_signal_handler(sig)

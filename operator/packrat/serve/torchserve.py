@@ -45,6 +45,12 @@ PORT_BLOCKS_TRIED = 64
 log = logging.getLogger(__name__)
 
 
+_START_WITH_WORKER_PYTHON = (
+    "import sys; sys.executable = sys.argv.pop(1); sys.argv[0] = 'torchserve'; "
+    "from ts.model_server import start; sys.exit(start())"
+)
+
+
 class TorchServeError(RuntimeError):
     """TorchServe did not start, or refused a registration."""
 
@@ -135,8 +141,10 @@ class TorchServe:
         job_queue_size: int = 1000,
         affinity: Sequence[int] | None = None,
         port_base: int | None = None,
+        worker_python: Path | None = None,
     ) -> None:
         self.workdir = workdir
+        self.worker_python = worker_python  # what TorchServe runs as "python" for a worker
         self.affinity = set(affinity) if affinity else None
         self.model_store = workdir / "model-store"
         self.tmpdir = workdir / "tmp"
@@ -228,8 +236,12 @@ class TorchServe:
             "TS_DISABLE_TOKEN_AUTHORIZATION": "true",
             **self.extra_env,
         }
+        launch = [_torchserve_binary()]
+        if self.worker_python is not None:
+            # TorchServe passes its own interpreter to the JVM as the workers' python.
+            launch = [sys.executable, "-c", _START_WITH_WORKER_PYTHON, str(self.worker_python)]
         cmd = [
-            _torchserve_binary(),
+            *launch,
             "--start",
             "--foreground",
             "--ncs",

@@ -1,0 +1,139 @@
+"""Plot and tabulate benchmarks/cold_start.py's results (issue 14): a PNG and markdown tables.
+
+python benchmarks/plot_cold_start.py benchmarks/results/cold-start-resnet50.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+KINDS = ("dispatcher", "jvm", "zygote", "launcher", "worker", "other")
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _spread(xs: list[float]) -> str:
+    return f"{min(xs):.1f}-{max(xs):.1f}" if len(xs) > 1 else "-"
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(
+            (r.get("mode", "shared" if r["shared"] else "private"), r["instances"]), []
+        ).append(r)
+    out = {}
+    for key, rs in groups.items():
+        kinds = {
+            k: _median([r["memory"]["kinds"].get(k, {}).get("pss_mb", 0.0) for r in rs])
+            for k in KINDS
+        }
+        out[key] = {
+            "runs": len(rs),
+            "ready": [r["ready_s"] for r in rs],
+            "frontend": [r["phases"].get("frontend_up", float("nan")) for r in rs],
+            "pss": [r["memory"]["pss_mb"] for r in rs],
+            "rss": [r["memory"]["rss_mb"] for r in rs],
+            "p50": [r["latency_ms"]["p50"] for r in rs],
+            "kinds": kinds,
+        }
+    return out
+
+
+def tables(summary: dict[tuple[str, int], dict[str, Any]]) -> str:
+    modes = sorted({m for m, _ in summary}, key=["private", "shared", "zygote"].index)
+    counts = sorted({n for _, n in summary})
+    lines = [
+        "| mode | instances | runs | pod PSS MB | vs 1 instance (same mode) | vs 1 private | "
+        "pod RSS MB | "
+        "dispatcher / JVM / zygote / launchers / workers PSS MB | ready s [range] | "
+        "ready - frontend up s | p50 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = summary.get(("private", 1))
+    for mode in modes:
+        one = summary.get((mode, 1))
+        for n in counts:
+            s = summary.get((mode, n))
+            if s is None:
+                continue
+            pss = _median(s["pss"])
+            ratio = f"{pss / _median(one['pss']):.2f}x" if one else "-"
+            vs_base = f"{pss / _median(base['pss']):.2f}x" if base else "-"
+            k = s["kinds"]
+            parts = " / ".join(
+                f"{k[x]:.0f}" for x in ("dispatcher", "jvm", "zygote", "launcher", "worker")
+            )
+            after = [r - f for r, f in zip(s["ready"], s["frontend"], strict=True)]
+            lines.append(
+                f"| {mode} | {n} | {s['runs']} | {pss:.0f} | {ratio} | {vs_base} | "
+                f"{_median(s['rss']):.0f} | "
+                f"{parts} | {_median(s['ready']):.1f} [{_spread(s['ready'])}] | "
+                f"{_median(after):.1f} | {_median(s['p50']):.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(summary: dict[tuple[str, int], dict[str, Any]], png: Path, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({m for m, _ in summary}, key=["private", "shared", "zygote"].index)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode in modes:
+        ns = sorted(n for m, n in summary if m == mode)
+        ax1.plot(ns, [_median(summary[(mode, n)]["pss"]) for n in ns], "o-", label=mode)
+        ax2.plot(
+            ns,
+            [
+                _median(
+                    [
+                        r - f
+                        for r, f in zip(
+                            summary[(mode, n)]["ready"], summary[(mode, n)]["frontend"], strict=True
+                        )
+                    ]
+                )
+                for n in ns
+            ],
+            "o-",
+            label=mode,
+        )
+    one = summary.get(("private", 1)) or next(iter(summary.values()))
+    ns = sorted({n for _, n in summary})
+    ax1.plot(ns, [2 * _median(one["pss"])] * len(ns), "k:", label="2x one private instance")
+    ax1.set(xlabel="instances", ylabel="pod PSS (MB)", title=f"{model}: memory of the whole pod")
+    ax2.set(
+        xlabel="instances",
+        ylabel="s from TorchServe up to ready",
+        title="instances' start (load + warm-up)",
+    )
+    for ax in (ax1, ax2):
+        ax.set_xticks(ns)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+def main() -> int:
+    path = Path(sys.argv[1])
+    data = json.loads(path.read_text())
+    summary = summarize(data["results"])
+    png = path.with_suffix(".png")
+    plot(summary, png, data.get("model", "?"))
+    print(tables(summary))
+    print(f"\nplot: {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""controller/inpod.py: when the in-pod switch applies, and the request it sends to a pod."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from packrat.controller.inpod import plan_request, post_plan, switchable
+from packrat.plan.optimizer import Plan
+from packrat.serve.config import parse_plan
+
+SPEC: dict[str, Any] = {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8}
+IMAGE = "ghcr.io/x/packrat:1"
+
+
+def _plan(count: int, threads: int, batch: int, cpus: int = 4) -> dict[str, Any]:
+    return {
+        "label": f"{count}x{threads}t/b{batch}",
+        "cpus": cpus,
+        "batch": count * batch,
+        "instances": [{"threads": threads, "batch": batch, "count": count}],
+        "expectedLatencyMs": 10.0,
+        "fatLatencyMs": 12.0,
+    }
+
+
+def test_a_batch_change_on_the_same_cores_switches_in_the_pod() -> None:
+    spec16 = {**SPEC, "batchSize": 16}
+    assert switchable(SPEC, _plan(2, 2, 4), spec16, _plan(4, 1, 4), default_image=IMAGE)
+
+
+@pytest.mark.parametrize(
+    ("desired_spec", "desired_plan", "why"),
+    [
+        (SPEC, _plan(2, 2, 4), "the same plan: nothing to switch"),
+        ({**SPEC, "cpus": 8}, _plan(2, 4, 4, cpus=8), "other cores: a new pod"),
+        ({**SPEC, "model": {"zoo": "bert-base"}}, _plan(4, 1, 2), "another model"),
+        ({**SPEC, "memory": "9Gi"}, _plan(4, 1, 2), "other pod resources"),
+        ({**SPEC, "maxBatchDelayMs": 50}, _plan(4, 1, 2), "other TorchServe settings"),
+    ],
+)
+def test_everything_else_keeps_the_deployment_switch(
+    desired_spec: dict[str, Any], desired_plan: dict[str, Any], why: str
+) -> None:
+    assert not switchable(SPEC, _plan(2, 2, 4), desired_spec, desired_plan, default_image=IMAGE), (
+        why
+    )
+
+
+def test_another_image_keeps_the_deployment_switch() -> None:
+    current, desired = _plan(2, 2, 4), _plan(4, 1, 2)
+    assert switchable(SPEC, current, SPEC, desired, default_image=IMAGE)
+    other = {**SPEC, "image": "other:2"}
+    assert not switchable(SPEC, current, other, desired, default_image=IMAGE)
+    same = {**SPEC, "image": IMAGE}  # the default, spelled out: the same pods
+    assert switchable(SPEC, current, same, desired, default_image=IMAGE)
+
+
+def test_the_request_is_a_plan_the_pod_parses() -> None:
+    body, headers = plan_request(_plan(4, 1, 2), token="t" * 20)
+    assert headers["Authorization"] == "Bearer " + "t" * 20
+    plan = parse_plan(body.decode(), origin="test")
+    assert isinstance(plan, Plan)
+    assert plan.label == "4x1t/b2" and plan.batch == 8 and plan.expand() == [(1, 2)] * 4
+
+
+class _Pod(BaseHTTPRequestHandler):
+    answers: list[tuple[int, bytes]] = []
+    seen: list[tuple[str, str, bytes]] = []
+
+    def do_POST(self) -> None:
+        size = int(self.headers.get("Content-Length", "0"))
+        self.seen.append((self.path, self.headers.get("Authorization", ""), self.rfile.read(size)))
+        status, body = self.answers.pop(0)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def pod() -> Iterator[int]:
+    _Pod.answers, _Pod.seen = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Pod)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_post_plan_reads_the_pods_answer(pod: int) -> None:
+    _Pod.answers = [
+        (200, json.dumps({"switched": True, "plan": "4x1t/b2"}).encode()),
+        (503, json.dumps({"message": "new plan did not start"}).encode()),
+        (200, b"x" * 100_000),  # too large: still the status, no message
+    ]
+    ok = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    assert ok.ok and ok.status == 200 and ok.message == "4x1t/b2"
+    path, auth, body = _Pod.seen[0]
+    assert path == "/admin/plan" and auth == "Bearer " + "t" * 20
+    assert json.loads(body)["instances"] == [{"threads": 1, "batch": 2, "count": 4}]
+    bad = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    assert not bad.ok and bad.status == 503 and "did not start" in bad.message
+    big = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    assert big.ok and big.message == ""
+
+
+def test_post_plan_to_nobody_is_an_answer_not_an_exception() -> None:
+    from packrat.serve.torchserve import free_ports
+
+    port = free_ports(1)[0]
+    answer = post_plan("127.0.0.1", port, _plan(4, 1, 2), token="t" * 20, timeout=5)
+    assert not answer.ok and answer.status == 0 and "unreachable" in answer.message
