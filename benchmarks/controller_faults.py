@@ -36,7 +36,8 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 from emulator import Api, EmulatorThread  # noqa: E402
 from harness import TEST_IMAGE, Load, OperatorCluster, wait_for  # noqa: E402
 
-from packrat.controller import manifests as m  # noqa: E402
+from packrat.controller import profile_manifests as pm  # noqa: E402
+from packrat.controller.drift import merge_patch  # noqa: E402
 from packrat.controller.model import parse  # noqa: E402
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint  # noqa: E402
 
@@ -122,7 +123,9 @@ def faults(args: argparse.Namespace) -> dict[str, Any]:
             out["active_deleted_during_failing_switch"].append(
                 {"serving_again_s": round(seconds, 3), "failed_requests": failed}
             )
-            cluster.api.patch("packratmodels", name, {"spec": SPEC})
+            # exactly SPEC again (a merge patch of SPEC alone would keep memory: 2Ti)
+            current = cluster.model(name)["spec"]
+            cluster.api.patch("packratmodels", name, {"spec": merge_patch(current, SPEC)})
             wait_for(lambda: _at_rest(cluster, name), timeout=300, what="rest", period=0.25)
         for _ in range(args.repeat):
             cm = cluster.status(name)["profile"]["configMap"]
@@ -218,7 +221,7 @@ def scale_one(n: int, *, window: float, resync: float, workdir: Path) -> dict[st
             model = parse(obj, default_image=TEST_IMAGE)
             api.create(
                 "configmaps",
-                m.profile_configmap(model.body(), key=model.profile_key, profile_json=profile),
+                pm.profile_configmap(model.body(), key=model.profile_key, profile_json=profile),
             )
 
         def all_ready() -> bool:

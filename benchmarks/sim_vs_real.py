@@ -4,6 +4,14 @@ Run: ``.venv/bin/python benchmarks/sim_vs_real.py`` (about 5 minutes: the pod st
 one Poisson trace per load level is replayed with ``run_trace``, what ``packrat loadgen
 --trace`` does). The DES gets the same trace, the profile the plan came from and the plan;
 results go to ``benchmarks/results/sim-vs-real.{json,txt}``.
+
+Calibration (``--calibrate N``, on by default): on a shared machine the pod does not get the
+cores its profile was measured on, so before the load levels ``N`` requests are sent one
+at a time (each after the previous answer: no queueing) and the ratio of their median
+latency to the profile's single-request latency scales the whole profile for a second
+simulation ("calibrated"). That checks the queueing and batching model at the service
+times the pod has now; the raw simulation checks the profile too. Load levels are
+fractions of the calibrated capacity (``--loads``), or absolute rates (``--rates``).
 """
 
 from __future__ import annotations
@@ -47,13 +55,33 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         try:
             warm = gamma_trace(2.0, duration_s=5.0, seed=99)
             await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=warm.tolist())
-            for i, rate in enumerate(args.rates):
+            table = profile.table()
+            single = [(t, 1) for t, _ in plan.expand()]
+            alone = max(table[k] for k in single)
+            factor = 1.0
+            if args.calibrate:  # one request at a time, each after the last answer
+                lat = []
+                for _ in range(args.calibrate):
+                    one = await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=[0.0])
+                    lat += [r.latency_s * 1000.0 for r in one.records if r.ok]
+                lat.sort()
+                factor = lat[len(lat) // 2] / alone
+                print(
+                    f"calibration: median {lat[len(lat) // 2]:.1f} ms alone vs profile "
+                    f"{alone:.1f} ms: factor {factor:.2f}",
+                    flush=True,
+                )
+            scaled = {k: v * factor for k, v in table.items()}
+            capacity = sum(1000.0 / scaled[k] for k in single)
+            rates = args.rates or [round(f * capacity, 2) for f in args.loads]
+            for i, rate in enumerate(rates):
                 trace = gamma_trace(rate, cv=args.cv, duration_s=args.duration, seed=i + 1)
                 measured = await run_trace(
                     url=pod.url, model=pod.model, body=body, arrivals_s=trace.tolist()
                 )
                 lat = np.array([r.latency_s * 1000.0 for r in measured.records if r.ok])
-                sim = simulate(trace, profile.table(), plan.expand(), max_batch_delay_ms=5.0)
+                sim = simulate(trace, table, plan.expand(), max_batch_delay_ms=5.0)
+                cal = simulate(trace, scaled, plan.expand(), max_batch_delay_ms=5.0)
                 rows.append(
                     {
                         "rate": rate,
@@ -63,13 +91,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         "measured_p50_ms": nearest_rank(lat, 50),
                         "simulated_p99_ms": sim.p99_ms,
                         "simulated_p50_ms": sim.percentile(50),
+                        "calibrated_p99_ms": cal.p99_ms,
+                        "calibrated_p50_ms": cal.percentile(50),
+                        "load": rate / capacity,
                         "send_lag_ms": measured.late_s * 1000.0,
                     }
                 )
                 print(rows[-1], flush=True)
         finally:
             await pod.stop()
-    return {"model": args.model, "profile": str(args.profile), "plan": plan.label, "rows": rows}
+    return {
+        "model": args.model,
+        "profile": str(args.profile),
+        "plan": plan.label,
+        "calibration_factor": factor,
+        "calibrated_capacity_per_s": capacity,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -78,9 +116,10 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=RESULTS / "profile-resnet50-2cpu.json")
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument(
-        "--rates", type=lambda s: [float(x) for x in s.split(",")], default=[6.0, 12.0, 18.0]
-    )
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    parser.add_argument("--rates", type=floats, default=None, help="absolute rates per second")
+    parser.add_argument("--loads", type=floats, default=[0.3, 0.5, 0.7])
+    parser.add_argument("--calibrate", type=int, default=15)
     parser.add_argument("--cv", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--stem", default="sim-vs-real")
@@ -88,15 +127,17 @@ def main() -> None:
     doc = asyncio.run(main_async(args))
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
-        f"{doc['model']}, plan {doc['plan']} from {doc['profile']}",
-        f"{'rate/s':>8}{'sim P99':>10}{'real P99':>10}{'ratio':>8}{'sim P50':>10}"
-        f"{'real P50':>10}{'errors':>8}",
+        f"{doc['model']}, plan {doc['plan']} from {doc['profile']}, calibration factor "
+        f"{doc['calibration_factor']:.2f} (capacity {doc['calibrated_capacity_per_s']:.1f}/s)",
+        f"{'rate/s':>8}{'load':>6}{'sim P99':>9}{'cal P99':>9}{'real P99':>10}{'real/cal':>9}"
+        f"{'cal P50':>9}{'real P50':>10}{'errors':>8}",
     ]
     for r in doc["rows"]:
         lines.append(
-            f"{r['rate']:>8.1f}{r['simulated_p99_ms']:>10.1f}{r['measured_p99_ms']:>10.1f}"
-            f"{r['measured_p99_ms'] / r['simulated_p99_ms']:>8.2f}{r['simulated_p50_ms']:>10.1f}"
-            f"{r['measured_p50_ms']:>10.1f}{r['errors']:>8}"
+            f"{r['rate']:>8.1f}{r['load']:>6.2f}{r['simulated_p99_ms']:>9.1f}"
+            f"{r['calibrated_p99_ms']:>9.1f}{r['measured_p99_ms']:>10.1f}"
+            f"{r['measured_p99_ms'] / r['calibrated_p99_ms']:>9.2f}"
+            f"{r['calibrated_p50_ms']:>9.1f}{r['measured_p50_ms']:>10.1f}{r['errors']:>8}"
         )
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{args.stem}.txt").write_text(text)

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec, _setup
+from test_controller_reconcile import (
+    NS,
+    T0,
+    FakeKube,
+    _profile_json,
+    _ready_model,
+    _set_spec,
+    _setup,
+)
 
 from packrat.controller.drift import covers, quantity
 from packrat.controller.model import InvalidSpec, parse
 from packrat.controller.pods import unschedulable
 from packrat.controller.profiling import _parse
 from packrat.controller.status import get_condition
-from packrat.plan.profile import ProfileError
+from packrat.plan.profile import ProfileError, parse_profile
 
 
 def _cond(kube: FakeKube, type_: str) -> dict[str, Any]:
@@ -44,6 +53,46 @@ def test_active_slot_rebuilt_from_last_good_during_and_after_a_failing_switch() 
     dep = kube.get("deployments", NS, "tiny-a")
     assert dep is not None and dep["metadata"]["labels"]["packrat.dev/serving-hash"] == good
     assert _memory(kube, "tiny-a") == "4Gi"
+
+
+def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
+    kube, rec = _ready_model()
+    good = kube.prm()["status"]["servingHash"]
+    _set_spec(kube, batchSize=8, memory="2Ti")
+    rec.reconcile(NS, "tiny", now=T0)
+    reason = kube.prm()["status"]["switch"]["reason"]
+    assert "memory 4Gi -> 2Ti" in reason and "batch 4 -> 8" in reason
+    later = T0 + datetime.timedelta(seconds=61)
+    assert rec.reconcile(NS, "tiny", now=later).switch_result == "aborted"
+    # the last good spec again, with other switch timings: nothing to switch to
+    _set_spec(kube, batchSize=4, memory=None, switch={"readyTimeoutSeconds": 9, "drainSeconds": 0})
+    res = rec.reconcile(NS, "tiny", now=later)
+    status = kube.prm()["status"]
+    assert "switch" not in status and res.phase == "Ready"
+    assert status["servingHash"] == good and status["activeSlot"] == "a"
+    assert not [e for e in res.events if e[1] == "SwitchStarted"]
+    b = kube.get("deployments", NS, "tiny-b")
+    assert b is not None and b["spec"]["replicas"] == 0
+
+
+def test_reprofile_with_the_same_layout_keeps_the_served_plan() -> None:
+    kube, rec = _ready_model()
+    before = kube.prm()["status"]
+    kube.delete("configmaps", NS, before["profile"]["configMap"])  # lost: re-profile
+    rec.reconcile(NS, "tiny", now=T0)
+    measured = parse_profile(_profile_json(), origin="test")
+    slower = measured.with_points(
+        dataclasses.replace(pt, latency_ms=pt.latency_ms * 1.25) for pt in measured.points
+    )
+    kube.finish_job(ok=True, log=slower.to_json())
+    res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
+    status = kube.prm()["status"]
+    assert status["profile"]["digest"] != before["profile"]["digest"]  # a new profile
+    # the same pods: no switch, the served plan and hash kept
+    assert "switch" not in status and res.phase == "Ready"
+    assert status["plan"] == before["plan"]
+    assert status["servingHash"] == before["servingHash"]
+    assert kube.of("deployments") == ["tiny-a"]
 
 
 def test_api_error_leaves_status_as_it_was() -> None:

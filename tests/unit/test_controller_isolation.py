@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 from packrat.controller.isolation import cores_exclusive
 from packrat.controller.spec import validate_spec
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
@@ -42,9 +42,9 @@ def test_no_record_is_unknown() -> None:
 
 def test_allow_contended_reaches_the_profile_command() -> None:
     spec: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
-    assert "--allow-contended" not in m.profile_command(spec, output="/p/x")
+    assert "--allow-contended" not in pm.profile_command(spec, output="/p/x")
     allowed = {**spec, "profiling": {"allowContended": True}}
-    cmd = m.profile_command(allowed, output="/p/x")
+    cmd = pm.profile_command(allowed, output="/p/x")
     assert "--allow-contended" in cmd and cmd[-2:] == ["-o", "/p/x"]
     assert validate_spec(allowed) == []
     assert validate_spec({**spec, "profiling": {"allowContended": "yes"}})

@@ -9,6 +9,7 @@ import kubernetes_validate
 import pytest
 
 from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 
 OWNER: dict[str, Any] = {
     "apiVersion": "packrat.dev/v1alpha1",
@@ -49,8 +50,8 @@ VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 
 def _objects(owner: dict[str, Any]) -> list[dict[str, Any]]:
     return [
-        m.profiling_job(owner, key="abcdef0123456789"),
-        m.profile_configmap(owner, key="abcdef0123456789", profile_json="{}", cpu_model="x"),
+        pm.profiling_job(owner, key="abcdef0123456789"),
+        pm.profile_configmap(owner, key="abcdef0123456789", profile_json="{}", cpu_model="x"),
         m.serving_deployment(owner, slot="a", plan=PLAN, serving_hash="h1", replicas=2),
         m.service(owner, slot="b"),
     ]
@@ -118,7 +119,7 @@ def test_deployment_serves_plan_with_probes() -> None:
 
 
 def test_job_profiles_and_publishes() -> None:
-    job = m.profiling_job(OWNER, key="abcdef0123456789")
+    job = pm.profiling_job(OWNER, key="abcdef0123456789")
     assert job["metadata"]["name"] == "tiny-profile-abcdef01"
     spec = job["spec"]
     assert spec["backoffLimit"] == 2 and spec["activeDeadlineSeconds"] == 1800

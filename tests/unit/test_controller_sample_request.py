@@ -6,6 +6,7 @@ import base64
 from typing import Any
 
 from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 from packrat.controller.spec import profile_key, validate_spec
 
 SAMPLE = base64.b64encode(b'{"x": [1, 2, 3]}').decode()
@@ -32,7 +33,7 @@ def _profile_container(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_job_profiles_through_the_handler_with_the_sample() -> None:
-    container = _profile_container(m.profiling_job(MAR_OWNER, key="k" * 16))
+    container = _profile_container(pm.profiling_job(MAR_OWNER, key="k" * 16))
     cmd = container["command"]
     assert cmd[cmd.index("--sample-request-env") + 1] == m.SAMPLE_REQUEST_ENV
     assert cmd[cmd.index("--sample-content-type") + 1] == "application/json"
@@ -44,7 +45,7 @@ def test_the_job_profiles_through_the_handler_with_the_sample() -> None:
 
 def test_a_zoo_model_without_sample_profiles_the_bare_model() -> None:
     owner = {**MAR_OWNER, "spec": {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4}}
-    container = _profile_container(m.profiling_job(owner, key="k" * 16))
+    container = _profile_container(pm.profiling_job(owner, key="k" * 16))
     assert "--sample-request-env" not in container["command"]
     assert m.SAMPLE_REQUEST_ENV not in {e["name"] for e in container["env"]}
 

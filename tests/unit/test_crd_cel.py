@@ -121,6 +121,8 @@ BASE: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
 URI = "https://models.example/m.mar"
 PVC = {"persistentVolumeClaim": {"claimName": "models"}, "path": "m.mar"}
 CM = {"configMap": {"name": "models"}, "path": "m.mar"}
+SLO = {"latencyP99Ms": 100, "rate": 20}
+TRACE = {"configMap": "traces", "key": "sample.csv"}
 
 
 def spec_with(**changes: Any) -> dict[str, Any]:
@@ -134,8 +136,11 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [model(BASE, name="a" * 40)],
         [model(BASE, name="a" * 41)],
     ),
-    "has(self.batchSize) != has(self.autoBatch)": (
-        [model(spec_with(batchSize=None, autoBatch={"min": 1, "max": 4}))],
+    "has(self.slo) || has(self.batchSize) != has(self.autoBatch)": (
+        [
+            model(spec_with(batchSize=None, autoBatch={"min": 1, "max": 4})),
+            model(spec_with(batchSize=None, slo=SLO)),  # the planner chooses the batch
+        ],
         [
             model(spec_with(autoBatch={"min": 1, "max": 4})),
             model(spec_with(batchSize=None)),
@@ -195,6 +200,28 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [
             model(spec_with(model={"volume": {**PVC, "path": "a/../b"}, "format": "mar"})),
             model(spec_with(model={"volume": {**PVC, "path": "m..mar"}, "format": "mar"})),
+        ],
+    ),
+    "!has(self.slo) || (!has(self.batchSize) && !has(self.autoBatch))": (
+        [model(spec_with(batchSize=None, slo=SLO, autoscaling={"maxReplicas": 4}))],
+        [model(spec_with(slo=SLO))],
+    ),
+    "!has(self.autoscaling) || self.autoscaling.mode != 'envelope' || has(self.slo)": (
+        [model(spec_with(autoscaling={"mode": "external"}))],
+        [model(spec_with(autoscaling={})), model(spec_with(autoscaling={"mode": "envelope"}))],
+    ),
+    "has(self.trace) != has(self.rate)": (
+        [model(spec_with(batchSize=None, slo={"latencyP99Ms": 9, "trace": TRACE}))],
+        [
+            model(spec_with(batchSize=None, slo={"latencyP99Ms": 9})),
+            model(spec_with(batchSize=None, slo={**SLO, "trace": TRACE})),
+        ],
+    ),
+    "self.minReplicas <= self.maxReplicas": (
+        [model(spec_with(autoscaling={"mode": "external", "minReplicas": 3, "maxReplicas": 3}))],
+        [
+            model(spec_with(autoscaling={"mode": "external", "minReplicas": 4, "maxReplicas": 3})),
+            model(spec_with(autoscaling={"mode": "external", "minReplicas": 11})),  # default 10
         ],
     ),
     "self.min <= self.max": (

@@ -92,7 +92,15 @@ def test_crd_names_and_shape() -> None:
     assert spec["scope"] == "Namespaced"
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1"
-    assert version["subresources"] == {"status": {}}
+    # the scale subresource: HPA/KEDA write spec.replicas (spec.autoscaling.mode external)
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     printer = version["additionalPrinterColumns"]
     columns = {c["name"]: c["jsonPath"] for c in printer}
     # kubectl get prm: Ready is the condition (as KServe and Seldon show it), the measured

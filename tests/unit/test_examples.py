@@ -125,10 +125,11 @@ def test_example_objects_the_operator_builds_are_valid_and_guaranteed(
     """What `kubectl apply -f examples/<name>` leads to: the operator's profiling Job, slot
     Deployment and Service for that spec, valid for Kubernetes and Guaranteed QoS."""
     manifests = pytest.importorskip("packrat.controller.manifests")
+    profile_manifests = pytest.importorskip("packrat.controller.profile_manifests")
     owner = {**copy.deepcopy(model), "metadata": {**model["metadata"], "uid": "uid-1"}}
     owner["metadata"].setdefault("namespace", "models")
     built = [
-        manifests.profiling_job(owner, key="0123456789abcdef" * 4),
+        profile_manifests.profiling_job(owner, key="0123456789abcdef" * 4),
         manifests.serving_deployment(
             owner, slot="a", plan=_PLAN, serving_hash="f" * 16, replicas=1
         ),

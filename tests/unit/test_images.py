@@ -258,9 +258,10 @@ PLAN = SAMPLE_PLAN
 
 def controller_workloads() -> Iterator[dict[str, Any]]:
     manifests = pytest.importorskip("packrat.controller.manifests")
+    profile_manifests = pytest.importorskip("packrat.controller.profile_manifests")
     for model in MODELS.values():
         owner = _owner(model, profiling={"threads": [1, 2, 4]})
-        yield manifests.profiling_job(owner, key="k" * 64)
+        yield profile_manifests.profiling_job(owner, key="k" * 64)
         yield manifests.serving_deployment(
             owner, slot="b", plan=PLAN, serving_hash="h" * 16, replicas=2
         )

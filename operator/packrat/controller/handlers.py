@@ -22,8 +22,9 @@ from typing import Any
 import kopf
 
 from packrat.controller import autobatch as ab
+from packrat.controller import autoscale_metrics, metrics
 from packrat.controller import manifests as m
-from packrat.controller import metrics
+from packrat.controller.arrivals import ArrivalReader
 from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.reconcile import Config, Reconciler, Result
@@ -103,6 +104,10 @@ def _publish(body: kopf.Body, result: Result) -> None:
         decision=result.decision,
         switch_seconds=result.switch_seconds,
     )
+    if result.cores_exclusive is not None:
+        metrics.record_cores_exclusive(namespace, name, result.cores_exclusive)
+    if result.autoscale is not None:
+        autoscale_metrics.publish(namespace, name, result.autoscale)
     if result.plan is not None:
         plan = result.plan
         metrics.record_plan(
@@ -127,6 +132,20 @@ def _wants_estimates(body: Mapping[str, Any]) -> bool:
     )
 
 
+def _tuner_interval(body: Mapping[str, Any]) -> float | None:
+    """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
+    spec = body.get("spec") or {}
+    auto = spec.get("autoscaling")
+    if not isinstance(auto, Mapping) or "slo" not in spec:
+        return None
+    if auto.get("mode", "envelope") != "envelope":
+        return None
+    if (body.get("status") or {}).get("switch"):
+        return None
+    value = auto.get("intervalSeconds", 5)
+    return float(value) if isinstance(value, int | float) and value > 0 else 5.0
+
+
 def _owner_key(meta: Mapping[str, Any]) -> str | None:
     labels = meta.get("labels") or {}
     name = labels.get(m.LABEL_MODEL) or labels.get("app.kubernetes.io/instance")
@@ -144,20 +163,22 @@ def build_registry(
     pool = ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="reconcile")
     state: dict[str, Any] = {}
 
-    def parts() -> tuple[Reconciler, EstimateReader]:
+    def parts() -> tuple[Reconciler, EstimateReader, ArrivalReader]:
         if "r" not in state:
             api = kube or Kube()
             state["r"] = Reconciler(api, config=options.config)
             state["e"] = EstimateReader(
                 api, pod_url=options.pod_url, service_url=options.serving_url
             )
-        return state["r"], state["e"]
+            state["a"] = ArrivalReader(api, pod_url=options.pod_url)
+        return state["r"], state["e"], state["a"]
 
-    def run_pass(namespace: str, name: str, want_estimates: bool) -> Result:
-        reconciler, estimates = parts()
-        # the estimates are read before the pass, never during it
+    def run_pass(namespace: str, name: str, want_estimates: bool, want_arrivals: bool) -> Result:
+        reconciler, estimates, arrivals = parts()
+        # the estimates and arrivals are read before the pass, never during it
         reading = ab.as_reading(estimates(namespace, name)) if want_estimates else None
-        return reconciler.reconcile(namespace, name, reading=reading)
+        seen = arrivals(namespace, name) if want_arrivals else None
+        return reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -192,9 +213,10 @@ def build_registry(
         try:
             while not stopped:
                 event.clear()
+                tuning = _tuner_interval(body)
                 try:
                     result = await loop.run_in_executor(
-                        pool, run_pass, namespace, name, _wants_estimates(body)
+                        pool, run_pass, namespace, name, _wants_estimates(body), tuning is not None
                     )
                 except Exception as exc:
                     failures += 1
@@ -205,9 +227,12 @@ def build_registry(
                     failures = 0
                     if result.result == "gone":
                         metrics.forget_model(namespace, name)
+                        parts()[0].tuners.forget(namespace, name)
                         return
                     _publish(body, result)
                     delay = options.poll_seconds if result.waiting else options.resync_seconds
+                    if tuning is not None:
+                        delay = min(delay, tuning)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=delay)
         finally:

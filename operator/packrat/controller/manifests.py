@@ -1,4 +1,6 @@
-"""Pure builders for every Kubernetes object a PackratModel owns (dict in, dict out).
+"""Pure builders for the serving objects a PackratModel owns (its slots' Deployments and its
+Service) and the pod parts every owned object shares (dict in, dict out); the profiling Job
+and ConfigMap are in ``profile_manifests``.
 
 Kept free of I/O so each object can be checked offline against the Kubernetes schemas, and so
 the Guaranteed-QoS rule (every container, init containers included, requests == limits with
@@ -7,7 +9,6 @@ integer CPUs) is enforced in one place.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -66,7 +67,7 @@ def base_labels(name: str, *, app: str = SERVING_APP) -> dict[str, str]:
     }
 
 
-def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+def metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
     return {
         "name": name,
         "namespace": owner["metadata"].get("namespace", "default"),
@@ -81,7 +82,7 @@ def guaranteed_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"requests": dict(amount), "limits": dict(amount)}
 
 
-def _container_security() -> dict[str, Any]:
+def container_security() -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -91,7 +92,7 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def _pod_security() -> dict[str, Any]:
+def pod_security() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
         "runAsUser": RUN_AS_USER,
@@ -101,7 +102,7 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
-def _scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
+def scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if spec.get("nodeSelector"):
         out["nodeSelector"] = dict(spec["nodeSelector"])
@@ -112,7 +113,7 @@ def _scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _base_env() -> list[dict[str, Any]]:
+def base_env() -> list[dict[str, Any]]:
     return [
         {"name": "HOME", "value": "/tmp"},
         {"name": "TMPDIR", "value": "/tmp"},
@@ -142,7 +143,7 @@ def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], li
     return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
 
 
-def _fetch_init_container(spec: Mapping[str, Any], *, image: str) -> dict[str, Any] | None:
+def fetch_init_container(spec: Mapping[str, Any], *, image: str) -> dict[str, Any] | None:
     """For uri models: download the file into the shared emptyDir (Guaranteed-sized)."""
     model = spec["model"]
     if "uri" not in model:
@@ -158,159 +159,13 @@ def _fetch_init_container(spec: Mapping[str, Any], *, image: str) -> dict[str, A
         "image": image,
         "command": ["python", "-c", script, str(model["uri"]), target],
         "resources": guaranteed_resources(spec),
-        "securityContext": _container_security(),
-        "env": _base_env(),
+        "securityContext": container_security(),
+        "env": base_env(),
         "volumeMounts": [
             {"name": "model", "mountPath": MODEL_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
         "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-
-
-def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
-    spec = with_defaults(spec)
-    profiling = spec["profiling"]
-    target, _, _ = model_source(spec)
-    cmd = [
-        "packrat",
-        "profile",
-        "--model",
-        target,
-        "--cpus",
-        str(spec["cpus"]),
-        "--max-batch",
-        str(profiling["maxBatch"]),
-        "--precision",
-        str(profiling["precision"]),
-        "--time-budget",
-        str(profiling["timeBudgetSeconds"]),
-        "-o",
-        output,
-    ]
-    if profiling.get("threads"):
-        cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
-    if profiling.get("allowContended"):
-        cmd[-2:-2] = ["--allow-contended"]
-    if spec["model"].get("sampleRequest") is not None:
-        cmd[-2:-2] = [
-            "--sample-request-env",
-            SAMPLE_REQUEST_ENV,
-            "--sample-content-type",
-            str(spec["model"].get("sampleContentType") or "application/octet-stream"),
-        ]
-    return cmd
-
-
-def profile_env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The profile container's environment: the base one plus the sample request (base64)."""
-    env = _base_env()
-    sample = spec["model"].get("sampleRequest")
-    if sample is not None:
-        env.append({"name": SAMPLE_REQUEST_ENV, "value": str(sample)})
-    return env
-
-
-def profiling_job(
-    owner: Mapping[str, Any], *, key: str, image: str | None = None
-) -> dict[str, Any]:
-    """The Job that measures the profile.
-
-    The ``profile`` init container runs ``packrat profile`` on T exclusive cores; the main
-    container ``publish`` prints the finished JSON, so the operator reads the profile from
-    that container's log (the pod needs no API credentials). Both are Guaranteed-sized.
-    """
-    spec = with_defaults(owner["spec"])
-    name = owner["metadata"]["name"]
-    image = spec.get("image") or image or DEFAULT_IMAGE
-    job_name = profile_object_name(name, key)
-    labels = {
-        **base_labels(name, app=PROFILING_APP),
-        LABEL_MODEL: name,
-        LABEL_PROFILE_KEY: key[:16],
-    }
-    _, model_volumes, model_mounts = model_source(spec)
-    output = f"{PROFILE_DIR}/{PROFILE_FILE}"
-    mounts = [
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "profile", "mountPath": PROFILE_DIR},
-        *model_mounts,
-    ]
-    init: list[dict[str, Any]] = []
-    fetch = _fetch_init_container(spec, image=image)
-    if fetch is not None:
-        init.append(fetch)
-    init.append(
-        {
-            "name": "profile",
-            "image": image,
-            "command": profile_command(spec, output=output),
-            "env": profile_env(spec),
-            "resources": guaranteed_resources(spec),
-            "securityContext": _container_security(),
-            "volumeMounts": mounts,
-            "terminationMessagePolicy": "FallbackToLogsOnError",
-        }
-    )
-    profiling = spec["profiling"]
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": _pod_security(),
-        "initContainers": init,
-        "containers": [
-            {
-                "name": "publish",
-                "image": image,
-                "command": ["cat", output],
-                "resources": guaranteed_resources(spec),
-                "securityContext": _container_security(),
-                "volumeMounts": [{"name": "profile", "mountPath": PROFILE_DIR, "readOnly": True}],
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
-        ],
-        "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "profile", "emptyDir": {}},
-            *model_volumes,
-        ],
-        **_scheduling(spec),
-    }
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": _metadata(owner, name=job_name, labels=labels),
-        "spec": {
-            "backoffLimit": int(profiling["backoffLimit"]),
-            "activeDeadlineSeconds": int(profiling["timeoutSeconds"]),
-            "ttlSecondsAfterFinished": 86400,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
-
-
-def profile_configmap(
-    owner: Mapping[str, Any], *, key: str, profile_json: str, cpu_model: str = ""
-) -> dict[str, Any]:
-    """The ConfigMap that stores a measured profile for reuse (keyed by the profile key)."""
-    name = owner["metadata"]["name"]
-    labels = {
-        **base_labels(name, app=PROFILING_APP),
-        LABEL_MODEL: name,
-        LABEL_PROFILE_KEY: key[:16],
-    }
-    meta = _metadata(owner, name=profile_object_name(name, key), labels=labels)
-    meta["annotations"] = {
-        "packrat.dev/profile-key": key,
-        "packrat.dev/profile-digest": hashlib.sha256(profile_json.encode()).hexdigest(),
-        "packrat.dev/cpu-model": cpu_model,
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": meta,
-        "data": {PROFILE_FILE: profile_json},
     }
 
 
@@ -351,29 +206,31 @@ def serving_deployment(
     selector = {**base_labels(name), LABEL_SLOT: slot}
     pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
     _, model_volumes, model_mounts = model_source(spec)
-    drain = int(spec["switch"]["drainSeconds"])
     probe_get = {"path": "/ping", "port": "http"}
     init: list[dict[str, Any]] = []
-    fetch = _fetch_init_container(spec, image=image)
+    fetch = fetch_init_container(spec, image=image)
     if fetch is not None:
         init.append(fetch)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": drain + PRESTOP_SECONDS + 30,
-        "securityContext": _pod_security(),
+        # the switch's drain happens before a slot is scaled down (the operator waits), so
+        # the grace period covers only the preStop delay and in-flight requests: switch
+        # timings stay out of the template, and changing them needs no switch
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + 30,
+        "securityContext": pod_security(),
         "containers": [
             {
                 "name": "serve",
                 "image": image,
                 "command": serve_command(spec, name=name),
                 "env": [
-                    *_base_env(),
+                    *base_env(),
                     {"name": PLAN_ENV, "value": json.dumps(dict(plan), sort_keys=True)},
                 ],
                 "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
                 "resources": guaranteed_resources(spec),
-                "securityContext": _container_security(),
+                "securityContext": container_security(),
                 "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *model_mounts],
                 "startupProbe": {
                     "httpGet": probe_get,
@@ -401,7 +258,7 @@ def serving_deployment(
             }
         ],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *model_volumes],
-        **_scheduling(spec),
+        **scheduling(spec),
     }
     if init:
         pod_spec["initContainers"] = init
@@ -409,7 +266,7 @@ def serving_deployment(
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            **_metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
+            **metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
             "annotations": {ANNOTATION_PLAN: str(plan.get("label", ""))},
         },
         "spec": {
@@ -441,7 +298,7 @@ def service(owner: Mapping[str, Any], *, slot: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(owner, name=name, labels={**base_labels(name), LABEL_MODEL: name}),
+        "metadata": metadata(owner, name=name, labels={**base_labels(name), LABEL_MODEL: name}),
         "spec": {
             "type": "ClusterIP",
             "selector": service_selector(name, slot=slot),

@@ -90,8 +90,9 @@ EXPECTED_LATENCY = Gauge(
 )
 CORES_EXCLUSIVE = Gauge(
     "packrat_cores_exclusive",
-    "1 when every serving pod of the model runs on an exclusive cpuset (Guaranteed QoS, "
-    "static CPU manager), 0 when some pod shares its cores.",
+    "The CoresExclusive condition as a number: 1 when the isolation check of the model's "
+    "profiling pod (on the serving nodes) found an exact, quiet cpuset, 0 when it found shared "
+    "or busy cores; absent while no stored profile records the check.",
     MODEL,
     registry=REGISTRY,
 )

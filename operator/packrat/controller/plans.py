@@ -38,3 +38,20 @@ def wire_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
     out = {snake: plan.get(camel) for snake, camel in _FIELDS}
     out["instances"] = [dict(g) for g in plan.get("instances") or []]
     return out
+
+
+def layout(plan: Mapping[str, Any]) -> tuple[object, ...]:
+    """What a plan makes the pods do (cores, batch, instance groups), without the estimates."""
+    groups = sorted(
+        (int(g.get("threads", 0)), int(g.get("batch", 0)), int(g.get("count", 0)))
+        for g in plan.get("instances") or []
+    )
+    return (plan.get("cpus"), plan.get("batch"), tuple(groups))
+
+
+def keep_served(served: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """``new``, or the served plan when both lay the pods out alike: a re-profile that only
+    moves the latency estimates must not switch slots (the pods would run the same)."""
+    if served and served.get("instances") and layout(served) == layout(new):
+        return dict(served)
+    return dict(new)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 from packrat.controller.context import Pass
 from packrat.controller.isolation import CONDITION as ISOLATION_CONDITION
 from packrat.controller.isolation import cores_exclusive
@@ -99,6 +100,7 @@ def ensure_profile(
         exclusive, reason, message = cores_exclusive(profile)
         if exclusive is not None:
             p.cond(ISOLATION_CONDITION, exclusive, reason, message[:2000])
+            p.result.cores_exclusive = exclusive
         return profile
 
     drop_superseded(p, jobs, keep=obj_name)
@@ -143,7 +145,7 @@ def _start_job(
         p.result.result = "waiting"
         return None
     created = p.kube.create(
-        "jobs", model.namespace, m.profiling_job(model.body(), key=key, image=model.image)
+        "jobs", model.namespace, pm.profiling_job(model.body(), key=key, image=model.image)
     )
     pstatus.update(job=obj_name, startedAt=now_iso(p.now))
     for stale in ("retryAt", "stuck"):
@@ -195,7 +197,7 @@ def _follow_job(
             state = "failed"
             failure = f"profile unreadable: {exc}"
         else:
-            cm_body = m.profile_configmap(
+            cm_body = pm.profile_configmap(
                 model.body(),
                 key=model.profile_key,
                 profile_json=profile.to_json(),

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller import autobatch as ab
+from packrat.controller import autoscale as asc
 from packrat.controller import manifests as m
 from packrat.controller.batching import batch_to_plan, observe_batch
 from packrat.controller.context import Config, Pass, Result
@@ -25,9 +26,10 @@ from packrat.controller.drift import merge_patch
 from packrat.controller.kube import KubeApi
 from packrat.controller.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.ownership import conflict_message, owned_by
-from packrat.controller.plans import status_plan, wire_plan
+from packrat.controller.plans import keep_served, status_plan, wire_plan
 from packrat.controller.pods import pod_failure
 from packrat.controller.profiling import ensure_profile
+from packrat.controller.provisioning import ProvisionCache, provision_model
 from packrat.controller.service import ensure_service
 from packrat.controller.serving import Rendering, ensure_deployment, last_good, scale, steady
 from packrat.controller.spec import serving_hash
@@ -79,6 +81,8 @@ class Reconciler:
         self.config = config or Config()
         self.estimates = estimates
         self.optimizers = ab.OptimizerCache()
+        self.provisions = ProvisionCache()
+        self.tuners = asc.Tuners()
 
     def reconcile(
         self,
@@ -87,6 +91,7 @@ class Reconciler:
         *,
         now: datetime.datetime | None = None,
         reading: ab.Reading | None = None,
+        arrivals: asc.Arrivals | None = None,
     ) -> Result:
         obj = self.kube.get("packratmodels", namespace, name)
         result = Result()
@@ -102,7 +107,7 @@ class Reconciler:
             result=result,
             now=now or _now(),
         )
-        self._pass(p, reading)  # an exception propagates: nothing is written
+        self._pass(p, reading, arrivals)  # an exception propagates: nothing is written
         self._report_conflicts(p)
         p.status["phase"] = result.phase
         if p.generation is not None:
@@ -115,7 +120,7 @@ class Reconciler:
         return result
 
     # -- the pass ------------------------------------------------------------------------------
-    def _pass(self, p: Pass, reading: ab.Reading | None) -> None:
+    def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
         status = p.status
         try:
             model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
@@ -127,6 +132,8 @@ class Reconciler:
         # 1. serving repairs, from the last good configuration, before anything else
         good = last_good(p, fallback=model.stored_spec() if model else None)
         replicas = model.replicas if model else int((good.spec if good else {}).get("replicas", 1))
+        if model is not None:
+            replicas = asc.serving_replicas(model, status)
         active_dep: dict[str, Any] | None = None
         if good is not None:
             active = str(status["activeSlot"])
@@ -148,18 +155,27 @@ class Reconciler:
         if profile is None:
             return
 
-        # 3. plan
+        # 3. plan (with an SLO: replicas, CPUs per replica and batch from the provisioning)
         batch = batch_to_plan(model, status)
         auto = model.auto
         max_batch = max(batch, int(auto["max"])) if auto else batch
+        serving_spec = model.stored_spec()
+        prov = None
+        if "slo" in model.spec:
+            prov = provision_model(p, model, profile, self.provisions)
+            if prov is None:
+                return
+            batch = max_batch = prov.batch
+            serving_spec["cpus"] = prov.cpus
+            replicas = asc.serving_replicas(model, status, prov)
         try:
             optimizer = self.optimizers.get(
                 profile,
                 digest=str((status.get("profile") or {}).get("digest", "")),
-                cpus=model.cpus,
+                cpus=int(serving_spec["cpus"]),
                 max_batch=max_batch,
             )
-            plan = status_plan(optimizer.plan(batch))
+            plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
         except PlanError as exc:
             p.result.phase = "Failed"
             p.result.result = "plan_error"
@@ -173,9 +189,9 @@ class Reconciler:
         p.result.plan = wire_plan(plan)
         p.cond("Planned", True, "Planned", f"plan {plan['label']}")
         desired = Rendering(
-            spec=model.stored_spec(),
+            spec=serving_spec,
             plan=plan,
-            serving_hash=serving_hash(model.spec, plan=wire_plan(plan), image=model.image),
+            serving_hash=serving_hash(serving_spec, plan=wire_plan(plan), image=model.image),
         )
 
         # 4. serving slots and the switch
@@ -186,7 +202,16 @@ class Reconciler:
             return
         passive = m.other_slot(str(status["activeSlot"]))
         scale(p, children.deployments[passive], 0)
+        if prov is not None and asc.mode(model) == "envelope":
+            replicas = asc.tune(
+                p, model, prov, arrivals=arrivals, tuners=self.tuners, current=replicas
+            )
+            scale(p, active_dep, replicas)
+            if active_dep is not None:
+                active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
+        if "autoscaling" in model.spec:
+            asc.publish_scale(p, replicas)
         if auto and p.result.phase == "Ready" and "switch" not in status:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))

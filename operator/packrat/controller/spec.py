@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
+from packrat.controller.slo_spec import validate_slo, with_slo_defaults
+
 GROUP = "packrat.dev"
 VERSION = "v1alpha1"
 PLURAL = "packratmodels"
@@ -63,6 +65,8 @@ _SPEC_FIELDS = {
     "tolerations",
     "affinity",
     "switch",
+    "slo",
+    "autoscaling",
 }
 _CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
 _MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest", "sampleContentType"}
@@ -100,6 +104,7 @@ def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     auto = out.get("autoBatch")
     if isinstance(auto, Mapping):
         out["autoBatch"] = {**AUTO_BATCH_DEFAULTS, **auto}
+    with_slo_defaults(out)
     return out
 
 
@@ -256,8 +261,9 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
 
     has_batch = "batchSize" in spec
     has_auto = "autoBatch" in spec
-    if has_batch == has_auto:
+    if has_batch == has_auto and "slo" not in spec:
         errors.append("exactly one of batchSize and autoBatch must be set")
+    validate_slo(errors, spec)
     max_batch = profiling.get("maxBatch")
     if (
         has_batch
@@ -317,9 +323,12 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
 
 # -- derived values ---------------------------------------------------------------------------
 def initial_batch(spec: Mapping[str, Any]) -> int:
-    """The batch size to plan for: the fixed one, or the automatic range's minimum."""
+    """The batch size to plan for: the fixed one, or the automatic range's minimum (with an
+    SLO the planner's batch replaces it)."""
     if "batchSize" in spec:
         return int(spec["batchSize"])
+    if "autoBatch" not in spec:
+        return 1
     return int(with_defaults(spec)["autoBatch"]["min"])
 
 
@@ -399,6 +408,5 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             "nodeSelector": spec.get("nodeSelector") or {},
             "tolerations": spec.get("tolerations") or [],
             "affinity": spec.get("affinity") or {},
-            "drainSeconds": spec["switch"]["drainSeconds"],
         }
     )[:16]

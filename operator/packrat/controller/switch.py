@@ -23,6 +23,28 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+# spec fields the serving template is built from besides the plan (see ``serving_hash``)
+_TEMPLATE_FIELDS = (
+    *("image", "model", "memory", "maxBatchDelayMs"),
+    *("nodeSelector", "tolerations", "affinity"),
+)
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between the served spec and the new one in the template's fields
+    (scalars with both values, structures by name only: a message stays short)."""
+    out: list[str] = []
+    for key in _TEMPLATE_FIELDS:
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+            out.append(f"{key} changed")
+        else:
+            out.append(f"{key} {str(a)[:64]} -> {str(b)[:64]}")
+    return out
+
+
 def start_switch(p: Pass, deployments: Children, *, target: Rendering, replicas: int) -> None:
     status = p.status
     active = str(status["activeSlot"])
@@ -30,8 +52,11 @@ def start_switch(p: Pass, deployments: Children, *, target: Rendering, replicas:
     old_plan = status.get("plan") or {}
     plan = dict(target.plan)
     reason = f"plan {old_plan.get('label')} -> {plan['label']}"
+    changes = _changed(status.get("servingSpec") or {}, target.spec)
     if old_plan.get("batch") != plan["batch"]:
-        reason += f" (batch {old_plan.get('batch')} -> {plan['batch']})"
+        changes.insert(0, f"batch {old_plan.get('batch')} -> {plan['batch']}")
+    if changes:
+        reason += f" ({', '.join(changes)})"
     ensure_deployment(p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas)
     status["switch"] = {
         "stage": "rollout",

@@ -106,12 +106,15 @@ def parse_plan(text: str, *, origin: str) -> Plan:
         raise ServeConfigError(f"{origin}: {exc}") from None
 
 
-def instance_name(model: str, index: int) -> str:
-    """The TorchServe registration name of instance ``index`` of ``model``."""
-    return f"{model}_i{index}"
+def instance_name(model: str, index: int, generation: int = 0) -> str:
+    """The TorchServe registration name of instance ``index`` of ``model``; a plan switched
+    in the pod (generation 1, 2, ...) registers beside the old one under new names."""
+    return f"{model}_g{generation}_i{index}" if generation else f"{model}_i{index}"
 
 
-def plan_instances(plan: Plan, *, model: str, cores: Sequence[Sequence[int]]) -> list[InstanceSpec]:
+def plan_instances(
+    plan: Plan, *, model: str, cores: Sequence[Sequence[int]], generation: int = 0
+) -> list[InstanceSpec]:
     """One spec per instance of ``plan.expand()``, paired with ``cores`` (same order)."""
     pairs = plan.expand()
     if len(cores) != len(pairs):
@@ -123,7 +126,7 @@ def plan_instances(plan: Plan, *, model: str, cores: Sequence[Sequence[int]]) ->
         specs.append(
             InstanceSpec(
                 index=i,
-                name=instance_name(model, i),
+                name=instance_name(model, i, generation),
                 threads=threads,
                 batch=batch,
                 cpus=tuple(cpus),

@@ -18,6 +18,12 @@ completion (its slot stays taken until TorchServe answers) and is counted cancel
 When TorchServe is gone (:meth:`Dispatcher.fail`), every queued request and every new one is
 answered 503 at once.
 
+An in-pod plan switch (:mod:`packrat.serve.inpod`) hands the dispatcher a new, warmed set of
+instances with :meth:`Dispatcher.swap`: from that instant every new request goes to the new
+set, while requests already queued or in flight on the old set finish there (each request
+keeps the slots it was admitted to); the caller then waits for the old set to be idle
+(:meth:`Dispatcher.retire`) before unregistering it.
+
 Liveness (``GET /healthz``) is 200 unless TorchServe is gone. Readiness (``GET /ping``) is
 owned by whoever watches the instances (see :mod:`packrat.serve.server`): it marks instances
 up only after they loaded and answered a warm-up batch, and down while their worker
@@ -34,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -43,6 +50,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.plan.estimator import BatchSizeEstimator
+from packrat.serve.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.config import InstanceSpec
 from packrat.serve.connections import ConnectionLimits, GuardedAppRunner
 from packrat.serve.metrics import ServeMetrics
@@ -118,12 +126,14 @@ class Dispatcher:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         body_timeout_s: float = 30.0,
+        routes: Sequence[web.RouteDef] = (),
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
         self.instances = list(instances)
         self.backend_url = backend_url.rstrip("/")
+        self._retiring: list[Slots] = []  # old sets still finishing after a swap
         self.slots = Slots(
             [inst.batch for inst in self.instances],
             queue_limit=queue_limit,
@@ -138,17 +148,16 @@ class Dispatcher:
         self.metrics = metrics or ServeMetrics()
         self.estimator = BatchSizeEstimator(window=estimator_window)
         self.estimator_interval_s = estimator_interval_s
+        self.arrivals = ArrivalLog()
         self.draining = False
         self._session: aiohttp.ClientSession | None = None
         self._sampler: asyncio.Task[None] | None = None
         self._status = status
         self._alive = alive
+        self._routes = list(routes)
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
-        m.planned_batch.labels(model).set(sum(self.slots.batches))
-        for inst in self.instances:
-            m.instance_up.labels(model, inst.name).set(0)
-            m.instance_requests.labels(model, inst.name)
+        self._label_instances()
         m.ready.labels(model).set(0)
         m.max_buffered_bytes.labels(model).set(max_buffered_bytes)
         # Labelled children looked up once: the request path runs for every request.
@@ -156,8 +165,14 @@ class Dispatcher:
         self._in_flight_gauge = m.in_flight.labels(model)
         self._buffered_gauge = m.buffered_bytes.labels(model)
         self._duration = m.request_duration.labels(model)
-        self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
         self._by_code: dict[str, Any] = {}
+
+    def _label_instances(self) -> None:
+        m, model = self.metrics, self.model
+        m.planned_batch.labels(model).set(sum(self.slots.batches))
+        for inst in self.instances:
+            m.instance_up.labels(model, inst.name).set(0)
+        self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
 
     # -- lifecycle ------------------------------------------------------------------------------
     def runner(self, limits: ConnectionLimits | None = None, **kwargs: Any) -> web.AppRunner:
@@ -182,6 +197,8 @@ class Dispatcher:
         app.router.add_get("/healthz", self.handle_healthz)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/status", self.handle_status)
+        app.router.add_get("/arrivals", self.handle_arrivals)
+        app.router.add_routes(self._routes)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -234,8 +251,47 @@ class Dispatcher:
         s = self.slots
         return bool(self.instances) and all(s.up) and not self.draining and not s.failed
 
+    def swap(self, instances: Sequence[InstanceSpec]) -> Slots:
+        """Send every new request to ``instances`` (warmed, all up) from now on; returns the
+        old set's slots, whose queued and in-flight requests still finish on the old set."""
+        if self.slots.failed:
+            raise BackendGoneError(self.slots.failed)
+        old, old_instances = self.slots, self.instances
+        self.instances = list(instances)
+        self.slots = Slots(
+            [inst.batch for inst in self.instances],
+            queue_limit=old.queue_limit,
+            queue_timeout_s=old.queue_timeout_s,
+            on_change=self._gauges,
+        )
+        self._retiring.append(old)
+        self._label_instances()
+        for i in range(len(self.instances)):
+            self.set_up(i, True)
+        log.info(
+            "dispatcher: %s -> %s",
+            ",".join(i.name for i in old_instances),
+            ",".join(i.name for i in self.instances),
+        )
+        return old
+
+    async def retire(
+        self, old: Slots, instances: Sequence[InstanceSpec], *, timeout_s: float
+    ) -> bool:
+        """Wait until the old set ``old`` (returned by :meth:`swap`) is idle, then forget it;
+        False when requests were still outstanding after ``timeout_s``."""
+        idle = await old.wait_idle(timeout_s)
+        with contextlib.suppress(ValueError):
+            self._retiring.remove(old)
+        for inst in instances:
+            self.metrics.instance_up.labels(self.model, inst.name).set(0)
+        self._gauges()
+        return idle
+
     def fail(self, reason: str) -> None:
         """TorchServe is gone: every queued request and every new one gets a 503 at once."""
+        for old in self._retiring:
+            old.fail(reason)
         self.slots.fail(reason)
         for inst in self.instances:
             self.metrics.instance_up.labels(self.model, inst.name).set(0)
@@ -250,16 +306,21 @@ class Dispatcher:
 
     @property
     def pending(self) -> int:
-        """Outstanding requests: queued here plus in flight to TorchServe."""
-        return self.slots.pending
+        """Outstanding requests: queued here plus in flight to TorchServe (old sets too)."""
+        return self.slots.pending + sum(s.pending for s in self._retiring)
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing is outstanding; False when ``timeout_s`` passed first."""
-        return await self.slots.wait_idle(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for slots in [*self._retiring, self.slots]:
+            if not await slots.wait_idle(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def _gauges(self) -> None:
-        self._queue_gauge.set(self.slots.queued)
-        self._in_flight_gauge.set(self.slots.in_flight)
+        every = [self.slots, *self._retiring]
+        self._queue_gauge.set(sum(s.queued for s in every))
+        self._in_flight_gauge.set(sum(s.in_flight for s in every))
 
     async def _sample_loop(self) -> None:
         """Feed the estimator the outstanding requests every few ms, while there are any.
@@ -283,6 +344,7 @@ class Dispatcher:
         if name != self.model:
             return _error(404, f"Model not found: {name}")
         start = time.perf_counter()
+        self.arrivals.record()
         # Admission, before a byte of the body is read.
         if self.failed:
             return self._shed(_error(503, "the model server is gone"), start)
@@ -309,8 +371,10 @@ class Dispatcher:
             except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 return self._shed(_error(400, f"request body incomplete: {exc}"), start, True)
             stage = "queued"
+            # This request stays with the set it was admitted to, even across a swap.
+            slots, instances, counters = self.slots, self.instances, self._per_instance
             try:
-                index = await self.slots.acquire()
+                index = await slots.acquire()
             except QueueFullError:
                 return self._shed(_error(503, "queue full", **self._retry()), start)
             except TimeoutError:
@@ -319,12 +383,14 @@ class Dispatcher:
             except BackendGoneError:
                 return self._shed(_error(503, "the model server is gone"), start)
             stage = "in_flight"
-            self._per_instance[index].inc()
+            counters[index].inc()
             headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
             # Once forwarded, the request runs to completion even if its client leaves: the
             # worker has it, and its slot must stay taken until TorchServe answers.
             task = asyncio.ensure_future(
-                self._forward_then_release(index, headers, request.query, body)
+                self._forward_then_release(
+                    slots, index, instances[index], headers=headers, query=request.query, body=body
+                )
             )
             response = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -364,14 +430,21 @@ class Dispatcher:
         return self._count(response, start, source="dispatcher")
 
     async def _forward_then_release(
-        self, index: int, headers: dict[str, str], query: Mapping[str, str], body: bytes
+        self,
+        slots: Slots,
+        index: int,
+        inst: InstanceSpec,
+        *,
+        headers: dict[str, str],
+        query: Mapping[str, str],
+        body: bytes,
     ) -> web.Response:
         forwarded = time.perf_counter()
         try:
-            return await self._forward(self.instances[index], headers, query, body)
+            return await self._forward(inst, headers, query, body)
         finally:
-            self.slots.release(index)
-            self.metrics.instance_duration.labels(self.model, self.instances[index].name).observe(
+            slots.release(index)
+            self.metrics.instance_duration.labels(self.model, inst.name).observe(
                 time.perf_counter() - forwarded
             )
 
@@ -423,6 +496,17 @@ class Dispatcher:
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         response.charset = "utf-8"
         return response
+
+    async def handle_arrivals(self, request: web.Request) -> web.Response:
+        """The arrival log after ``?after=`` (seconds since the epoch; default: all of it)."""
+        try:
+            after = float(request.query.get("after", "0"))
+            limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
+        except ValueError:
+            return _error(400, "after must be a number of seconds, limit an integer")
+        if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
+            return _error(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
+        return web.json_response(self.arrivals.after(after, limit=limit))
 
     async def handle_status(self, _request: web.Request) -> web.Response:
         doc: dict[str, Any] = dict(self._status()) if self._status else {}

@@ -49,6 +49,7 @@ from packrat.serve.config import (
 from packrat.serve.connections import ConnectionLimits
 from packrat.serve.dispatcher import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Dispatcher
 from packrat.serve.handler import CONFIG_ENV
+from packrat.serve.inpod import InPodSwitch, admin_routes
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.shared_weights import ensure_weights, shared_weights_file
 from packrat.serve.torchserve import TorchServe
@@ -81,6 +82,7 @@ class ServeOptions:
     body_timeout_s: float = 30.0
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
+    admin_token: str | None = None  # enables POST /admin/plan (the in-pod switch)
 
 
 class TorchServeGoneError(RuntimeError):
@@ -139,7 +141,11 @@ class PodServer:
         self.dispatcher: Dispatcher | None = None
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
+        self.mar: str | None = None  # the archive's name in TorchServe's model store
         self.weights = shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
+        self.generation = 0  # bumped by each in-pod plan switch
+        self.lock = asyncio.Lock()  # held while the instances are checked or swapped
+        self.switcher = InPodSwitch(self)
         self._stop = asyncio.Event()
 
     def status(self) -> dict[str, Any]:
@@ -156,6 +162,34 @@ class PodServer:
         )
         return doc
 
+    def write_settings(self, instances: Sequence[InstanceSpec]) -> None:
+        """The workers' settings file (cores per instance, the weight file), atomically."""
+        doc = worker_settings(instances)
+        if self.weights is not None:
+            doc["weights"] = str(self.weights)
+        path = self.workdir / "packrat-workers.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+
+    def registration(self, inst: InstanceSpec) -> dict[str, str]:
+        assert self.torchserve is not None and self.mar is not None
+        return registration_query(
+            inst, mar=self.mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
+        )
+
+    def adopt(
+        self, plan: Plan, instances: Sequence[InstanceSpec], pids: Sequence[int], *, generation: int
+    ) -> None:
+        """After an in-pod switch: ``instances`` (warmed, workers ``pids``) serve ``plan``."""
+        self.opts.plan = plan
+        self.instances = list(instances)
+        self.generation = generation
+        self.health = {
+            inst.name: _Health(up=True, pid=pid, warmed_pid=pid, status="READY")
+            for inst, pid in zip(instances, pids, strict=True)
+        }
+
     def _alive(self) -> bool:
         ts = self.torchserve
         return ts is None or ts.proc is None or ts.running  # not started yet counts as alive
@@ -167,10 +201,7 @@ class PodServer:
         opts = self.opts
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
-        doc = worker_settings(self.instances)
-        if self.weights is not None:
-            doc["weights"] = str(self.weights)
-        settings.write_text(json.dumps(doc))
+        self.write_settings(self.instances)
         self.torchserve = TorchServe(
             workdir=self.workdir,
             env={CONFIG_ENV: str(settings)},
@@ -188,6 +219,7 @@ class PodServer:
             max_body_bytes=opts.max_body_bytes,
             max_buffered_bytes=opts.max_buffered_bytes,
             body_timeout_s=opts.body_timeout_s,
+            routes=admin_routes(self.switcher, opts.admin_token),
         )
         self.dispatcher = dispatcher
         runner = dispatcher.runner(opts.limits, handle_signals=False)
@@ -250,6 +282,7 @@ class PodServer:
             raise
         finally:
             stop_wait.cancel()
+            await self.switcher.close()
             if monitor is not None:
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -282,18 +315,12 @@ class PodServer:
         log.info("packrat serve: TorchServe is up and the archive is built")
         assert self.dispatcher is not None
         self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
-        mar = self.torchserve.add_archive(archive.path)
+        self.mar = self.torchserve.add_archive(archive.path)
         await asyncio.gather(
-            *(
-                self.torchserve.register(
-                    registration_query(
-                        inst, mar=mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
-                    )
-                )
-                for inst in self.instances
-            )
+            *(self.torchserve.register(self.registration(inst)) for inst in self.instances)
         )
-        await self._check_instances(initial=True)
+        async with self.lock:
+            await self._check_instances(initial=True)
 
     async def _monitor(self) -> None:
         assert self.torchserve is not None and self.dispatcher is not None
@@ -310,7 +337,8 @@ class PodServer:
                     self.health[inst.name].status = "UNRESPONSIVE"
                     self.dispatcher.set_up(i, False)
                 continue
-            await self._check_instances(initial=False)
+            async with self.lock:
+                await self._check_instances(initial=False)
 
     async def _check_instances(self, *, initial: bool) -> None:
         assert self.torchserve is not None and self.dispatcher is not None
@@ -339,7 +367,7 @@ class PodServer:
                 health.up = False
                 dispatcher.set_up(i, False)
                 try:
-                    await self._warm(inst)
+                    await self.warm(inst)
                 except (TimeoutError, RuntimeError, aiohttp.ClientError) as exc:
                     if initial:
                         raise
@@ -357,7 +385,7 @@ class PodServer:
                 raise TorchServeGoneError(f"TorchServe exited:\n{ts.log_tail()}")
             await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
 
-    async def _warm(self, inst: InstanceSpec) -> None:
+    async def warm(self, inst: InstanceSpec) -> None:
         """One full batch straight to the instance; its answers must not be server errors."""
         if self.warmup is None:
             return

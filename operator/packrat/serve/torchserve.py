@@ -301,6 +301,15 @@ class TorchServe:
                     f"{self.log_tail()}"
                 )
 
+    async def unregister(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """``DELETE /models/{name}``: stops its workers; a model already gone is fine."""
+        async with self.session.delete(
+            f"{self.management_url}/models/{name}", timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as resp:
+            text = await resp.text()
+            if resp.status not in (200, 404):
+                raise TorchServeError(f"unregistering {name} failed ({resp.status}): {text}")
+
     async def ping(self, *, timeout_s: float = 2.0) -> bool:
         """Whether the frontend answers its health check within ``timeout_s``."""
         try:

@@ -1,0 +1,172 @@
+"""``spec.autoscaling`` in a pass: how many replicas serve, and the tuner's decisions.
+
+The decision rules are the pure :class:`packrat.plan.envelope.Tuner` (InferLine's tuner:
+scale up at once when a window's arrival rate exceeds what the replicas sustain, down only
+after ``scaleDownDelaySeconds`` without the need). This module keeps one tuner per model
+(built from the provisioned plan: replicas, capacity per replica, the sample trace's
+envelope), feeds it the arrivals the pods saw since the last pass, and writes each decision
+with its reason to ``status.autoscaling`` and, when the count changes, an Event. The count
+is kept in status, so a restarted operator serves the same number; its new tuner has no
+history, and so cannot scale down before it has watched for the whole delay.
+
+With ``mode: external`` (an HPA or KEDA through the scale subresource) the replica count is
+``spec.replicas``: the operator reads it and never writes it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller import manifests as m
+from packrat.controller.context import Pass
+from packrat.controller.model import ModelSpec
+from packrat.controller.provisioning import Provisioned
+from packrat.controller.status import now_iso
+from packrat.plan.envelope import Tuner
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """Arrival timestamps (seconds since the epoch, sorted) the ready pods saw since the last
+    reading, merged; ``pods`` is how many answered."""
+
+    times: Sequence[float]
+    pods: int
+
+
+def mode(model: ModelSpec) -> str | None:
+    auto = model.spec.get("autoscaling")
+    return str(auto["mode"]) if isinstance(auto, Mapping) else None
+
+
+def _clamp(model: ModelSpec, n: int) -> int:
+    auto = model.spec.get("autoscaling")
+    if not isinstance(auto, Mapping):
+        return max(1, min(100, n))
+    return max(int(auto["minReplicas"]), min(int(auto["maxReplicas"]), n))
+
+
+def serving_replicas(
+    model: ModelSpec, status: Mapping[str, Any], prov: Provisioned | None = None
+) -> int:
+    """The replica count the active slot should run now.
+
+    No SLO, or ``mode: external``: ``spec.replicas``. With an SLO: the tuner's count when it
+    scaled this provisioning, else the provisioned count (clamped to min/max replicas)."""
+    if "slo" not in model.spec or mode(model) == "external":
+        return model.replicas
+    provisioning = status.get("provisioning") or {}
+    planned = prov.replicas if prov is not None else provisioning.get("replicas")
+    signature = prov.signature if prov is not None else provisioning.get("signature")
+    if not isinstance(planned, int):
+        return model.replicas  # before the first provisioning
+    scaled = status.get("autoscaling") or {}
+    current = scaled.get("replicas")
+    if mode(model) == "envelope" and scaled.get("signature") == signature and current:
+        return _clamp(model, int(current))
+    return _clamp(model, planned)
+
+
+class Tuners:
+    """One :class:`Tuner` per model and provisioning (rebuilt when the plan changes)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[str, Tuner]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model: ModelSpec, prov: Provisioned, current: int) -> Tuner:
+        key = f"{model.namespace}/{model.name}"
+        auto = model.spec["autoscaling"]
+        signature = f"{prov.signature}:{sorted(auto.items())}"
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None and found[0] == signature:
+                return found[1]
+            tuner = Tuner(
+                planned_replicas=prov.replicas,
+                replica_capacity=prov.capacity,
+                windows=prov.windows,
+                planned_rates=prov.planned_rates,
+                min_replicas=int(auto["minReplicas"]),
+                max_replicas=int(auto["maxReplicas"]),
+                scale_down_delay_s=float(auto["scaleDownDelaySeconds"]),
+            )
+            tuner.replicas = max(tuner.min_replicas, min(int(auto["maxReplicas"]), current))
+            self._items[key] = (signature, tuner)
+            return tuner
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._items.pop(f"{namespace}/{name}", None)
+
+
+def tune(
+    p: Pass,
+    model: ModelSpec,
+    prov: Provisioned,
+    *,
+    arrivals: Arrivals | None,
+    tuners: Tuners,
+    current: int,
+) -> int:
+    """Feed the new arrivals to the model's tuner and decide; returns the replica count.
+
+    Without a reading (no pod answered) nothing is decided: missing data must not look like
+    missing load."""
+    status = p.status
+    tuner = tuners.get(model, prov, current)
+    scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
+    if scaled.get("signature") != prov.signature:
+        scaled = {"signature": prov.signature}
+    scaled.update(
+        mode="envelope",
+        planned={
+            "replicas": prov.replicas,
+            "capacityPerReplica": round(prov.capacity, 3),
+            "windowsSeconds": [round(w, 4) for w in prov.windows],
+            "ratesPerSecond": [round(r, 3) for r in tuner.sustained],
+        },
+    )
+    if arrivals is None:
+        scaled["replicas"] = tuner.replicas
+        status["autoscaling"] = scaled
+        return tuner.replicas
+    tuner.observe(arrivals.times)
+    decision = tuner.decide(p.now.timestamp())
+    scaled["replicas"] = decision.replicas
+    scaled["envelope"] = {
+        "ratesPerSecond": [round(r, 3) for r in decision.rates],
+        "pods": arrivals.pods,
+        "time": now_iso(p.now),
+    }
+    scaled["lastDecision"] = {
+        "time": now_iso(p.now),
+        "action": decision.action,
+        "replicas": decision.replicas,
+        "previous": decision.previous,
+        "wantedNow": decision.wanted_now,
+        "reason": decision.reason,
+    }
+    status["autoscaling"] = scaled
+    p.result.autoscale = {
+        "action": decision.action,
+        "replicas": decision.replicas,
+        "rates": dict(zip(prov.windows, decision.rates, strict=True)),
+        "capacity": decision.replicas * prov.capacity,
+    }
+    if decision.action == "scale_up":
+        p.emit("Normal", "ScaledUp", decision.reason)
+    elif decision.action == "scale_down":
+        p.emit("Normal", "ScaledDown", decision.reason)
+    return decision.replicas
+
+
+def publish_scale(p: Pass, replicas: int) -> None:
+    """``status.replicas`` and ``status.selector``, what the scale subresource reports to an
+    HPA or KEDA (the active slot's pods)."""
+    selector = m.service_selector(p.name, slot=str(p.status["activeSlot"]))
+    p.status["replicas"] = replicas
+    p.status["selector"] = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

@@ -1,0 +1,78 @@
+"""The serving hash changes exactly when the rendered serving pod template does.
+
+A hash that moves without the template (switch timings once did) starts a switch that
+changes nothing; one that stays while the template moves leaves a slot serving an old
+template. Both directions are checked on random pairs of specs against the real builder.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packrat.controller import manifests as m
+from packrat.controller.spec import serving_hash, with_defaults
+
+PLANS = [
+    {
+        "cpus": 2,
+        "batch": 2,
+        "label": "2x1t/b1",
+        "instances": [{"threads": 1, "batch": 1, "count": 2, "latency_ms": 1.0}],
+    },
+    {
+        "cpus": 2,
+        "batch": 4,
+        "label": "1x2t/b4",
+        "instances": [{"threads": 2, "batch": 4, "count": 1, "latency_ms": 2.0}],
+    },
+]
+
+specs = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from([{"zoo": "tiny"}, {"zoo": "resnet50"}]),
+        "cpus": st.just(2),
+        "batchSize": st.sampled_from([2, 4]),
+        "replicas": st.integers(1, 3),
+        "memory": st.sampled_from(["4Gi", "2Ti"]),
+        "maxBatchDelayMs": st.sampled_from([2, 5]),
+        "image": st.sampled_from(["img:1", "img:2"]),
+        "nodeSelector": st.sampled_from([{}, {"pool": "cpu"}]),
+        "switch": st.fixed_dictionaries(
+            {
+                "readyTimeoutSeconds": st.sampled_from([8, 90, 300]),
+                "drainSeconds": st.sampled_from([0, 2, 10]),
+            }
+        ),
+    }
+)
+
+
+def _template(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    owner = {"metadata": {"name": "f", "namespace": "ns", "uid": "u"}, "spec": spec}
+    dep = m.serving_deployment(owner, slot="a", plan=plan, serving_hash="-", replicas=1)
+    template: dict[str, Any] = copy.deepcopy(dep["spec"]["template"])
+    return template
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=specs, b=specs, plan_a=st.sampled_from(PLANS), plan_b=st.sampled_from(PLANS))
+def test_hash_moves_with_the_template_only(
+    a: dict[str, Any], b: dict[str, Any], plan_a: dict[str, Any], plan_b: dict[str, Any]
+) -> None:
+    same_hash = serving_hash(a, plan=plan_a, image=a["image"]) == serving_hash(
+        b, plan=plan_b, image=b["image"]
+    )
+    same_template = _template(a, plan_a) == _template(b, plan_b)
+    assert same_hash == same_template
+
+
+def test_switch_timings_leave_template_and_hash() -> None:
+    base = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    other = {**base, "switch": {"readyTimeoutSeconds": 8, "drainSeconds": 600}}
+    plan = PLANS[0]
+    assert _template(base, plan) == _template(other, plan)
+    assert serving_hash(base, plan=plan, image="i") == serving_hash(other, plan=plan, image="i")
