@@ -101,7 +101,7 @@ class Pipeline:
                 )
         self.stages = {s.name: s for s in stages}
         self.edges = tuple(edges)
-        self.order = _topological(names, self.edges)
+        self.order = topological_order(names, self.edges)
 
     def parents(self, name: str) -> list[Edge]:
         return [e for e in self.edges if e.dst == name]
@@ -136,7 +136,7 @@ class Pipeline:
         return max(best.values())
 
 
-def _topological(names: list[str], edges: Sequence[Edge]) -> list[str]:
+def topological_order(names: list[str], edges: Sequence[Edge]) -> list[str]:
     """Kahn's algorithm, stable in declaration order; a cycle is an error naming its stages."""
     indeg = {n: 0 for n in names}
     for e in edges:

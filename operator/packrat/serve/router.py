@@ -1,0 +1,299 @@
+"""A pipeline's entry point: runs the DAG of stages over their Services, one query at a time.
+
+``POST /predictions/{pipeline}`` takes the client's body to the root stages; each stage's
+answer is the next stage's input (a join gets ``{"parent": answer, ...}`` as JSON). Which
+edges a query takes is drawn per query from the edges' fractions, as the planner's
+simulation assumes (:mod:`packrat.plan.pipeline`); stages not on the drawn path are never
+called. The answer is the output of the last stage on the path (several last stages: a JSON
+object by stage), with ``X-Packrat-Path`` listing the stages that answered.
+
+Errors stay with their query:
+
+- a stage answering 4xx (bad input) fails the query with that status; 503 (shed) with 503;
+  any other failure (5xx, connection refused, reset) with 502; every error body is JSON
+  naming the stage, and other queries, on other paths or not, are not affected;
+- every query has a deadline (``X-Packrat-Deadline-Ms`` from the client, at most the
+  router's ``max_deadline_ms``, else its ``deadline_ms``): each stage call gets what is left
+  of it (forwarded as ``X-Packrat-Deadline-Ms``), and when it runs out the query is answered
+  504 naming the stage it was waiting on; the stages after it are not called.
+
+Metrics (one registry per router): end-to-end and per-stage latency histograms, answers by
+status code, stage failures by reason. The stages' Services are plain HTTP on the cluster
+network; the router itself listens on its one port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from packrat.plan.pipeline import Edge, PipelineError, topological_order
+from packrat.serve.metrics import LATENCY_BUCKETS
+
+DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
+PATH_HEADER = "X-Packrat-Path"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """What the router runs: stage name -> prediction URL, the edges, the deadlines."""
+
+    pipeline: str
+    stages: Mapping[str, str]
+    edges: Sequence[Edge] = ()
+    deadline_ms: float = 10_000.0
+    max_deadline_ms: float = 60_000.0
+    max_body_bytes: int = 6 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise PipelineError("a pipeline needs at least one stage")
+        for e in self.edges:
+            for end in (e.src, e.dst):
+                if end not in self.stages:
+                    raise PipelineError(f"edge {e.src} -> {e.dst}: unknown stage {end!r}")
+            if not (math.isfinite(e.fraction) and 0.0 <= e.fraction <= 1.0):
+                raise PipelineError(f"edge {e.src} -> {e.dst}: fraction must be in [0, 1]")
+        if not (0 < self.deadline_ms <= self.max_deadline_ms):
+            raise PipelineError("deadlines must satisfy 0 < deadline_ms <= max_deadline_ms")
+
+
+class StageFailedError(Exception):
+    """One query failed at one stage; ``status`` is what the router answers."""
+
+    def __init__(self, stage: str, status: int, reason: str, detail: str) -> None:
+        super().__init__(f"stage {stage}: {detail}")
+        self.stage, self.status, self.reason, self.detail = stage, status, reason, detail
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    body: bytes
+    content_type: str
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.duration = Histogram(
+            "packrat_pipeline_request_duration_seconds",
+            "End-to-end time of a pipeline query, from receiving it to answering it.",
+            ["pipeline"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stage_duration = Histogram(
+            "packrat_pipeline_stage_duration_seconds",
+            "Time a stage's Service took to answer the router, per stage.",
+            ["pipeline", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "packrat_pipeline_requests",
+            "Pipeline queries answered, by HTTP status code.",
+            ["pipeline", "code"],
+            registry=r,
+        )
+        self.stage_failures = Counter(
+            "packrat_pipeline_stage_failures",
+            "Queries failed at a stage, by reason (status, unreachable, deadline).",
+            ["pipeline", "stage", "reason"],
+            registry=r,
+        )
+
+
+class Router:
+    """Executes one pipeline's DAG per query (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        rng: random.Random | None = None,
+        metrics: RouterMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.order = topological_order(list(config.stages), config.edges)
+        self.parents = {n: [e for e in config.edges if e.dst == n] for n in self.order}
+        self.children = {n: [e for e in config.edges if e.src == n] for n in self.order}
+        self.rng = rng or random.Random()
+        self.metrics = metrics or RouterMetrics()
+        self._session: aiohttp.ClientSession | None = None
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app.router.add_post("/predictions/{name}", self.handle_predict)
+        app.router.add_get("/ping", self.handle_ping)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=256), auto_decompress=False
+        )
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def handle_ping(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "Healthy"})
+
+    async def handle_metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_predict(self, request: web.Request) -> web.Response:
+        start = time.monotonic()
+        name = self.config.pipeline
+        if request.match_info["name"] != name:
+            return self._answer(404, {"error": f"no pipeline {request.match_info['name']!r}"})
+        try:
+            budget_ms = self._budget(request.headers.get(DEADLINE_HEADER))
+        except ValueError as exc:
+            return self._answer(400, {"error": str(exc)})
+        if (request.content_length or 0) > self.config.max_body_bytes:
+            return self._answer(413, {"error": "request body too large"})
+        body = await request.read()
+        ctype = request.headers.get("Content-Type", "application/octet-stream")
+        deadline = start + budget_ms / 1000.0
+        path: list[str] = []
+        try:
+            answer = await self.execute(Answer(body, ctype), deadline, path)
+        except StageFailedError as exc:
+            self.metrics.stage_failures.labels(name, exc.stage, exc.reason).inc()
+            doc = {"error": exc.detail, "stage": exc.stage, "reason": exc.reason}
+            resp = self._answer(exc.status, doc, path)
+        else:
+            self.metrics.requests.labels(name, "200").inc()
+            resp = web.Response(
+                body=answer.body,
+                headers={"Content-Type": answer.content_type, PATH_HEADER: ",".join(path)},
+            )
+        self.metrics.duration.labels(name).observe(time.monotonic() - start)
+        return resp
+
+    def _answer(
+        self, status: int, doc: dict[str, Any], path: Sequence[str] | None = None
+    ) -> web.Response:
+        self.metrics.requests.labels(self.config.pipeline, str(status)).inc()
+        headers = {PATH_HEADER: ",".join(path)} if path else None
+        return web.json_response(doc, status=status, headers=headers)
+
+    def _budget(self, header: str | None) -> float:
+        if header is None:
+            return self.config.deadline_ms
+        try:
+            value = float(header)
+        except ValueError:
+            raise ValueError(f"{DEADLINE_HEADER} must be a number of ms, got {header!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{DEADLINE_HEADER} must be > 0, got {header!r}")
+        return min(value, self.config.max_deadline_ms)
+
+    # -- the DAG ------------------------------------------------------------------------------
+    def draw(self) -> dict[tuple[str, str], bool]:
+        """Which edges this query takes (each with its fraction, independently)."""
+        return {(e.src, e.dst): self.rng.random() < e.fraction for e in self.config.edges}
+
+    async def execute(self, query: Answer, deadline: float, path: list[str]) -> Answer:
+        """Run one query through the DAG; raises :class:`StageFailedError` for the first stage
+        that fails or runs past the deadline (the others are then cancelled)."""
+        taken = self.draw()
+        tasks: dict[str, asyncio.Task[Answer | None]] = {}
+
+        async def visit(name: str) -> Answer | None:
+            ins = [e for e in self.parents[name] if taken[(e.src, e.dst)]]
+            if not self.parents[name]:
+                data: Answer | None = query
+            else:
+                outs = {e.src: await tasks[e.src] for e in ins}
+                got = {k: v for k, v in outs.items() if v is not None}
+                if not got:
+                    return None  # not on this query's path
+                data = next(iter(got.values())) if len(got) == 1 else _join(got)
+            assert data is not None
+            answer = await self.call(name, data, deadline)
+            path.append(name)
+            return answer
+
+        for name in self.order:
+            tasks[name] = asyncio.ensure_future(visit(name))
+        try:
+            results = await asyncio.gather(*tasks.values())
+        except BaseException:
+            for t in tasks.values():
+                t.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            raise
+        done = dict(zip(tasks, results, strict=True))
+        last = {
+            n: a
+            for n, a in done.items()
+            if a is not None and not any(done[e.dst] is not None for e in self.children[n])
+        }
+        return next(iter(last.values())) if len(last) == 1 else _join(last)
+
+    async def call(self, name: str, data: Answer, deadline: float) -> Answer:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise StageFailedError(name, 504, "deadline", "deadline exceeded before the stage")
+        assert self._session is not None, "the router's app is not started"
+        start = time.monotonic()
+        headers = {"Content-Type": data.content_type, DEADLINE_HEADER: f"{left * 1000:.0f}"}
+        try:
+            async with asyncio.timeout(left):
+                async with self._session.post(
+                    self.config.stages[name], data=data.body, headers=headers
+                ) as resp:
+                    body = await resp.read()
+                    status = resp.status
+                    ctype = resp.headers.get("Content-Type", "application/octet-stream")
+        except TimeoutError:
+            raise StageFailedError(
+                name, 504, "deadline", "deadline exceeded at the stage"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise StageFailedError(name, 502, "unreachable", f"stage unreachable: {exc}") from None
+        finally:
+            self.metrics.stage_duration.labels(self.config.pipeline, name).observe(
+                time.monotonic() - start
+            )
+        if status >= 300:
+            code = status if 400 <= status < 500 or status == 503 else 502
+            text = body[:200].decode("utf-8", "replace")
+            raise StageFailedError(name, code, "status", f"stage answered {status}: {text}")
+        return Answer(body, ctype)
+
+
+def _join(outputs: Mapping[str, Answer]) -> Answer:
+    """Several answers as one JSON object keyed by stage (JSON bodies embedded as JSON)."""
+    doc: dict[str, Any] = {}
+    for name, a in outputs.items():
+        text = a.body.decode("utf-8", "replace")
+        try:
+            doc[name] = json.loads(text) if "json" in a.content_type else text
+        except ValueError:
+            doc[name] = text
+    return Answer(json.dumps(doc).encode(), "application/json")
