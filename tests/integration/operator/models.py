@@ -21,7 +21,7 @@ from typing import Any
 from harness import OperatorCluster, wait_for
 
 # deadlines: profiling plus the first rollout, and anything that takes seconds when quiet
-FIRST_READY_S = 420.0
+FIRST_READY_S = 720.0
 STEADY_S = 240.0
 
 
