@@ -43,7 +43,9 @@ def last_good(p: Pass, *, fallback: Mapping[str, Any] | None) -> Rendering | Non
 
 
 def deployment_ready(dep: Mapping[str, Any] | None, replicas: int) -> bool:
-    """All wanted pods of the current template are ready."""
+    """All wanted pods of the current template are ready, and no pod of an older template is
+    left (``kubectl rollout status``'s test: ``readyReplicas`` counts the old template's ready
+    pods too, so a slot re-rendered while its old pod still runs is not ready yet)."""
     if dep is None:
         return False
     status = dep.get("status") or {}
@@ -57,7 +59,8 @@ def deployment_ready(dep: Mapping[str, Any] | None, replicas: int) -> bool:
         return True
     ready = int(status.get("readyReplicas") or 0)
     updated = int(status.get("updatedReplicas", ready) or 0)
-    return ready >= replicas and updated >= replicas
+    total = int(status.get("replicas", updated) or 0)
+    return ready >= replicas and updated >= replicas and total <= updated
 
 
 def _owner(p: Pass, spec: Mapping[str, Any]) -> dict[str, Any]:

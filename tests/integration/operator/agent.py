@@ -554,11 +554,14 @@ class Agent:
         if len(ready_current) >= replicas or replicas == 0:
             for pod in old:  # maxUnavailable 0: old pods go once the new ones serve
                 self._terminate(pod)
-        with self._lock:
+        with self._lock:  # as the ReplicaSet controller: terminating pods are not counted
             alive = [
                 p
                 for p in self.pods.values()
-                if p.owner_kind == "Deployment" and p.owner_name == name and p.owner_uid == uid
+                if p.owner_kind == "Deployment"
+                and p.owner_name == name
+                and p.owner_uid == uid
+                and not p.terminating
             ]
         new_status = {
             "observedGeneration": dep["metadata"].get("generation", 1),
