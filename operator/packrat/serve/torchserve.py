@@ -40,6 +40,8 @@ from packrat.serve.config import (
 )
 
 PORT_BASE_ENV = "PACKRAT_TORCHSERVE_PORT_BASE"
+# What TorchServe prints once all its listeners are bound (ModelServer.startAndWait).
+STARTED_LINE = b"Model server started."
 PORT_BLOCKS_TRIED = 64
 
 log = logging.getLogger(__name__)
@@ -282,6 +284,11 @@ class TorchServe:
                 raise TorchServeError(
                     f"TorchServe exited with status {self.proc.returncode}:\n{self.log_tail()}"
                 )
+            if not self._announced_start():
+                # Until our own TorchServe says it bound its ports, an answer on them may
+                # come from another one that took them first (it would not know our model).
+                await asyncio.sleep(0.2)
+                continue
             try:
                 async with self.session.get(
                     f"{self.management_url}/models", timeout=aiohttp.ClientTimeout(total=2)
@@ -292,6 +299,14 @@ class TorchServe:
                 pass
             await asyncio.sleep(0.2)
         raise TorchServeError(f"TorchServe did not start in {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _announced_start(self) -> bool:
+        """Whether this TorchServe's own output says it bound every port and started."""
+        try:
+            with (self.workdir / "torchserve.out").open("rb") as out:
+                return STARTED_LINE in out.read()
+        except OSError:
+            return False
 
     @property
     def session(self) -> aiohttp.ClientSession:
