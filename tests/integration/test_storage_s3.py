@@ -64,7 +64,7 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
 
 def _creds_dir(tmp_path: Path, creds: dict[str, str]) -> Path:
     directory = tmp_path / "credentials"
-    directory.mkdir()
+    directory.mkdir(parents=True)
     for key, value in creds.items():
         (directory / key).write_text(value)
     return directory
