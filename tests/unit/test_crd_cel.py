@@ -123,6 +123,8 @@ PVC = {"persistentVolumeClaim": {"claimName": "models"}, "path": "m.mar"}
 CM = {"configMap": {"name": "models"}, "path": "m.mar"}
 SLO = {"latencyP99Ms": 100, "rate": 20}
 TRACE = {"configMap": "traces", "key": "sample.csv"}
+S3 = "s3://bucket/models/m.mar"
+DIGEST = "sha256:" + "0" * 64
 
 
 def spec_with(**changes: Any) -> dict[str, Any]:
@@ -170,15 +172,83 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [model(spec_with(profiling={"threads": [1, 2]})), model(spec_with(profiling={}))],
         [model(spec_with(profiling={"threads": [1, 3]}))],
     ),
-    "[has(self.zoo), has(self.uri), has(self.volume)].filter(x, x).size() == 1": (
+    "[has(self.zoo), has(self.uri), has(self.volume), has(self.storageUri)]"
+    ".filter(x, x).size() == 1": (
         [
             model(spec_with(model={"uri": URI, "format": "mar"})),
             model(spec_with(model={"volume": PVC, "format": "torchscript"})),
+            model(spec_with(model={"storageUri": S3, "format": "mar"})),
         ],
         [
             model(spec_with(model={"uri": URI, "volume": PVC, "format": "mar"})),
+            model(spec_with(model={"storageUri": S3, "uri": URI, "format": "mar"})),
             model(spec_with(model={"format": "mar"})),
         ],
+    ),
+    "has(self.storageUri) || (!has(self.credentialsSecret) && !has(self.digest))": (
+        [
+            model(
+                spec_with(
+                    model={
+                        "storageUri": S3,
+                        "format": "mar",
+                        "credentialsSecret": {"name": "c"},
+                        "digest": DIGEST,
+                    }
+                )
+            )
+        ],
+        [
+            model(spec_with(model={"uri": URI, "format": "mar", "digest": DIGEST})),
+            model(spec_with(model={"zoo": "tiny", "credentialsSecret": {"name": "c"}})),
+        ],
+    ),
+    "!has(self.storageUri) || !self.storageUri.startsWith('pvc://') "
+    "|| !has(self.credentialsSecret)": (
+        [model(spec_with(model={"storageUri": "pvc://claim/m.pt", "format": "torchscript"}))],
+        [
+            model(
+                spec_with(
+                    model={
+                        "storageUri": "pvc://claim/m.pt",
+                        "format": "torchscript",
+                        "credentialsSecret": {"name": "c"},
+                    }
+                )
+            )
+        ],
+    ),
+    "!has(self.labels) || self.labels.all(k, !k.startsWith('packrat.dev/') "
+    "&& !k.startsWith('app.kubernetes.io/'))": (
+        [model(spec_with(pod={"labels": {"team": "a"}}))],
+        [
+            model(spec_with(pod={"labels": {"packrat.dev/slot": "a"}})),
+            model(spec_with(pod={"labels": {"app.kubernetes.io/name": "x"}})),
+        ],
+    ),
+    "!has(self.annotations) || self.annotations.all(k, !k.startsWith('packrat.dev/') "
+    "&& !k.startsWith('app.kubernetes.io/'))": (
+        [model(spec_with(pod={"annotations": {"sidecar.istio.io/inject": "false"}}))],
+        [model(spec_with(pod={"annotations": {"packrat.dev/plan": "x"}}))],
+    ),
+    "!has(self.env) || self.env.all(e, !e.name.startsWith('PACKRAT_') && !(e.name in "
+    "['HOME', 'TMPDIR', 'PYTHONUNBUFFERED', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', "
+    "'KMP_AFFINITY', 'GOMP_CPU_AFFINITY']))": (
+        [model(spec_with(pod={"env": [{"name": "HTTPS_PROXY", "value": "p"}]}))],
+        [
+            model(spec_with(pod={"env": [{"name": "PACKRAT_PLAN", "value": "{}"}]})),
+            model(spec_with(pod={"env": [{"name": "OMP_NUM_THREADS", "value": "8"}]})),
+        ],
+    ),
+    "has(self.value) != has(self.valueFrom)": (
+        [
+            model(
+                spec_with(
+                    pod={"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}
+                )
+            )
+        ],
+        [model(spec_with(pod={"env": [{"name": "A"}]}))],
     ),
     "has(self.zoo) || has(self.format)": (
         [model(spec_with(model={"zoo": "resnet50", "name": "r"}))],

@@ -160,7 +160,10 @@ def test_structural_schema_has_no_additional_properties_beside_properties() -> N
 def test_cel_rules_present() -> None:
     text = CRD_PATH.read_text()
     assert "has(self.batchSize) != has(self.autoBatch)" in text
-    assert "[has(self.zoo), has(self.uri), has(self.volume)].filter(x, x).size() == 1" in text
+    assert (
+        "[has(self.zoo), has(self.uri), has(self.volume), has(self.storageUri)]"
+        ".filter(x, x).size() == 1" in text
+    )
 
 
 @pytest.mark.parametrize("spec", EXAMPLES)

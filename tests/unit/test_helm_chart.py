@@ -430,6 +430,7 @@ NAMESPACED_RESOURCES = {
     ("", "pods"): {"list", "watch", "delete"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"create"},
+    ("", "secrets"): {"get"},
 }
 CLUSTER_RESOURCES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
@@ -505,6 +506,7 @@ def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str,
 _VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "delete": "delete"}
 _API_GROUPS = {
     "packratmodels": "packrat.dev",
+    "secrets": "",
     "configmaps": "",
     "services": "",
     "pods": "",
@@ -561,10 +563,14 @@ def test_rbac_covers_every_api_call_of_the_controller(
         assert unused == [], f"{variation}: granted but never called (least privilege): {unused}"
 
 
-def test_no_access_to_secrets_anywhere(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_secrets_are_only_read_one_by_name(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # the operator reads a storageUri model's credentialsSecret by name to ask the store for
+    # the object's ETag; it never lists or watches Secrets, nor writes one
     for objects in rendered.values():
         for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
-            assert not any(r == "secrets" for _, r in _grants(role))
+            for (_, resource), verbs in _grants(role).items():
+                if resource == "secrets":
+                    assert verbs == {"get"}, verbs
 
 
 # ---------------------------------------------------------------------------- chart metadata

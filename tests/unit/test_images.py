@@ -192,7 +192,7 @@ def test_serving_image_cpu_torch_first_then_torchserve_and_java17() -> None:
     instructions = dockerfile("serving")
     runs = [i.value for i in instructions if i.keyword == "RUN"]
     torch_at = next(n for n, r in enumerate(runs) if "torch==2.13.0" in r)
-    package_at = next(n for n, r in enumerate(runs) if "[serve]" in r)
+    package_at = next(n for n, r in enumerate(runs) if "[serve,storage]" in r)
     assert torch_at < package_at, "torch must be installed explicitly, before the package"
     assert "--index-url" in runs[torch_at]
     args = {i.value.partition("=")[0]: i.value.partition("=")[2] for i in instructions}
@@ -215,7 +215,7 @@ def test_operator_image_pins_match_pyproject_and_skip_torch() -> None:
     for name, version in image_pins.items():
         assert pins.get(name) == version, f"{name}=={version} differs from pyproject.toml"
     # Everything the operator needs at runtime (from pyproject) is in the image.
-    needed = {"kopf", "kubernetes", "prometheus-client", "pyyaml", "aiohttp", "numpy"}
+    needed = {"kopf", "kubernetes", "prometheus-client", "pyyaml", "aiohttp", "numpy", "obstore"}
     assert needed <= image_pins.keys()
     assert "torch" not in image_pins and "torchserve" not in image_pins
     assert any("--no-deps" in i.value for i in instructions if i.keyword == "RUN")

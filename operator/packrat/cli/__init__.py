@@ -20,6 +20,7 @@ COMMANDS: tuple[str, ...] = (
     "plan",
     "provision",
     "profile",
+    "fetch",
     "bench",
     "serve",
     "loadgen",

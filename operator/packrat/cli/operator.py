@@ -83,6 +83,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="first backoff after a failed profiling Job; doubles per attempt (default 30)",
     )
     parser.add_argument(
+        "--storage-check-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_STORAGE_CHECK_SECONDS", "300")),
+        help="how often a storageUri model without a digest is checked for a new ETag "
+        "(default 300)",
+    )
+    parser.add_argument(
         "--max-profile-attempts",
         type=int,
         default=3,
@@ -130,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             max_profile_attempts=args.max_profile_attempts,
             profile_retry_seconds=args.profile_retry_seconds,
             unschedulable_grace_seconds=args.unschedulable_grace_seconds,
+            storage_check_seconds=args.storage_check_seconds,
         ),
         resync_seconds=args.resync_seconds,
         poll_seconds=args.poll_seconds,

@@ -23,6 +23,8 @@ class Config:
     profile_retry_max_seconds: float = 600.0
     # a profiling pod the scheduler cannot place fails its attempt after this long
     unschedulable_grace_seconds: float = 60.0
+    # how often a storageUri model without a digest is checked for a new version (ETag)
+    storage_check_seconds: float = 300.0
 
 
 @dataclass

@@ -27,6 +27,7 @@ RESOURCES: dict[str, tuple[str, str]] = {
     "services": ("/api/v1", "services"),
     "pods": ("/api/v1", "pods"),
     "events": ("/api/v1", "events"),
+    "secrets": ("/api/v1", "secrets"),
     "jobs": ("/apis/batch/v1", "jobs"),
     "deployments": ("/apis/apps/v1", "deployments"),
 }

@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from packrat.controller import storage
+from packrat.controller.overrides import apply_pod
 from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name, with_defaults
 
 PORT = 8080
@@ -127,6 +129,8 @@ def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], li
     if "zoo" in model:
         return str(model["zoo"]), [], []
     suffix = ".mar" if model.get("format") == "mar" else ".pt"
+    if "storageUri" in model:
+        return storage.storage_source(model, model_dir=MODEL_DIR, suffix=suffix)
     mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
     if "uri" in model:
         return f"{MODEL_DIR}/model{suffix}", [{"name": "model", "emptyDir": {}}], [mount]
@@ -143,9 +147,30 @@ def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], li
     return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
 
 
-def fetch_init_container(spec: Mapping[str, Any], *, image: str) -> dict[str, Any] | None:
-    """For uri models: download the file into the shared emptyDir (Guaranteed-sized)."""
+def fetch_init_container(
+    spec: Mapping[str, Any], *, image: str, expect_version: bool = False
+) -> dict[str, Any] | None:
+    """For uri and storageUri models: fetch the file into the shared emptyDir (Guaranteed-sized).
+
+    ``expect_version`` (the profiling Job) makes the fetch fail if the object is no longer the
+    version the profile is keyed by.
+    """
     model = spec["model"]
+    if "storageUri" in model:
+        target, _, model_mounts = model_source(spec)
+        return storage.fetch_container(
+            model,
+            target=target,
+            model_mount=model_mounts[0],
+            base={
+                "image": image,
+                "resources": guaranteed_resources(spec),
+                "securityContext": container_security(),
+                "env": base_env(),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            },
+            expect_version=expect_version,
+        )
     if "uri" not in model:
         return None
     target, _, _ = model_source(spec)
@@ -257,11 +282,25 @@ def serving_deployment(
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
-        "volumes": [{"name": "tmp", "emptyDir": {}}, *model_volumes],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            *model_volumes,
+            *storage.credentials_volume(spec["model"])[0],
+        ],
         **scheduling(spec),
     }
     if init:
         pod_spec["initContainers"] = init
+    template_meta: dict[str, Any] = {
+        "labels": dict(pod_labels),
+        "annotations": {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(PORT),
+            "prometheus.io/path": "/metrics",
+            ANNOTATION_PLAN: str(plan.get("label", "")),
+        },
+    }
+    apply_pod(template_meta, pod_spec, spec.get("pod"))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -276,18 +315,7 @@ def serving_deployment(
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": "/metrics",
-                        ANNOTATION_PLAN: str(plan.get("label", "")),
-                    },
-                },
-                "spec": pod_spec,
-            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 

@@ -7,6 +7,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
+from packrat.controller import storage
 from packrat.controller.manifests import (
     LABEL_MODEL,
     LABEL_PROFILE_KEY,
@@ -25,6 +26,7 @@ from packrat.controller.manifests import (
     profile_object_name,
     scheduling,
 )
+from packrat.controller.overrides import apply_pod
 from packrat.controller.spec import DEFAULT_IMAGE, with_defaults
 
 
@@ -97,7 +99,7 @@ def profiling_job(
         *model_mounts,
     ]
     init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec, image=image)
+    fetch = fetch_init_container(spec, image=image, expect_version=True)
     if fetch is not None:
         init.append(fetch)
     init.append(
@@ -134,9 +136,12 @@ def profiling_job(
             {"name": "tmp", "emptyDir": {}},
             {"name": "profile", "emptyDir": {}},
             *model_volumes,
+            *storage.credentials_volume(spec["model"])[0],
         ],
         **scheduling(spec),
     }
+    template_meta: dict[str, Any] = {"labels": dict(labels)}
+    apply_pod(template_meta, pod_spec, spec.get("pod"))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -145,7 +150,7 @@ def profiling_job(
             "backoffLimit": int(profiling["backoffLimit"]),
             "activeDeadlineSeconds": int(profiling["timeoutSeconds"]),
             "ttlSecondsAfterFinished": 86400,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 

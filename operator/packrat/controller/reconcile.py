@@ -34,6 +34,7 @@ from packrat.controller.service import ensure_service
 from packrat.controller.serving import Rendering, ensure_deployment, last_good, scale, steady
 from packrat.controller.spec import serving_hash
 from packrat.controller.status import get_condition
+from packrat.controller.storage_check import resolve_version
 from packrat.controller.switch import abort, advance_switch, start_switch
 from packrat.plan.optimizer import PlanError
 
@@ -127,6 +128,10 @@ class Reconciler:
             invalid: InvalidSpec | None = None
         except InvalidSpec as exc:
             model, invalid = None, exc
+        unavailable = False
+        if model is not None:  # a storageUri model's version (ETag) is part of its identity
+            resolved = resolve_version(p, model)
+            unavailable, model = resolved is None, resolved or model
         children = observe(self.kube, p.namespace, p.name, model)
 
         # 1. serving repairs, from the last good configuration, before anything else
@@ -147,7 +152,7 @@ class Reconciler:
         if invalid is not None or model is None:
             self._invalid(p, invalid.errors if invalid else ["spec unreadable"])
             return
-        if self._foreign(p, children):
+        if self._foreign(p, children) or unavailable:
             return
 
         # 2. profile

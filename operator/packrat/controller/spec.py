@@ -16,7 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeGuard
 
+from packrat.controller.overrides import validate_pod
 from packrat.controller.slo_spec import validate_slo, with_slo_defaults
+from packrat.controller.storage import storage_identity, validate_storage
 
 GROUP = "packrat.dev"
 VERSION = "v1alpha1"
@@ -67,9 +69,13 @@ _SPEC_FIELDS = {
     "switch",
     "slo",
     "autoscaling",
+    "pod",
 }
 _CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
-_MODEL_FIELDS = {"zoo", "uri", "volume", "format", "name", "sampleRequest", "sampleContentType"}
+_MODEL_FIELDS = {
+    *("zoo", "uri", "volume", "storageUri", "credentialsSecret", "digest"),
+    *("format", "name", "sampleRequest", "sampleContentType"),
+}
 _VOLUME_FIELDS = {"persistentVolumeClaim", "configMap", "path"}
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -132,10 +138,10 @@ def _validate_model(errors: list[str], model: Any) -> None:
         errors.append("spec.model must be an object")
         return
     _unknown(errors, model, _MODEL_FIELDS, where="spec.model.")
-    sources = [k for k in ("zoo", "uri", "volume") if k in model]
+    sources = [k for k in ("zoo", "uri", "volume", "storageUri") if k in model]
     if len(sources) != 1:
         errors.append(
-            "exactly one of model.zoo, model.uri and model.volume must be set"
+            "exactly one of model.zoo, model.uri, model.volume and model.storageUri must be set"
             + (f" (got {', '.join(sources)})" if sources else "")
         )
     if "zoo" in model and model["zoo"] not in ZOO_MODELS:
@@ -165,11 +171,12 @@ def _validate_model(errors: list[str], model: Any) -> None:
                 errors.append(
                     f"spec.model.volume.path must be a relative path without '..', got {path!r}"
                 )
+    validate_storage(errors, model)
     fmt = model.get("format")
     if "zoo" in model and fmt is not None:
-        errors.append("model.format applies only to model.uri and model.volume")
+        errors.append("model.format applies only to model.uri, model.volume and model.storageUri")
     if "zoo" not in model and sources and fmt is None:
-        errors.append("model.format is required with model.uri or model.volume")
+        errors.append("model.format is required with model.uri, model.volume or model.storageUri")
     if fmt is not None and fmt not in MODEL_FORMATS:
         errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
     name = model.get("name")
@@ -318,6 +325,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     affinity = spec.get("affinity")
     if affinity is not None and not isinstance(affinity, Mapping):
         errors.append("spec.affinity must be an object")
+    validate_pod(errors, spec.get("pod"))
     return errors
 
 
@@ -341,13 +349,16 @@ def model_identity(model: Mapping[str, Any]) -> str:
     """A stable description of the model's source, used in the profile key.
 
     Zoo models are fixed by name (architecture and seed are in the image); a uri or volume
-    model by its location. A file replaced in place under the same location is not detected:
-    change the URI (for example a versioned path) to re-profile.
+    model by its location; a storageUri model also by its digest or the store's version of
+    the object, so one replaced under the same URI is re-profiled. A uri or volume file
+    replaced in place is not detected: change the location to re-profile.
     """
     if "zoo" in model:
         return f"zoo:{model['zoo']}"
     if "uri" in model:
         return f"uri:{model['uri']}:{model.get('format')}"
+    if "storageUri" in model:
+        return storage_identity(model)
     volume = model.get("volume", {})
     source = (
         f"pvc:{volume['persistentVolumeClaim']['claimName']}"
@@ -408,5 +419,6 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             "nodeSelector": spec.get("nodeSelector") or {},
             "tolerations": spec.get("tolerations") or [],
             "affinity": spec.get("affinity") or {},
+            **({"pod": spec["pod"]} if spec.get("pod") else {}),
         }
     )[:16]

@@ -17,6 +17,7 @@ container with SIGKILL shortly after it starts and reports ``OOMKilled``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import itertools
@@ -219,6 +220,10 @@ class Agent:
                 cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}
                 for key, value in (cm.get("data") or {}).items():
                     (path / key).write_text(value)
+            if "secret" in volume:
+                secret = self.api.get("secrets", volume["secret"]["secretName"]) or {}
+                for key, value in (secret.get("data") or {}).items():
+                    (path / key).write_bytes(base64.b64decode(value))
             out[volume["name"]] = path
         return out
 

@@ -29,6 +29,7 @@ from kmock._internal import enums, rendering
 RESOURCES = {
     "packrat.dev/v1alpha1/packratmodels": ("PackratModel", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
+    "v1/secrets": ("Secret", set()),
     "v1/services": ("Service", set()),
     "v1/pods": ("Pod", {"status", "log"}),
     "v1/events": ("Event", set()),
@@ -41,6 +42,7 @@ CLUSTER_SCOPED = {"v1/namespaces", "apiextensions.k8s.io/v1/customresourcedefini
 PATHS = {
     "packratmodels": "/apis/packrat.dev/v1alpha1",
     "configmaps": "/api/v1",
+    "secrets": "/api/v1",
     "services": "/api/v1",
     "pods": "/api/v1",
     "events": "/api/v1",

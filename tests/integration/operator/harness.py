@@ -82,6 +82,9 @@ class OperatorProcess:
             "0.5",
             "--profile-retry-seconds",
             "1",
+            # a storageUri model replaced in the store is noticed within seconds
+            "--storage-check-seconds",
+            "2",
             "--image",
             TEST_IMAGE,
             "--metrics-port",

@@ -1,0 +1,102 @@
+"""Ask the store for a storageUri model's current version (ETag) before profiling.
+
+Runs once per ``Config.storage_check_seconds`` per model (and at once when the URI or the
+Secret changes) for a model without a pinned ``digest``; with a digest the model's identity
+is the digest and the store is never asked by the operator. The version goes into the
+defaulted spec (``model.observedVersion``), so the profile key and the serving hash change
+when the object is replaced under the same URI: the model is re-profiled and the new plan
+rolled out through a slot switch.
+
+A missing object, rejected credentials, a missing Secret or an unreachable store set
+``ModelAvailable=False`` with the reason and a Warning event; nothing new is created and the
+active slot keeps serving its last good configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from packrat.controller.context import Pass
+from packrat.controller.model import ModelSpec
+from packrat.controller.status import now_iso
+from packrat.controller.storage import VERSION_KEY, needs_version_check
+from packrat.runtime.fetch import FetchError, object_version
+
+CONDITION = "ModelAvailable"
+VersionOf = Callable[[str, Mapping[str, str]], str]
+
+
+def _secret_data(p: Pass, name: str) -> dict[str, str]:
+    secret = p.kube.get("secrets", p.namespace, name)
+    if secret is None:
+        raise FetchError("SecretNotFound", f"credentials secret {p.namespace}/{name} not found")
+    out: dict[str, str] = {}
+    for key, value in (secret.get("data") or {}).items():
+        try:
+            out[str(key)] = base64.b64decode(str(value), validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            raise FetchError("AccessDenied", f"secret {name}: key {key} is not base64") from None
+    for key, value in (secret.get("stringData") or {}).items():
+        out.setdefault(str(key), str(value).strip())
+    return out
+
+
+def _fingerprint(uri: str, credentials: Mapping[str, str]) -> str:
+    text = json.dumps([uri, sorted(credentials.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def resolve_version(
+    p: Pass, model: ModelSpec, *, version_of: VersionOf = object_version
+) -> ModelSpec | None:
+    """``model`` with the store's version filled in; None (condition and event set) on failure."""
+    spec_model = model.spec["model"]
+    if not needs_version_check(spec_model):
+        return model
+    uri = str(spec_model["storageUri"])
+    seen = dict(p.status.get("storage") or {})
+    try:
+        secret = spec_model.get("credentialsSecret")
+        credentials = _secret_data(p, str(secret["name"])) if secret else {}
+        fingerprint = _fingerprint(uri, credentials)
+        fresh = (
+            seen.get("fingerprint") == fingerprint
+            and seen.get("version")
+            and p.seconds_since(seen.get("checkedAt")) < p.config.storage_check_seconds
+        )
+        version = str(seen["version"]) if fresh else version_of(uri, credentials)
+    except FetchError as exc:
+        message = f"model {uri}: {exc.message}"[:1000]
+        if seen.get("error") != message:
+            p.emit("Warning", exc.reason, message)
+        p.status["storage"] = {"uri": uri, "error": message, "checkedAt": now_iso(p.now)}
+        p.status["message"] = message
+        p.cond(CONDITION, False, exc.reason, message)
+        p.cond("Ready", False, exc.reason, message)
+        p.result.phase = "Failed"
+        p.result.result = "storage_error"
+        p.result.waiting = True  # look again soon: the object or the Secret may appear
+        return None
+    if not fresh:
+        previous = seen.get("version")
+        if previous and previous != version and seen.get("uri") == uri:
+            p.emit(
+                "Normal",
+                "ModelChanged",
+                f"{uri} changed (version {previous} -> {version}): re-profiling",
+            )
+        p.status["storage"] = {
+            "uri": uri,
+            "version": version,
+            "fingerprint": fingerprint,
+            "checkedAt": now_iso(p.now),
+        }
+    p.cond(CONDITION, True, "Found", f"{uri} version {version}")
+    spec: dict[str, Any] = {**model.spec, "model": {**spec_model, VERSION_KEY: version}}
+    return dataclasses.replace(model, spec=spec)

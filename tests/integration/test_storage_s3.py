@@ -1,0 +1,264 @@
+"""storageUri against a real S3-compatible server (moto's, on loopback, with IAM auth on).
+
+First ``packrat fetch`` alone, the init container's command: a good key downloads and
+verifies; a wrong key, a missing object, a wrong digest and a replaced object each fail with
+their reason and leave nothing under the destination name. Then through the operator on the
+emulator: a TorchScript model in a bucket with a credentials Secret is profiled and served;
+replacing the object re-profiles it (a new ETag, a new profile key); a wrong key and a missing
+object give ``ModelAvailable=False`` with the reason and a Warning event, and nothing runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from harness import OperatorCluster, wait_for
+from models import FIRST_READY_S, body, model_events
+from s3_support import S3Server, missing_reason
+
+from packrat.runtime import zoo
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.timeout(1500),
+    pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
+]
+
+BUCKET = "models"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("s3"))
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes]:
+    """Two different TorchScript files of the tiny model (different seeds: different bytes)."""
+    out = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        path = tmp_path_factory.mktemp("ts") / f"tiny{seed}.pt"
+        model = zoo.load_model("tiny")
+        for p in model.parameters():
+            p.data.normal_()
+        zoo.save_torchscript(model, path, inputs=[((16,), torch.float32)])
+        out.append(path.read_bytes())
+    assert out[0] != out[1]
+    return out[0], out[1]
+
+
+def _creds_dir(tmp_path: Path, creds: dict[str, str]) -> Path:
+    directory = tmp_path / "credentials"
+    directory.mkdir(parents=True)
+    for key, value in creds.items():
+        (directory / key).write_text(value)
+    return directory
+
+
+def _fetch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "packrat", "fetch", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def test_fetch_downloads_and_verifies(s3: S3Server, tmp_path: Path) -> None:
+    data = b"model bytes " * 100_000  # 1.2 MB: several chunks
+    etag = s3.put(BUCKET, "fetch/ok.pt", data)
+    dest = tmp_path / "out" / "model.pt"
+    creds = _creds_dir(tmp_path, s3.credentials())
+    uri = f"s3://{BUCKET}/fetch/ok.pt"
+    done = _fetch(uri, "-o", str(dest), "--credentials-dir", str(creds), "--digest", _sha(data))
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout)
+    assert dest.read_bytes() == data
+    assert line["sha256"] == _sha(data) and line["size"] == len(data) and line["version"] == etag
+    # the same object pinned to its version (If-Match) still downloads
+    again = _fetch(uri, "-o", str(dest), "--credentials-dir", str(creds), "--expect-version", etag)
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["model.pt"]
+
+
+@pytest.mark.parametrize("case", ["wrong-key", "missing", "digest", "replaced"])
+def test_fetch_failures_leave_nothing_behind(s3: S3Server, tmp_path: Path, case: str) -> None:
+    key = f"fetch/{case}.pt"
+    etag = s3.put(BUCKET, key, b"first version")
+    uri = f"s3://{BUCKET}/{key}"
+    good = _creds_dir(tmp_path, s3.credentials())
+    dest = tmp_path / "out" / "model.pt"
+    args = [uri, "-o", str(dest), "--credentials-dir", str(good)]
+    expected = {
+        "wrong-key": "AccessDenied",
+        "missing": "NotFound",
+        "digest": "DigestMismatch",
+        "replaced": "VersionChanged",
+    }[case]
+    if case == "wrong-key":
+        bad = _creds_dir(tmp_path / "bad", s3.credentials(secret="not-the-secret"))
+        args[-1] = str(bad)
+    elif case == "missing":
+        args[0] = f"s3://{BUCKET}/fetch/no-such-object.pt"
+    elif case == "digest":
+        args += ["--digest", _sha(b"something else")]
+    else:
+        s3.put(BUCKET, key, b"second version")
+        args += ["--expect-version", etag]
+    done = _fetch(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"packrat fetch: error: {expected}: "), lines
+    assert not dest.exists()
+    assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial file
+
+
+# -- through the operator ------------------------------------------------------------------------
+SPEC: dict[str, Any] = {
+    "cpus": 2,
+    "batchSize": 2,
+    "maxBatchDelayMs": 2,
+    "profiling": {
+        "maxBatch": 2,
+        "threads": [1, 2],
+        "precision": 0.3,
+        "timeBudgetSeconds": 30,
+        "backoffLimit": 0,
+    },
+    "switch": {"readyTimeoutSeconds": 120, "drainSeconds": 1},
+}
+
+
+def _secret(cluster: OperatorCluster, name: str, creds: dict[str, str]) -> None:
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in creds.items()}
+    cluster.api.create(
+        "secrets", {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": data}
+    )
+
+
+def _storage_spec(key: str, secret: str) -> dict[str, Any]:
+    return {
+        **SPEC,
+        "model": {
+            "storageUri": f"s3://{BUCKET}/{key}",
+            "format": "torchscript",
+            "credentialsSecret": {"name": secret},
+        },
+    }
+
+
+def _profile_keys(cluster: OperatorCluster, name: str) -> set[str]:
+    return {
+        cm["metadata"]["labels"].get("packrat.dev/profile-key", "")
+        for cm in cluster.api.list("configmaps", labels={"packrat.dev/model": name})
+    }
+
+
+def test_operator_profiles_serves_and_reprofiles_a_replaced_s3_model(
+    cluster: OperatorCluster, s3: S3Server, scripts: tuple[bytes, bytes]
+) -> None:
+    name = "s3-tiny"
+    first_etag = s3.put(BUCKET, "op/tiny.pt", scripts[0])
+    _secret(cluster, "s3-good", s3.credentials())
+    created = cluster.api.create(
+        "packratmodels", body(name, _storage_spec("op/tiny.pt", "s3-good"))
+    )
+    uid = created["metadata"]["uid"]
+    wait_for(
+        lambda: cluster.status(name).get("phase") == "Ready",
+        timeout=FIRST_READY_S,
+        what=f"{name} Ready",
+        period=0.5,
+        detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(20)}",
+    )
+    status = cluster.status(name)
+    assert status["storage"]["version"] == first_etag
+    assert cluster.condition(name, "ModelAvailable")["status"] == "True"
+    code, _ = cluster.predict(name, name)
+    assert code == 200
+    first_key = status["profile"]["key"]
+    assert len(_profile_keys(cluster, name)) == 1
+
+    # the same URI, new bytes: a new ETag, so a new profile (and a switch to pods that fetch it)
+    second_etag = s3.put(BUCKET, "op/tiny.pt", scripts[1])
+    assert second_etag != first_etag
+    wait_for(
+        lambda: (cluster.status(name).get("storage") or {}).get("version") == second_etag,
+        timeout=120,
+        what="the operator noticed the new ETag",
+        period=0.5,
+    )
+    wait_for(
+        lambda: (
+            cluster.status(name).get("phase") == "Ready"
+            and (cluster.status(name).get("profile") or {}).get("key") not in (None, first_key)
+            and (cluster.status(name).get("profile") or {}).get("configMap") is not None
+        ),
+        timeout=FIRST_READY_S,
+        what=f"{name} re-profiled and Ready",
+        period=0.5,
+        detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(20)}",
+    )
+    assert len(_profile_keys(cluster, name)) == 2
+    changed = model_events(cluster, uid, "ModelChanged")
+    assert changed and second_etag.strip('"') in changed[-1]["message"]
+    cluster.api.delete("packratmodels", name)
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"), [("wrong-key", "AccessDenied"), ("missing", "NotFound")]
+)
+def test_operator_reports_wrong_credentials_and_missing_objects(
+    cluster: OperatorCluster, s3: S3Server, case: str, reason: str
+) -> None:
+    name = f"s3-{case}"
+    s3.put(BUCKET, "op/present.pt", b"not used")
+    secret = f"{name}-creds"
+    if case == "wrong-key":
+        _secret(cluster, secret, s3.credentials(secret="not-the-secret"))
+        key = "op/present.pt"
+    else:
+        _secret(cluster, secret, s3.credentials())
+        key = "op/absent.pt"
+    created = cluster.api.create("packratmodels", body(name, _storage_spec(key, secret)))
+    uid = created["metadata"]["uid"]
+    wait_for(
+        lambda: cluster.condition(name, "ModelAvailable").get("reason") == reason,
+        timeout=180,
+        what=f"ModelAvailable reason {reason}",
+        period=0.5,
+        detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(20)}",
+    )
+    cond = cluster.condition(name, "ModelAvailable")
+    assert cond["status"] == "False" and f"s3://{BUCKET}/{key}" in cond["message"]
+    assert cluster.status(name)["phase"] == "Failed"
+    wait_for(
+        lambda: bool(model_events(cluster, uid, reason)),
+        timeout=60,
+        what=f"a {reason} event",
+    )
+    assert model_events(cluster, uid, reason)[0]["type"] == "Warning"
+    # nothing was started for a model that cannot be fetched
+    jobs = cluster.api.list("jobs", labels={"packrat.dev/model": name})
+    assert jobs == [] and cluster.api.get("deployments", f"{name}-a") is None
+    cluster.api.delete("packratmodels", name)
