@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 
 from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 from packrat.controller.spec import serving_hash, validate_spec
 
 POD = {
@@ -45,7 +46,7 @@ def owner(pod: Any) -> dict[str, Any]:
 
 def _pods() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     body = owner(POD)
-    job = m.profiling_job(body, key="k" * 16)
+    job = pm.profiling_job(body, key="k" * 16)
     dep = m.serving_deployment(body, slot="a", plan=PLAN, serving_hash="h", replicas=1)
     for obj in (job, dep):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 
 from packrat.controller import manifests as m
+from packrat.controller import profile_manifests as pm
 from packrat.controller.context import Config, Pass, Result
 from packrat.controller.model import parse
 from packrat.controller.spec import profile_key, serving_hash, validate_spec
@@ -92,7 +93,7 @@ def _init(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
     body = owner({**S3, VERSION_KEY: "etag-1"})
-    job = m.profiling_job(body, key="k" * 16)
+    job = pm.profiling_job(body, key="k" * 16)
     dep = m.serving_deployment(body, slot="a", plan=PLAN, serving_hash="h", replicas=1)
     for obj, expect_version in ((job, True), (dep, False)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
@@ -128,7 +129,7 @@ def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
 
 
 def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
-    job = m.profiling_job(owner({**S3, "digest": DIGEST}), key="k" * 16)
+    job = pm.profiling_job(owner({**S3, "digest": DIGEST}), key="k" * 16)
     fetch = _init(job)[0]
     assert fetch["command"][-2:] == ["--digest", DIGEST]
     assert "--expect-version" not in fetch["command"]
@@ -142,7 +143,7 @@ def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
         "persistentVolumeClaim": {"claimName": "claim", "readOnly": True},
     } in pod["volumes"]
     assert pod["containers"][0]["command"][3] == m.MODEL_DIR + "/dir/r.pt"
-    verified = m.profiling_job(owner({**pvc, "digest": DIGEST}), key="k" * 16)
+    verified = pm.profiling_job(owner({**pvc, "digest": DIGEST}), key="k" * 16)
     check = _init(verified)[0]
     assert check["command"] == [
         "packrat",
