@@ -93,7 +93,12 @@ def test_fault2_foreign_service_is_never_taken_over(cluster: OperatorCluster) ->
         timeout=SLOW,
         what="OwnershipConflict condition",
     )
-    assert _events(cluster, "mine", "OwnershipConflict")
+    # the Event is posted just after the status it goes with: wait for it too
+    wait_for(
+        lambda: _events(cluster, "mine", "OwnershipConflict"),
+        timeout=120,
+        what="the OwnershipConflict event",
+    )
     ready = cluster.condition("mine", "Ready")
     assert ready["status"] == "False" and ready["reason"] == "OwnershipConflict"
     svc = cluster.api.get("services", "mine")
@@ -118,7 +123,12 @@ def test_fault4_superseded_profiling_job_is_deleted(cluster: OperatorCluster) ->
         timeout=SLOW,
         what="image pull error in the Profiled condition",
     )
-    assert _events(cluster, "sup", "ProfilingStuck")
+    # the Event is posted just after the status it goes with: wait for it too
+    wait_for(
+        lambda: _events(cluster, "sup", "ProfilingStuck"),
+        timeout=120,
+        what="the ProfilingStuck event",
+    )
     cluster.api.patch("packratmodels", "sup", {"spec": {"profiling": {"maxBatch": 2}}})
     seen: list[list[str]] = []
 
@@ -140,7 +150,12 @@ def test_fault5_unschedulable_profiling_pod_fails_fast(cluster: OperatorCluster)
         what="the scheduler's reason in the Profiled condition",
     )
     assert "Insufficient memory" in cluster.condition("big", "Profiled")["message"]
-    assert _events(cluster, "big", "ProfilingStuck")
+    # the Event is posted just after the status it goes with: wait for it too
+    wait_for(
+        lambda: _events(cluster, "big", "ProfilingStuck"),
+        timeout=120,
+        what="the ProfilingStuck event",
+    )
     # the attempt fails after the grace period, not after 3 x timeoutSeconds
     wait_for(
         lambda: [
@@ -176,7 +191,12 @@ def test_fault9_inputs_bypassing_the_crd_become_invalid_spec(
     )
     ready = cluster.condition(name, "Ready")
     assert ready["reason"] == "InvalidSpec" and needle in ready["message"], ready
-    assert _events(cluster, name, "InvalidSpec")
+    # the Event is posted just after the status it goes with: wait for it too
+    wait_for(
+        lambda: _events(cluster, name, "InvalidSpec"),
+        timeout=120,
+        what="the InvalidSpec event",
+    )
     for resource in ("jobs", "deployments", "services"):
         assert cluster.api.list(resource, {"app.kubernetes.io/instance": name}) == []
     assert cluster.operator.healthy()
