@@ -46,7 +46,7 @@ class ConnectionLimits:
     max_connections: int = 1024
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
-    refused_hold_s: float = 2.0
+    refused_hold_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
