@@ -6,7 +6,7 @@ PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs
+.PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs profiling-jobs
 
 venv: $(STAMP)
 
@@ -81,6 +81,10 @@ images:
 	@docker info >/dev/null 2>&1 || { echo "make images: no usable Docker engine ('docker info' failed); nothing built. Start Docker, then rerun to build $(IMAGE_REPO)/operator:$(VERSION) and $(IMAGE_REPO)/serving:$(VERSION)." >&2; exit 1; }
 	docker build -f images/operator/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE_REPO)/operator:$(VERSION) .
 	docker build -f images/serving/Dockerfile --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) -t $(IMAGE_REPO)/serving:$(VERSION) .
+
+# Regenerate the standalone profiling Jobs (profiling-jobs/) from the operator's Job builder.
+profiling-jobs: venv
+	$(PY) scripts/gen_profiling_jobs.py
 
 # Regenerate docs/crd-reference.md from the CRD schema descriptions.
 docs: venv

@@ -17,7 +17,7 @@ from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER = ROOT.parent / "shared" / "profiles" / "packrat-paper"
+PAPER = ROOT / "benchmarks" / "profiles" / "packrat-paper"
 
 
 def synthetic_table(cpus: int, max_batch: int) -> dict[tuple[int, int], float]:

@@ -8,12 +8,12 @@ bound, so this is a behaviour, not a timing race).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from mar_support import build_mar
 
 from packrat.plan.profile import load_profile
 from packrat.profiler.client import HandlerTarget
@@ -25,62 +25,14 @@ pytestmark = pytest.mark.integration
 CPUS = allowed_cpus()
 FAST = ProfileSettings(precision=0.2, point_budget_s=1.0, warmup=1, min_samples=3)
 
-HANDLER = """
-import json, time
-import torch
-
-
-class SleepyHandler:
-    PREPROCESS_S = {sleep}
-
-    def initialize(self, context):
-        torch.manual_seed(0)
-        self.model = torch.nn.Linear(8, 4).eval()
-        self.seen = 0
-
-    def preprocess(self, data):
-        time.sleep(self.PREPROCESS_S)
-        rows = [row.get("body", row.get("data")) for row in data]
-        return torch.tensor(rows, dtype=torch.float32)
-
-    def handle(self, data, context):
-        x = self.preprocess(data)
-        with torch.inference_mode():
-            y = self.model(x)
-        return [json.dumps(row) for row in y.tolist()]
-"""
-
-
-def _build_mar(tmp: Path, name: str, sleep_s: float) -> Path:
-    src = tmp / f"{name}-src"
-    src.mkdir()
-    (src / "sleepy_handler.py").write_text(HANDLER.format(sleep=sleep_s))
-    subprocess.run(
-        [
-            str(Path(sys.executable).with_name("torch-model-archiver")),
-            "--model-name",
-            name,
-            "--version",
-            "1.0",
-            "--handler",
-            str(src / "sleepy_handler.py"),
-            "--export-path",
-            str(tmp),
-        ],
-        check=True,
-        env={**os.environ, "TMPDIR": str(tmp)},
-        timeout=120,
-    )
-    return tmp / f"{name}.mar"
-
 
 @pytest.fixture(scope="module")
 def mars(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("mars")
     (tmp / "sample.json").write_text(json.dumps([0.5] * 8))
     return {
-        "plain": _build_mar(tmp, "plain", 0.0),
-        "sleepy": _build_mar(tmp, "sleepy", 0.02),
+        "plain": build_mar(tmp, "plain", 0.0),
+        "sleepy": build_mar(tmp, "sleepy", 0.02),
         "sample": tmp / "sample.json",
     }
 

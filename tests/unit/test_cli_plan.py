@@ -9,7 +9,7 @@ import pytest
 
 from packrat.cli import main
 
-PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "profiles" / "packrat-paper"
+PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "packrat-paper"
 
 
 @pytest.fixture

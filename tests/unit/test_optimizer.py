@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from packrat.plan.optimizer import Optimizer, Plan, PlanError, optimize
 from packrat.plan.profile import load_profile
 
-PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "profiles" / "packrat-paper"
+PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "packrat-paper"
 Table = dict[tuple[int, int], float]
 
 
@@ -177,8 +177,7 @@ PAPER_FILES = sorted(PAPER.glob("*.csv"))
 
 @pytest.fixture(scope="module", params=[p.name for p in PAPER_FILES] or ["missing"])
 def paper_table(request: pytest.FixtureRequest) -> Table:
-    if not PAPER_FILES:
-        pytest.skip(f"published profiles not found at {PAPER}")
+    assert PAPER_FILES, f"published profiles missing from {PAPER}"
     return load_profile(PAPER / request.param).table()
 
 
@@ -233,8 +232,7 @@ def test_paper_profiles_optimal_latency_certified_up_to_1024(paper_table: Table,
 
 
 def test_paper_resnet_plan_beats_fat() -> None:
-    if not PAPER_FILES:
-        pytest.skip("published profiles not found")
+    assert PAPER_FILES, f"published profiles missing from {PAPER}"
     profile = load_profile(PAPER / "resnet-pytorch.csv")
     plan = Optimizer.for_profile(profile, cpus=16, max_batch=64).plan(64)
     assert plan.fat_latency_ms is not None

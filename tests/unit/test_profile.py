@@ -18,7 +18,7 @@ from packrat.plan.profile import (
     parse_profile,
 )
 
-PAPER = Path(__file__).resolve().parents[2].parent / "shared" / "profiles" / "packrat-paper"
+PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "packrat-paper"
 
 
 def sample_profile() -> Profile:
@@ -67,8 +67,7 @@ def test_csv_export_and_import_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["resnet-pytorch.csv", "bert-torchserve.csv"])
 def test_imports_the_papers_csv(name: str) -> None:
-    if not (PAPER / name).exists():
-        pytest.skip(f"{PAPER / name} not present")
+    assert (PAPER / name).exists(), f"{PAPER / name}: shipped with the repository"
     profile = load_profile(PAPER / name)
     assert profile.meta.cpus == 16
     assert profile.threads == list(range(1, 17))
