@@ -132,6 +132,15 @@ def test_min_and_max_replicas_bound_decisions() -> None:
     assert out[-1].replicas == 2 and all(d.replicas >= 2 for d in out)
 
 
+def test_a_late_reading_is_merged_not_dropped() -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=60.0, seed=1))
+    early, late = [10.0 + i * 0.001 for i in range(50)], [11.0 + i * 0.001 for i in range(50)]
+    tuner.observe(late)
+    tuner.observe(early)  # another pod's arrivals, read one poll later
+    merged = list(tuner._arrivals)
+    assert merged == sorted(early + late)
+
+
 def test_memory_is_bounded() -> None:
     tuner = Tuner(planned_replicas=1, replica_capacity=10.0, windows=[1.0], max_events=100)
     tuner.observe(np.arange(0, 1000, 0.001).tolist())

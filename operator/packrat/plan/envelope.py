@@ -158,11 +158,18 @@ class Tuner:
         return min(n, self.max_replicas) if self.max_replicas is not None else n
 
     def observe(self, times_s: Iterable[float]) -> None:
-        """Record arrivals (non-decreasing timestamps; older ones than the last are ignored)."""
+        """Record arrivals; ones older than the newest recorded (a pod read late) are merged
+        in order, so a late reading still counts."""
         arrivals = self._arrivals
+        late: list[float] = []
         for t in times_s:
             if not arrivals or t >= arrivals[-1]:
                 arrivals.append(t)
+            else:
+                late.append(t)
+        if late:
+            merged = sorted([*arrivals, *late])
+            self._arrivals = deque(merged, maxlen=arrivals.maxlen)
 
     def rates(self, now_s: float) -> np.ndarray:
         """The live envelope over the last ``horizon_s`` (the longest window)."""
