@@ -116,6 +116,12 @@ def summarize(rows: list[dict[str, Any]], samples: list[dict], args: argparse.Na
             f"{name:>6}{len(sel):>10}{failed:>8}{misses:>8}"
             f"{100.0 * misses / max(1, len(sel)):>8.2f}{p99:>9.1f}{reps!s:>10}"
         )
+    quiet = [s["wanted"] for s in samples if s["t"] - samples_offset(samples) >= 3 * args.phase]
+    if quiet:
+        lines.append(
+            f"after the load: replicas {quiet[0]} -> {quiet[-1]} "
+            f"({samples[-1]['t'] - samples_offset(samples) - 3 * args.phase:.0f} s later)"
+        )
     ups = [s for s in samples if s["action"] == "scale_up"]
     if ups:
         lines.append(
@@ -184,15 +190,26 @@ def plot(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--rate", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--factor", type=float, default=4.0)
     parser.add_argument("--phase", type=float, default=60.0)
     parser.add_argument("--slo", type=float, default=250.0)
     parser.add_argument("--max-replicas", type=int, default=4)
     parser.add_argument("--scale-down-delay", type=int, default=30)
     parser.add_argument("--stem", default="tuner-step")
+    parser.add_argument("--from-json", type=Path, help="only summarize and plot a saved run")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        for key, value in saved["args"].items():
+            if key not in ("from_json", "stem"):
+                setattr(args, key, value)
+        text = summarize(saved["rows"], saved["samples"], args)
+        (RESULTS / f"{args.stem}.txt").write_text(text)
+        plot(saved["rows"], saved["samples"], args, RESULTS / f"{args.stem}.png")
+        print(text)
+        return
     with tempfile.TemporaryDirectory(prefix="packrat-tuner-") as tmp:
         cluster = OperatorCluster(Path(tmp))
         try:
@@ -227,7 +244,7 @@ def main() -> None:
             if samples:
                 samples[0]["load_start"] = start
             # watch the scale-down after the load
-            time.sleep(args.scale_down_delay + 40)
+            time.sleep(args.scale_down_delay + 75)
             stop.set()
             final = cluster.status(NAME)
         finally:

@@ -81,6 +81,29 @@ def test_does_not_flap_on_a_steady_bursty_trace() -> None:
         )
 
 
+@pytest.mark.parametrize("seed", [3, 9, 17])
+def test_noise_margin_ignores_counting_noise_but_not_a_step(seed: int) -> None:
+    """At a low rate the windows hold a few arrivals: one more is noise. With the z sqrt(k)
+    margin a steady trace never scales; a 4x step is still caught within seconds."""
+    sample = gamma_trace(2.0, duration_s=60.0, seed=1)
+    windows = window_sizes(0.001, min_window_s=0.1)
+
+    def tuner(z: float) -> Tuner:
+        return Tuner(
+            planned_replicas=1,
+            replica_capacity=1000.0,
+            windows=windows,
+            planned_rates=envelope(sample, windows),
+            noise_z=z,
+        )
+
+    steady = gamma_trace(2.0, duration_s=300.0, seed=seed)
+    assert all(d.action == "hold" for d in replay(tuner(3.0), steady))
+    step = step_trace([2.0, 8.0], phase_s=60.0, seed=seed)
+    up = next(d for d in replay(tuner(3.0), step) if d.action == "scale_up")
+    assert 60.0 < up.time_s <= 60.0 + 10.0, up
+
+
 def test_scales_down_only_after_the_trailing_window() -> None:
     tuner = make_tuner(gamma_trace(100.0, duration_s=120.0, seed=1), delay=120.0)
     trace = step_trace([400.0, 50.0], phase_s=200.0, seed=4)
@@ -107,6 +130,15 @@ def test_min_and_max_replicas_bound_decisions() -> None:
     )
     out = [idle.decide(float(t)) for t in range(0, 30)]
     assert out[-1].replicas == 2 and all(d.replicas >= 2 for d in out)
+
+
+def test_a_late_reading_is_merged_not_dropped() -> None:
+    tuner = make_tuner(gamma_trace(100.0, duration_s=60.0, seed=1))
+    early, late = [10.0 + i * 0.001 for i in range(50)], [11.0 + i * 0.001 for i in range(50)]
+    tuner.observe(late)
+    tuner.observe(early)  # another pod's arrivals, read one poll later
+    merged = list(tuner._arrivals)
+    assert merged == sorted(early + late)
 
 
 def test_memory_is_bounded() -> None:

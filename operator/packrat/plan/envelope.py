@@ -13,6 +13,9 @@ utilisation is kept and noise within the tolerance does nothing. The tuner scale
 largest count any window asks for at once, and scales down only to the largest count that
 ``ceil(n * r_w / C_w)`` (the tolerance kept as headroom: hysteresis) asked for over a
 trailing ``scale_down_delay_s``, so a burst that recurs within that time never makes it flap.
+``noise_z`` adds a counting-noise margin: a window the plan expects ``k`` arrivals in may see
+``z sqrt(k)`` more before they count as load (at low rates short windows hold a handful of
+arrivals, and their maxima over a minute vary by more than any tolerance).
 
 Pure: the caller feeds arrival timestamps (seconds, any monotonic clock) and asks for a
 decision at a time it chooses; memory is bounded by the longest window and ``max_events``.
@@ -111,6 +114,7 @@ class Tuner:
         max_replicas: int | None = None,
         scale_down_delay_s: float = 120.0,
         tolerance: float = 0.1,
+        noise_z: float = 0.0,
         max_events: int = 1_000_000,
     ) -> None:
         if planned_replicas < 1 or min_replicas < 1:
@@ -132,6 +136,14 @@ class Tuner:
         planned = planned_rates if planned_rates is not None else [0.0] * len(windows)
         self.sustained = [r if r > 0 else base for r in planned]
         self.tolerance = tolerance
+        # counting noise: a window the plan expects k arrivals in is allowed z * sqrt(k) more
+        # before it counts as more load (short windows hold a few arrivals; one more is noise)
+        if noise_z < 0:
+            raise ValueError("noise_z must be >= 0")
+        self.margin = [
+            noise_z * math.sqrt(c * w) / w
+            for c, w in zip(self.sustained, self.windows, strict=True)
+        ]
         self.min_replicas = min_replicas
         self.max_replicas = max_replicas
         self.scale_down_delay_s = scale_down_delay_s
@@ -146,11 +158,18 @@ class Tuner:
         return min(n, self.max_replicas) if self.max_replicas is not None else n
 
     def observe(self, times_s: Iterable[float]) -> None:
-        """Record arrivals (non-decreasing timestamps; older ones than the last are ignored)."""
+        """Record arrivals; ones older than the newest recorded (a pod read late) are merged
+        in order, so a late reading still counts."""
         arrivals = self._arrivals
+        late: list[float] = []
         for t in times_s:
             if not arrivals or t >= arrivals[-1]:
                 arrivals.append(t)
+            else:
+                late.append(t)
+        if late:
+            merged = sorted([*arrivals, *late])
+            self._arrivals = deque(merged, maxlen=arrivals.maxlen)
 
     def rates(self, now_s: float) -> np.ndarray:
         """The live envelope over the last ``horizon_s`` (the longest window)."""
@@ -164,16 +183,16 @@ class Tuner:
             self._started = now_s
         rates = self.rates(now_s)
         wants = [
-            math.ceil(self.planned * r / ((1 + self.tolerance) * c) - 1e-9) if r > 0 else 0
-            for r, c in zip(rates.tolist(), self.sustained, strict=True)
+            math.ceil(self.planned * r / ((1 + self.tolerance) * c + e) - 1e-9) if r > 0 else 0
+            for r, c, e in zip(rates.tolist(), self.sustained, self.margin, strict=True)
         ]
         worst = int(np.argmax([w / self.planned for w in wants]))
         wanted = self._clamp(max(*wants, self.min_replicas))
         # hysteresis: the way down keeps the tolerance as headroom (no tolerance applied)
         keep = max(
             (
-                math.ceil(self.planned * r / c - 1e-9)
-                for r, c in zip(rates, self.sustained, strict=True)
+                math.ceil(self.planned * r / (c + e) - 1e-9)
+                for r, c, e in zip(rates, self.sustained, self.margin, strict=True)
             ),
             default=0,
         )
