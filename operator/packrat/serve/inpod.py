@@ -165,6 +165,17 @@ class InPodSwitch:
             if isinstance(result, BaseException):
                 log.warning("in-pod switch: could not unregister %s: %s", name, result)
 
+    @property
+    def busy(self) -> bool:
+        """A switch is under way (its drain not counted)."""
+        return self._busy.locked()
+
+    async def close_after_drain(self) -> None:
+        """Wait for the last switch's drain and unregistration to end."""
+        if self._retiring is not None:
+            await self._retiring
+            self._retiring = None
+
     async def close(self) -> None:
         if self._retiring is not None:
             self._retiring.cancel()
