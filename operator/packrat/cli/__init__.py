@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "profile",
     "bench",
     "serve",
+    "route",
     "loadgen",
     "operator",
     "demo",
