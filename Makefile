@@ -66,6 +66,12 @@ bench: venv
 bench-reconfig: venv
 	$(BIN)/python benchmarks/reconfig_experiment.py --model resnet50 --phase-seconds 40 --profile-budget 240 --stem reconfig-resnet50
 
+# Pipelines (issue 13): a 3-stage pipeline, per-stage planner vs CG-mean/CG-peak at CV 1 and 4,
+# in simulation (a few minutes); results in benchmarks/results/pipeline-sample180.*.
+.PHONY: bench-pipeline
+bench-pipeline: venv
+	$(BIN)/python benchmarks/pipeline_bench.py --duration 180 --name pipeline-sample180
+
 # Why serving pods need exclusive cores: 1 vs 2 threads beside a busy process, about 2 minutes.
 bench-contention: venv
 	$(BIN)/python benchmarks/thread_contention.py --model resnet50 --batch 4 --out thread-contention-resnet50.txt

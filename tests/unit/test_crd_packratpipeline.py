@@ -105,7 +105,7 @@ def failing(obj: Mapping[str, Any]) -> set[str]:
 
 
 def test_the_example_passes_every_rule() -> None:
-    assert len(RULES) == 5
+    assert len(RULES) == 6
     assert failing(EXAMPLE) == set()
 
 
@@ -116,6 +116,13 @@ def test_the_example_passes_every_rule() -> None:
         (lambda o: o["spec"]["edges"][0].update(to="nowhere"), "self.stages.exists"),
         (lambda o: o["spec"]["edges"][0].update(to="screen"), "self.from != self.to"),
         (lambda o: o["spec"]["stages"][1]["model"].update(batchSize=8), "batchSize"),
+        (
+            lambda o: (
+                o["spec"]["stages"][1].update(name="router"),
+                o["spec"]["edges"][0].update(to="router"),
+            ),
+            "'router'",
+        ),
         (
             lambda o: o["spec"]["slo"].update(trace={"configMap": "t", "key": "k"}),
             "has(self.trace)",

@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "fetch",
     "bench",
     "serve",
+    "route",
     "loadgen",
     "operator",
     "demo",

@@ -297,3 +297,67 @@ def _join(outputs: Mapping[str, Answer]) -> Answer:
         except ValueError:
             doc[name] = text
     return Answer(json.dumps(doc).encode(), "application/json")
+
+
+ROUTER_KEYS = {"pipeline", "stages", "edges", "deadlineMs", "maxDeadlineMs"}
+
+
+def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterConfig:
+    """A router config document (what the operator renders into the router's ConfigMap)::
+
+    pipeline: cascade
+    stages: {screen: http://cascade-screen:8080/predictions/cascade-screen, ...}
+    edges: [{from: screen, to: classify, fraction: 0.2}]
+    deadlineMs: 4000        # optional (default 10000)
+    maxDeadlineMs: 60000    # optional (default 60000)
+    """
+    if not isinstance(doc, Mapping):
+        raise PipelineError(f"{origin}: expected a mapping with pipeline, stages and edges")
+    extra = sorted(set(doc) - ROUTER_KEYS)
+    if extra:
+        raise PipelineError(f"{origin}: unknown field(s) {', '.join(extra)}")
+    name = doc.get("pipeline")
+    if not isinstance(name, str) or not name:
+        raise PipelineError(f"{origin}: pipeline: expected a non-empty name")
+    stages = doc.get("stages")
+    if not isinstance(stages, Mapping) or not stages:
+        raise PipelineError(f"{origin}: stages: expected a mapping of stage name to URL")
+    for stage, url in stages.items():
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise PipelineError(f"{origin}: stages.{stage}: expected an http(s) URL")
+    edges = []
+    for i, e in enumerate(doc.get("edges") or []):
+        if (
+            not isinstance(e, Mapping)
+            or not {"from", "to"} <= set(e)
+            or set(e)
+            - {
+                "from",
+                "to",
+                "fraction",
+            }
+        ):
+            raise PipelineError(f"{origin}: edges[{i}]: expected from, to and optional fraction")
+        fraction = e.get("fraction", 1.0)
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise PipelineError(f"{origin}: edges[{i}].fraction: expected a number in [0, 1]")
+        edges.append(Edge(str(e["from"]), str(e["to"]), float(fraction)))
+    limits: dict[str, float] = {}
+    for key, field in (("deadlineMs", "deadline_ms"), ("maxDeadlineMs", "max_deadline_ms")):
+        if key in doc:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise PipelineError(f"{origin}: {key}: expected a number of ms > 0")
+            limits[field] = float(value)
+    try:
+        config = RouterConfig(
+            name,
+            dict(stages),
+            edges,
+            deadline_ms=limits.get("deadline_ms", 10_000.0),
+            max_deadline_ms=limits.get("max_deadline_ms", 60_000.0),
+        )
+        topological_order(list(config.stages), config.edges)
+    except PipelineError as exc:
+        raise PipelineError(f"{origin}: {exc}") from None
+    return config
