@@ -169,7 +169,9 @@ def test_crds_chart_renders_the_crd_as_a_template() -> None:
     with helm_python.Chart.load(CRDS_CHART) as chart:
         out = chart.render({}, name="packrat-crds", namespace="default")
     docs = [yaml.safe_load(v) for k, v in out.items() if k.endswith(".yaml")]
-    crd = next(d for d in docs if d and d["kind"] == "CustomResourceDefinition")
-    source = yaml.safe_load((ROOT / "crds" / "packratmodel.yaml").read_text())
-    assert crd == source
+    rendered = {
+        d["metadata"]["name"]: d for d in docs if d and d["kind"] == "CustomResourceDefinition"
+    }
+    sources = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "crds").glob("*.yaml"))]
+    assert rendered == {s["metadata"]["name"]: s for s in sources}
     assert not (CRDS_CHART / "crds").exists()  # templates/, so that upgrades update it
