@@ -117,3 +117,12 @@ def test_rejects_bad_requests(kwargs: dict[str, float], message: str) -> None:
         Planner({(1, 1): 1.0}, np.array([0.0, 1.0]), **kwargs)
     with pytest.raises(ProvisionError, match="no arrivals"):
         Planner({(1, 1): 1.0}, np.array([]), slo_ms=1.0)
+
+
+def test_a_partial_profile_without_t_max_points_still_provisions() -> None:
+    """A profile whose T-thread points are missing (a profiling budget ran out): the fat
+    baseline uses the largest profiled thread count, and the search still answers."""
+    table = {(1, 1): 1.0, (1, 2): 1.5, (1, 4): 2.5}
+    result = provision(table, gamma_trace(2.0, duration_s=60.0, seed=12), slo_ms=500, max_cpus=2)
+    assert result.feasible and result.best.config.cpus == 1
+    assert result.baselines["mean"].config.cpus == 1

@@ -28,7 +28,7 @@ from packrat.controller.model import ModelSpec
 from packrat.plan.envelope import envelope, window_sizes
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import Profile
-from packrat.plan.provision import Planner, ProvisionError, SimSettings, provision
+from packrat.plan.provision import Planner, SimSettings, provision
 from packrat.plan.traces import TraceError, gamma_trace, parse_trace
 
 MAX_TRACE_BYTES = 4 * 1024 * 1024
@@ -232,7 +232,7 @@ def provision_model(
                 max_batch_delay_ms=float(model.spec["maxBatchDelayMs"]),
                 signature=signature,
             )
-        except ProvisionError as exc:
+        except ValueError as exc:  # ProvisionError, PlanError, SimulationError: the profile
             _cannot_plan(p, "ProvisionFailed", str(exc))
             return None
         cache.put(found)

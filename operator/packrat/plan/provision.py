@@ -289,13 +289,17 @@ class Planner:
         return self.evaluate(Config(cpus, batch, n))
 
     def baseline(self, rate: float) -> Evaluation:
-        """Fat replicas (T cores, one instance) sized for ``rate``.
+        """Fat replicas (T cores, one instance) sized for ``rate``; T is the largest profiled
+        thread count up to ``max_cpus``.
 
         The batch is the one with the highest throughput whose single batch fits the SLO
         (batch 1 when none does).
         """
-        t = self.max_cpus
+        # the fattest profiled instance (a partial profile may lack t = max_cpus)
+        t = max((tt for tt, _ in self.table if tt <= self.max_cpus), default=self.max_cpus)
         sizes = [b for (tt, b) in self.table if tt == t]
+        if not sizes:
+            raise ProvisionError(f"the profile has no point with at most {self.max_cpus} threads")
         fits = [b for b in sizes if self.table[(t, b)] <= self.slo_ms] or [min(sizes)]
         batch = max(fits, key=lambda b: (b / self.table[(t, b)], -b))
         mu = self.capacity(((t, batch),))
