@@ -16,7 +16,8 @@ def test_unchanged_relisting_wakes_nobody() -> None:
     assert w.changed(_meta("d1", "6"), None)  # changed while the watch was down
     assert not w.changed(_meta("d1", "6"), None)
     assert w.changed(_meta("d2", "1"), None)  # new while the watch was down
-    assert w.changed(_meta("d1", "6"), "MODIFIED")  # a real event always counts
+    assert not w.changed(_meta("d1", "6"), "ADDED")  # a replaying watch, same version
+    assert w.changed(_meta("d1", "6"), "MODIFIED")  # a modification always counts
 
 
 def test_deleted_child_is_forgotten() -> None:

@@ -64,10 +64,11 @@ class OperatorOptions:
 class Wakeups:
     """One asyncio.Event per model; a watch event on a child sets its model's.
 
-    Every watch stream starts by listing its objects again (kopf delivers them as events
-    of type None, after each reconnect: every few minutes). A re-listed child whose
-    resourceVersion is the one already seen wakes nobody, so reconnects cost no pass per
-    model; anything new or changed still wakes its model at once."""
+    Every watch stream starts by listing its objects again after each reconnect (every few
+    minutes): kopf delivers them as events of type None, and a watch that replays (the
+    emulator's, or a real one restarted from an expired resourceVersion) as ADDED. A child
+    listed or added at the resourceVersion already seen wakes nobody, so reconnects cost no
+    pass per model; anything new or changed still wakes its model at once."""
 
     MAX_SEEN = 100_000  # bounds the memory of resourceVersions (cleared when exceeded)
 
@@ -83,7 +84,7 @@ class Wakeups:
         if event_type == "DELETED":
             self._seen.pop(uid, None)
             return True
-        if event_type is None and self._seen.get(uid) == version:
+        if event_type in (None, "ADDED") and self._seen.get(uid) == version:
             return False
         if len(self._seen) >= self.MAX_SEEN:
             self._seen.clear()
