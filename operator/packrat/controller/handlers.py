@@ -63,10 +63,34 @@ class OperatorOptions:
 
 
 class Wakeups:
-    """One asyncio.Event per model; a watch event on a child sets its model's."""
+    """One asyncio.Event per model; a watch event on a child sets its model's.
+
+    Every watch stream starts by listing its objects again after each reconnect (every few
+    minutes): kopf delivers them as events of type None, and a watch that replays (the
+    emulator's, or a real one restarted from an expired resourceVersion) as ADDED. A child
+    listed or added at the resourceVersion already seen wakes nobody, so reconnects cost no
+    pass per model; anything new or changed still wakes its model at once."""
+
+    MAX_SEEN = 100_000  # bounds the memory of resourceVersions (cleared when exceeded)
 
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
+        self._seen: dict[str, str] = {}
+
+    def changed(self, meta: Mapping[str, Any], event_type: str | None) -> bool:
+        """Whether a child's watch event is news (false only for an unchanged re-listing)."""
+        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        if not uid or not version:
+            return True
+        if event_type == "DELETED":
+            self._seen.pop(uid, None)
+            return True
+        if event_type in (None, "ADDED") and self._seen.get(uid) == version:
+            return False
+        if len(self._seen) >= self.MAX_SEEN:
+            self._seen.clear()
+        self._seen[uid] = version
+        return True
 
     def get(self, key: str) -> asyncio.Event:
         return self._events.setdefault(key, asyncio.Event())
@@ -251,9 +275,9 @@ def build_registry(
             labels=labels,  # type: ignore[arg-type]
             registry=registry,
         )
-        async def child_changed(meta: kopf.Meta, **_: Any) -> None:
+        async def child_changed(meta: kopf.Meta, **kwargs: Any) -> None:
             key = _owner_key(meta)
-            if key is not None:
+            if key is not None and wakeups.changed(meta, kwargs.get("type")):
                 wakeups.wake(key)
 
     return registry
