@@ -3,9 +3,11 @@ scrapes, on loopback, the real operator (kopf against the emulator, as in
 test_operator_lifecycle) with its real serving pods, and one standalone ``packrat serve`` of
 the tiny model with no queue, which sheds. The run provokes what the panels and alerts watch:
 two OOM-killed profiling attempts then a profile (progress, failures), a plan switch under load,
-an aborted switch, autoBatch observations, shed requests. Then every panel query of the
-dashboard and every alert expression is evaluated through Prometheus' HTTP API: each must
-parse, and each panel target must return data.
+an aborted switch (a passive slot that asks for 2Ti of memory, so its pod is unschedulable),
+autoBatch observations, shed requests. Then every panel query of the dashboard and every alert
+expression is evaluated through Prometheus' HTTP API: each must parse, each panel target must
+return data, and so must both sides of each alert's threshold comparison and each selector;
+the alerts the run provokes must hold and fire with the model named.
 
 With ``PACKRAT_DASHBOARD_DATA=<file>`` the panels' range results are written there
 (``scripts/render_dashboard_png.py`` draws them).
