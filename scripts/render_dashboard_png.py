@@ -82,6 +82,7 @@ def render(doc: dict[str, Any], dashboard: dict[str, Any], output: Path) -> int:
     cols = 3
     rows = math.ceil(len(units) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.2 * rows), squeeze=False)
+    seconds = float(doc.get("end", start)) - start
     drawn = 0
     for ax, (title, unit) in zip(axes.flat, units.items(), strict=False):
         label, scale = UNITS.get(unit, (unit, 1.0))
@@ -91,9 +92,17 @@ def render(doc: dict[str, Any], dashboard: dict[str, Any], output: Path) -> int:
                 points = [(t, v) for t, v in points if math.isfinite(v)]
                 if points:
                     xs, ys = zip(*points, strict=True)
-                    ax.plot(xs, ys, linewidth=1, label=_legend(target["legend"], series["metric"]))
+                    ax.plot(
+                        xs,
+                        ys,
+                        linewidth=1,
+                        marker="o" if len(xs) < 30 else None,  # a series of a few samples
+                        markersize=3,
+                        label=_legend(target["legend"], series["metric"]),
+                    )
                     drawn += 1
         ax.set_title(title, fontsize=10)
+        ax.set_xlim(0, max(seconds, 1.0))  # one time axis for every panel, as in Grafana
         ax.set_xlabel("seconds into the run", fontsize=8)
         ax.set_ylabel(label, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -104,7 +113,6 @@ def render(doc: dict[str, Any], dashboard: dict[str, Any], output: Path) -> int:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     for ax in list(axes.flat)[len(units) :]:
         ax.axis("off")
-    seconds = float(doc.get("end", start)) - start
     fig.suptitle(
         f"Packrat dashboard: its own queries over a {seconds:.0f} s real run "
         "(operator, serving pods and a real Prometheus; tests/integration/test_prometheus.py)",
