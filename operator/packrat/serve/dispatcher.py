@@ -88,7 +88,6 @@ class Dispatcher:
         self.model = model
         self.instances = list(instances)
         self.upstream = Upstream(backend_url)
-        self.backend_url = self.upstream.base_url
         self.slots = Slots(
             [inst.batch for inst in self.instances],
             queue_limit=queue_limit,
@@ -170,6 +169,15 @@ class Dispatcher:
         await self.upstream.close()
 
     # -- state the owner drives -----------------------------------------------------------------
+    @property
+    def backend_url(self) -> str:
+        """TorchServe's inference API; the owner sets it again when TorchServe moved ports."""
+        return self.upstream.base_url
+
+    @backend_url.setter
+    def backend_url(self, url: str) -> None:
+        self.upstream.base_url = url.rstrip("/")
+
     def set_up(self, index: int, up: bool) -> None:
         if self.slots.up[index] != up:
             log.info("instance %s is %s", self.instances[index].name, "up" if up else "down")
