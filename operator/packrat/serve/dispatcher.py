@@ -44,7 +44,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.plan.estimator import BatchSizeEstimator
 from packrat.serve.config import InstanceSpec
-from packrat.serve.connections import ConnectionLimits, GuardedAppRunner, refuse_body
+from packrat.serve.connections import (
+    BodyTooLargeError,
+    ConnectionLimits,
+    GuardedAppRunner,
+    read_body,
+    refuse_body,
+)
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.upstream import Upstream, error_response, passthrough
@@ -56,10 +62,6 @@ log = logging.getLogger(__name__)
 # TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
-
-
-class _BodyTooLargeError(Exception):
-    pass
 
 
 class Dispatcher:
@@ -273,11 +275,12 @@ class Dispatcher:
         stage = "reading"
         try:
             try:
-                body = await asyncio.wait_for(self._read_body(request, length), self.body_timeout_s)
+                reading = read_body(request, length, self.max_body_bytes)
+                body = await asyncio.wait_for(reading, self.body_timeout_s)
             except TimeoutError:
                 msg = "request body not received in time"
                 return self._refuse(request, error_response(408, msg), start)
-            except _BodyTooLargeError:
+            except BodyTooLargeError:
                 return self._refuse(request, self._too_large(None), start)
             except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 msg = f"request body incomplete: {exc}"
@@ -311,18 +314,6 @@ class Dispatcher:
             response.headers["Connection"] = "close"
             response.force_close()
         return self._count(response, start, source="torchserve")
-
-    async def _read_body(self, request: web.Request, length: int | None) -> bytes:
-        if length is not None:
-            return await request.content.readexactly(length) if length else b""
-        chunks: list[bytes] = []
-        total = 0
-        async for chunk in request.content.iter_any():
-            total += len(chunk)
-            if total > self.max_body_bytes:
-                raise _BodyTooLargeError
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _too_large(self, length: int | None) -> web.Response:
         got = f"{length} bytes" if length is not None else "a longer body"
