@@ -181,3 +181,21 @@ def test_metrics_count_requests_per_instance() -> None:
             assert sum(counts) == 4.0
 
     run(body)
+
+
+def test_requests_follow_torchserve_when_its_ports_move() -> None:
+    """``packrat serve`` sets ``backend_url`` again after TorchServe retried on another
+    block of ports; forwarding must use the new address, not the one it was built with."""
+
+    async def body() -> None:
+        async with stack([1]) as (d, fake, url, s):
+            all_up(d)
+            real = d.backend_url
+            d.backend_url = "http://127.0.0.1:9"  # discard port: nothing listens
+            assert (await post(s, url, b"abc"))[0] == 503
+            d.backend_url = real
+            status, answer, _type, _headers = await post(s, url, b"abc")
+            assert status == 200 and answer == b"cba"
+            assert fake.arrived == 1
+
+    run(body)

@@ -14,7 +14,8 @@ server classes:
 - ``refused_hold_s``: how long a connection whose body was refused is held, unread, before it
   is closed (aiohttp's lingering time).
 
-Body read deadlines are the dispatcher's (it reads the body itself, after admission).
+Body read deadlines are the dispatcher's: it reads the body itself, after admission, with
+:func:`read_body` (at most the body limit, counted as it arrives when chunked).
 
 :func:`refuse_body` is for a request answered without its body (413, 408, a broken body):
 aiohttp would otherwise read and discard what the client keeps sending for its whole
@@ -36,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["ConnectionLimits", "GuardedAppRunner", "refuse_body"]
+__all__ = ["BodyTooLargeError", "ConnectionLimits", "GuardedAppRunner", "read_body", "refuse_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +181,21 @@ def refuse_body(request: web.BaseRequest) -> None:
     protocol = request.protocol
     if isinstance(protocol, _GuardedHandler):
         protocol.refuse_body()
+
+
+class BodyTooLargeError(Exception):
+    """A chunked body went past the limit while it was read."""
+
+
+async def read_body(request: web.BaseRequest, length: int | None, limit: int) -> bytes:
+    """The body of ``request``: ``length`` bytes, or (chunked) what arrives up to ``limit``."""
+    if length is not None:
+        return await request.content.readexactly(length) if length else b""
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.content.iter_any():
+        total += len(chunk)
+        if total > limit:
+            raise BodyTooLargeError
+        chunks.append(chunk)
+    return b"".join(chunks)

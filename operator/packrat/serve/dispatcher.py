@@ -52,7 +52,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from packrat.plan.estimator import BatchSizeEstimator
 from packrat.serve.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.config import InstanceSpec
-from packrat.serve.connections import ConnectionLimits, GuardedAppRunner, refuse_body
+from packrat.serve.connections import (
+    BodyTooLargeError,
+    ConnectionLimits,
+    GuardedAppRunner,
+    read_body,
+    refuse_body,
+)
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.upstream import Upstream, error_response, passthrough
@@ -64,10 +70,6 @@ log = logging.getLogger(__name__)
 # TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
-
-
-class _BodyTooLargeError(Exception):
-    pass
 
 
 class Dispatcher:
@@ -97,7 +99,6 @@ class Dispatcher:
         self.model = model
         self.instances = list(instances)
         self.upstream = Upstream(backend_url)
-        self.backend_url = self.upstream.base_url
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
         self.slots = Slots(
             [inst.batch for inst in self.instances],
@@ -187,6 +188,15 @@ class Dispatcher:
         await self.upstream.close()
 
     # -- state the owner drives -----------------------------------------------------------------
+    @property
+    def backend_url(self) -> str:
+        """TorchServe's inference API; the owner sets it again when TorchServe moved ports."""
+        return self.upstream.base_url
+
+    @backend_url.setter
+    def backend_url(self, url: str) -> None:
+        self.upstream.base_url = url.rstrip("/")
+
     def set_up(self, index: int, up: bool) -> None:
         if self.slots.up[index] != up:
             log.info("instance %s is %s", self.instances[index].name, "up" if up else "down")
@@ -327,11 +337,12 @@ class Dispatcher:
         stage = "reading"
         try:
             try:
-                body = await asyncio.wait_for(self._read_body(request, length), self.body_timeout_s)
+                reading = read_body(request, length, self.max_body_bytes)
+                body = await asyncio.wait_for(reading, self.body_timeout_s)
             except TimeoutError:
                 msg = "request body not received in time"
                 return self._refuse(request, error_response(408, msg), start)
-            except _BodyTooLargeError:
+            except BodyTooLargeError:
                 return self._refuse(request, self._too_large(None), start)
             except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
                 msg = f"request body incomplete: {exc}"
@@ -369,18 +380,6 @@ class Dispatcher:
             response.headers["Connection"] = "close"
             response.force_close()
         return self._count(response, start, source="torchserve")
-
-    async def _read_body(self, request: web.Request, length: int | None) -> bytes:
-        if length is not None:
-            return await request.content.readexactly(length) if length else b""
-        chunks: list[bytes] = []
-        total = 0
-        async for chunk in request.content.iter_any():
-            total += len(chunk)
-            if total > self.max_body_bytes:
-                raise _BodyTooLargeError
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def _too_large(self, length: int | None) -> web.Response:
         got = f"{length} bytes" if length is not None else "a longer body"
