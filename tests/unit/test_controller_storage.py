@@ -257,3 +257,30 @@ def test_pinned_digest_never_asks_the_store() -> None:
 
     assert resolve_version(_pass(kube, {}), model, version_of=version_of) is model
     assert kube.gets == []
+
+
+def test_a_failed_recheck_keeps_the_known_version_serving() -> None:
+    kube = FakeKube({("secrets", "s3-creds"): SECRET})
+    model = parse(owner(S3), default_image="img")
+    status: dict[str, Any] = {}
+    resolve_version(_pass(kube, status), model, version_of=lambda u, c: "etag-1")
+
+    def outage(uri: str, creds: Mapping[str, str]) -> str:
+        raise FetchError("Unreachable", "connection refused")
+
+    p = _pass(kube, status, NOW + datetime.timedelta(seconds=400))
+    kept = resolve_version(p, model, version_of=outage)
+    assert kept is not None and kept.spec["model"][VERSION_KEY] == "etag-1"
+    assert p.result.phase != "Failed" and p.result.events[0][:2] == ("Warning", "Unreachable")
+    cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
+    assert cond["status"] == "False" and cond["reason"] == "Unreachable"
+    assert not any(c["type"] == "Ready" for c in status["conditions"])
+    # soon after, still failing: asked again (not served from the cache as "Found")
+    p = _pass(kube, status, NOW + datetime.timedelta(seconds=410))
+    resolve_version(p, model, version_of=outage)
+    assert next(c for c in status["conditions"] if c["type"] == CONDITION)["status"] == "False"
+    # the store answers again with the same ETag: available, nothing re-profiled
+    p = _pass(kube, status, NOW + datetime.timedelta(seconds=800))
+    again = resolve_version(p, model, version_of=lambda u, c: "etag-1")
+    assert again is not None and again.profile_key == kept.profile_key
+    assert p.result.events == []

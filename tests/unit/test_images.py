@@ -229,8 +229,6 @@ def test_operator_image_pins_match_pyproject_and_skip_torch() -> None:
 NON_PACKRAT_COMMANDS = {
     # helm test hook: an HTTP GET of the operator's /healthz with the Python standard library.
     ("chart", "health"): "python",
-    # operator-built uri models: an init container downloads the file (urllib) into an emptyDir.
-    ("controller", "fetch-model"): "python",
     # profiling Job: prints the finished profile JSON so the operator reads it from the pod log.
     ("controller", "publish"): "cat",
 }
@@ -297,7 +295,7 @@ def test_every_command_is_a_packrat_subcommand(tmp_path: Path) -> None:
                 seen_exceptions.add(key)
                 continue
             seen_subcommands.add(check_packrat_argv(argv))
-    assert {"operator", "serve", "profile"} <= seen_subcommands
+    assert {"operator", "serve", "profile", "fetch"} <= seen_subcommands
     assert seen_exceptions == set(NON_PACKRAT_COMMANDS), "stale NON_PACKRAT_COMMANDS entries"
 
 

@@ -174,15 +174,10 @@ def fetch_init_container(
     if "uri" not in model:
         return None
     target, _, _ = model_source(spec)
-    script = (
-        "import sys, urllib.request; "
-        "urllib.request.urlretrieve(sys.argv[1], sys.argv[2] + '.part'); "
-        "import os; os.replace(sys.argv[2] + '.part', sys.argv[2])"
-    )
     return {
         "name": "fetch-model",
         "image": image,
-        "command": ["python", "-c", script, str(model["uri"]), target],
+        "command": ["packrat", "fetch", str(model["uri"]), "-o", target],
         "resources": guaranteed_resources(spec),
         "securityContext": container_security(),
         "env": base_env(),

@@ -8,8 +8,9 @@ when the object is replaced under the same URI: the model is re-profiled and the
 rolled out through a slot switch.
 
 A missing object, rejected credentials, a missing Secret or an unreachable store set
-``ModelAvailable=False`` with the reason and a Warning event; nothing new is created and the
-active slot keeps serving its last good configuration.
+``ModelAvailable=False`` with the reason and a Warning event. Before any version is known
+the model is ``Failed`` and nothing is created; once one is, the model keeps that version
+(its profile and its serving slot) until the store answers again.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def resolve_version(
         fresh = (
             seen.get("fingerprint") == fingerprint
             and seen.get("version")
+            and not seen.get("error")  # after a failure, ask at every pass until it answers
             and p.seconds_since(seen.get("checkedAt")) < p.config.storage_check_seconds
         )
         version = str(seen["version"]) if fresh else version_of(uri, credentials)
@@ -75,13 +77,21 @@ def resolve_version(
         message = f"model {uri}: {exc.message}"[:1000]
         if seen.get("error") != message:
             p.emit("Warning", exc.reason, message)
-        p.status["storage"] = {"uri": uri, "error": message, "checkedAt": now_iso(p.now)}
-        p.status["message"] = message
+        known = seen.get("version") if seen.get("uri") == uri else None
+        p.status["storage"] = {
+            "uri": uri,
+            **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
+            "error": message,
+            "checkedAt": now_iso(p.now),
+        }
         p.cond(CONDITION, False, exc.reason, message)
+        p.result.waiting = True  # look again soon: the object or the Secret may appear
+        if known:  # the version profiled and served stays in use; nothing is re-profiled
+            return _with_version(model, str(known))
+        p.status["message"] = message
         p.cond("Ready", False, exc.reason, message)
         p.result.phase = "Failed"
         p.result.result = "storage_error"
-        p.result.waiting = True  # look again soon: the object or the Secret may appear
         return None
     if not fresh:
         previous = seen.get("version")
@@ -98,5 +108,12 @@ def resolve_version(
             "checkedAt": now_iso(p.now),
         }
     p.cond(CONDITION, True, "Found", f"{uri} version {version}")
-    spec: dict[str, Any] = {**model.spec, "model": {**spec_model, VERSION_KEY: version}}
+    return _with_version(model, version)
+
+
+def _with_version(model: ModelSpec, version: str) -> ModelSpec:
+    spec: dict[str, Any] = {
+        **model.spec,
+        "model": {**model.spec["model"], VERSION_KEY: version},
+    }
     return dataclasses.replace(model, spec=spec)

@@ -49,6 +49,7 @@ GCS_KEY = "service-account.json"
 HTTP_KEY = "AUTHORIZATION"
 MAX_CREDENTIAL_BYTES = 64 * 1024
 TIMEOUT = "60s"  # connect timeout; a stalled transfer is retried by the store's own policy
+HEAD_TIMEOUT = "20s"  # the operator's ETag check must not hold a reconcile pass for long
 
 
 class FetchError(Exception):
@@ -138,9 +139,13 @@ def _classify(uri: str, exc: BaseException) -> FetchError:
     return FetchError("Unreachable", f"{uri}: {text}")
 
 
-def _open(uri: str, credentials: Mapping[str, str]) -> tuple[Any, str]:
-    """(store, path in it) for ``uri``."""
+def _open(
+    uri: str, credentials: Mapping[str, str], *, request_timeout: str | None = None
+) -> tuple[Any, str]:
+    """(store, path in it) for ``uri``; ``request_timeout`` bounds each whole request."""
     options = storage_options(uri, credentials)
+    if request_timeout is not None:
+        options["client_options"]["timeout"] = request_timeout
     match = re.match(r"^([a-z0-9]+)://([^/]+)/(.+)$", uri)
     if match is None or match.group(3).endswith("/"):
         raise FetchError("BadUri", f"{uri!r} does not name one object")
@@ -161,7 +166,7 @@ def object_version(uri: str, credentials: Mapping[str, str]) -> str:
     """The store's current version of the object (its ETag), without reading it."""
     import obstore
 
-    store, path = _open(uri, credentials)
+    store, path = _open(uri, credentials, request_timeout=HEAD_TIMEOUT)
     try:
         meta = obstore.head(store, path)
     except Exception as exc:
