@@ -125,11 +125,19 @@ def plot(summary: dict[tuple[str, int], dict[str, Any]], png: Path, model: str) 
 
 
 def main() -> int:
-    path = Path(sys.argv[1])
-    data = json.loads(path.read_text())
-    summary = summarize(data["results"])
-    png = path.with_suffix(".png")
-    plot(summary, png, data.get("model", "?"))
+    """One or more result files (merged: e.g. the 1-instance and the 8-instance runs); the
+    plot goes next to the first, or to ``--png PATH``."""
+    args = sys.argv[1:]
+    png_arg = None
+    if "--png" in args:
+        i = args.index("--png")
+        png_arg = Path(args[i + 1])
+        del args[i : i + 2]
+    paths = [Path(a) for a in args]
+    datas = [json.loads(p.read_text()) for p in paths]
+    summary = summarize([r for d in datas for r in d["results"]])
+    png = png_arg or paths[0].with_suffix(".png")
+    plot(summary, png, datas[0].get("model", "?"))
     print(tables(summary))
     print(f"\nplot: {png}")
     return 0
