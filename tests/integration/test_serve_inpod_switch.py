@@ -49,14 +49,17 @@ FAT = _plan(1, 2, 4)
 
 
 def _workers(root: int) -> list[int]:
-    """Pids of TorchServe worker processes below ``root``."""
+    """Pids of TorchServe worker processes below ``root``: forked by the pod's zygote (they
+    keep its command line) or started fresh (not the launchers, which only name the script)."""
     parents: dict[int, list[int]] = {}
+    parent_of: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
         parents.setdefault(ppid, []).append(int(stat.parent.name))
+        parent_of[int(stat.parent.name)] = ppid
     out, frontier = [], [root]
     while frontier:
         frontier = [c for p in frontier for c in parents.get(p, [])]
@@ -65,7 +68,9 @@ def _workers(root: int) -> list[int]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"model_service_worker" in cmd:
+            forked = b"packrat.serve.zygote" in cmd and parent_of.get(pid) != root
+            fresh = b"model_service_worker" in cmd and b"worker_launcher" not in cmd
+            if forked or fresh:
                 out.append(pid)
     return out
 

@@ -198,7 +198,12 @@ def worker_pids(pod: Pod) -> dict[tuple[int, ...], int]:
     for pid in descendants(pod.proc.pid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            if b"model_service_worker" in cmdline:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            # A worker forked by the pod's zygote keeps the zygote's command line; the
+            # launcher TorchServe started for it names model_service_worker but is not it.
+            forked = b"packrat.serve.zygote" in cmdline and ppid != pod.proc.pid
+            fresh = b"model_service_worker" in cmdline and b"worker_launcher" not in cmdline
+            if forked or fresh:
                 found[tuple(cpus_allowed(pid))] = pid
         except (OSError, AssertionError):
             continue
@@ -506,7 +511,12 @@ def test_when_torchserve_dies_queued_clients_get_503_and_the_pod_exits(tmp_path:
                         if (await r.json())["outstanding"]["queued"] >= 4:
                             break
                     await asyncio.sleep(0.02)
-                os.killpg(os.getpgid(worker), signal.SIGKILL)  # TorchServe's whole group
+                jvm = next(
+                    pid
+                    for pid in descendants(pod.proc.pid)
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"java")
+                )
+                os.killpg(os.getpgid(jvm), signal.SIGKILL)  # TorchServe's whole group
                 return list(await asyncio.gather(*tasks))
 
         statuses = asyncio.run(go())

@@ -50,7 +50,11 @@ class ZygoteProcess:
         log = (self.dir / "zygote.log").open("wb")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log
+                *args,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its workers never share the pod's process group
             )
         finally:
             log.close()
