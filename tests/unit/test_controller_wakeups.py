@@ -44,3 +44,19 @@ def test_autobatch_model_at_rest_is_sampled_not_left_to_the_resync() -> None:
     assert next_delay(opts, waiting=True, wants_estimates=True, tuning=None) == 2
     assert next_delay(opts, waiting=False, wants_estimates=True, tuning=1.5) == 1.5
     assert next_delay(opts, waiting=False, wants_estimates=False, tuning=30) == 30
+
+
+def test_an_unobserved_generation_wakes_its_model_once() -> None:
+    w = Wakeups()
+
+    def body(generation: int, observed: int | None) -> dict[str, object]:
+        status = {} if observed is None else {"observedGeneration": observed}
+        return {"metadata": {"generation": generation}, "status": status}
+
+    assert not w.unobserved("ns/m", body(1, 1))  # observed: nothing to do
+    assert w.unobserved("ns/m", body(2, 1))  # a patch that kopf's diff did not see
+    assert not w.unobserved("ns/m", body(2, 1))  # the operator's own status writes: once only
+    assert w.unobserved("ns/m", body(3, 2))
+    assert w.unobserved("ns/n", body(1, None))  # never observed
+    w.drop("ns/m")
+    assert w.unobserved("ns/m", body(3, 2))  # a new daemon for the model starts afresh

@@ -79,6 +79,22 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[str, asyncio.Event] = {}
         self._seen: dict[str, str] = {}
+        self._woken_for: dict[str, Any] = {}  # model key -> the generation last woken for
+
+    def unobserved(self, key: str, body: Mapping[str, Any]) -> bool:
+        """Whether a model's own watch event shows a generation its status has not observed
+        and that has not woken it yet. kopf's update handler fires only when the spec's
+        content differs from the last one handled; a patch that bumps the generation without
+        that (a field set to what it already was, a spec put back) would otherwise wait for
+        the resync, leaving ``observedGeneration`` behind."""
+        generation = (body.get("metadata") or {}).get("generation")
+        observed = (body.get("status") or {}).get("observedGeneration")
+        if generation is None or generation == observed:
+            return False
+        if self._woken_for.get(key) == generation:
+            return False
+        self._woken_for[key] = generation
+        return True
 
     def changed(self, meta: Mapping[str, Any], event_type: str | None) -> bool:
         """Whether a child's watch event is news (false only for an unchanged re-listing)."""
@@ -105,6 +121,7 @@ class Wakeups:
 
     def drop(self, key: str) -> None:
         self._events.pop(key, None)
+        self._woken_for.pop(key, None)
 
 
 def _publish(body: kopf.Body, result: Result) -> None:
@@ -293,6 +310,12 @@ def build_registry(
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
     async def updated(meta: kopf.Meta, **_: Any) -> None:
         wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="wake-on-generation", registry=registry)
+    async def model_event(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
+        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
+        if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
+            wakeups.wake(key)
 
     for api_version, plural, labels in CHILD_WATCHES:
 
