@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packrat.controller.handlers import Wakeups
+from packrat.controller.handlers import OperatorOptions, Wakeups, next_delay
 
 
 def _meta(uid: str, version: str) -> dict[str, str]:
@@ -34,3 +34,13 @@ def test_memory_is_bounded() -> None:
     for i in range(10):
         w.changed(_meta(f"d{i}", "1"), "ADDED")
     assert len(w._seen) <= 3
+
+
+def test_autobatch_model_at_rest_is_sampled_not_left_to_the_resync() -> None:
+    opts = OperatorOptions(resync_seconds=300, poll_seconds=2, estimate_seconds=5)
+    rest = {"waiting": False, "tuning": None}
+    assert next_delay(opts, wants_estimates=False, **rest) == 300  # idle: the resync only
+    assert next_delay(opts, wants_estimates=True, **rest) == 5  # autoBatch: an observation
+    assert next_delay(opts, waiting=True, wants_estimates=True, tuning=None) == 2
+    assert next_delay(opts, waiting=False, wants_estimates=True, tuning=1.5) == 1.5
+    assert next_delay(opts, waiting=False, wants_estimates=False, tuning=30) == 30

@@ -63,6 +63,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "its children arrive as watch events (default 300)",
     )
     parser.add_argument(
+        "--estimate-seconds",
+        type=float,
+        default=float(os.environ.get("PACKRAT_ESTIMATE_SECONDS", "5")),
+        help="how often an autoBatch model at rest reads its pods' batch-size estimates; each "
+        "read is one of autoBatch.sustainObservations (default 5)",
+    )
+    parser.add_argument(
         "--poll-seconds",
         type=float,
         default=float(os.environ.get("PACKRAT_POLL_SECONDS", "2")),
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat.controller.reconcile import Config
     from packrat.controller.spec import DEFAULT_IMAGE
 
-    for flag in ("resync_seconds", "poll_seconds"):
+    for flag in ("resync_seconds", "poll_seconds", "estimate_seconds"):
         if getattr(args, flag) <= 0:
             raise CliError(f"--{flag.replace('_', '-')} must be positive")
     if args.unschedulable_grace_seconds < 0:
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         resync_seconds=args.resync_seconds,
         poll_seconds=args.poll_seconds,
+        estimate_seconds=args.estimate_seconds,
         serving_url=args.serving_url,
         pod_url=args.pod_url,
         scanning=bool(args.all_namespaces)

@@ -52,6 +52,9 @@ class OperatorOptions:
     resync_seconds: float = 300.0
     # while something is in progress (profiling, a switch, pods starting)
     poll_seconds: float = 2.0
+    # an autoBatch model at rest reads its pods' batch-size estimates this often: each pass
+    # is one observation of autoBatch.sustainObservations (nothing else would wake it)
+    estimate_seconds: float = 5.0
     max_workers: int = 8
     # With an exact list of namespaces the operator needs no cluster-wide list/watch of
     # namespaces and CRDs (least privilege); the CRD must then exist before it starts.
@@ -156,6 +159,26 @@ def _wants_estimates(body: Mapping[str, Any]) -> bool:
     )
 
 
+def next_delay(
+    options: OperatorOptions,
+    *,
+    waiting: bool,
+    wants_estimates: bool,
+    tuning: float | None,
+) -> float:
+    """Seconds until a model's next pass when no watch event comes first.
+
+    At rest only the safety resync is due, except for what must be sampled: an autoBatch
+    model's estimates (every ``estimate_seconds``) and the tuner's arrivals (``tuning``).
+    """
+    delay = options.poll_seconds if waiting else options.resync_seconds
+    if wants_estimates:
+        delay = min(delay, options.estimate_seconds)
+    if tuning is not None:
+        delay = min(delay, tuning)
+    return delay
+
+
 def _tuner_interval(body: Mapping[str, Any]) -> float | None:
     """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
     spec = body.get("spec") or {}
@@ -238,9 +261,10 @@ def build_registry(
             while not stopped:
                 event.clear()
                 tuning = _tuner_interval(body)
+                estimating = _wants_estimates(body)
                 try:
                     result = await loop.run_in_executor(
-                        pool, run_pass, namespace, name, _wants_estimates(body), tuning is not None
+                        pool, run_pass, namespace, name, estimating, tuning is not None
                     )
                 except Exception as exc:
                     failures += 1
@@ -254,9 +278,13 @@ def build_registry(
                         parts()[0].tuners.forget(namespace, name)
                         return
                     _publish(body, result)
-                    delay = options.poll_seconds if result.waiting else options.resync_seconds
-                    if tuning is not None:
-                        delay = min(delay, tuning)
+                    # the body is kopf's live view: read again for the state this pass left
+                    delay = next_delay(
+                        options,
+                        waiting=result.waiting,
+                        wants_estimates=_wants_estimates(body),
+                        tuning=tuning,
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=delay)
         finally:
