@@ -4,7 +4,7 @@
   pinned worker processes;
 - :mod:`~packrat.bench.serving`: ``packrat bench --serving``, the same comparison through the
   serving stack (and TorchServe out of the box), with :mod:`~packrat.bench.servers` starting
-  and stopping what is measured.
+  and stopping what is measured and :mod:`~packrat.bench.serving_report` summing up the runs.
 
 The baselines (fat, one instance per core) are defined once, in :mod:`packrat.plan.baselines`.
 """

@@ -10,8 +10,12 @@
 - :mod:`~packrat.serve.dispatcher` / :mod:`~packrat.serve.metrics`: the public port, with
   :mod:`~packrat.serve.slots` (the bounded queue in front of the instances),
   :mod:`~packrat.serve.connections` (connection cap, head deadlines, refused bodies left
-  unread) and :mod:`~packrat.serve.upstream` (the pooled session to TorchServe, what is
-  proxied); the limits are documented in ``docs/serving.md``.
-- :mod:`~packrat.serve.server`: ``packrat serve`` end to end (readiness, restarts, drain).
+  unread), :mod:`~packrat.serve.upstream` (the pooled session to TorchServe, what is
+  proxied), :mod:`~packrat.serve.endpoints` (``/ping``, ``/healthz``, ``/metrics``,
+  ``/status``, ``/arrivals``), :mod:`~packrat.serve.sampler` (the batch-size estimator's
+  sampling loop) and :mod:`~packrat.serve.swap` (old instance sets finishing after an
+  in-pod switch); the limits are documented in ``docs/serving.md``.
+- :mod:`~packrat.serve.server`: ``packrat serve`` end to end (readiness, restarts, drain),
+  with :mod:`~packrat.serve.health` (instance checks, warm-up, the monitor).
 - :mod:`~packrat.serve.loadgen`: closed-loop load (the benchmarks live in :mod:`packrat.bench`).
 """

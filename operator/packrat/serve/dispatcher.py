@@ -20,37 +20,34 @@ TorchServe answers) and is counted cancelled too. When TorchServe is gone
 (:meth:`Dispatcher.fail`), every queued request and every new one is answered 503 at once.
 
 An in-pod plan switch (:mod:`packrat.serve.inpod`) hands the dispatcher a new, warmed set of
-instances with :meth:`Dispatcher.swap`: from that instant every new request goes to the new
-set, while requests already queued or in flight on the old set finish there (each request
-keeps the slots it was admitted to); the caller then waits for the old set to be idle
-(:meth:`Dispatcher.retire`) before unregistering it.
+instances with :meth:`Dispatcher.swap`; new requests go to the new set while the old one
+finishes its own (:mod:`packrat.serve.swap`).
 
 Liveness (``GET /healthz``) is 200 unless TorchServe is gone. Readiness (``GET /ping``) is
-owned by whoever watches the instances (see :mod:`packrat.serve.server`): it marks instances
+owned by whoever watches the instances (see :mod:`packrat.serve.health`): it marks instances
 up only after they loaded and answered a warm-up batch, and down while their worker
-restarts. During a drain the listener is closed by the owner; requests that still arrive on
-open connections are served and answered with ``Connection: close``.
+restarts. These and the other read-only endpoints are in :mod:`packrat.serve.endpoints`.
+During a drain the listener is closed by the owner; requests that still arrive on open
+connections are served and answered with ``Connection: close``.
 
-The batch-size estimator samples the outstanding requests (queued + in flight) every few
-milliseconds while there are any, and exports Packrat's estimate as a gauge.
+The batch-size estimator (:mod:`packrat.serve.sampler`) samples the outstanding requests
+(queued + in flight) every few milliseconds while there are any, and exports Packrat's
+estimate as a gauge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.plan.estimator import BatchSizeEstimator
-from packrat.serve.arrivals import DEFAULT_LIMIT, ArrivalLog
+from packrat.serve.arrivals import ArrivalLog
 from packrat.serve.config import InstanceSpec
 from packrat.serve.connections import (
     BodyTooLargeError,
@@ -59,8 +56,11 @@ from packrat.serve.connections import (
     read_body,
     refuse_body,
 )
+from packrat.serve.endpoints import read_only_routes
 from packrat.serve.metrics import ServeMetrics
+from packrat.serve.sampler import EstimatorSampler
 from packrat.serve.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.swap import SwapMixin
 from packrat.serve.upstream import Upstream, error_response, passthrough
 
 __all__ = ["BackendGoneError", "Dispatcher", "QueueFullError"]
@@ -72,7 +72,7 @@ DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
 
 
-class Dispatcher:
+class Dispatcher(SwapMixin):
     """Routes, queues, sheds and measures prediction requests for one model's instances."""
 
     def __init__(
@@ -113,14 +113,16 @@ class Dispatcher:
         self.buffered_bytes = 0
         self.metrics = metrics or ServeMetrics()
         self.estimator = BatchSizeEstimator(window=estimator_window)
-        self.estimator_interval_s = estimator_interval_s
+        self.sampler = EstimatorSampler(
+            self.estimator,
+            pending=lambda: self.pending,
+            interval_s=estimator_interval_s,
+            metrics=self.metrics,
+            model=model,
+        )
         self.arrivals = ArrivalLog()
         self.draining = False
-        self._sampler: asyncio.Task[None] | None = None
-        self._busy = asyncio.Event()  # set while anything is outstanding: the sampler runs
-        self._status = status
-        self._alive = alive
-        self._routes = list(routes)
+        self._routes = [*read_only_routes(self, status=status, alive=alive), *routes]
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
         self._label_instances()
@@ -158,12 +160,7 @@ class Dispatcher:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
-        app.router.add_get("/ping", self.handle_ping)
-        app.router.add_get("/healthz", self.handle_healthz)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/status", self.handle_status)
-        app.router.add_get("/arrivals", self.handle_arrivals)
-        app.router.add_routes(self._routes)
+        app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -176,15 +173,10 @@ class Dispatcher:
 
     async def start(self) -> None:
         await self.upstream.start()
-        if self._sampler is None:
-            self._sampler = asyncio.create_task(self._sample_loop())
+        self.sampler.start()
 
     async def close(self) -> None:
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
-            self._sampler = None
+        await self.sampler.close()
         await self.upstream.close()
 
     # -- state the owner drives -----------------------------------------------------------------
@@ -216,43 +208,6 @@ class Dispatcher:
     def ready(self) -> bool:
         s = self.slots
         return bool(self.instances) and all(s.up) and not self.draining and not s.failed
-
-    def swap(self, instances: Sequence[InstanceSpec]) -> Slots:
-        """Send every new request to ``instances`` (warmed, all up) from now on; returns the
-        old set's slots, whose queued and in-flight requests still finish on the old set."""
-        if self.slots.failed:
-            raise BackendGoneError(self.slots.failed)
-        old, old_instances = self.slots, self.instances
-        self.instances = list(instances)
-        self.slots = Slots(
-            [inst.batch for inst in self.instances],
-            queue_limit=old.queue_limit,
-            queue_timeout_s=old.queue_timeout_s,
-            on_change=self._gauges,
-        )
-        self._retiring.append(old)
-        self._label_instances()
-        for i in range(len(self.instances)):
-            self.set_up(i, True)
-        log.info(
-            "dispatcher: %s -> %s",
-            ",".join(i.name for i in old_instances),
-            ",".join(i.name for i in self.instances),
-        )
-        return old
-
-    async def retire(
-        self, old: Slots, instances: Sequence[InstanceSpec], *, timeout_s: float
-    ) -> bool:
-        """Wait until the old set ``old`` (returned by :meth:`swap`) is idle, then forget it;
-        False when requests were still outstanding after ``timeout_s``."""
-        idle = await old.wait_idle(timeout_s)
-        with contextlib.suppress(ValueError):
-            self._retiring.remove(old)
-        for inst in instances:
-            self.metrics.instance_up.labels(self.model, inst.name).set(0)
-        self._gauges()
-        return idle
 
     def fail(self, reason: str) -> None:
         """TorchServe is gone: every queued request and every new one gets a 503 at once."""
@@ -288,29 +243,7 @@ class Dispatcher:
         self._queue_gauge.set(sum(s.queued for s in every))
         self._in_flight_gauge.set(sum(s.in_flight for s in every))
         if self.pending:
-            self._busy.set()
-
-    async def _sample_loop(self) -> None:
-        """Feed the estimator the outstanding requests every few ms, while there are any.
-
-        Idle samples (nothing outstanding) are skipped: they say nothing about the size of
-        the batches that arrive, and between closed-loop bursts of exactly B they would pull
-        the average just below B, which floors to B/2. While idle the loop sleeps until a
-        request arrives (no 5 ms tick on an idle pod).
-        """
-        m = self.metrics
-        estimate = m.batch_size_estimate.labels(self.model)
-        ewma = m.outstanding_ewma.labels(self.model)
-        while True:
-            depth = self.pending
-            if depth > 0:
-                self.estimator.observe(depth)
-            estimate.set(self.estimator.estimate)
-            ewma.set(self.estimator.ewma)
-            if depth == 0:
-                self._busy.clear()
-                await self._busy.wait()
-            await asyncio.sleep(self.estimator_interval_s)
+            self.sampler.wake()
 
     # -- HTTP handlers --------------------------------------------------------------------------
     async def handle_predict(self, request: web.Request) -> web.StreamResponse:
@@ -431,44 +364,3 @@ class Dispatcher:
         if response.status >= 400:
             m.errors.labels(self.model, code, source).inc()
         return response
-
-    async def handle_ping(self, _request: web.Request) -> web.Response:
-        if self.ready:
-            return web.json_response({"status": "Healthy"})
-        return web.json_response({"status": "Unhealthy"}, status=503)
-
-    async def handle_healthz(self, _request: web.Request) -> web.Response:
-        """Liveness, unlike readiness: 200 while the pod can recover by itself (instances
-        loading, a worker restarting, draining); 503 only when TorchServe itself is gone."""
-        if self._alive is None or self._alive():
-            return web.json_response({"status": "Alive"})
-        return web.json_response({"status": "Dead"}, status=503)
-
-    async def handle_metrics(self, _request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(self.metrics.registry))
-        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
-        response.charset = "utf-8"
-        return response
-
-    async def handle_arrivals(self, request: web.Request) -> web.Response:
-        """The arrival log after ``?after=`` (seconds since the epoch; default: all of it)."""
-        try:
-            after = float(request.query.get("after", "0"))
-            limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
-        except ValueError:
-            return error_response(400, "after must be a number of seconds, limit an integer")
-        if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
-            return error_response(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
-        return web.json_response(self.arrivals.after(after, limit=limit))
-
-    async def handle_status(self, _request: web.Request) -> web.Response:
-        doc: dict[str, Any] = dict(self._status()) if self._status else {}
-        doc.setdefault("ready", self.ready)
-        doc["draining"] = self.draining
-        doc["outstanding"] = {"in_flight": self.slots.in_flight, "queued": self.slots.queued}
-        doc["batch_size_estimate"] = {
-            "estimate": self.estimator.estimate,
-            "ewma": self.estimator.ewma,
-            "samples": self.estimator.samples,
-        }
-        return web.json_response(doc)

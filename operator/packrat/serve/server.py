@@ -3,16 +3,17 @@
 ``packrat serve`` calls :func:`serve`. Order matters for readiness: the dispatcher listens
 first (so ``/ping`` answers "not ready" while models load), then TorchServe starts on
 loopback, every instance is registered (one worker each, its batch size, the max batch
-delay), warmed with one batch, and only then marked up. A monitor keeps polling TorchServe's
-management API: an instance whose worker is not READY is marked down, and a worker with a
-new pid (TorchServe restarted it) is warmed again before it is marked up, so ``/ping``
-reflects worker restarts. The monitor also pings TorchServe's frontend (short timeout) and
-reads each worker's state from ``/proc`` (a stopped, SIGSTOPped, or zombie worker is down), so
-readiness fails within a few seconds of either one no longer answering. When TorchServe
-itself is gone, every queued request is answered 503 at once and the pod exits with status 1
-within seconds, so Kubernetes restarts it. SIGTERM or SIGINT: stop listening, finish what is
-in flight (at most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which
-it still accepts connections but reports not ready), stop TorchServe, return 0.
+delay), warmed with one batch, and only then marked up. A monitor
+(:mod:`packrat.serve.health`) keeps polling TorchServe's management API: an instance whose
+worker is not READY is marked down, and a worker with a new pid (TorchServe restarted it) is
+warmed again before it is marked up, so ``/ping`` reflects worker restarts. The monitor also
+pings TorchServe's frontend (short timeout) and reads each worker's state from ``/proc`` (a
+stopped, SIGSTOPped, or zombie worker is down), so readiness fails within a few seconds of
+either one no longer answering. When TorchServe itself is gone, every queued request is
+answered 503 at once and the pod exits with status 1 within seconds, so Kubernetes restarts
+it. SIGTERM or SIGINT: stop listening, finish what is in flight (at most ``drain_seconds``;
+after an optional ``drain_grace_seconds`` during which it still accepts connections but
+reports not ready), stop TorchServe, return 0.
 
 ``/status`` reports the plan, the estimates, the queue and each instance's health; never
 process ids or internal addresses.
@@ -49,11 +50,30 @@ from packrat.serve.config import (
 from packrat.serve.connections import ConnectionLimits
 from packrat.serve.dispatcher import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Dispatcher
 from packrat.serve.handler import CONFIG_ENV
+from packrat.serve.health import (
+    Health,
+    TorchServeGoneError,
+    check_instances,
+    monitor,
+    process_runnable,
+    warm,
+)
 from packrat.serve.inpod import InPodSwitch, admin_routes
 from packrat.serve.metrics import ServeMetrics
 from packrat.serve.shared_weights import ensure_weights, shared_weights_file
 from packrat.serve.torchserve import TorchServe
 from packrat.serve.zygote_proc import ZygoteProcess
+
+__all__ = [
+    "PodServer",
+    "ServeOptions",
+    "TorchServeGoneError",
+    "process_runnable",
+    "resolve_cores",
+    "sample_body",
+    "serve",
+    "wait_ready",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +109,6 @@ class ServeOptions:
     )
 
 
-class TorchServeGoneError(RuntimeError):
-    """TorchServe exited while the pod was serving."""
-
-
-@dataclass
-class _Health:
-    up: bool = False
-    pid: int | None = None
-    warmed_pid: int | None = None
-    restarts: int = 0
-    status: str = "LOADING"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        # No pid: /status is reachable by anyone who can reach the port.
-        return {"up": self.up, "restarts": self.restarts, "status": self.status}
-
-
 def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
     """This process's cpus and one disjoint core set per plan instance (or a clear error)."""
     from packrat.runtime.cpus import CoreAssignmentError, allowed_cpus, assign_cores
@@ -139,7 +141,7 @@ class PodServer:
         self.instances: list[InstanceSpec] = plan_instances(opts.plan, model=self.name, cores=cores)
         self._own_workdir = opts.workdir is None
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
-        self.health = {inst.name: _Health() for inst in self.instances}
+        self.health = {inst.name: Health() for inst in self.instances}
         self.metrics = ServeMetrics()
         self.torchserve: TorchServe | None = None
         self.dispatcher: Dispatcher | None = None
@@ -195,7 +197,7 @@ class PodServer:
         self.instances = list(instances)
         self.generation = generation
         self.health = {
-            inst.name: _Health(up=True, pid=pid, warmed_pid=pid, status="READY")
+            inst.name: Health(up=True, pid=pid, warmed_pid=pid, status="READY")
             for inst, pid in zip(instances, pids, strict=True)
         }
 
@@ -336,100 +338,14 @@ class PodServer:
             await self._check_instances(initial=True)
 
     async def _monitor(self) -> None:
-        assert self.torchserve is not None and self.dispatcher is not None
-        while True:
-            await asyncio.sleep(self.opts.health_interval_s)
-            if not self.torchserve.running:
-                self.dispatcher.fail("the model server is gone")  # queued clients: 503 now
-                raise TorchServeGoneError(f"TorchServe exited:\n{self.torchserve.log_tail()}")
-            if not await self.torchserve.ping(timeout_s=self.opts.health_timeout_s):
-                for i, inst in enumerate(self.instances):
-                    if self.health[inst.name].up:
-                        log.warning("instance %s: TorchServe's frontend does not answer", inst.name)
-                    self.health[inst.name].up = False
-                    self.health[inst.name].status = "UNRESPONSIVE"
-                    self.dispatcher.set_up(i, False)
-                continue
-            async with self.lock:
-                await self._check_instances(initial=False)
+        await monitor(self)
 
     async def _check_instances(self, *, initial: bool) -> None:
-        assert self.torchserve is not None and self.dispatcher is not None
-        ts, dispatcher = self.torchserve, self.dispatcher
-
-        async def check(i: int, inst: InstanceSpec) -> None:
-            health = self.health[inst.name]
-            workers = await ts.workers(inst.name)
-            ready = [w for w in workers if w.ready and w.pid and process_runnable(w.pid)]
-            health.status = workers[0].status if workers else "MISSING"
-            if workers and not ready and workers[0].ready:
-                health.status = "STOPPED"  # READY to TorchServe, but stopped or a zombie
-            if not ready:
-                health.up = False
-                dispatcher.set_up(i, False)
-                return
-            pid = ready[0].pid
-            if health.pid is not None and pid != health.pid:
-                health.restarts += 1
-                self.metrics.instance_restarts.labels(self.name, inst.name).inc()
-                log.warning(
-                    "instance %s: worker restarted (pid %s -> %s)", inst.name, health.pid, pid
-                )
-            health.pid = pid
-            if health.warmed_pid != pid:
-                health.up = False
-                dispatcher.set_up(i, False)
-                try:
-                    await self.warm(inst)
-                except (TimeoutError, RuntimeError, aiohttp.ClientError) as exc:
-                    if initial:
-                        raise
-                    log.warning("instance %s: warm-up failed, retrying: %s", inst.name, exc)
-                    return
-                health.warmed_pid = pid
-            health.up = True
-            dispatcher.set_up(i, True)
-
-        await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
-        while initial and not all(h.up for h in self.health.values()):
-            # Registration is synchronous, so workers exist; wait until each is READY.
-            await asyncio.sleep(0.2)
-            if not ts.running:
-                raise TorchServeGoneError(f"TorchServe exited:\n{ts.log_tail()}")
-            await asyncio.gather(*(check(i, inst) for i, inst in enumerate(self.instances)))
+        await check_instances(self, initial=initial)
 
     async def warm(self, inst: InstanceSpec) -> None:
-        """One full batch straight to the instance; its answers must not be server errors."""
-        if self.warmup is None:
-            return
-        assert self.torchserve is not None
-        url = f"{self.torchserve.inference_url}/predictions/{inst.name}"
-        session = self.torchserve.session
-        body = self.warmup
-
-        async def one() -> int:
-            async with session.post(
-                url, data=body, headers={"Content-Type": "application/octet-stream"}
-            ) as resp:
-                await resp.read()
-                return resp.status
-
-        statuses = await asyncio.gather(*(one() for _ in range(inst.batch)), return_exceptions=True)
-        bad = [s for s in statuses if not isinstance(s, int) or s >= 500]
-        if bad:
-            raise RuntimeError(f"warm-up of {inst.name} failed: {bad[:3]}")
-        log.info("instance %s warmed with a batch of %d", inst.name, inst.batch)
-
-
-def process_runnable(pid: int) -> bool:
-    """False when the process is gone, stopped (SIGSTOP: ``T``, traced: ``t``) or a zombie
-    (``Z``, ``X``), as ``/proc/<pid>/stat`` reports it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    return state not in ("T", "t", "Z", "X", "x")
+        """One full batch straight to the instance (:func:`packrat.serve.health.warm`)."""
+        await warm(self, inst)
 
 
 async def serve(opts: ServeOptions) -> int:

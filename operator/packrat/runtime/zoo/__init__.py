@@ -1,0 +1,267 @@
+"""The built-in model zoo, and loading a user's TorchScript file, behind one ``spec`` string.
+
+Packrat's decisions depend on latency, not on accuracy, so the zoo defines each model's
+architecture faithfully (same layers, shapes and parameter counts as the reference
+implementations) with random weights from a fixed seed: no downloads, no torchvision (its
+PyPI wheels do not import beside the CPU torch build), identical models on every machine.
+
+A ``spec`` is a zoo name (``resnet50``, ``inception_v3``, ``bert-base``, ``gpt2``, ``tiny``,
+optionally prefixed ``zoo:``) or a path to a TorchScript file (``.pt``/``.pth``/``.ts``).
+A TorchScript file describes its input in an extra file ``packrat.json`` written by
+:func:`save_torchscript` (``{"inputs": [{"shape": [3, 224, 224], "dtype": "float32"}]}``,
+shapes without the batch dimension).
+
+The architectures live in one module per family (:mod:`~packrat.runtime.zoo.tiny`,
+:mod:`~packrat.runtime.zoo.resnet`, :mod:`~packrat.runtime.zoo.inception`,
+:mod:`~packrat.runtime.zoo.transformer`); this module is the registry and everything that
+takes a ``spec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from packrat.runtime.zoo.inception import InceptionV3
+from packrat.runtime.zoo.resnet import ResNet50
+from packrat.runtime.zoo.tiny import Tiny
+from packrat.runtime.zoo.transformer import GPT2, BertBase
+
+__all__ = [
+    "ZOO_NAMES",
+    "ZooError",
+    "example_input",
+    "input_spec",
+    "is_zoo_name",
+    "load_model",
+    "model_digest",
+    "model_name",
+    "save_torchscript",
+    "tiny",
+]
+
+SEED = 0
+EXTRA_FILE = "packrat.json"
+
+
+class ZooError(ValueError):
+    """Unknown zoo name, unreadable model file or missing input description."""
+
+
+def tiny() -> nn.Module:
+    """The tiny test model, built with the zoo's seed, in eval mode."""
+    return _seeded(Tiny)
+
+
+# -- the registry ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Input:
+    shape: tuple[int, ...]  # without the batch dimension
+    dtype: torch.dtype
+    high: int = 0  # for integer token ids: values in [0, high)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    build: Callable[[], nn.Module]
+    inputs: tuple[_Input, ...]
+    # Bump when the architecture or its initialisation changes: it changes model_digest, so
+    # profiles measured on the old definition are not reused.
+    version: int = 1
+
+
+_ZOO: dict[str, _Entry] = {
+    "resnet50": _Entry(ResNet50, (_Input((3, 224, 224), torch.float32),)),
+    "inception_v3": _Entry(InceptionV3, (_Input((3, 299, 299), torch.float32),)),
+    "bert-base": _Entry(BertBase, (_Input((128,), torch.int64, high=30522),)),
+    "gpt2": _Entry(GPT2, (_Input((128,), torch.int64, high=50257),)),
+    "tiny": _Entry(Tiny, (_Input((16,), torch.float32),)),
+}
+ZOO_NAMES: tuple[str, ...] = tuple(_ZOO)
+_ALIASES = {
+    "resnet-50": "resnet50",
+    "inception-v3": "inception_v3",
+    "inceptionv3": "inception_v3",
+    "bert": "bert-base",
+    "bert_base": "bert-base",
+    "gpt-2": "gpt2",
+}
+
+
+def _zoo_key(spec: str) -> str | None:
+    name = spec.strip()
+    name = name.removeprefix("zoo:").lower()
+    name = _ALIASES.get(name, name)
+    return name if name in _ZOO else None
+
+
+def is_zoo_name(spec: str) -> bool:
+    return _zoo_key(spec) is not None
+
+
+def model_name(spec: str) -> str:
+    """The model's short name: the canonical zoo name, or the file's stem."""
+    key = _zoo_key(spec)
+    return key if key is not None else Path(spec).stem
+
+
+def _seeded(build: Callable[[], nn.Module]) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = build()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _model_path(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if path.suffix.lower() == ".mar":
+        raise ZooError(
+            f"{spec}: a .mar archive is served by TorchServe; load_model takes a zoo name "
+            f"({', '.join(ZOO_NAMES)}) or a TorchScript file"
+        )
+    if not path.is_file():
+        raise ZooError(
+            f"unknown model {spec!r}: not a zoo name ({', '.join(ZOO_NAMES)}) and no such file"
+        )
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_jit() -> Iterator[None]:
+    """TorchScript is the user-facing format here; torch 2.x flags it deprecated on every call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
+
+
+def load_model(spec: str) -> nn.Module:
+    """Build a zoo model (random weights, fixed seed) or load a TorchScript file, in eval mode."""
+    key = _zoo_key(spec)
+    if key is not None:
+        return _seeded(_ZOO[key].build)
+    path = _model_path(spec)
+    try:
+        with _quiet_jit():
+            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+    except (RuntimeError, ValueError) as exc:
+        raise ZooError(f"{spec}: not a loadable TorchScript file: {exc}") from None
+    module.eval()
+    return module  # type: ignore[no-any-return]
+
+
+def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
+    extra = {EXTRA_FILE: ""}
+    try:
+        with _quiet_jit():
+            torch.jit.load(str(path), map_location="cpu", _extra_files=extra)  # type: ignore[no-untyped-call]
+    except (RuntimeError, ValueError) as exc:
+        raise ZooError(f"{path}: not a loadable TorchScript file: {exc}") from None
+    text = extra[EXTRA_FILE]
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return tuple(
+            _Input(
+                tuple(int(d) for d in item["shape"]),
+                getattr(torch, str(item.get("dtype", "float32"))),
+                int(item.get("high", 0)),
+            )
+            for item in data["inputs"]
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ZooError(f"{path}: malformed {EXTRA_FILE}: {exc}") from None
+
+
+def input_spec(spec: str) -> list[dict[str, Any]]:
+    """The model's inputs as JSON-able dicts ``{"shape", "dtype", "high"}`` (no batch dim)."""
+    return [
+        {"shape": list(i.shape), "dtype": str(i.dtype).removeprefix("torch."), "high": i.high}
+        for i in _inputs(spec)
+    ]
+
+
+def _inputs(spec: str) -> tuple[_Input, ...]:
+    key = _zoo_key(spec)
+    if key is not None:
+        return _ZOO[key].inputs
+    path = _model_path(spec)
+    inputs = _file_inputs(path)
+    if inputs is None:
+        raise ZooError(
+            f"{spec}: the TorchScript file does not describe its input; save it with "
+            f"packrat.runtime.zoo.save_torchscript(model, path, inputs=[(shape, dtype)])"
+        )
+    return inputs
+
+
+def example_input(spec: str, batch: int) -> Tensor | tuple[Tensor, ...]:
+    """A deterministic random input of batch ``batch``: one tensor, or a tuple for several."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+    generator = torch.Generator().manual_seed(SEED)
+    tensors: list[Tensor] = []
+    for item in _inputs(spec):
+        shape = (batch, *item.shape)
+        if item.dtype.is_floating_point:
+            tensors.append(torch.randn(shape, generator=generator, dtype=item.dtype))
+        else:
+            high = item.high or 2
+            tensors.append(torch.randint(0, high, shape, generator=generator, dtype=item.dtype))
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def save_torchscript(
+    model: nn.Module | torch.jit.ScriptModule,
+    path: str | Path,
+    *,
+    inputs: Sequence[tuple[Sequence[int], torch.dtype]],
+) -> None:
+    """Script (if needed) and save ``model`` with its input description, for ``load_model``."""
+    with _quiet_jit():
+        scripted = model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model)
+    meta = {
+        "inputs": [
+            {"shape": [int(d) for d in shape], "dtype": str(dtype).removeprefix("torch.")}
+            for shape, dtype in inputs
+        ]
+    }
+    with _quiet_jit():
+        torch.jit.save(scripted, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
+
+
+def model_digest(spec: str) -> str:
+    """A stable id of what would be loaded: zoo name + architecture version, or the sha256 of
+    the file (TorchScript or .mar).
+
+    Profiles are keyed by it, so a changed model (file content or zoo definition) is
+    re-profiled and an unchanged one never is.
+    """
+    key = _zoo_key(spec)
+    if key is not None:
+        text = f"packrat-zoo/{key}/v{_ZOO[key].version}/seed{SEED}"
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    mar = Path(spec).expanduser()
+    path = mar if mar.suffix.lower() == ".mar" and mar.is_file() else _model_path(spec)
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in model.parameters())
