@@ -295,11 +295,12 @@ def build_registry(
                         parts()[0].tuners.forget(namespace, name)
                         return
                     _publish(body, result)
-                    # the body is kopf's live view: read again for the state this pass left
+                    # keyed on the spec, not the status: the body's status is still the one
+                    # from before this pass (its own write arrives later as a watch event)
                     delay = next_delay(
                         options,
                         waiting=result.waiting,
-                        wants_estimates=_wants_estimates(body),
+                        wants_estimates=bool((body.get("spec") or {}).get("autoBatch")),
                         tuning=tuning,
                     )
                 with contextlib.suppress(TimeoutError):
