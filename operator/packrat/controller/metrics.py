@@ -192,6 +192,9 @@ def record_error(namespace: str, model: str, error: str) -> None:
     _counter(ERRORS, namespace, model, error).inc()
 
 
+ALERTED_WARNINGS = ("ProfilingFailed", "SwitchAborted")
+
+
 def record_event(namespace: str, model: str, type_: str, reason: str) -> None:
     """The operator posted an Event (Normal or Warning) with ``reason`` about a model."""
     _counter(EVENTS, namespace, model, type_, reason).inc()
@@ -201,6 +204,10 @@ def record_phase(namespace: str, model: str, phase: str, phases: Iterable[str] =
     """The model's status.phase is ``phase``: 1 for it, 0 for every other phase."""
     for each in {*phases, phase}:
         _gauge(PHASE, namespace, model, each).set(1 if each == phase else 0)
+    # the Warning events alerts count with increase(): a series that first appears at 1 has
+    # no increase to show, so each exists at 0 from the model's first pass
+    for reason in ALERTED_WARNINGS:
+        _counter(EVENTS, namespace, model, "Warning", reason)
     if phase != "Profiling":  # progress is only shown while a profiling Job runs
         for gauge in (PROFILING_POINTS_DONE, PROFILING_POINTS, PROFILING_ETA):
             with contextlib.suppress(KeyError):
