@@ -10,20 +10,16 @@ skipped; when none answers the reading is None and the tuner decides nothing.
 
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import math
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from packrat.controller.autobatch import pod_ready
 from packrat.controller.autoscale import Arrivals
-from packrat.controller.estimates import MAX_PODS
+from packrat.controller.estimates import get_json, pod_address, ready_pods
 from packrat.controller.kube import KubeApi
 
 logger = logging.getLogger(__name__)
@@ -49,26 +45,9 @@ def parse_arrivals(doc: Any) -> list[float] | None:
 
 def fetch_arrivals(url: str, *, after: float, timeout: float) -> list[float] | None:
     """``GET {url}/arrivals?after=``: the timestamps, or None (unreachable, large, junk)."""
-    parts = urllib.parse.urlsplit(url.rstrip("/") + "/arrivals")
-    if parts.scheme != "http" or not parts.hostname:
-        return None
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    try:
-        conn.request(
-            "GET", f"{parts.path}?after={after:.6f}", headers={"Accept": "application/json"}
-        )
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return None
-        body = resp.read(MAX_BYTES + 1)
-        if len(body) > MAX_BYTES:
-            return None
-        return parse_arrivals(json.loads(body))
-    except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:
-        logger.debug("no arrivals from %s: %s", url, exc)
-        return None
-    finally:
-        conn.close()
+    path = f"/arrivals?after={after:.6f}"
+    doc = get_json(url, path, timeout=timeout, max_bytes=MAX_BYTES, what="arrivals")
+    return None if doc is None else parse_arrivals(doc)
 
 
 class ArrivalReader:
@@ -91,20 +70,8 @@ class ArrivalReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arrivals")
 
-    def _pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        svc = self.kube.get("services", namespace, name)
-        selector = ((svc or {}).get("spec") or {}).get("selector")
-        if not selector:
-            return []
-        try:
-            pods = self.kube.list("pods", namespace, labels=selector)
-        except Exception as exc:  # e.g. 403 without pods permission: no reading
-            logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
-            return []
-        return [p for p in pods if pod_ready(p)][:MAX_PODS]
-
     def __call__(self, namespace: str, name: str) -> Arrivals | None:
-        pods = self._pods(namespace, name)
+        pods = ready_pods(self.kube, namespace, name)
         if not pods:
             return None
         now = self.clock()
@@ -113,7 +80,7 @@ class ArrivalReader:
             key = (namespace, name, str(pod["metadata"]["name"]))
             with self._lock:
                 after = self._cursors.setdefault(key, now)
-            url = self._url(namespace, pod)
+            url = pod_address(self.pod_url, namespace, pod)
             jobs.append(
                 (key, self._pool.submit(fetch_arrivals, url, after=after, timeout=self.deadline))
             )
@@ -140,11 +107,6 @@ class ArrivalReader:
             for key in [k for k in self._cursors if k[:2] == (namespace, name)]:
                 if key[2] not in alive:
                     del self._cursors[key]
-
-    def _url(self, namespace: str, pod: Mapping[str, Any]) -> str:
-        return self.pod_url.format(
-            ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
-        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

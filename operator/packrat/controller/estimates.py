@@ -27,27 +27,57 @@ DEADLINE_SECONDS = 2.0
 MAX_PODS = 64
 
 
-def fetch_estimate(url: str, *, timeout: float) -> int | None:
-    """``GET {url}/status``: the estimate, or None (unreachable, slow, large, redirect, junk)."""
-    parts = urllib.parse.urlsplit(url.rstrip("/") + "/status")
+def get_json(url: str, path: str, *, timeout: float, max_bytes: int, what: str) -> Any | None:
+    """``GET {url}{path}`` from a serving pod, as untrusted input: the JSON document, or None
+    (not plain http, unreachable, slow, not 200, over ``max_bytes``, junk). ``http.client``
+    never follows redirects; ``path`` may carry a query."""
+    parts = urllib.parse.urlsplit(url.rstrip("/") + path)
     if parts.scheme != "http" or not parts.hostname:
         return None
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        path = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", path, headers={"Accept": "application/json"})
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", target, headers={"Accept": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             return None
-        body = resp.read(MAX_BYTES + 1)
-        if len(body) > MAX_BYTES:
+        body = resp.read(max_bytes + 1)
+        if len(body) > max_bytes:
             return None
-        return parse_estimate(json.loads(body))
+        return json.loads(body)
     except (OSError, ValueError, http.client.HTTPException, RecursionError) as exc:
-        logger.debug("no batch-size estimate from %s: %s", url, exc)
+        logger.debug("no %s from %s: %s", what, url, exc)
         return None
     finally:
         conn.close()
+
+
+def fetch_estimate(url: str, *, timeout: float) -> int | None:
+    """``GET {url}/status``: the estimate, or None (unreachable, slow, large, redirect, junk)."""
+    doc = get_json(url, "/status", timeout=timeout, max_bytes=MAX_BYTES, what="estimate")
+    return None if doc is None else parse_estimate(doc)
+
+
+def ready_pods(kube: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The ready pods the model's Service selects (at most ``MAX_PODS``); none when the
+    Service or the pods cannot be read."""
+    svc = kube.get("services", namespace, name)
+    selector = ((svc or {}).get("spec") or {}).get("selector")
+    if not selector:
+        return []
+    try:
+        pods = kube.list("pods", namespace, labels=selector)
+    except Exception as exc:  # e.g. 403 without pods permission
+        logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
+        return []
+    return [p for p in pods if pod_ready(p)][:MAX_PODS]
+
+
+def pod_address(template: str, namespace: str, pod: Mapping[str, Any]) -> str:
+    """``template`` with the pod's ``{ip}``, ``{pod}`` and ``{namespace}`` filled in."""
+    return template.format(
+        ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
+    )
 
 
 class EstimateReader:
@@ -74,16 +104,7 @@ class EstimateReader:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="estimates")
 
     def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
-        svc = self.kube.get("services", namespace, name)
-        selector = ((svc or {}).get("spec") or {}).get("selector")
-        if not selector:
-            return []
-        try:
-            pods = self.kube.list("pods", namespace, labels=selector)
-        except Exception as exc:  # e.g. 403 without pods permission: fall back to the Service
-            logger.debug("cannot list pods of %s/%s: %s", namespace, name, exc)
-            return []
-        return [p for p in pods if pod_ready(p)][:MAX_PODS]
+        return ready_pods(self.kube, namespace, name)
 
     def _read_all(self, urls: list[str]) -> list[int]:
         start = time.monotonic()
@@ -94,16 +115,11 @@ class EstimateReader:
     def __call__(self, namespace: str, name: str) -> Reading | None:
         pods = self.ready_pods(namespace, name)
         if pods:
-            urls = [self._url(namespace, pod) for pod in pods]
+            urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
             values = self._read_all(urls)
             return Reading(tuple(values), "pods") if values else None
         values = self._read_all([self.service_url.format(service=name, namespace=namespace)])
         return Reading((values[0],), "service") if values else None
-
-    def _url(self, namespace: str, pod: Mapping[str, Any]) -> str:
-        return self.pod_url.format(
-            ip=pod["status"]["podIP"], pod=pod["metadata"]["name"], namespace=namespace
-        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
