@@ -19,8 +19,7 @@ from packrat.plan.optimizer import Optimizer
 from packrat.plan.pipeline import Pipeline
 from packrat.plan.pipeline_baselines import coarse_baselines
 from packrat.plan.pipeline_search import PipelineEvaluation, PipelinePlanner, finite
-from packrat.plan.provision import SimSettings
-from packrat.plan.traces import peak_rate
+from packrat.plan.provision import SimSettings, trace_summary
 
 
 @dataclass(slots=True)
@@ -99,11 +98,6 @@ def provision_pipeline(
         baselines=baselines,
         evaluations=planner.evaluations,
         wall_s=time.perf_counter() - start,
-        trace={
-            "arrivals": int(trace_s.size),
-            "duration_s": float(trace_s[-1] - trace_s[0]) if trace_s.size else 0.0,
-            "mean_rate": planner.rate,
-            "peak_rate_1s": peak_rate(trace_s, window_s=1.0),
-        },
+        trace=trace_summary(trace_s, planner.rate),
         steps=steps,
     )

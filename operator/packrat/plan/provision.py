@@ -332,6 +332,16 @@ def _label(c: Config) -> str:
     return f"{c.replicas}x{c.cpus}c/b{c.batch}"
 
 
+def trace_summary(trace_s: np.ndarray, rate: float) -> dict[str, float | int]:
+    """What a plan was made for: the sample's size, length, mean and busiest-second rate."""
+    return {
+        "arrivals": int(trace_s.size),
+        "duration_s": float(trace_s[-1] - trace_s[0]) if trace_s.size else 0.0,
+        "mean_rate": rate,
+        "peak_rate_1s": peak_rate(trace_s, window_s=1.0),
+    }
+
+
 def provision(
     table: Table,
     trace_s: np.ndarray,
@@ -359,11 +369,6 @@ def provision(
         baselines=baselines,
         evaluations=planner.evaluations,
         wall_s=time.perf_counter() - start,
-        trace={
-            "arrivals": int(trace_s.size),
-            "duration_s": float(trace_s[-1] - trace_s[0]) if trace_s.size else 0.0,
-            "mean_rate": planner.rate,
-            "peak_rate_1s": peak_rate(trace_s, window_s=1.0),
-        },
+        trace=trace_summary(trace_s, planner.rate),
         steps=steps,
     )
