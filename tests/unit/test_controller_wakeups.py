@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from packrat.controller.handlers import OperatorOptions, Wakeups, next_delay
+from packrat.controller.reconcile import Config
 
 
 def _meta(uid: str, version: str) -> dict[str, str]:
@@ -60,3 +61,13 @@ def test_an_unobserved_generation_wakes_its_model_once() -> None:
     assert w.unobserved("ns/n", body(1, None))  # never observed
     w.drop("ns/m")
     assert w.unobserved("ns/m", body(3, 2))  # a new daemon for the model starts afresh
+
+
+def test_a_storage_model_at_rest_asks_the_store_for_a_new_version() -> None:
+    # a model replaced under the same URI sends no watch event: only the store check sees it
+    opts = OperatorOptions(
+        resync_seconds=300, poll_seconds=2, config=Config(storage_check_seconds=7)
+    )
+    rest = {"waiting": False, "wants_estimates": False, "tuning": None}
+    assert next_delay(opts, checks_store=False, **rest) == 300
+    assert next_delay(opts, checks_store=True, **rest) == 7

@@ -50,6 +50,22 @@ def test_a_burst_is_split_by_batch_size() -> None:
     run(body)
 
 
+def test_the_shed_series_exist_at_zero_before_the_first_request() -> None:
+    # rate() over a counter first scraped after a burst of 503s sees no increase
+    async def body() -> None:
+        async with stack([1]) as (_d, _fake, url, s):
+            async with s.get(f"{url}/metrics") as r:
+                text = await r.text()
+            for series in (
+                'packrat_request_errors_total{code="503",model="m",source="dispatcher"} 0.0',
+                'packrat_requests_total{code="503",model="m"} 0.0',
+                'packrat_requests_total{code="200",model="m"} 0.0',
+            ):
+                assert series in text
+
+    run(body)
+
+
 def test_full_queue_sheds_with_503_and_retry_after() -> None:
     async def body() -> None:
         async with stack([1], queue_limit=1) as (d, fake, url, s):

@@ -156,6 +156,8 @@ def tune(
         "wantedNow": decision.wanted_now,
         "reason": decision.reason,
     }
+    if decision.replicas != decision.previous:  # kept until the next change (HPA: lastScaleTime)
+        scaled["lastScale"] = dict(scaled["lastDecision"])
     status["autoscaling"] = scaled
     p.result.autoscale = {
         "action": decision.action,

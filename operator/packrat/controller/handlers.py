@@ -29,6 +29,7 @@ from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
+from packrat.controller.storage import needs_version_check
 
 logger = logging.getLogger(__name__)
 
@@ -182,17 +183,22 @@ def next_delay(
     waiting: bool,
     wants_estimates: bool,
     tuning: float | None,
+    checks_store: bool = False,
 ) -> float:
     """Seconds until a model's next pass when no watch event comes first.
 
     At rest only the safety resync is due, except for what must be sampled: an autoBatch
-    model's estimates (every ``estimate_seconds``) and the tuner's arrivals (``tuning``).
+    model's estimates (every ``estimate_seconds``), the tuner's arrivals (``tuning``) and,
+    for a storageUri model without a digest, the store's version of the object (every
+    ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
     """
     delay = options.poll_seconds if waiting else options.resync_seconds
     if wants_estimates:
         delay = min(delay, options.estimate_seconds)
     if tuning is not None:
         delay = min(delay, tuning)
+    if checks_store:
+        delay = min(delay, options.config.storage_check_seconds)
     return delay
 
 
@@ -297,11 +303,13 @@ def build_registry(
                     _publish(body, result)
                     # keyed on the spec, not the status: the body's status is still the one
                     # from before this pass (its own write arrives later as a watch event)
+                    spec = body.get("spec") or {}
                     delay = next_delay(
                         options,
                         waiting=result.waiting,
-                        wants_estimates=bool((body.get("spec") or {}).get("autoBatch")),
+                        wants_estimates=bool(spec.get("autoBatch")),
                         tuning=tuning,
+                        checks_store=needs_version_check(spec.get("model") or {}),
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=delay)

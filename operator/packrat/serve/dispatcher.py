@@ -134,6 +134,11 @@ class Dispatcher(SwapMixin):
         self._buffered_gauge = m.buffered_bytes.labels(model)
         self._duration = m.request_duration.labels(model)
         self._by_code: dict[str, Any] = {}
+        # The series alerts take rate() of exist at 0 from the start: a counter first scraped
+        # at its value after a burst of 503s shows no increase, so the shed alert would miss it.
+        for code in ("200", "503"):
+            self._by_code[code] = m.requests.labels(model, code)
+        m.errors.labels(model, "503", "dispatcher")
 
     def _label_instances(self) -> None:
         m, model = self.metrics, self.model

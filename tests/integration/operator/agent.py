@@ -327,7 +327,8 @@ class Agent:
                     "finishedAt": _now(),
                 }
             }
-            self.emulator.pod_logs[key] = log.read_text(errors="replace")
+            with contextlib.suppress(OSError):  # the pod's folder may be gone (teardown)
+                self.emulator.pod_logs[key] = log.read_text(errors="replace")
             if code != 0 or oom:
                 pod.phase = "Failed"
                 return
