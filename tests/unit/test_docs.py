@@ -64,7 +64,11 @@ def test_crd_reference_check_mode_detects_drift(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- metrics reference
 
-_METRIC_DEF = re.compile(r"\b(Counter|Gauge|Histogram|Summary)\(\s*\"(packrat_[a-z0-9_]+)\"", re.S)
+# prometheus_client's constructors, or serve.metrics.MetricSet's (self._counter(...), ...)
+_METRIC_DEF = re.compile(
+    r"\b(?:self\._)?(Counter|Gauge|Histogram|Summary|counter|gauge|histogram)\(\s*\"(packrat_[a-z0-9_]+)\"",
+    re.S,
+)
 
 
 def _code_metrics() -> dict[str, str]:
@@ -72,7 +76,8 @@ def _code_metrics() -> dict[str, str]:
     found: dict[str, str] = {}
     for path in SOURCE.rglob("*.py"):
         for kind, name in _METRIC_DEF.findall(path.read_text(encoding="utf-8")):
-            exposed = f"{name}_total" if kind == "Counter" and not name.endswith("_total") else name
+            counter = kind.lower() == "counter"
+            exposed = f"{name}_total" if counter and not name.endswith("_total") else name
             found[exposed] = kind.lower()
     return found
 

@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from typing import Any
 
 from packrat.cli import CliError
+from packrat.cli.provision import (
+    infeasible_line,
+    ms,
+    print_result,
+    sim_from_args,
+    trace_from_args,
+    trace_line,
+)
 from packrat.plan.pipeline import Pipeline, PipelineError
 from packrat.plan.pipeline_provision import PipelineProvision, provision_pipeline
 from packrat.plan.pipeline_spec import load_pipeline_spec
-from packrat.plan.provision import ProvisionError, SimSettings
-from packrat.plan.traces import TraceError, gamma_trace, load_trace
+from packrat.plan.provision import ProvisionError
+from packrat.plan.traces import TraceError
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
     try:
         spec = load_pipeline_spec(args.pipeline)
-        if args.trace is not None:
-            trace = load_trace(args.trace)
-        else:
-            trace = gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
+        trace = trace_from_args(args)
     except (PipelineError, TraceError) as exc:
         raise CliError(str(exc)) from None
     slo = args.slo_p99_ms if args.slo_p99_ms is not None else spec.slo_ms
@@ -41,47 +45,38 @@ def run_pipeline(args: argparse.Namespace) -> int:
             ],
             pipeline.edges,
         )
-    sim = SimSettings(
-        spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
-    )
     try:
         result = provision_pipeline(
-            pipeline, trace, slo_ms=slo, max_cores=args.max_cores, sim=sim, models=spec.models
+            pipeline,
+            trace,
+            slo_ms=slo,
+            max_cores=args.max_cores,
+            sim=sim_from_args(args),
+            models=spec.models,
         )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
-    if args.format == "json":
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(format_pipeline_table(result))
-    return 0 if result.feasible else 1
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
+    return print_result(args, result, format_pipeline_table(result))
 
 
 def format_pipeline_table(result: PipelineProvision) -> str:
     doc: dict[str, Any] = result.to_dict()
-    t = doc["trace"]
     lines = [
-        f"trace: {t['arrivals']} arrivals over {t['duration_s']:.1f} s, mean "
-        f"{t['mean_rate']:.1f}/s, peak (1 s) {t['peak_rate_1s']:.1f}/s; "
-        f"end-to-end SLO P99 {doc['slo_p99_ms']:.1f} ms",
+        trace_line(doc, "end-to-end SLO"),
         f"{'stage':14}{'visits':>7}{'replicas':>9}{'cpus':>6}{'batch':>7}{'cores':>7}"
         f"{'P99 ms':>9}  plan per replica",
     ]
     for s in doc["stages"]:
         lines.append(
             f"{s['name']:14}{s['scale_factor']:>7.2f}{s['replicas']:>9}{s['cpus_per_replica']:>6}"
-            f"{s['batch']:>7}{s['cores']:>7}{_ms(s['stage_p99_ms']):>9}  {s['plan']['label']}"
+            f"{s['batch']:>7}{s['cores']:>7}{ms(s['stage_p99_ms']):>9}  {s['plan']['label']}"
         )
     lines.append("")
     lines.append(f"{'config':14}{'cores':>7}{'P99 ms':>10}{'miss %':>8}  feasible")
     rows = [("planned", doc)] + [(f"CG-{k}", v) for k, v in doc["baselines"].items()]
     for name, row in rows:
         lines.append(
-            f"{name:14}{row['cores']:>7}{_ms(row['simulated_p99_ms']):>10}"
+            f"{name:14}{row['cores']:>7}{ms(row['simulated_p99_ms']):>10}"
             f"{100 * row['slo_miss_rate']:>8.2f}  {'yes' if row['feasible'] else 'NO'}"
         )
     for k, v in doc["baselines"].items():
@@ -92,8 +87,5 @@ def format_pipeline_table(result: PipelineProvision) -> str:
         f"{doc['search']['wall_s']:.2f} s"
     )
     if not doc["feasible"]:
-        lines.append(
-            f"infeasible: the best simulated P99 is {_ms(doc['simulated_p99_ms'])} ms "
-            f"> SLO {doc['slo_p99_ms']:.1f} ms ({'; '.join(doc['search']['steps'][-1:])})"
-        )
+        lines.append(f"{infeasible_line(doc)} ({'; '.join(doc['search']['steps'][-1:])})")
     return "\n".join(lines)

@@ -13,7 +13,9 @@ import argparse
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from packrat.cli import CliError
 from packrat.plan.des import SPREADS
@@ -82,10 +84,7 @@ def run(args: argparse.Namespace) -> int:
         return run_pipeline(args)
     try:
         profile = load_profile(args.profile)
-        if args.trace is not None:
-            trace = load_trace(args.trace)
-        else:
-            trace = gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
+        trace = trace_from_args(args)
     except (ProfileError, TraceError) as exc:
         raise CliError(str(exc)) from None
     top = profile.meta.cpus or profile.max_threads
@@ -93,9 +92,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--max-cpus {args.max_cpus} exceeds the {top} cores the profile was measured on"
         )
-    sim = SimSettings(
-        spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
-    )
     try:
         result = provision(
             profile.table(),
@@ -103,29 +99,69 @@ def run(args: argparse.Namespace) -> int:
             slo_ms=args.slo_p99_ms,
             max_cores=args.max_cores,
             max_cpus=min(args.max_cpus or top, top),
-            sim=sim,
+            sim=sim_from_args(args),
             model=profile.meta.model,
         )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
+    return print_result(args, result, format_table(result))
+
+
+# -- shared with packrat.cli.pipeline_provision ------------------------------------------------
+def trace_from_args(args: argparse.Namespace) -> np.ndarray:
+    """``--trace FILE``, else the synthetic gamma trace of ``--rate``, ``--cv``, ``--duration``."""
+    if args.trace is not None:
+        return load_trace(args.trace)
+    return gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
+
+
+def sim_from_args(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(
+        spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
+    )
+
+
+class _Result(Protocol):
+    @property
+    def feasible(self) -> bool: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def print_result(args: argparse.Namespace, result: _Result, table: str) -> int:
+    """Print ``result`` as ``--format`` says (JSON, else ``table``); the exit status."""
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
     else:
-        print(format_table(result))
+        print(table)
     return 0 if result.feasible else 1
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def trace_line(doc: dict[str, Any], slo: str = "SLO") -> str:
+    """The table's first line: the trace's arrivals and rates, and the SLO."""
+    t = doc["trace"]
+    return (
+        f"trace: {t['arrivals']} arrivals over {t['duration_s']:.1f} s, mean "
+        f"{t['mean_rate']:.1f}/s, peak (1 s) {t['peak_rate_1s']:.1f}/s; "
+        f"{slo} P99 {doc['slo_p99_ms']:.1f} ms"
+    )
+
+
+def infeasible_line(doc: dict[str, Any]) -> str:
+    return (
+        f"infeasible: the best simulated P99 is {ms(doc['simulated_p99_ms'])} ms "
+        f"> SLO {doc['slo_p99_ms']:.1f} ms"
+    )
 
 
 def format_table(result: Provision) -> str:
     doc = result.to_dict()
-    t = doc["trace"]
     lines = [
-        f"trace: {t['arrivals']} arrivals over {t['duration_s']:.1f} s, mean "
-        f"{t['mean_rate']:.1f}/s, peak (1 s) {t['peak_rate_1s']:.1f}/s; "
-        f"SLO P99 {doc['slo_p99_ms']:.1f} ms",
+        trace_line(doc),
         f"{'config':10}{'replicas':>9}{'cpus':>6}{'batch':>7}{'cores':>7}{'P99 ms':>10}"
         f"{'miss %':>8}  feasible",
     ]
@@ -133,7 +169,7 @@ def format_table(result: Provision) -> str:
     for name, row in rows:
         lines.append(
             f"{name:10}{row['replicas']:>9}{row['cpus_per_replica']:>6}{row['batch']:>7}"
-            f"{row['cores']:>7}{_ms(row['simulated_p99_ms']):>10}"
+            f"{row['cores']:>7}{ms(row['simulated_p99_ms']):>10}"
             f"{100 * row['slo_miss_rate']:>8.2f}  {'yes' if row['feasible'] else 'NO'}"
         )
     lines.append(f"plan per replica: {doc['plan']['label']}")
@@ -141,8 +177,5 @@ def format_table(result: Provision) -> str:
         f"search: {doc['search']['evaluations']} simulations in {doc['search']['wall_s']:.2f} s"
     )
     if not doc["feasible"]:
-        lines.append(
-            f"infeasible: the best simulated P99 is {_ms(doc['simulated_p99_ms'])} ms "
-            f"> SLO {doc['slo_p99_ms']:.1f} ms"
-        )
+        lines.append(infeasible_line(doc))
     return "\n".join(lines)

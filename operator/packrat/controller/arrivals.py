@@ -70,8 +70,12 @@ class ArrivalReader:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arrivals")
 
-    def __call__(self, namespace: str, name: str) -> Arrivals | None:
-        pods = ready_pods(self.kube, namespace, name)
+    def __call__(
+        self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
+    ) -> Arrivals | None:
+        """``pods``: the model's ready pods when the caller has listed them already."""
+        if pods is None:
+            pods = ready_pods(self.kube, namespace, name)
         if not pods:
             return None
         now = self.clock()

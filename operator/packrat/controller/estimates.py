@@ -112,8 +112,12 @@ class EstimateReader:
         done, _ = wait(futures, timeout=max(0.0, self.deadline - (time.monotonic() - start)))
         return [v for f in futures if f in done and (v := f.result()) is not None]
 
-    def __call__(self, namespace: str, name: str) -> Reading | None:
-        pods = self.ready_pods(namespace, name)
+    def __call__(
+        self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
+    ) -> Reading | None:
+        """``pods``: the model's ready pods when the caller has listed them already."""
+        if pods is None:
+            pods = self.ready_pods(namespace, name)
         if pods:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
             values = self._read_all(urls)

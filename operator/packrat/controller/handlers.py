@@ -25,6 +25,7 @@ from packrat.controller import autobatch as ab
 from packrat.controller import autoscale_metrics, metrics
 from packrat.controller import manifests as m
 from packrat.controller.arrivals import ArrivalReader
+from packrat.controller.autoscale import Arrivals
 from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.reconcile import Config, Reconciler, Result
@@ -216,6 +217,24 @@ def _tuner_interval(body: Mapping[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else 5.0
 
 
+def read_before_pass(
+    estimates: EstimateReader,
+    arrivals: ArrivalReader,
+    namespace: str,
+    name: str,
+    *,
+    want_estimates: bool,
+    want_arrivals: bool,
+) -> tuple[ab.Reading | None, Arrivals | None]:
+    """The pods' batch-size estimates and the arrivals they saw, read before a pass (never
+    during it). A model that wants both reads its Service and lists its ready pods once,
+    for the two readers."""
+    pods = estimates.ready_pods(namespace, name) if want_estimates and want_arrivals else None
+    reading = ab.as_reading(estimates(namespace, name, pods)) if want_estimates else None
+    seen = arrivals(namespace, name, pods) if want_arrivals else None
+    return reading, seen
+
+
 def _owner_key(meta: Mapping[str, Any]) -> str | None:
     labels = meta.get("labels") or {}
     name = labels.get(m.LABEL_MODEL) or labels.get("app.kubernetes.io/instance")
@@ -245,9 +264,14 @@ def build_registry(
 
     def run_pass(namespace: str, name: str, want_estimates: bool, want_arrivals: bool) -> Result:
         reconciler, estimates, arrivals = parts()
-        # the estimates and arrivals are read before the pass, never during it
-        reading = ab.as_reading(estimates(namespace, name)) if want_estimates else None
-        seen = arrivals(namespace, name) if want_arrivals else None
+        reading, seen = read_before_pass(
+            estimates,
+            arrivals,
+            namespace,
+            name,
+            want_estimates=want_estimates,
+            want_arrivals=want_arrivals,
+        )
         return reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
 
     @kopf.on.startup(registry=registry)

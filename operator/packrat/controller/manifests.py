@@ -49,11 +49,12 @@ def profile_object_name(name: str, key: str) -> str:
     return f"{name}-profile-{key[:8]}"
 
 
-def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+def owner_reference(owner: Mapping[str, Any], *, kind: str = KIND) -> dict[str, Any]:
+    """The controller reference to ``owner``, a Packrat object of ``kind``."""
     meta = owner["metadata"]
     return {
         "apiVersion": API_VERSION,
-        "kind": KIND,
+        "kind": kind,
         "name": meta["name"],
         "uid": meta.get("uid", ""),
         "controller": True,
@@ -69,12 +70,24 @@ def base_labels(name: str, *, app: str = SERVING_APP) -> dict[str, str]:
     }
 
 
-def metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+def metadata(
+    owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str], kind: str = KIND
+) -> dict[str, Any]:
+    """An owned object's metadata: in ``owner``'s namespace, controlled by it."""
     return {
         "name": name,
         "namespace": owner["metadata"].get("namespace", "default"),
         "labels": dict(labels),
-        "ownerReferences": [owner_reference(owner)],
+        "ownerReferences": [owner_reference(owner, kind=kind)],
+    }
+
+
+def scrape_annotations() -> dict[str, str]:
+    """Pod annotations that have Prometheus scrape ``/metrics`` on :data:`PORT`."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(PORT),
+        "prometheus.io/path": "/metrics",
     }
 
 
@@ -288,12 +301,7 @@ def serving_deployment(
         pod_spec["initContainers"] = init
     template_meta: dict[str, Any] = {
         "labels": dict(pod_labels),
-        "annotations": {
-            "prometheus.io/scrape": "true",
-            "prometheus.io/port": str(PORT),
-            "prometheus.io/path": "/metrics",
-            ANNOTATION_PLAN: str(plan.get("label", "")),
-        },
+        "annotations": {**scrape_annotations(), ANNOTATION_PLAN: str(plan.get("label", ""))},
     }
     apply_pod(template_meta, pod_spec, spec.get("pod"))
     return {

@@ -23,9 +23,12 @@ from packrat.controller.manifests import (
     base_env,
     base_labels,
     container_security,
+    metadata,
+    owner_reference,
     pod_security,
+    scrape_annotations,
 )
-from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, model_name
+from packrat.controller.spec import DEFAULT_IMAGE, model_name
 
 PIPELINE_KIND = "PackratPipeline"
 ROUTER_APP = "packrat-router"
@@ -46,24 +49,11 @@ def router_name(pipeline: str) -> str:
 
 
 def pipeline_owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
-    meta = owner["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": PIPELINE_KIND,
-        "name": meta["name"],
-        "uid": meta.get("uid", ""),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return owner_reference(owner, kind=PIPELINE_KIND)
 
 
 def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": owner["metadata"].get("namespace", "default"),
-        "labels": dict(labels),
-        "ownerReferences": [pipeline_owner_reference(owner)],
-    }
+    return metadata(owner, name=name, labels=labels, kind=PIPELINE_KIND)
 
 
 def _labels(pipeline: str) -> dict[str, str]:
@@ -153,11 +143,7 @@ def router_deployment(
             "template": {
                 "metadata": {
                     "labels": {**labels, LABEL_CONFIG_HASH: config_hash(cm)},
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
+                    "annotations": scrape_annotations(),
                 },
                 "spec": {
                     "automountServiceAccountToken": False,

@@ -18,8 +18,9 @@ import numpy as np
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.pipeline import Pipeline
 from packrat.plan.pipeline_baselines import coarse_baselines
-from packrat.plan.pipeline_search import PipelineEvaluation, PipelinePlanner, finite
+from packrat.plan.pipeline_search import PipelineEvaluation, PipelinePlanner
 from packrat.plan.provision import SimSettings, trace_summary
+from packrat.plan.search import finite
 
 
 @dataclass(slots=True)

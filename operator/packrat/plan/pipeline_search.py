@@ -39,8 +39,11 @@ import numpy as np
 
 from packrat.plan.des import nearest_rank
 from packrat.plan.pipeline import Pipeline, PipelineResult, PipelineSim, StageRun
-from packrat.plan.provision import Config, Planner, ProvisionError, SimSettings
-from packrat.plan.traces import mean_rate
+from packrat.plan.provision import Config, Planner, ProvisionError, SimSettings, check_request
+from packrat.plan.search import fewest_feasible, finite
+
+# finite: importable from here, as it was before it moved to packrat.plan.search
+__all__ = ["Configs", "PipelineEvaluation", "PipelinePlanner", "exhaustive", "finite"]
 
 Configs = tuple[Config, ...]  # one per stage, in the pipeline's topological order
 
@@ -59,11 +62,6 @@ class PipelineEvaluation:
         return sum(c.cores for c in self.configs)
 
 
-def finite(value: float) -> float | None:
-    """``value``, or None for inf/NaN (JSON has no infinity)."""
-    return value if math.isfinite(value) else None
-
-
 class PipelinePlanner:
     """Evaluates pipeline configurations on one trace (memoized per stage) and searches."""
 
@@ -77,10 +75,7 @@ class PipelinePlanner:
         sim: SimSettings | None = None,
         max_utilization: float = 0.9,
     ) -> None:
-        if not (math.isfinite(slo_ms) and slo_ms > 0):
-            raise ProvisionError(f"the SLO must be a number of ms > 0, got {slo_ms!r}")
-        if trace_s.size == 0:
-            raise ProvisionError("the trace has no arrivals")
+        self.rate = check_request(slo_ms, trace_s)
         self.pipeline = pipeline
         self.names = list(pipeline.order)
         self.trace = trace_s
@@ -99,7 +94,6 @@ class PipelinePlanner:
             queue_limit=s.queue_limit,
             overhead_ms=s.overhead_ms,
         )
-        self.rate = mean_rate(trace_s) or float(trace_s.size)
         self.scale = {n: self.des.scale_factor(n) for n in self.names}
         top = sum(pipeline.stages[n].cpus for n in self.names)
         self.max_cores = max_cores if max_cores is not None else 64 * top
@@ -203,28 +197,10 @@ class PipelinePlanner:
         lo = self.stable_replicas(name, cpus, batch) - 1  # known too few
         if self.scale[name] == 0.0:
             lo = 0  # never visited on this trace: one replica is enough
-        if hi <= lo:
-            return None
         # gallop up from the stability bound, then bisect
-        found: PipelineEvaluation | None = None
-        step, probe = 1, lo + 1
-        while probe <= hi:
-            ev = self.evaluate(self.with_stage(configs, i, Config(cpus, batch, probe)))
-            if ev.feasible:
-                found = ev
-                break
-            lo, step = probe, step * 2
-            probe = min(lo + step, hi) if lo < hi else hi + 1
-        if found is None:
-            return None
-        while probe - lo > 1:
-            mid = (lo + probe) // 2
-            ev = self.evaluate(self.with_stage(configs, i, Config(cpus, batch, mid)))
-            if ev.feasible:
-                probe, found = mid, ev
-            else:
-                lo = mid
-        return found
+        return fewest_feasible(
+            lo, hi, lambda n: self.evaluate(self.with_stage(configs, i, Config(cpus, batch, n)))
+        )
 
     # -- the search --------------------------------------------------------------------------
     def start(self) -> tuple[PipelineEvaluation, list[str]]:

@@ -32,6 +32,7 @@ import numpy as np
 
 from packrat.plan.des import SimResult, batch_latency_table, simulate
 from packrat.plan.optimizer import Optimizer, Plan
+from packrat.plan.search import fewest_feasible, finite
 from packrat.plan.traces import mean_rate, peak_rate
 
 Table = Mapping[tuple[int, int], float]
@@ -77,14 +78,10 @@ class Evaluation:
             "cpus_per_replica": self.config.cpus,
             "batch": self.config.batch,
             "cores": self.config.cores,
-            "simulated_p99_ms": _finite(self.p99_ms),
+            "simulated_p99_ms": finite(self.p99_ms),
             "slo_miss_rate": self.miss_rate,
             "feasible": self.feasible,
         }
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 @dataclass(slots=True)
@@ -112,7 +109,7 @@ class Provision:
             "batch": c.batch,
             "plan": self.plan.to_dict(),
             "cores": c.cores,
-            "simulated_p99_ms": _finite(self.best.p99_ms),
+            "simulated_p99_ms": finite(self.best.p99_ms),
             "slo_p99_ms": self.slo_ms,
             "slo_miss_rate": self.best.miss_rate,
             "feasible": self.feasible,
@@ -135,10 +132,7 @@ class Planner:
         max_cpus: int | None = None,
         sim: SimSettings | None = None,
     ) -> None:
-        if not (math.isfinite(slo_ms) and slo_ms > 0):
-            raise ProvisionError(f"the SLO must be a number of ms > 0, got {slo_ms!r}")
-        if trace_s.size == 0:
-            raise ProvisionError("the trace has no arrivals")
+        self.rate = check_request(slo_ms, trace_s)
         self.table = dict(table)
         self.trace = trace_s
         self.slo_ms = slo_ms
@@ -147,7 +141,6 @@ class Planner:
         if self.max_cores < 1:
             raise ProvisionError(f"--max-cores must be >= 1, got {self.max_cores}")
         self.sim = sim or SimSettings()
-        self.rate = mean_rate(trace_s) or float(trace_s.size)
         self.max_batch = max(b for _, b in self.table)
         self._opt: dict[int, Optimizer] = {}
         self._memo: dict[tuple[Config, bool], Evaluation] = {}
@@ -218,30 +211,11 @@ class Planner:
         """The feasible evaluation with the fewest replicas within ``max_cores``, or None."""
         if self.optimizer(cpus).latency(batch) > self.slo_ms:
             return None  # one batch alone already misses the SLO
-        limit = self.max_cores // cpus
         lo = self.min_stable_replicas(self.instances(cpus, batch)) - 1  # known infeasible
-        if lo + 1 > limit:
-            return None
         # gallop up from the stability bound, then bisect (P99 falls with more replicas)
-        step, hi = 1, lo + 1
-        found: Evaluation | None = None
-        while hi <= limit:
-            ev = self.evaluate(Config(cpus, batch, hi))
-            if ev.feasible:
-                found = ev
-                break
-            lo, step = hi, step * 2
-            hi = min(lo + step, limit) if lo < limit else limit + 1
-        if found is None:
-            return None
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ev = self.evaluate(Config(cpus, batch, mid))
-            if ev.feasible:
-                hi, found = mid, ev
-            else:
-                lo = mid
-        return found
+        return fewest_feasible(
+            lo, self.max_cores // cpus, lambda n: self.evaluate(Config(cpus, batch, n))
+        )
 
     # -- the searches ------------------------------------------------------------------------
     def greedy(self) -> tuple[Evaluation, list[str]]:
@@ -326,6 +300,16 @@ def exhaustive(planner: Planner) -> Evaluation | None:
                 ):
                     best = ev
     return best
+
+
+def check_request(slo_ms: float, trace_s: np.ndarray) -> float:
+    """Refuse an SLO that is not a number of ms > 0, and an empty trace (both planners'
+    inputs); return the trace's mean arrival rate (its arrival count when it has no span)."""
+    if not (math.isfinite(slo_ms) and slo_ms > 0):
+        raise ProvisionError(f"the SLO must be a number of ms > 0, got {slo_ms!r}")
+    if trace_s.size == 0:
+        raise ProvisionError("the trace has no arrivals")
+    return mean_rate(trace_s) or float(trace_s.size)
 
 
 def _label(c: Config) -> str:

@@ -11,6 +11,8 @@ independent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # 1 ms .. 30 s: tiny models answer in ~1 ms, a ResNet-50 batch of 32 on two cores in seconds.
@@ -32,128 +34,127 @@ LATENCY_BUCKETS = (
 )
 
 
-class ServeMetrics:
-    """Every metric the dispatcher exports."""
+class MetricSet:
+    """One registry (a fresh one unless given) and the constructors of the metrics in it.
+
+    Shared by the dispatcher's and the pipeline router's metrics: every metric registers in
+    ``self.registry``, and every histogram (all are latencies) uses :data:`LATENCY_BUCKETS`.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.request_duration = Histogram(
+
+    def _histogram(self, name: str, doc: str, labels: Sequence[str]) -> Histogram:
+        return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str]) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str]) -> Gauge:
+        return Gauge(name, doc, labels, registry=self.registry)
+
+
+class ServeMetrics(MetricSet):
+    """Every metric the dispatcher exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.request_duration = self._histogram(
             "packrat_request_duration_seconds",
             "Time from receiving a prediction request to sending its answer (dispatcher view).",
             ["model"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.requests = Counter(
+        self.requests = self._counter(
             "packrat_requests",
             "Prediction requests answered, by HTTP status code.",
             ["model", "code"],
-            registry=r,
         )
-        self.errors = Counter(
+        self.errors = self._counter(
             "packrat_request_errors",
             "Prediction requests answered with an error status, by code and by who answered "
             "(torchserve: passed through; dispatcher: shed, draining, backend unreachable).",
             ["model", "code", "source"],
-            registry=r,
         )
-        self.instance_requests = Counter(
+        self.instance_requests = self._counter(
             "packrat_instance_requests",
             "Prediction requests forwarded to each instance.",
             ["model", "plan_instance"],
-            registry=r,
         )
-        self.instance_duration = Histogram(
+        self.instance_duration = self._histogram(
             "packrat_instance_request_duration_seconds",
             "Time TorchServe took to answer a forwarded request, per plan instance: the "
             "instance's batch latency plus its batching delay (compare with the plan's "
             "expected batch latency).",
             ["model", "plan_instance"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.in_flight = Gauge(
+        self.in_flight = self._gauge(
             "packrat_requests_in_flight",
             "Requests forwarded to TorchServe and not answered yet.",
             ["model"],
-            registry=r,
         )
-        self.queue_depth = Gauge(
+        self.queue_depth = self._gauge(
             "packrat_queue_depth",
             "Requests waiting in the dispatcher for an instance to take them.",
             ["model"],
-            registry=r,
         )
-        self.queue_limit = Gauge(
+        self.queue_limit = self._gauge(
             "packrat_queue_limit",
             "Requests the dispatcher queues before it answers 503.",
             ["model"],
-            registry=r,
         )
-        self.batch_size_estimate = Gauge(
+        self.batch_size_estimate = self._gauge(
             "packrat_batch_size_estimate",
             "Packrat's batch-size estimate: EWMA of outstanding requests, floored to a power "
             "of two, mode over the recent window.",
             ["model"],
-            registry=r,
         )
-        self.outstanding_ewma = Gauge(
+        self.outstanding_ewma = self._gauge(
             "packrat_outstanding_requests_ewma",
             "The estimator's moving average of outstanding requests (queued + in flight).",
             ["model"],
-            registry=r,
         )
-        self.instance_up = Gauge(
+        self.instance_up = self._gauge(
             "packrat_instance_up",
             "1 when the instance's worker is loaded, warmed and ready.",
             ["model", "plan_instance"],
-            registry=r,
         )
-        self.instance_restarts = Counter(
+        self.instance_restarts = self._counter(
             "packrat_instance_restarts",
             "Worker restarts observed per instance (a new worker process id).",
             ["model", "plan_instance"],
-            registry=r,
         )
-        self.ready = Gauge(
+        self.ready = self._gauge(
             "packrat_ready",
             "1 when every instance is ready and the pod is not draining.",
             ["model"],
-            registry=r,
         )
-        self.planned_batch = Gauge(
+        self.planned_batch = self._gauge(
             "packrat_plan_batch_size",
             "The batch size B the running plan was computed for.",
             ["model"],
-            registry=r,
         )
         # -- robustness (issue 10): what the dispatcher refused, dropped or is holding --------
-        self.cancelled = Counter(
+        self.cancelled = self._counter(
             "packrat_requests_cancelled",
             "Prediction requests whose client disconnected before the answer, by the stage "
             "they were in (reading: body; queued: dropped before any worker saw it; in_flight: "
             "already forwarded, ran to completion unanswered). Not counted in packrat_requests.",
             ["model", "stage"],
-            registry=r,
         )
-        self.buffered_bytes = Gauge(
+        self.buffered_bytes = self._gauge(
             "packrat_request_buffered_bytes",
             "Request body bytes the dispatcher has reserved for requests being read, queued "
             "or forwarded.",
             ["model"],
-            registry=r,
         )
-        self.max_buffered_bytes = Gauge(
+        self.max_buffered_bytes = self._gauge(
             "packrat_request_buffered_bytes_limit",
             "Body bytes the dispatcher buffers across all requests before it answers 503.",
             ["model"],
-            registry=r,
         )
-        self.connections_closed = Counter(
+        self.connections_closed = self._counter(
             "packrat_connections_closed",
             "Client connections the dispatcher closed itself, by reason (refused: over the "
             "connection cap; header_timeout: the request head did not arrive in time).",
             ["reason"],
-            registry=r,
         )

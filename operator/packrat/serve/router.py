@@ -35,16 +35,10 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from packrat.plan.pipeline import Edge, PipelineError, topological_order
-from packrat.serve.metrics import LATENCY_BUCKETS
+from packrat.serve.metrics import MetricSet
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
 PATH_HEADER = "X-Packrat-Path"
@@ -88,35 +82,28 @@ class Answer:
     content_type: str
 
 
-class RouterMetrics:
+class RouterMetrics(MetricSet):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.duration = Histogram(
+        super().__init__(registry)
+        self.duration = self._histogram(
             "packrat_pipeline_request_duration_seconds",
             "End-to-end time of a pipeline query, from receiving it to answering it.",
             ["pipeline"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.stage_duration = Histogram(
+        self.stage_duration = self._histogram(
             "packrat_pipeline_stage_duration_seconds",
             "Time a stage's Service took to answer the router, per stage.",
             ["pipeline", "stage"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.requests = Counter(
+        self.requests = self._counter(
             "packrat_pipeline_requests",
             "Pipeline queries answered, by HTTP status code.",
             ["pipeline", "code"],
-            registry=r,
         )
-        self.stage_failures = Counter(
+        self.stage_failures = self._counter(
             "packrat_pipeline_stage_failures",
             "Queries failed at a stage, by reason (status, unreachable, deadline).",
             ["pipeline", "stage", "reason"],
-            registry=r,
         )
 
 

@@ -1,0 +1,53 @@
+"""Search pieces shared by the single-model and the pipeline planners.
+
+:func:`fewest_feasible` is the replica-count search of both
+(:meth:`packrat.plan.provision.Planner.fewest_replicas`,
+:meth:`packrat.plan.pipeline_search.PipelinePlanner.fewest_replicas`); :func:`finite` is
+how both write a P99 into JSON.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+
+class _Feasible(Protocol):
+    @property
+    def feasible(self) -> bool: ...
+
+
+E = TypeVar("E", bound=_Feasible)
+
+
+def fewest_feasible(lo: int, limit: int, evaluate: Callable[[int], E]) -> E | None:
+    """The evaluation of the smallest ``n`` in ``(lo, limit]`` that is feasible, or None.
+
+    ``lo`` is known infeasible (or 0), and feasibility is assumed monotone in ``n`` (more
+    replicas do not raise P99): gallop up from ``lo + 1`` in doubling steps, then bisect.
+    """
+    found: E | None = None
+    step, hi = 1, lo + 1
+    while hi <= limit:
+        ev = evaluate(hi)
+        if ev.feasible:
+            found = ev
+            break
+        lo, step = hi, step * 2
+        hi = min(lo + step, limit) if lo < limit else limit + 1
+    if found is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ev = evaluate(mid)
+        if ev.feasible:
+            hi, found = mid, ev
+        else:
+            lo = mid
+    return found
+
+
+def finite(value: float) -> float | None:
+    """``value``, or None for inf/NaN (JSON has no infinity)."""
+    return value if math.isfinite(value) else None

@@ -1,0 +1,124 @@
+"""What the daemon reads before a pass: a model with both autoBatch and autoscaling reads its
+Service and lists its ready pods once per pass, for both the estimates and the arrivals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from test_controller_reconcile import NS, FakeKube
+
+from packrat.controller import arrivals, estimates
+from packrat.controller import autobatch as ab
+from packrat.controller.autoscale import Arrivals
+from packrat.controller.handlers import read_before_pass
+
+
+class CountingKube(FakeKube):
+    """The in-memory API, counting the reads the readers make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls[f"get {resource}"] += 1
+        return super().get(resource, namespace, name)
+
+    def list(
+        self, resource: str, namespace: str, *, labels: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        self.calls[f"list {resource}"] += 1
+        return super().list(resource, namespace, labels=labels)
+
+
+def _model(kube: CountingKube) -> None:
+    selector = {"app.kubernetes.io/instance": "m", "packrat.dev/slot": "a"}
+    kube.create("services", NS, {"metadata": {"name": "m"}, "spec": {"selector": selector}})
+    for i, ready in ((1, True), (2, True), (3, False)):
+        kube.create(
+            "pods",
+            NS,
+            {
+                "metadata": {"name": f"m-a-{i}", "labels": dict(selector)},
+                "status": {
+                    "phase": "Running",
+                    "podIP": f"10.0.0.{i}",
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                },
+            },
+        )
+
+
+@pytest.fixture
+def readers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader]]:
+    answers = {"http://10.0.0.1": 8, "http://10.0.0.2": 4}
+
+    def fetch_estimate(url: str, *, timeout: float) -> int | None:
+        return answers.get(url)
+
+    def fetch_arrivals(url: str, *, after: float, timeout: float) -> list[float] | None:
+        return [answers[url] / 10]
+
+    monkeypatch.setattr(estimates, "fetch_estimate", fetch_estimate)
+    monkeypatch.setattr(arrivals, "fetch_arrivals", fetch_arrivals)
+    kube = CountingKube()
+    _model(kube)
+    est = estimates.EstimateReader(kube, pod_url="http://{ip}", service_url="http://svc/{service}")
+    arr = arrivals.ArrivalReader(kube, pod_url="http://{ip}", clock=lambda: 0.0)
+    yield kube, est, arr
+    est.close()
+    arr.close()
+
+
+def test_both_readers_share_one_service_read_and_one_pod_listing(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+) -> None:
+    kube, est, arr = readers
+    reading, seen = read_before_pass(est, arr, NS, "m", want_estimates=True, want_arrivals=True)
+    assert reading == ab.Reading((8, 4), "pods")
+    assert seen == Arrivals(times=[0.4, 0.8], pods=2)
+    assert kube.calls == {"get services": 1, "list pods": 1}
+
+
+@pytest.mark.parametrize(("want_estimates", "want_arrivals"), [(True, False), (False, True)])
+def test_one_reader_lists_the_pods_itself(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    want_estimates: bool,
+    want_arrivals: bool,
+) -> None:
+    kube, est, arr = readers
+    reading, seen = read_before_pass(
+        est, arr, NS, "m", want_estimates=want_estimates, want_arrivals=want_arrivals
+    )
+    assert (reading is not None, seen is not None) == (want_estimates, want_arrivals)
+    assert kube.calls == {"get services": 1, "list pods": 1}
+
+
+def test_nothing_wanted_reads_nothing(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+) -> None:
+    kube, est, arr = readers
+    assert read_before_pass(est, arr, NS, "m", want_estimates=False, want_arrivals=False) == (
+        None,
+        None,
+    )
+    assert kube.calls == {}
+
+
+def test_no_ready_pod_shared_estimates_go_through_the_service(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kube, est, arr = readers
+    for i in (1, 2):
+        kube.delete("pods", NS, f"m-a-{i}")
+    monkeypatch.setattr(estimates, "fetch_estimate", lambda url, *, timeout: 2)
+    reading, seen = read_before_pass(est, arr, NS, "m", want_estimates=True, want_arrivals=True)
+    assert reading == ab.Reading((2,), "service")
+    assert seen is None
+    assert kube.calls == {"get services": 1, "list pods": 1}
