@@ -16,7 +16,7 @@ from packrat.controller.context import Config, Pass, Result
 from packrat.controller.model import parse
 from packrat.controller.spec import profile_key, serving_hash, validate_spec
 from packrat.controller.storage import CREDENTIALS_DIR, VERSION_KEY
-from packrat.controller.storage_check import CONDITION, resolve_version
+from packrat.controller.storage_check import CONDITION, resolve_version, retry_delay
 from packrat.runtime.fetch import FetchError
 
 DIGEST = "sha256:" + "ab" * 32
@@ -241,7 +241,7 @@ def test_version_check_failures_set_a_condition_and_a_warning(
     cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
     assert cond["status"] == "False" and cond["reason"] == reason
     assert p.result.events[0][:2] == ("Warning", reason)
-    assert p.result.phase == "Failed" and p.result.waiting
+    assert p.result.phase == "Failed" and p.result.retry_seconds is not None
     # the same failure on the next pass is not announced again
     p2 = _pass(FakeKube(secrets), status)
     resolve_version(p2, parse(owner(S3), default_image="img"), version_of=version_of)
@@ -284,3 +284,53 @@ def test_a_failed_recheck_keeps_the_known_version_serving() -> None:
     again = resolve_version(p, model, version_of=lambda u, c: "etag-1")
     assert again is not None and again.profile_key == kept.profile_key
     assert p.result.events == []
+
+
+def test_an_outage_is_asked_again_with_backoff_not_every_pass() -> None:
+    kube = FakeKube({("secrets", "s3-creds"): SECRET})
+    model = parse(owner(S3), default_image="img")
+    asked: list[float] = []
+
+    def outage(uri: str, creds: Mapping[str, str]) -> str:
+        asked.append(1.0)
+        raise FetchError("Unreachable", "connection refused")
+
+    status: dict[str, Any] = {}
+    t = 0.0
+    delays = []
+    for _ in range(6):  # passes at the delays the failures ask for, and one in between each
+        p = _pass(kube, status, NOW + datetime.timedelta(seconds=t))
+        assert resolve_version(p, model, version_of=outage) is None
+        assert p.result.retry_seconds is not None
+        delays.append(p.result.retry_seconds)
+        mid = _pass(kube, status, NOW + datetime.timedelta(seconds=t + p.result.retry_seconds / 2))
+        resolve_version(mid, model, version_of=outage)  # a wake-up within the backoff
+        assert mid.result.events == []
+        t += p.result.retry_seconds
+    assert len(asked) == 6  # once per backoff, never in between
+    assert delays == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    assert status["storage"]["failures"] == 6
+    cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
+    assert cond["reason"] == "Unreachable"
+    # the cap is the storage check interval
+    assert retry_delay(20, 300) == 300
+
+
+def test_new_credentials_are_tried_at_once_despite_the_backoff() -> None:
+    kube = FakeKube({("secrets", "s3-creds"): SECRET})
+    model = parse(owner(S3), default_image="img")
+    status: dict[str, Any] = {}
+
+    def denied(uri: str, creds: Mapping[str, str]) -> str:
+        raise FetchError("AccessDenied", "bad key")
+
+    for i in range(4):
+        resolve_version(
+            _pass(kube, status, NOW + datetime.timedelta(seconds=100 * i)), model, version_of=denied
+        )
+    fixed = {"data": {**SECRET["data"], "AWS_SECRET_ACCESS_KEY": "Zml4ZWQ="}}
+    kube.objects[("secrets", "s3-creds")] = fixed
+    p = _pass(kube, status, NOW + datetime.timedelta(seconds=301))  # within the 16 s backoff
+    resolved = resolve_version(p, model, version_of=lambda u, c: "etag-9")
+    assert resolved is not None and status["storage"]["version"] == "etag-9"
+    assert "error" not in status["storage"]

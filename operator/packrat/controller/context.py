@@ -44,6 +44,8 @@ class Result:
     switch_seconds: float | None = None
     # something is in progress (profiling, a switch, pods starting): look again soon
     waiting: bool = False
+    # look again after at most this many seconds (a backoff, e.g. the store's after a failure)
+    retry_seconds: float | None = None
     # the running profiling Job's progress (status.profiling.progress)
     profiling_progress: dict[str, Any] | None = None
     # the stored profile's isolation verdict (CoresExclusive); None when it has none

@@ -185,6 +185,7 @@ def next_delay(
     wants_estimates: bool,
     tuning: float | None,
     checks_store: bool = False,
+    retry: float | None = None,
 ) -> float:
     """Seconds until a model's next pass when no watch event comes first.
 
@@ -192,6 +193,7 @@ def next_delay(
     model's estimates (every ``estimate_seconds``), the tuner's arrivals (``tuning``) and,
     for a storageUri model without a digest, the store's version of the object (every
     ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
+    ``retry`` is a pass's own backoff (the store after a failure), which bounds the delay.
     """
     delay = options.poll_seconds if waiting else options.resync_seconds
     if wants_estimates:
@@ -200,6 +202,8 @@ def next_delay(
         delay = min(delay, tuning)
     if checks_store:
         delay = min(delay, options.config.storage_check_seconds)
+    if retry is not None:
+        delay = min(delay, retry)
     return delay
 
 
@@ -334,6 +338,7 @@ def build_registry(
                         wants_estimates=bool(spec.get("autoBatch")),
                         tuning=tuning,
                         checks_store=needs_version_check(spec.get("model") or {}),
+                        retry=result.retry_seconds,
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=delay)

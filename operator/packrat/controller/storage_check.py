@@ -62,30 +62,38 @@ def resolve_version(
         return model
     uri = str(spec_model["storageUri"])
     seen = dict(p.status.get("storage") or {})
+    tried: str | None = None
     try:
         secret = spec_model.get("credentialsSecret")
         credentials = _secret_data(p, str(secret["name"])) if secret else {}
-        fingerprint = _fingerprint(uri, credentials)
+        fingerprint = tried = _fingerprint(uri, credentials)
         fresh = (
             seen.get("fingerprint") == fingerprint
             and seen.get("version")
-            and not seen.get("error")  # after a failure, ask at every pass until it answers
+            and not seen.get("error")  # after a failure, ask again once its backoff is over
             and p.seconds_since(seen.get("checkedAt")) < p.config.storage_check_seconds
         )
+        _backing_off(p, seen, uri=uri, tried=tried)
         version = str(seen["version"]) if fresh else version_of(uri, credentials)
     except FetchError as exc:
-        message = f"model {uri}: {exc.message}"[:1000]
+        held = isinstance(exc, _HeldError)
+        message = exc.message if held else f"model {uri}: {exc.message}"[:1000]
         if seen.get("error") != message:
             p.emit("Warning", exc.reason, message)
         known = seen.get("version") if seen.get("uri") == uri else None
+        failures = int(seen.get("failures") or 0) + (0 if held else 1)
         p.status["storage"] = {
             "uri": uri,
             **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
             "error": message,
-            "checkedAt": now_iso(p.now),
+            "reason": exc.reason,
+            "failures": failures,
+            **({"tried": tried} if tried else {}),
+            "checkedAt": seen["checkedAt"] if held else now_iso(p.now),
         }
         p.cond(CONDITION, False, exc.reason, message)
-        p.result.waiting = True  # look again soon: the object or the Secret may appear
+        # look again when the backoff ends (the object or the Secret may appear meanwhile)
+        p.result.retry_seconds = _retry_left(p, p.status["storage"])
         if known:  # the version profiled and served stays in use; nothing is re-profiled
             return _with_version(model, str(known))
         p.status["message"] = message
@@ -109,6 +117,32 @@ def resolve_version(
         }
     p.cond(CONDITION, True, "Found", f"{uri} version {version}")
     return _with_version(model, version)
+
+
+class _HeldError(FetchError):
+    """The last failure, repeated without asking the store: its backoff is not over."""
+
+
+def retry_delay(failures: int, cap: float) -> float:
+    """Seconds before the store is asked again after ``failures`` failures in a row:
+    2, 4, 8, ... up to ``cap`` (the storage check interval), so an outage of the store or a
+    missing Secret costs each model a handful of requests, not one every poll."""
+    return float(min(2.0 ** max(failures, 1), max(cap, 1.0)))
+
+
+def _retry_left(p: Pass, storage: Mapping[str, Any]) -> float:
+    delay = retry_delay(int(storage.get("failures") or 1), p.config.storage_check_seconds)
+    return max(delay - p.seconds_since(storage.get("checkedAt")), 0.5)
+
+
+def _backing_off(p: Pass, seen: Mapping[str, Any], *, uri: str, tried: str | None) -> None:
+    """Raise the last failure again while its backoff runs, unless the URI or the Secret's
+    contents changed since (then the store is asked at once: the user may have fixed it)."""
+    if not seen.get("error") or seen.get("uri") != uri or seen.get("tried") != tried:
+        return
+    delay = retry_delay(int(seen.get("failures") or 1), p.config.storage_check_seconds)
+    if p.seconds_since(seen.get("checkedAt")) < delay:
+        raise _HeldError(str(seen.get("reason") or "Unavailable"), str(seen["error"]))
 
 
 def _with_version(model: ModelSpec, version: str) -> ModelSpec:
