@@ -286,16 +286,23 @@ async def abuse_part(tree: Path, backend: int, *, blocks: int, seconds: float) -
 async def overhead_part(
     trees: dict[str, Path], backend: int, *, rounds: int, seconds: float
 ) -> dict[str, object]:
-    out: dict[str, dict[str, list[float]]] = {k: {"req_per_s": [], "p50_ms": []} for k in trees}
+    out: dict[str, dict[str, list[float]]] = {
+        k: {"req_per_s": [], "p50_ms": [], "cpu_us": []} for k in trees
+    }
     procs = {k: DispatcherProcess(t, backend) for k, t in trees.items()}
     try:
         for p in procs.values():
             await good_loop(p.url, 1.0, 16)
         for _ in range(rounds):
             for k, p in procs.items():
+                cpu = cpu_seconds(p.proc.pid)
                 lat, _errors, rate = await good_loop(p.url, seconds, 16)
+                # the dispatcher's own CPU time per answered request: what a busy machine
+                # changes least (throughput and latency move with the other processes)
+                used = cpu_seconds(p.proc.pid) - cpu
                 out[k]["req_per_s"].append(rate)
                 out[k]["p50_ms"].append(percentile([v * 1000 for v in lat], 50))
+                out[k]["cpu_us"].append(round(1e6 * used / max(len(lat), 1), 1))
     finally:
         for p in procs.values():
             p.stop()
@@ -305,6 +312,8 @@ async def overhead_part(
             "req_per_s_runs": v["req_per_s"],
             "p50_ms_median": statistics.median(v["p50_ms"]),
             "p50_ms_runs": [round(x, 3) for x in v["p50_ms"]],
+            "cpu_us_per_request_median": statistics.median(v["cpu_us"]),
+            "cpu_us_per_request_runs": v["cpu_us"],
         }
         for k, v in out.items()
     }
@@ -313,9 +322,11 @@ async def overhead_part(
 async def amain(args: argparse.Namespace) -> dict[str, object]:
     backend = free_ports(1)[0]
     runner = await stub(backend)
-    trees = {"new": HERE}
-    if args.old_tree:
-        trees = {"old": args.old_tree, "new": HERE}
+    trees: dict[str, Path] = {"old": args.old_tree} if args.old_tree else {}
+    for named in args.tree:
+        label, _, path = named.partition("=")
+        trees[label] = Path(path)
+    trees["new"] = HERE
     result: dict[str, object] = {"loadavg_at_start": os.getloadavg()[0]}
     try:
         for name in args.parts.split(","):
@@ -340,6 +351,10 @@ async def amain(args: argparse.Namespace) -> dict[str, object]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--old-tree", type=Path, help="another source tree's operator/ dir")
+    parser.add_argument(
+        "--tree", action="append", default=[], metavar="LABEL=DIR",
+        help="one more source tree to compare (repeatable), e.g. head=/tmp/head/operator",
+    )  # fmt: skip
     parser.add_argument("--parts", default="rss,abuse,overhead")
     parser.add_argument("--blocks", type=int, default=4, help="alone/abused block pairs")
     parser.add_argument("--rounds", type=int, default=6, help="old/new overhead rounds")

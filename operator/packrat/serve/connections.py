@@ -89,16 +89,19 @@ class _GuardedHandler(RequestHandler):
         if self._refusing:
             return
         # Idle (no request being handled or parsed) and bytes arrive: a new head starts.
-        if (
+        starting = (
             data
             and self._head_timer is None
             and not self._request_in_progress
             and not self._messages
-        ):
-            self._arm()
+        )
         super().data_received(data)
         if self._messages:
             self._disarm()  # the head is complete
+        elif starting:
+            # only a head that did not arrive whole gets a deadline: most arrive in one
+            # segment, and a timer armed and cancelled per request costs the hot path
+            self._arm()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()

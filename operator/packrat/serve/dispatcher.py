@@ -129,9 +129,11 @@ class Dispatcher(SwapMixin):
         m.ready.labels(model).set(0)
         m.max_buffered_bytes.labels(model).set(max_buffered_bytes)
         # Labelled children looked up once: the request path runs for every request.
-        self._queue_gauge = m.queue_depth.labels(model)
-        self._in_flight_gauge = m.in_flight.labels(model)
-        self._buffered_gauge = m.buffered_bytes.labels(model)
+        # Gauges of what changes on every request are read at scrape time, not set per change
+        # (a gauge set takes a lock; the request path is the dispatcher's hot loop).
+        m.queue_depth.labels(model).set_function(lambda: sum(s.queued for s in self._every()))
+        m.in_flight.labels(model).set_function(lambda: sum(s.in_flight for s in self._every()))
+        m.buffered_bytes.labels(model).set_function(lambda: self.buffered_bytes)
         self._duration = m.request_duration.labels(model)
         self._by_code: dict[str, Any] = {}
         # The series alerts take rate() of exist at 0 from the start: a counter first scraped
@@ -243,11 +245,12 @@ class Dispatcher(SwapMixin):
                 return False
         return True
 
+    def _every(self) -> list[Slots]:
+        return [self.slots, *self._retiring]
+
     def _gauges(self) -> None:
-        every = [self.slots, *self._retiring]
-        self._queue_gauge.set(sum(s.queued for s in every))
-        self._in_flight_gauge.set(sum(s.in_flight for s in every))
-        if self.pending:
+        """After every change of the slots: the estimator samples while work is outstanding."""
+        if self.slots.pending or any(s.pending for s in self._retiring):
             self.sampler.wake()
 
     # -- HTTP handlers --------------------------------------------------------------------------
@@ -271,12 +274,14 @@ class Dispatcher(SwapMixin):
                 error_response(503, "too many request bodies buffered", **self._retry()), start
             )
         self.buffered_bytes += reserve
-        self._buffered_gauge.set(self.buffered_bytes)
         stage = "reading"
         try:
             try:
-                reading = read_body(request, length, self.max_body_bytes)
-                body = await asyncio.wait_for(reading, self.body_timeout_s)
+                if request.content.is_eof():  # all here already (a small body): no deadline
+                    body = await read_body(request, length, self.max_body_bytes)
+                else:
+                    async with asyncio.timeout(self.body_timeout_s):  # no task, unlike wait_for
+                        body = await read_body(request, length, self.max_body_bytes)
             except TimeoutError:
                 msg = "request body not received in time"
                 return self._refuse(request, error_response(408, msg), start)
@@ -313,7 +318,6 @@ class Dispatcher(SwapMixin):
             raise
         finally:
             self.buffered_bytes -= reserve
-            self._buffered_gauge.set(self.buffered_bytes)
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()
