@@ -350,3 +350,23 @@ def test_model_serving_cpus_annotation() -> None:
         "packratmodels", NS, "m", {"metadata": {"annotations": {SERVING_CPUS_ANNOTATION: "3"}}}
     )
     assert rec.reconcile(NS, "m", now=T0).result == "invalid"
+
+
+def test_smaller_stage_cpus_never_makes_the_stage_model_invalid() -> None:
+    c = Cluster()
+    assert c.settle()["phase"] == "Serving"
+    first = {**STAGE_MODEL, "cpus": 1, "profiling": {"maxBatch": 2}}
+    c.kube.patch(
+        "packratpipelines",
+        NS,
+        NAME,
+        {"spec": {"stages": [{"name": "first", "model": first}, _body()["spec"]["stages"][1]]}},
+    )
+    c.pipelines.reconcile(NS, NAME, now=c.now)  # the last plan, within the new limits
+    model = c.obj("packratmodels", "chain-first")
+    assert int(model["metadata"]["annotations"][SERVING_CPUS_ANNOTATION]) <= 1
+    assert model["spec"]["batchSize"] <= 2
+    assert c.models.reconcile(NS, "chain-first", now=c.now).result != "invalid"
+    status = c.settle()
+    assert status["phase"] == "Serving" and status["observedGeneration"] == 2
+    assert status["stages"][0]["cpusPerReplica"] == 1

@@ -30,7 +30,7 @@ from packrat.controller.kube import KubeApi
 from packrat.controller.manifests import PORT
 from packrat.controller.model import InvalidSpec
 from packrat.controller.ownership import conflict_message
-from packrat.controller.pipeline_object import PipelineObject, parse_pipeline
+from packrat.controller.pipeline_object import PipelineObject, StageSpec, parse_pipeline
 from packrat.controller.pipeline_planning import (
     CannotPlan,
     PipelinePlans,
@@ -51,10 +51,10 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def stage_ready(model: Mapping[str, Any] | None, want: Mapping[str, Any]) -> bool:
+def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool:
     """The stage model serves what the pipeline asked: its status observed its current spec,
     it is Ready (no switch under way) on the planned CPUs and batch, every replica ready."""
-    if model is None:
+    if model is None or target.replicas < 1:
         return False
     status = model.get("status") or {}
     generation = (model.get("metadata") or {}).get("generation")
@@ -64,11 +64,22 @@ def stage_ready(model: Mapping[str, Any] | None, want: Mapping[str, Any]) -> boo
         return False
     serving = status.get("servingSpec") or {}
     plan = status.get("plan") or {}
-    if int(serving.get("cpus") or 0) != want["cpusPerReplica"]:
+    if int(serving.get("cpus") or 0) != target.serving_cpus:
         return False
-    if int(plan.get("batch") or 0) != want["batch"]:
+    if int(plan.get("batch") or 0) != target.batch:
         return False
-    return int(status.get("readyReplicas") or 0) >= int(want["replicas"]) >= 1
+    return int(status.get("readyReplicas") or 0) >= target.replicas
+
+
+def stage_target(stage: StageSpec, want: Mapping[str, Any] | None) -> pc.StageTarget:
+    """What the stage model should serve: the plan's configuration (within the stage's
+    current cpus and profiled batches, should the last plan predate a spec change), or,
+    before any plan, batch 1 on no replica (it profiles and serves nothing)."""
+    if want is None:
+        return pc.StageTarget(batch=1, replicas=0, serving_cpus=None)
+    batch = min(int(want["batch"]), int(stage.model["profiling"]["maxBatch"]))
+    cpus = min(int(want["cpusPerReplica"]), stage.cpus)
+    return pc.StageTarget(batch=batch, replicas=int(want["replicas"]), serving_cpus=cpus)
 
 
 class PipelineReconciler:
@@ -135,17 +146,13 @@ class PipelineReconciler:
             if found is not None:
                 profiles[stage.name] = found
         configs = self._plan(
-            p, pipe, profiles, previous_message=p.obj.get("status", {}).get("message")
+            p, pipe, profiles, previous_message=(p.obj.get("status") or {}).get("message")
         )
 
+        targets: dict[str, pc.StageTarget] = {}
         settled: dict[str, bool] = {}
         for stage in pipe.stages:
-            want = configs.get(stage.name)
-            target = (
-                pc.StageTarget(want["batch"], want["replicas"], want["cpusPerReplica"])
-                if want is not None
-                else pc.StageTarget(batch=1, replicas=0, serving_cpus=None)
-            )
+            targets[stage.name] = target = stage_target(stage, configs.get(stage.name))
             current = children.models[stage.name]
             settled[stage.name] = pc.ensure_stage(p, pipe, stage.name, current, target)
         self._status(
@@ -153,7 +160,7 @@ class PipelineReconciler:
             pipe=pipe,
             children=children,
             configs=configs,
-            settled=settled,
+            targets={n: t for n, t in targets.items() if settled[n]},
             router=router,
             missing=sorted(s.name for s in pipe.stages if s.name not in profiles),
         )
@@ -226,7 +233,7 @@ class PipelineReconciler:
         pipe: PipelineObject,
         children: pc.PipelineChildren,
         configs: Mapping[str, Mapping[str, Any]],
-        settled: Mapping[str, bool],
+        targets: Mapping[str, pc.StageTarget],
         router: Mapping[str, Any] | None,
         missing: list[str],
     ) -> None:
@@ -241,8 +248,8 @@ class PipelineReconciler:
             entry["phase"] = str(mstatus.get("phase") or "Pending")
             entry["readyReplicas"] = int(mstatus.get("readyReplicas") or 0)
             stages.append(entry)
-            want = configs.get(stage.name)
-            if want is None or not settled[stage.name] or not stage_ready(model, want):
+            target = targets.get(stage.name)  # absent: patched by this pass
+            if target is None or not stage_ready(model, target):
                 waiting_on.append(stage.name)
         p.status["stages"] = stages
         replicas = pc.ROUTER_REPLICAS
