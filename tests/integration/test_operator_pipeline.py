@@ -1,5 +1,6 @@
 """A PackratPipeline end to end: the real operator creates its stage models, plans them, runs
-the router, serves a query through the pipeline's Service, and a delete cascades.
+the router, serves queries through the pipeline's Service (and reads their P99 back from the
+router pods), and a delete cascades.
 
 The operator (kopf subprocess) runs against the kmock emulator; the test agent runs the real
 ``packrat serve`` pods of both stage models and the real ``packrat route`` pods of the router
@@ -23,6 +24,8 @@ import pytest
 from harness import OperatorCluster, wait_for
 from models import FIRST_READY_S
 from seeding import MeasuredProfiles, seed_profile
+
+from packrat.controller.pipeline_latency import MIN_QUERIES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -137,8 +140,17 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
     assert set(answer) == set(STAGES), answer
     assert all(isinstance(v, list) and len(v) == 4 for v in answer.values()), answer
     assert sorted(path.split(",")) == sorted(STAGES), path
-    for _ in range(5):
+    for _ in range(MIN_QUERIES):  # enough answers for the router's measured P99
         assert _query(cluster)[0] == 200
+
+    # the operator reads the router pods' latency histograms into status
+    measured = wait_for(
+        lambda: _status(cluster).get("measuredP99Ms"),
+        timeout=SLOW,
+        what="status.measuredP99Ms",
+        period=1.0,
+    )
+    assert measured > 0
 
     events = {e.get("reason") for e in cluster.events()}
     assert {"StageCreated", "Provisioned"} <= events, events

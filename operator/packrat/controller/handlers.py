@@ -29,6 +29,7 @@ from packrat.controller.arrivals import ArrivalReader
 from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.pipeline_handlers import register_pipelines
+from packrat.controller.pipeline_latency import RouterLatency
 from packrat.controller.pipeline_reconcile import PipelineReconciler
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
@@ -246,12 +247,18 @@ def build_registry(
             )
             state["a"] = ArrivalReader(api, pod_url=options.pod_url)
             state["p"] = PipelineReconciler(api, config=options.config)
+            state["l"] = RouterLatency(api, pod_url=options.pod_url)
         return state["r"], state["e"], state["a"]
 
     def pipelines() -> PipelineReconciler:
         parts()
         reconciler: PipelineReconciler = state["p"]
         return reconciler
+
+    def latency() -> RouterLatency:
+        parts()
+        reader: RouterLatency = state["l"]
+        return reader
 
     def run_pass(namespace: str, name: str, want_estimates: bool, want_arrivals: bool) -> Result:
         reconciler, estimates, arrivals = parts()
@@ -337,7 +344,7 @@ def build_registry(
             wakeups.wake(key)
 
     wake_pipeline = register_pipelines(
-        registry, options, pool=pool, reconciler=pipelines, wakeups=Wakeups()
+        registry, options, pool=pool, reconciler=pipelines, latency=latency, wakeups=Wakeups()
     )
 
     for api_version, plural, labels in CHILD_WATCHES:

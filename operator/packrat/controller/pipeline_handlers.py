@@ -4,10 +4,11 @@ children wake it.
 The same structure as the PackratModel daemon (:mod:`packrat.controller.handlers`): a change
 to the pipeline, to one of its stage models (their status moves as they profile, switch and
 become ready) or to its router's Deployment, ConfigMap or Service wakes that pipeline's daemon
-at once; while it is not serving, it also looks again every ``poll_seconds``; at rest only the
-``resync_seconds`` safety net runs. Passes of one pipeline are sequential (one daemon) and run
-in the operator's thread pool; an API error leaves status as it was and is retried with
-exponential backoff.
+at once; while it is not serving, it also looks again every ``poll_seconds``. Once it serves,
+a pass every ``MEASURE_SECONDS`` first reads its router pods' latency histograms
+(``status.measuredP99Ms``); the ``resync_seconds`` safety net covers the rest. Passes of one
+pipeline are sequential (one daemon) and run in the operator's thread pool; an API error
+leaves status as it was and is retried with exponential backoff.
 """
 
 from __future__ import annotations
@@ -21,18 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
+from packrat.controller.context import Result
 from packrat.controller.pipeline_manifests import LABEL_PIPELINE
 from packrat.controller.pipeline_reconcile import PLURAL, PipelineReconciler
 from packrat.controller.spec import GROUP, VERSION
 from packrat.controller.spec import PLURAL as MODELS
 
 if TYPE_CHECKING:
-    from packrat.controller.context import Result
     from packrat.controller.handlers import OperatorOptions, Wakeups
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 60.0
+# a serving pipeline reads its router pods' latency histograms this often (measuredP99Ms)
+MEASURE_SECONDS = 30.0
 
 
 def pipeline_key(meta: Mapping[str, Any]) -> str | None:
@@ -59,6 +62,7 @@ def register_pipelines(
     *,
     pool: Executor,
     reconciler: Callable[[], PipelineReconciler],
+    latency: Callable[[], Callable[[str, str], float | None]],
     wakeups: Wakeups,
 ) -> Callable[[Mapping[str, Any]], None]:
     """Add the PackratPipeline handlers to ``registry``; returns the function the model
@@ -80,10 +84,15 @@ def register_pipelines(
         try:
             while not stopped:
                 event.clear()
+                serving = (body.get("status") or {}).get("phase") == "Serving"
+
+                def run_pass(serving: bool = serving) -> Result:
+                    # the routers' histograms are read before the pass, never during it
+                    measured = latency()(namespace, name) if serving else None
+                    return reconciler().reconcile(namespace, name, measured_p99_ms=measured)
+
                 try:
-                    result = await loop.run_in_executor(
-                        pool, lambda: reconciler().reconcile(namespace, name)
-                    )
+                    result = await loop.run_in_executor(pool, run_pass)
                 except Exception as exc:
                     failures += 1
                     logger.warning(
@@ -96,6 +105,8 @@ def register_pipelines(
                         return
                     _post_events(body, result)
                     delay = options.poll_seconds if result.waiting else options.resync_seconds
+                    if result.phase == "Serving":
+                        delay = min(delay, MEASURE_SECONDS)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=delay)
         finally:

@@ -91,8 +91,14 @@ class PipelineReconciler:
         self.plans = PipelinePlans()
 
     def reconcile(
-        self, namespace: str, name: str, *, now: datetime.datetime | None = None
+        self,
+        namespace: str,
+        name: str,
+        *,
+        now: datetime.datetime | None = None,
+        measured_p99_ms: float | None = None,
     ) -> Result:
+        """One pass; ``measured_p99_ms``: the router pods' end-to-end P99, read before it."""
         obj = self.kube.get(PLURAL, namespace, name)
         result = Result()
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
@@ -107,7 +113,7 @@ class PipelineReconciler:
             result=result,
             now=now or _now(),
         )
-        self._pass(p)  # an exception propagates: nothing is written
+        self._pass(p, measured_p99_ms)  # an exception propagates: nothing is written
         self._report_conflicts(p)
         p.status["phase"] = result.phase
         if p.generation is not None:
@@ -118,7 +124,7 @@ class PipelineReconciler:
         return result
 
     # -- the pass ------------------------------------------------------------------------------
-    def _pass(self, p: Pass) -> None:
+    def _pass(self, p: Pass, measured_p99_ms: float | None) -> None:
         try:
             pipe = parse_pipeline(p.obj)
         except InvalidSpec as exc:
@@ -155,6 +161,10 @@ class PipelineReconciler:
             targets[stage.name] = target = stage_target(stage, configs.get(stage.name))
             current = children.models[stage.name]
             settled[stage.name] = pc.ensure_stage(p, pipe, stage.name, current, target)
+        if measured_p99_ms is not None:
+            p.status["measuredP99Ms"] = measured_p99_ms
+        if "measuredP99Ms" in p.status:  # the measured P99, else the simulated one, decides
+            p.status["sloMet"] = bool(p.status["measuredP99Ms"] <= pipe.slo_ms)
         self._status(
             p,
             pipe=pipe,
