@@ -421,9 +421,11 @@ def test_images_follow_values_and_default_to_app_version(
 # ---------------------------------------------------------------------------- RBAC
 
 NAMESPACED_RESOURCES = {
-    ("packrat.dev", "packratmodels"): {"get", "list", "watch", "patch"},
+    ("packrat.dev", "packratmodels"): {"create", "get", "list", "watch", "patch", "delete"},
     ("packrat.dev", "packratmodels/status"): {"patch"},
-    ("", "configmaps"): {"create", "get", "list", "watch", "delete"},
+    ("packrat.dev", "packratpipelines"): {"get", "list", "watch", "patch"},
+    ("packrat.dev", "packratpipelines/status"): {"patch"},
+    ("", "configmaps"): {"create", "get", "list", "watch", "patch", "delete"},
     ("", "services"): {"create", "get", "list", "watch", "patch"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "delete"},
     ("batch", "jobs"): {"create", "list", "watch", "delete"},
@@ -506,6 +508,7 @@ def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str,
 _VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "delete": "delete"}
 _API_GROUPS = {
     "packratmodels": "packrat.dev",
+    "packratpipelines": "packrat.dev",
     "secrets": "",
     "configmaps": "",
     "services": "",
@@ -524,15 +527,25 @@ def _controller_calls() -> set[tuple[str, str, str]]:
         p.read_text() for p in (ROOT / "operator" / "packrat" / "controller").glob("*.py")
     )
     calls = set()
-    for method, resource in re.findall(r"kube\.(\w+)\(\s*\"([a-z]+)\"", source):
+    # the resource is a literal, or a module's PLURAL constant (the custom resources)
+    from packrat.controller import pipeline_reconcile
+
+    plurals = {"PLURAL": pipeline_reconcile.PLURAL}
+    for method, literal, constant in re.findall(
+        r"kube\.(\w+)\(\s*(?:\"([a-z]+)\"|(PLURAL)\b)", source
+    ):
+        resource = literal or plurals[constant]
         if method in _VERBS:
             calls.add((_API_GROUPS[resource], resource, _VERBS[method]))
     if "kube.read_log(" in source:
         calls.add(("", "pods/log", "get"))
-    if 'subresource="status"' in source:
-        calls.add(("packrat.dev", "packratmodels/status", "patch"))
-    # kopf itself: watches the resource, patches its annotations/finalizers, posts events.
-    calls |= {("packrat.dev", "packratmodels", v) for v in ("list", "watch", "patch")}
+    status_patch = r"kube\.patch\(\s*(?:\"([a-z]+)\"|(PLURAL))[^)]*?subresource=\"status\""
+    for match in re.finditer(status_patch, source):
+        resource = match.group(1) or plurals[match.group(2)]
+        calls.add(("packrat.dev", f"{resource}/status", "patch"))
+    # kopf itself: watches the resources, patches their annotations/finalizers, posts events.
+    for resource in ("packratmodels", "packratpipelines"):
+        calls |= {("packrat.dev", resource, v) for v in ("list", "watch", "patch")}
     if "kopf.event(" in source:
         calls.add(("", "events", "create"))
     # the children kopf watches to wake their model's daemon

@@ -1,4 +1,5 @@
 """kopf wiring: one daemon per PackratModel runs its passes; watches on the children wake it.
+PackratPipelines get the same structure (:mod:`packrat.controller.pipeline_handlers`).
 
 Event-driven: a change to a model or to any object it owns (Deployments, the Service,
 profiling Jobs and their pods, profile ConfigMaps, found by their labels) wakes that
@@ -28,6 +29,9 @@ from packrat.controller.arrivals import ArrivalReader
 from packrat.controller.autoscale import Arrivals
 from packrat.controller.estimates import EstimateReader
 from packrat.controller.kube import Kube, KubeApi
+from packrat.controller.pipeline_handlers import register_pipelines
+from packrat.controller.pipeline_latency import RouterLatency
+from packrat.controller.pipeline_reconcile import PipelineReconciler
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
 from packrat.controller.storage import needs_version_check
@@ -250,7 +254,8 @@ def _owner_key(meta: Mapping[str, Any]) -> str | None:
 def build_registry(
     options: OperatorOptions, *, kube: KubeApi | None = None
 ) -> kopf.OperatorRegistry:
-    """A kopf registry with the PackratModel handlers (no global state: one per operator)."""
+    """A kopf registry with the PackratModel and PackratPipeline handlers (no global state:
+    one per operator)."""
     registry = kopf.OperatorRegistry()
     wakeups = Wakeups()
     pool = ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="reconcile")
@@ -264,7 +269,19 @@ def build_registry(
                 api, pod_url=options.pod_url, service_url=options.serving_url
             )
             state["a"] = ArrivalReader(api, pod_url=options.pod_url)
+            state["p"] = PipelineReconciler(api, config=options.config)
+            state["l"] = RouterLatency(api, pod_url=options.pod_url)
         return state["r"], state["e"], state["a"]
+
+    def pipelines() -> PipelineReconciler:
+        parts()
+        reconciler: PipelineReconciler = state["p"]
+        return reconciler
+
+    def latency() -> RouterLatency:
+        parts()
+        reader: RouterLatency = state["l"]
+        return reader
 
     def run_pass(namespace: str, name: str, want_estimates: bool, want_arrivals: bool) -> Result:
         reconciler, estimates, arrivals = parts()
@@ -355,6 +372,10 @@ def build_registry(
         if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
             wakeups.wake(key)
 
+    wake_pipeline = register_pipelines(
+        registry, options, pool=pool, reconciler=pipelines, latency=latency, wakeups=Wakeups()
+    )
+
     for api_version, plural, labels in CHILD_WATCHES:
 
         @kopf.on.event(
@@ -368,5 +389,6 @@ def build_registry(
             key = _owner_key(meta)
             if key is not None and wakeups.changed(meta, kwargs.get("type")):
                 wakeups.wake(key)
+                wake_pipeline(meta)  # a pipeline's router objects carry its label
 
     return registry

@@ -1,5 +1,11 @@
 """A PackratModel read once per pass: validated, defaulted, image resolved, keys derived.
 
+A pipeline's stage model also carries ``packrat.dev/serving-cpus``, set by its
+PackratPipeline: the CPUs per replica the pipeline planner chose. The model is profiled on
+``spec.cpus`` (the profile covers every thread count up to it) and serves on that many, as
+a model with ``spec.slo`` serves on the replica size its own planner chose; so a smaller
+replica size needs no second profile.
+
 ``parse`` turns the stored object into a frozen ``ModelSpec`` or raises ``InvalidSpec``
 with every problem found, whatever the input's shape (the operator must not trust that a
 stored object passed the CRD: validation may be off, the CRD older, or the API an
@@ -21,6 +27,8 @@ from packrat.controller.spec import (
     validate_spec,
     with_defaults,
 )
+
+SERVING_CPUS_ANNOTATION = "packrat.dev/serving-cpus"
 
 
 class InvalidSpec(Exception):  # noqa: N818 (the condition reason users see)
@@ -50,6 +58,12 @@ class ModelSpec:
     @property
     def cpus(self) -> int:
         return int(self.spec["cpus"])
+
+    @property
+    def serving_cpus(self) -> int | None:
+        """CPUs per serving replica set by the owning pipeline, if any (at most ``cpus``)."""
+        value = self.annotations.get(SERVING_CPUS_ANNOTATION)
+        return int(value) if value is not None else None
 
     @property
     def auto(self) -> Mapping[str, Any] | None:
@@ -87,6 +101,20 @@ def parse(obj: Mapping[str, Any], *, default_image: str) -> ModelSpec:
         errors = validate_spec(raw, name=name)
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         errors = [f"spec could not be read: {type(exc).__name__}: {exc}"[:500]]
+    annotations = dict(meta.get("annotations") or {})
+    serving = annotations.get(SERVING_CPUS_ANNOTATION)
+    if serving is not None and not errors:
+        cpus = int(raw["cpus"]) if isinstance(raw, Mapping) else 0
+        if not (
+            isinstance(serving, str)
+            and serving.isascii()
+            and serving.isdigit()
+            and 1 <= int(serving) <= cpus
+        ):
+            errors.append(
+                f"annotation {SERVING_CPUS_ANNOTATION} must be an integer in 1..spec.cpus "
+                f"({cpus}), got {serving!r}"
+            )
     if errors:
         raise InvalidSpec(errors)
     assert isinstance(raw, Mapping)
@@ -101,5 +129,5 @@ def parse(obj: Mapping[str, Any], *, default_image: str) -> ModelSpec:
         generation=int(generation) if isinstance(generation, int) else None,
         spec=spec,
         image=image,
-        annotations=dict(meta.get("annotations") or {}),
+        annotations=annotations,
     )

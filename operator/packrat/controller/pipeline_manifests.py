@@ -1,12 +1,12 @@
-"""Pure builders for the objects a PackratPipeline owns around its stages: the router's
-config (a ConfigMap), the router Deployment running ``packrat route``, and the pipeline's
-one Service (dict in, dict out, no I/O).
+"""Pure builders for the objects a PackratPipeline owns: one PackratModel per stage, the
+router's config (a ConfigMap), the router Deployment running ``packrat route``, and the
+pipeline's one Service (dict in, dict out, no I/O).
 
 Each stage is served by its own PackratModel, ``<pipeline>-<stage>``, whose Service has the
 same name; the router reaches it at ``http://<pipeline>-<stage>.<namespace>.svc:8080/
 predictions/<model name>``. The router pod is small and unprivileged like every Packrat
 pod (non-root, read-only root filesystem, no service account token, requests == limits).
-Not wired into the operator yet (no handler reconciles PackratPipelines).
+:mod:`packrat.controller.pipeline_reconcile` creates and keeps them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from packrat.controller.manifests import (
+    MANAGER,
     PORT,
     base_env,
     base_labels,
@@ -28,11 +29,13 @@ from packrat.controller.manifests import (
     pod_security,
     scrape_annotations,
 )
-from packrat.controller.spec import DEFAULT_IMAGE, model_name
+from packrat.controller.model import SERVING_CPUS_ANNOTATION
+from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name
 
 PIPELINE_KIND = "PackratPipeline"
 ROUTER_APP = "packrat-router"
 LABEL_PIPELINE = "packrat.dev/pipeline"
+LABEL_STAGE = "packrat.dev/stage"
 LABEL_CONFIG_HASH = "packrat.dev/router-config-hash"
 CONFIG_KEY = "router.yaml"
 CONFIG_DIR = "/config"
@@ -58,6 +61,32 @@ def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str])
 
 def _labels(pipeline: str) -> dict[str, str]:
     return {**base_labels(pipeline, app=ROUTER_APP), LABEL_PIPELINE: pipeline}
+
+
+def stage_labels(pipeline: str, stage: str) -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": MANAGER, LABEL_PIPELINE: pipeline, LABEL_STAGE: stage}
+
+
+def stage_model(
+    owner: Mapping[str, Any],
+    *,
+    stage: str,
+    model: Mapping[str, Any],
+    batch: int,
+    replicas: int,
+    serving_cpus: int | None,
+) -> dict[str, Any]:
+    """The stage's PackratModel: the stage's model spec with the planner's batch and replicas;
+    the planner's CPUs per replica in the ``packrat.dev/serving-cpus`` annotation (the model
+    is still profiled on ``spec.cpus``)."""
+    name = owner["metadata"]["name"]
+    meta = _metadata(owner, name=stage_model_name(name, stage), labels=stage_labels(name, stage))
+    if serving_cpus is not None:
+        meta["annotations"] = {SERVING_CPUS_ANNOTATION: str(int(serving_cpus))}
+    spec = json.loads(json.dumps(dict(model)))
+    spec["batchSize"] = int(batch)
+    spec["replicas"] = int(replicas)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
 
 
 def router_config(owner: Mapping[str, Any]) -> dict[str, Any]:

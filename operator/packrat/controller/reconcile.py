@@ -165,6 +165,8 @@ class Reconciler:
         auto = model.auto
         max_batch = max(batch, int(auto["max"])) if auto else batch
         serving_spec = model.stored_spec()
+        if model.serving_cpus is not None:  # a pipeline's stage: its planner chose the size
+            serving_spec["cpus"] = model.serving_cpus
         prov = None
         if "slo" in model.spec:
             prov = provision_model(p, model, profile, self.provisions)

@@ -9,7 +9,11 @@ and ``0.0.0.0`` to loopback. It writes Job and Deployment status from what those
 (exit codes, HTTP readiness probes), creates Pod objects for Job pods with container statuses
 and ``FallbackToLogsOnError`` messages, serves container logs through the emulator, forwards
 Service traffic to the ready pods its selector matches, and deletes objects whose owners are
-gone. It only knows the images in ``images``; any other image is an image pull error.
+gone (PackratModels owned by a deleted PackratPipeline included). It plays the cluster DNS
+too: a Service URL of this namespace in a ConfigMap a pod mounts
+(``http://NAME.NAMESPACE.svc:8080``, as in a pipeline router's config) is written out as
+the kube-proxy's address for that Service, so the pod reaches it as it would in a cluster.
+It only knows the images in ``images``; any other image is an image pull error.
 
 Fault injection, for failure scenarios: ``oom_kill_job_pods`` kills that many Job pods' first
 container with SIGKILL shortly after it starts and reports ``OOMKilled``.
@@ -23,6 +27,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -189,9 +194,9 @@ class Agent:
     # -- garbage collector ------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
         uids = set()
-        for resource in ("packratmodels", "jobs", "deployments"):
+        for resource in ("packratpipelines", "packratmodels", "jobs", "deployments"):
             uids |= {o["metadata"].get("uid") for o in self.api.list(resource)}
-        for resource in ("configmaps", "services", "deployments", "jobs", "pods"):
+        for resource in ("packratmodels", "configmaps", "services", "deployments", "jobs", "pods"):
             for obj in self.api.list(resource):
                 refs = obj["metadata"].get("ownerReferences") or []
                 if refs and not any(r.get("uid") in uids for r in refs):
@@ -219,13 +224,18 @@ class Agent:
             if "configMap" in volume:
                 cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}
                 for key, value in (cm.get("data") or {}).items():
-                    (path / key).write_text(value)
+                    (path / key).write_text(self._resolve_services(value))
             if "secret" in volume:
                 secret = self.api.get("secrets", volume["secret"]["secretName"]) or {}
                 for key, value in (secret.get("data") or {}).items():
                     (path / key).write_bytes(base64.b64decode(value))
             out[volume["name"]] = path
         return out
+
+    def _resolve_services(self, text: str) -> str:
+        """Cluster DNS: ``http://NAME.NAMESPACE.svc:8080`` of this namespace -> the proxy."""
+        pattern = rf"http://([a-z0-9-]+)\.{re.escape(self.api.namespace)}\.svc:8080"
+        return re.sub(pattern, lambda m: self.proxy.url(m.group(1)), text)
 
     def _command(
         self, pod: LocalPod, container: Mapping[str, Any], volumes: Mapping[str, Path]

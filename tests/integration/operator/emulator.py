@@ -28,6 +28,7 @@ from kmock._internal import enums, rendering
 
 RESOURCES = {
     "packrat.dev/v1alpha1/packratmodels": ("PackratModel", {"status"}),
+    "packrat.dev/v1alpha1/packratpipelines": ("PackratPipeline", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
     "v1/secrets": ("Secret", set()),
     "v1/services": ("Service", set()),
@@ -41,6 +42,7 @@ RESOURCES = {
 CLUSTER_SCOPED = {"v1/namespaces", "apiextensions.k8s.io/v1/customresourcedefinitions"}
 PATHS = {
     "packratmodels": "/apis/packrat.dev/v1alpha1",
+    "packratpipelines": "/apis/packrat.dev/v1alpha1",
     "configmaps": "/api/v1",
     "secrets": "/api/v1",
     "services": "/api/v1",

@@ -11,7 +11,8 @@ process, where it shared one GIL with the API emulator and the agent. Under burs
 concurrent requests it became the bottleneck, so the serving pods saw a trickle instead of the
 burst and their batch-size estimates measured the proxy, not the load. Each request opens a
 fresh upstream connection (no pooling): a request never rides a kept-alive connection to a pod
-that has left the endpoints.
+that has left the endpoints. ``X-`` headers pass through both ways (a pipeline router's
+deadline to its stages, its ``X-Packrat-Path`` to the client).
 
 Run: ``python kubeproxy.py --port PORT --table FILE``; it prints ``ready`` once listening and
 exits when its parent process does.
@@ -25,6 +26,7 @@ import itertools
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,12 @@ class Table:
         self.services = {k: [int(p) for p in v] for k, v in doc.get("services", {}).items()}
         self.pods = {k: int(v) for k, v in doc.get("pods", {}).items()}
         self._raw = raw
+
+
+def _extension_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The ``X-`` headers, passed through both ways (an L4 kube-proxy passes every byte; the
+    rest are rebuilt per hop: Content-Type above, lengths and connection by aiohttp)."""
+    return {k: v for k, v in headers.items() if k.lower().startswith("x-")}
 
 
 def make_app(table: Table) -> web.Application:
@@ -83,6 +91,7 @@ def make_app(table: Table) -> web.Application:
         port = ports[next(rr) % len(ports)]
         body = await request.read()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        headers.update(_extension_headers(request.headers))  # deadlines, as kube-proxy does
         url = f"http://127.0.0.1:{port}/{rest}"
         try:
             async with app["session"].request(
@@ -93,6 +102,7 @@ def make_app(table: Table) -> web.Application:
                     status=resp.status,
                     body=data,
                     content_type=(resp.content_type or "text/plain"),
+                    headers=_extension_headers(resp.headers),  # X-Packrat-Path
                 )
         except (TimeoutError, ClientError, OSError) as exc:
             return web.Response(status=502, text=f"endpoint {port}: {exc!r}")

@@ -1,0 +1,137 @@
+"""kopf wiring for PackratPipelines: one daemon per pipeline runs its passes; watches on its
+children wake it.
+
+The same structure as the PackratModel daemon (:mod:`packrat.controller.handlers`): a change
+to the pipeline, to one of its stage models (their status moves as they profile, switch and
+become ready) or to its router's Deployment, ConfigMap or Service wakes that pipeline's daemon
+at once; while it is not serving, it also looks again every ``poll_seconds``. Once it serves,
+a pass every ``MEASURE_SECONDS`` first reads its router pods' latency histograms
+(``status.measuredP99Ms``); the ``resync_seconds`` safety net covers the rest. Passes of one
+pipeline are sequential (one daemon) and run in the operator's thread pool; an API error
+leaves status as it was and is retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any
+
+import kopf
+
+from packrat.controller.context import Result
+from packrat.controller.pipeline_manifests import LABEL_PIPELINE
+from packrat.controller.pipeline_reconcile import PLURAL, PipelineReconciler
+from packrat.controller.spec import GROUP, VERSION
+from packrat.controller.spec import PLURAL as MODELS
+
+if TYPE_CHECKING:
+    from packrat.controller.handlers import OperatorOptions, Wakeups
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 60.0
+# a serving pipeline reads its router pods' latency histograms this often (measuredP99Ms)
+MEASURE_SECONDS = 30.0
+
+
+def pipeline_key(meta: Mapping[str, Any]) -> str | None:
+    """The pipeline a child belongs to (by its ``packrat.dev/pipeline`` label)."""
+    name = (meta.get("labels") or {}).get(LABEL_PIPELINE)
+    return f"{meta.get('namespace', 'default')}/{name}" if name else None
+
+
+def _post_events(body: kopf.Body, result: Result) -> None:
+    meta = body.get("metadata", {})
+    for kind, reason, message in result.events:
+        logger.info(
+            "%s/%s %s %s: %s", meta.get("namespace"), meta.get("name"), kind, reason, message
+        )
+        try:
+            kopf.event(body, type=kind, reason=reason, message=message)
+        except Exception:  # events are best effort
+            logger.exception("could not post event %s", reason)
+
+
+def register_pipelines(
+    registry: kopf.OperatorRegistry,
+    options: OperatorOptions,
+    *,
+    pool: Executor,
+    reconciler: Callable[[], PipelineReconciler],
+    latency: Callable[[], Callable[[str, str], float | None]],
+    wakeups: Wakeups,
+) -> Callable[[Mapping[str, Any]], None]:
+    """Add the PackratPipeline handlers to ``registry``; returns the function the model
+    handlers' child watches call with a changed child's metadata (router objects)."""
+
+    def wake_owner(meta: Mapping[str, Any]) -> None:
+        key = pipeline_key(meta)
+        if key is not None:
+            wakeups.wake(key)
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0, registry=registry)
+    async def pipeline_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace", "default"), meta["name"]
+        key = f"{namespace}/{name}"
+        event = wakeups.get(key)
+        loop = asyncio.get_running_loop()
+        failures = 0
+        try:
+            while not stopped:
+                event.clear()
+                serving = (body.get("status") or {}).get("phase") == "Serving"
+
+                def run_pass(serving: bool = serving) -> Result:
+                    # the routers' histograms are read before the pass, never during it
+                    measured = latency()(namespace, name) if serving else None
+                    return reconciler().reconcile(namespace, name, measured_p99_ms=measured)
+
+                try:
+                    result = await loop.run_in_executor(pool, run_pass)
+                except Exception as exc:
+                    failures += 1
+                    logger.warning(
+                        "reconcile of pipeline %s failed (%s), retrying: %s", key, failures, exc
+                    )
+                    delay = min(options.poll_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+                else:
+                    failures = 0
+                    if result.result == "gone":
+                        return
+                    _post_events(body, result)
+                    delay = options.poll_seconds if result.waiting else options.resync_seconds
+                    if result.phase == "Serving":
+                        delay = min(delay, MEASURE_SECONDS)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=delay)
+        finally:
+            wakeups.drop(key)
+
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
+    async def pipeline_updated(meta: kopf.Meta, **_: Any) -> None:
+        wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="pipeline-wake-on-generation", registry=registry)
+    async def pipeline_event(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
+        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
+        if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
+            wakeups.wake(key)
+
+    @kopf.on.event(
+        GROUP,
+        VERSION,
+        MODELS,
+        id="wake-pipeline-on-stage",
+        labels={LABEL_PIPELINE: kopf.PRESENT},
+        registry=registry,
+    )
+    async def stage_changed(meta: kopf.Meta, **kwargs: Any) -> None:
+        if wakeups.changed(meta, kwargs.get("type")):
+            wake_owner(meta)
+
+    return wake_owner
