@@ -263,6 +263,33 @@ def test_a_client_that_gives_up_frees_its_slot_before_a_worker_sees_it() -> None
     run(body)
 
 
+def test_a_client_that_leaves_after_forwarding_keeps_the_slot_until_the_worker_answers() -> None:
+    """A forwarded request runs to completion: its worker has it, so its slot stays taken
+    until TorchServe answers; it is counted as cancelled in flight, not as a 200."""
+
+    async def body() -> None:
+        async with stack([1], queue_limit=4) as (d, fake, url, s):
+            all_up(d)
+            fake.gate.clear()
+            _reader, writer = await raw(url)
+            writer.write(head(3) + b"abc")
+            await writer.drain()
+            await until(lambda: fake.arrived == 1, "forwarded")
+            writer.close()  # the client gives up while the worker has its request
+            await writer.wait_closed()
+            # a negative check (nothing to wait for): give the server time to see the close
+            await asyncio.sleep(0.2)
+            assert d.slots.in_flight == 1 and fake.arrived == 1
+            fake.gate.set()
+            await until(lambda: d.slots.in_flight == 0, "the slot freed once answered")
+            cancelled = 'packrat_requests_cancelled_total{model="m",stage="in_flight"}'
+            assert await metric(s, url, cancelled) == 1
+            assert await metric(s, url, 'packrat_requests_total{code="200"') == 0
+            assert (await post(s, url))[0] == 200
+
+    run(body)
+
+
 def test_when_the_backend_is_gone_queued_clients_get_503_at_once() -> None:
     async def body() -> None:
         async with stack([1], queue_limit=8) as (d, fake, url, s):

@@ -53,8 +53,10 @@ from packrat.serve.connections import (
     BodyTooLargeError,
     ConnectionLimits,
     GuardedAppRunner,
+    disconnected,
     read_body,
     refuse_body,
+    shield,
 )
 from packrat.serve.endpoints import read_only_routes
 from packrat.serve.metrics import ServeMetrics
@@ -307,12 +309,16 @@ class Dispatcher(SwapMixin):
             headers = passthrough(request.headers.items())
             # Once forwarded, the request runs to completion even if its client leaves: the
             # worker has it, and its slot must stay taken until TorchServe answers.
-            task = asyncio.ensure_future(
-                self._forward_then_release(
+            shield(request, True)
+            try:
+                response = await self._forward_then_release(
                     slots, index, instances[index], headers=headers, query=request.query, body=body
                 )
-            )
-            response = await asyncio.shield(task)
+            finally:
+                shield(request, False)
+            if disconnected(request):  # answered, but nobody to answer: not a 200
+                self.metrics.cancelled.labels(self.model, stage).inc()
+                return response
         except asyncio.CancelledError:
             self.metrics.cancelled.labels(self.model, stage).inc()
             raise
