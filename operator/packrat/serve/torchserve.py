@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,6 +44,7 @@ PORT_BASE_ENV = "PACKRAT_TORCHSERVE_PORT_BASE"
 # What TorchServe prints once all its listeners are bound (ModelServer.startAndWait).
 STARTED_LINE = b"Model server started."
 PORT_BLOCKS_TRIED = 64
+PORT_SPREAD = 8  # a retry skips up to this many more blocks, at random
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +188,12 @@ class TorchServe:
         except OSError:
             return ""
 
-    async def start(self, *, timeout_s: float = 120.0, attempts: int = 3) -> None:
+    async def start(self, *, timeout_s: float = 120.0, attempts: int = 6) -> None:
         """Start and wait until the management API answers; a start that lost a port to
-        another process is retried on the next free block of ports."""
+        another process is retried on a later free block of ports, a random few blocks on
+        (several servers starting at once on one host, as in tests and benchmarks, would
+        otherwise all pick the same next block again). A pod has its own network namespace:
+        there the first block is free and nothing is retried."""
         for attempt in range(attempts):
             try:
                 await self._start_once(timeout_s=timeout_s)
@@ -198,7 +203,8 @@ class TorchServe:
                     raise
                 await self._reap()
                 taken = self.ports
-                self.ports = allocate_ports(self.port_base, skip=1 + attempt)
+                jump = 1 + attempt + random.randrange(PORT_SPREAD)
+                self.ports = allocate_ports(self.port_base, skip=jump)
                 log.warning(
                     "TorchServe could not bind its ports (%d..): retrying on %d..",
                     taken.inference,
