@@ -32,6 +32,7 @@ from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.pipeline_handlers import register_pipelines
 from packrat.controller.pipeline_latency import RouterLatency
 from packrat.controller.pipeline_reconcile import PipelineReconciler
+from packrat.controller.protection import held
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
 from packrat.controller.storage import needs_version_check
@@ -117,13 +118,20 @@ class Wakeups:
         self._seen[uid] = version
         return True
 
+    def forget(self, meta: Mapping[str, Any]) -> None:
+        """The child's next listing is news again (what it woke failed)."""
+        self._seen.pop(str(meta.get("uid") or ""), None)
+
     def get(self, key: str) -> asyncio.Event:
         return self._events.setdefault(key, asyncio.Event())
 
-    def wake(self, key: str) -> None:
+    def wake(self, key: str) -> bool:
+        """Wake the model's daemon; False when it has none (gone, being deleted, not yet
+        started)."""
         event = self._events.get(key)
         if event is not None:
             event.set()
+        return event is not None
 
     def drop(self, key: str) -> None:
         self._events.pop(key, None)
@@ -388,7 +396,25 @@ def build_registry(
         async def child_changed(meta: kopf.Meta, **kwargs: Any) -> None:
             key = _owner_key(meta)
             if key is not None and wakeups.changed(meta, kwargs.get("type")):
-                wakeups.wake(key)
+                if not wakeups.wake(key) and held(meta, kwargs.get("type")):
+                    await let_go(key, meta)  # no pass of its model runs
                 wake_pipeline(meta)  # a pipeline's router objects carry its label
+
+    async def let_go(key: str, meta: Mapping[str, Any] | None = None) -> None:
+        """Let the model's serving Deployments go, but those a live model owns."""
+        namespace, _, name = key.partition("/")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(pool, parts()[0].release_orphans, namespace, name)
+        except Exception as exc:
+            if meta is None:
+                raise  # kopf retries the delete handler
+            wakeups.forget(meta)  # the next listing of the Deployment tries again
+            logger.warning("could not let %s go: %s", meta.get("name"), exc)
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=2.0, registry=registry)
+    async def deleted(meta: kopf.Meta, **_: Any) -> None:
+        """Let the model's Deployments go: the garbage collector deletes them after it."""
+        await let_go(f"{meta.get('namespace', 'default')}/{meta['name']}")
 
     return registry
