@@ -281,3 +281,62 @@ def test_fault2_extra_selector_key_removed(serving: OperatorCluster) -> None:
         what="selector back to exactly ours",
     )
     wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=60, what="serving")
+
+
+def test_model_gone_while_the_operator_was_down_lets_its_deployments_go(
+    cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
+) -> None:
+    """A model deleted while no operator runs (its kopf finalizer removed by hand): the
+    garbage collector's delete of its Deployment waits on our finalizer, and the restarted
+    operator, which has no model to run passes for, still lets it go."""
+    name = "gone"
+    spec = {**SPEC, "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 0}}
+    cluster.api.create(
+        "packratmodels",
+        {
+            "apiVersion": "packrat.dev/v1alpha1",
+            "kind": "PackratModel",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
+    seed_profile(cluster, name, tiny_profiles.profile(SPEC["profiling"]["maxBatch"]))
+    dep_name = f"{name}-a"
+    wait_for(
+        lambda: (
+            "packrat.dev/serving"
+            in (
+                (cluster.api.get("deployments", dep_name) or {})
+                .get("metadata", {})
+                .get("finalizers")
+                or []
+            )
+        ),
+        timeout=300,
+        what="the model's Deployment, held by our finalizer",
+    )
+    cluster.operator.kill()
+    try:
+        cluster.api.patch("packratmodels", name, {"metadata": {"finalizers": None}})
+        cluster.api.delete("packratmodels", name)
+        assert cluster.api.get("packratmodels", name) is None
+
+        def held() -> bool:
+            dep = cluster.api.get("deployments", dep_name) or {}
+            return bool(dep.get("metadata", {}).get("deletionTimestamp"))
+
+        # the garbage collector deleted it; our finalizer holds it (its pods with it)
+        wait_for(held, timeout=60, what="the orphaned Deployment deleted and held")
+    finally:
+        cluster.operator.start()
+        cluster.operator.wait_healthy()
+    wait_for(
+        lambda: (
+            not [
+                d for d in cluster.api.list("deployments") if d["metadata"]["name"].startswith(name)
+            ]
+            and not cluster.agent.running(dep_name)
+        ),
+        timeout=300,
+        what="the orphaned Deployment and its pods gone",
+    )
