@@ -9,10 +9,8 @@ every ``resync_seconds`` (a safety net), so idle cost does not grow with events 
 Passes of one model are sequential by construction (one daemon); they run in a bounded
 thread pool. An API error leaves status as it was and is retried with exponential backoff.
 
-Our finalizer on the serving Deployments (``protection``) must never outlive its model: a
-model being deleted lets every one go (``on.delete``, before kopf's own finalizer on the
-model is removed), and a deleted Deployment still held by it whose model has no daemon (the
-model is gone, or was deleted while the operator was down) is let go when its event arrives.
+Our finalizer on serving Deployments (``protection``) never outlives its model: a model's
+delete lets every one go, and so does the event of a held Deployment whose model has no daemon.
 """
 
 from __future__ import annotations
