@@ -10,9 +10,9 @@ from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 
 from packrat.controller import manifests as m
 from packrat.controller import protection
-from packrat.controller.handlers import Wakeups
 from packrat.controller.reconcile import Reconciler
 from packrat.controller.status import get_condition
+from packrat.controller.wakeups import Wakeups
 
 FIN = "packrat.dev/serving"
 
