@@ -371,6 +371,10 @@ def test_operator_pods_were_guaranteed(cluster: OperatorCluster, served: Served)
 
 
 def test_operator_delete_removes_children(cluster: OperatorCluster, served: Served) -> None:
+    deployments = cluster.api.list("deployments")
+    assert deployments and all(
+        "packrat.dev/serving" in d["metadata"].get("finalizers", []) for d in deployments
+    )  # the model's delete must let every one go, or the garbage collector waits forever
     cluster.api.delete("packratmodels", NAME)
 
     def all_gone() -> bool:

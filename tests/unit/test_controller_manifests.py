@@ -116,6 +116,8 @@ def test_deployment_serves_plan_with_probes() -> None:
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     ref = dep["metadata"]["ownerReferences"][0]
     assert ref["uid"] == "1234" and ref["controller"] is True
+    # a background delete leaves its pods serving until the operator lets it go
+    assert dep["metadata"]["finalizers"] == ["packrat.dev/serving"]
 
 
 def test_job_profiles_and_publishes() -> None:

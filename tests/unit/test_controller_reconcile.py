@@ -39,6 +39,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.logs: dict[tuple[str, str], str] = {}
         self.creates: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         obj = self.objects.get((resource, namespace, name))
@@ -70,11 +71,35 @@ class FakeKube:
         new = _merge(old, patch)
         if subresource is None and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
+        meta = new["metadata"]
+        added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
+        if meta.get("deletionTimestamp") and added:  # as the API server: 422
+            raise AssertionError(f"no new finalizers can be added while deleting {name}")
+        self.patches.append((resource, name, copy.deepcopy(dict(patch))))
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            del self.objects[key]  # the last finalizer removed: the object goes
+            return copy.deepcopy(new)
         self.objects[key] = new
         return copy.deepcopy(new)
 
-    def delete(self, resource: str, namespace: str, name: str) -> bool:
-        return self.objects.pop((resource, namespace, name), None) is not None
+    def delete(
+        self, resource: str, namespace: str, name: str, *, propagation: str = "Background"
+    ) -> bool:
+        """As the API server: an object with finalizers (or deleted in the foreground, which
+        adds ``foregroundDeletion``) is only marked; ``collect`` plays the garbage collector."""
+        obj = self.objects.get((resource, namespace, name))
+        if obj is None:
+            return False
+        meta = obj["metadata"]
+        if propagation == "Foreground" and "foregroundDeletion" not in (
+            meta.get("finalizers") or []
+        ):
+            meta["finalizers"] = [*(meta.get("finalizers") or []), "foregroundDeletion"]
+        if meta.get("finalizers"):
+            meta.setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
+        else:
+            del self.objects[(resource, namespace, name)]
+        return True
 
     def list(
         self, resource: str, namespace: str, *, labels: Mapping[str, str] | None = None
@@ -127,6 +152,12 @@ class FakeKube:
             {"status": {"conditions": [{"type": cond, "status": "True"}]}},
             subresource="status",
         )
+
+    def collect(self, dep_name: str) -> None:
+        """The garbage collector done with a foreground delete: the pods are gone."""
+        meta = self.objects[("deployments", NS, dep_name)]["metadata"]
+        rest = [f for f in meta["finalizers"] if f != "foregroundDeletion"]
+        self.patch("deployments", NS, dep_name, {"metadata": {"finalizers": rest}})
 
     def make_ready(self, dep_name: str) -> None:
         dep = self.objects[("deployments", NS, dep_name)]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from packrat.controller.handlers import OperatorOptions, Wakeups, next_delay
+from packrat.controller.handlers import OperatorOptions, next_delay
 from packrat.controller.reconcile import Config
+from packrat.controller.wakeups import Wakeups
 
 
 def _meta(uid: str, version: str) -> dict[str, str]:

@@ -167,7 +167,7 @@ def test_troubleshooting_covers_the_known_failures() -> None:
         p.read_text(encoding="utf-8") for p in (SOURCE / "controller").glob("*.py")
     )
     if "ProfilingFailed" in controller:  # reasons the doc names exist in the operator
-        for reason in ("ProfilingFailed", "SwitchAborted"):
+        for reason in ("ProfilingFailed", "SwitchAborted", "ActiveDeploymentDeleted", "FailedOver"):
             assert reason in text and f'"{reason}"' in controller, reason
 
 

@@ -8,6 +8,9 @@ starting) the daemon looks again every ``poll_seconds``; a model at rest is only
 every ``resync_seconds`` (a safety net), so idle cost does not grow with events elsewhere.
 Passes of one model are sequential by construction (one daemon); they run in a bounded
 thread pool. An API error leaves status as it was and is retried with exponential backoff.
+
+Our finalizer on serving Deployments (``protection``) never outlives its model: a model's
+delete lets every one go, and so does the event of a held Deployment whose model has no daemon.
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.pipeline_handlers import register_pipelines
 from packrat.controller.pipeline_latency import RouterLatency
 from packrat.controller.pipeline_reconcile import PipelineReconciler
+from packrat.controller.protection import held
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
 from packrat.controller.storage import needs_version_check
+from packrat.controller.wakeups import Wakeups
 
 logger = logging.getLogger(__name__)
 
@@ -69,65 +74,6 @@ class OperatorOptions:
     serving_url: str = "http://{service}.{namespace}.svc:8080"
     # Where the operator reads each ready serving pod's /status ({ip}, {pod}, {namespace}).
     pod_url: str = "http://{ip}:8080"
-
-
-class Wakeups:
-    """One asyncio.Event per model; a watch event on a child sets its model's.
-
-    Every watch stream starts by listing its objects again after each reconnect (every few
-    minutes): kopf delivers them as events of type None, and a watch that replays (the
-    emulator's, or a real one restarted from an expired resourceVersion) as ADDED. A child
-    listed or added at the resourceVersion already seen wakes nobody, so reconnects cost no
-    pass per model; anything new or changed still wakes its model at once."""
-
-    MAX_SEEN = 100_000  # bounds the memory of resourceVersions (cleared when exceeded)
-
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-        self._seen: dict[str, str] = {}
-        self._woken_for: dict[str, Any] = {}  # model key -> the generation last woken for
-
-    def unobserved(self, key: str, body: Mapping[str, Any]) -> bool:
-        """Whether a model's own watch event shows a generation its status has not observed
-        and that has not woken it yet. kopf's update handler fires only when the spec's
-        content differs from the last one handled; a patch that bumps the generation without
-        that (a field set to what it already was, a spec put back) would otherwise wait for
-        the resync, leaving ``observedGeneration`` behind."""
-        generation = (body.get("metadata") or {}).get("generation")
-        observed = (body.get("status") or {}).get("observedGeneration")
-        if generation is None or generation == observed:
-            return False
-        if self._woken_for.get(key) == generation:
-            return False
-        self._woken_for[key] = generation
-        return True
-
-    def changed(self, meta: Mapping[str, Any], event_type: str | None) -> bool:
-        """Whether a child's watch event is news (false only for an unchanged re-listing)."""
-        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
-        if not uid or not version:
-            return True
-        if event_type == "DELETED":
-            self._seen.pop(uid, None)
-            return True
-        if event_type in (None, "ADDED") and self._seen.get(uid) == version:
-            return False
-        if len(self._seen) >= self.MAX_SEEN:
-            self._seen.clear()
-        self._seen[uid] = version
-        return True
-
-    def get(self, key: str) -> asyncio.Event:
-        return self._events.setdefault(key, asyncio.Event())
-
-    def wake(self, key: str) -> None:
-        event = self._events.get(key)
-        if event is not None:
-            event.set()
-
-    def drop(self, key: str) -> None:
-        self._events.pop(key, None)
-        self._woken_for.pop(key, None)
 
 
 def _publish(body: kopf.Body, result: Result) -> None:
@@ -388,7 +334,25 @@ def build_registry(
         async def child_changed(meta: kopf.Meta, **kwargs: Any) -> None:
             key = _owner_key(meta)
             if key is not None and wakeups.changed(meta, kwargs.get("type")):
-                wakeups.wake(key)
+                if not wakeups.wake(key) and held(meta, kwargs.get("type")):
+                    await let_go(key, meta)  # no pass of its model runs
                 wake_pipeline(meta)  # a pipeline's router objects carry its label
+
+    async def let_go(key: str, meta: Mapping[str, Any] | None = None) -> None:
+        """Let the model's serving Deployments go, but those a live model owns."""
+        namespace, _, name = key.partition("/")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(pool, parts()[0].release_orphans, namespace, name)
+        except Exception as exc:
+            if meta is None:
+                raise  # kopf retries the delete handler
+            wakeups.forget(meta)  # the next listing of the Deployment tries again
+            logger.warning("could not let %s go: %s", meta.get("name"), exc)
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=2.0, registry=registry)
+    async def deleted(meta: kopf.Meta, **_: Any) -> None:
+        """Let the model's Deployments go: the garbage collector deletes them after it."""
+        await let_go(f"{meta.get('namespace', 'default')}/{meta['name']}")
 
     return registry

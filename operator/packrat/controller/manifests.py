@@ -27,6 +27,9 @@ LABEL_MODEL = "packrat.dev/model"
 LABEL_SLOT = "packrat.dev/slot"
 LABEL_PROFILE_KEY = "packrat.dev/profile-key"
 LABEL_SERVING_HASH = "packrat.dev/serving-hash"
+# on every serving Deployment: a background delete then leaves its ReplicaSet and pods serving
+# until the operator has a replacement ready and lets it go (see ``protection``)
+FINALIZER_SERVING = "packrat.dev/serving"
 ANNOTATION_PLAN = "packrat.dev/plan"
 PLAN_ENV = "PACKRAT_PLAN"
 PROFILE_FILE = "profile.json"
@@ -310,6 +313,7 @@ def serving_deployment(
         "metadata": {
             **metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
             "annotations": {ANNOTATION_PLAN: str(plan.get("label", ""))},
+            "finalizers": [FINALIZER_SERVING],
         },
         "spec": {
             "replicas": int(replicas),

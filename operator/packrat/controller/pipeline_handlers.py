@@ -29,7 +29,8 @@ from packrat.controller.spec import GROUP, VERSION
 from packrat.controller.spec import PLURAL as MODELS
 
 if TYPE_CHECKING:
-    from packrat.controller.handlers import OperatorOptions, Wakeups
+    from packrat.controller.handlers import OperatorOptions
+    from packrat.controller.wakeups import Wakeups
 
 logger = logging.getLogger(__name__)
 

@@ -23,12 +23,14 @@ from packrat.controller import manifests as m
 from packrat.controller.batching import batch_to_plan, observe_batch
 from packrat.controller.context import Config, Pass, Result
 from packrat.controller.drift import merge_patch
+from packrat.controller.failover import lost_active, release_unneeded
 from packrat.controller.kube import KubeApi
 from packrat.controller.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.ownership import conflict_message, owned_by
 from packrat.controller.plans import keep_served, status_plan, wire_plan
 from packrat.controller.pods import pod_failure
 from packrat.controller.profiling import ensure_profile
+from packrat.controller.protection import release_orphans
 from packrat.controller.provisioning import ProvisionCache, provision_model
 from packrat.controller.service import ensure_service
 from packrat.controller.serving import Rendering, ensure_deployment, last_good, scale, steady
@@ -97,6 +99,7 @@ class Reconciler:
         obj = self.kube.get("packratmodels", namespace, name)
         result = Result()
         if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+            release_orphans(self.kube, namespace, name, live=None)  # no delete hangs on us
             result.result = "gone"
             return result
         old_status = dict(obj.get("status") or {})
@@ -120,6 +123,15 @@ class Reconciler:
             )
         return result
 
+    def release_orphans(self, namespace: str, name: str) -> list[str]:
+        """Let go the serving Deployments of ``name`` that no live model owns (a deleted
+        Deployment seen while no pass of its model runs: the model is gone or being deleted,
+        or a pass created it while the model's delete released the others)."""
+        obj = self.kube.get("packratmodels", namespace, name)
+        if obj is not None and obj.get("metadata", {}).get("deletionTimestamp"):
+            obj = None
+        return release_orphans(self.kube, namespace, name, live=obj)
+
     # -- the pass ------------------------------------------------------------------------------
     def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
         status = p.status
@@ -140,14 +152,19 @@ class Reconciler:
         if model is not None:
             replicas = asc.serving_replicas(model, status)
         active_dep: dict[str, Any] | None = None
+        active_slot = str(status["activeSlot"]) if good is not None else None
+        release_unneeded(p, children.deployments, active=active_slot)
         if good is not None:
             active = str(status["activeSlot"])
-            ensure_service(p, children.service, slot=active)
-            active_dep = ensure_deployment(
-                p, children.deployments[active], slot=active, rendering=good, replicas=replicas
-            )
             status.setdefault("servingSpec", dict(good.spec))
             status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
+            deps, svc = children.deployments, children.service
+            if lost_active(p, deps, svc, good=good, replicas=replicas):
+                return  # serving from the deleted slot's pods until the other slot is ready
+            ensure_service(p, svc, slot=active)
+            active_dep = ensure_deployment(
+                p, deps[active], slot=active, rendering=good, replicas=replicas
+            )
 
         if invalid is not None or model is None:
             self._invalid(p, invalid.errors if invalid else ["spec unreadable"])

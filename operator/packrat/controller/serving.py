@@ -16,6 +16,7 @@ from packrat.controller.context import Pass
 from packrat.controller.drift import covers
 from packrat.controller.ownership import conflict_message, owned_by
 from packrat.controller.plans import wire_plan
+from packrat.controller.protection import protect_patch, release, terminating
 from packrat.controller.status import Facts, derive_phase
 
 # fields of the pod spec we may have set before and must remove when the new one has none
@@ -75,7 +76,9 @@ def ensure_deployment(
     rendering: Rendering,
     replicas: int,
 ) -> dict[str, Any] | None:
-    """Create the slot's Deployment or bring what we set (labels, template, replicas) back.
+    """Create the slot's Deployment or bring what we set (labels, template, replicas, our
+    finalizer) back. One being deleted is left as it is: its pods serve until the pass lets it
+    go (``failover``), and a new one is created once it is gone.
 
     Returns the Deployment as it now is (None when it is not ours)."""
     want = m.serving_deployment(
@@ -93,9 +96,12 @@ def ensure_deployment(
     if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
         p.conflict("Deployment", dep_name)
         return None
+    if terminating(current):
+        return dict(current)
     spec = current.get("spec") or {}
     if not covers(spec.get("selector"), want["spec"]["selector"]):
         # the selector is immutable: replace the object (it is ours, and wrong)
+        release(p.kube, p.namespace, current)
         p.kube.delete("deployments", p.namespace, dep_name)
         p.kube.create("deployments", p.namespace, want)
         p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
@@ -122,14 +128,18 @@ def ensure_deployment(
             p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: template put back")
     elif int(spec.get("replicas", 0)) != replicas:
         patch = {"spec": {"replicas": replicas}}
+    if (protect := protect_patch(current)) is not None:
+        patch["metadata"] = {**patch.get("metadata", {}), **protect["metadata"]}
     if patch:
         return p.kube.patch("deployments", p.namespace, dep_name, patch)
     return dict(current)
 
 
 def scale(p: Pass, current: Mapping[str, Any] | None, replicas: int) -> None:
-    """Scale one of our Deployments (a missing or foreign one is left alone)."""
+    """Scale one of our Deployments (a missing, foreign or deleted one is left alone)."""
     if current is None or not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+        return
+    if terminating(current):
         return
     if int((current.get("spec") or {}).get("replicas", 0)) != replicas:
         p.kube.patch(

@@ -177,7 +177,20 @@ def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed:
     p.cond("Reconfiguring", False, "SwitchCompleted", message)
 
 
+def end_switch(p: Pass, *, reason: str) -> None:
+    """End a switch under way now, the target slot left as it is (the active slot's Deployment
+    was deleted: ``failover`` takes the target slot over). A rollout is aborted (its spec
+    never served); a drain is complete (the Service already selects the new slot)."""
+    switch = dict(p.status.get("switch") or {})
+    if switch.get("stage") == "rollout":
+        abort(p, {}, reason=reason)
+    elif switch.get("stage") == "draining":
+        elapsed = p.seconds_since(switch.get("startedAt"))
+        _finish(p, switch, source=switch["fromSlot"], slot=switch["targetSlot"], elapsed=elapsed)
+
+
 def abort(p: Pass, deployments: Children, *, reason: str) -> None:
+    """Give a rollout up: the target slot (if in ``deployments``) is scaled down."""
     status = p.status
     switch = dict(status.get("switch") or {})
     slot = switch.get("targetSlot", m.other_slot(str(status.get("activeSlot"))))

@@ -199,6 +199,8 @@ class Agent:
         for resource in ("packratmodels", "configmaps", "services", "deployments", "jobs", "pods"):
             for obj in self.api.list(resource):
                 refs = obj["metadata"].get("ownerReferences") or []
+                if obj["metadata"].get("deletionTimestamp"):
+                    continue  # deleted already, waiting for its finalizers
                 if refs and not any(r.get("uid") in uids for r in refs):
                     self.api.delete(resource, obj["metadata"]["name"])
         live_jobs = {j["metadata"].get("uid") for j in self.api.list("jobs")}
@@ -531,7 +533,62 @@ class Agent:
             self.api.patch("jobs", name, {"status": new_status}, sub="status")
 
     # -- Deployment controller -----------------------------------------------------------------
+    def _deleting_deployment(self, dep: dict[str, Any]) -> None:
+        """A Deployment being deleted. The Deployment controller only syncs its status (no
+        rollout, no scaling). On a background delete its ReplicaSet stays until the Deployment
+        is gone, and keeps its pods (one that fails is replaced from its own template), so
+        they serve on while a finalizer holds the Deployment; on a foreground delete the
+        garbage collector deletes the pods first, then removes ``foregroundDeletion``."""
+        name = dep["metadata"]["name"]
+        uid = str(dep["metadata"].get("uid", ""))
+        finalizers = list(dep["metadata"].get("finalizers") or [])
+        with self._lock:
+            mine = [p for p in self.pods.values() if p.owner_uid == uid and not p.terminating]
+        if "foregroundDeletion" in finalizers:
+            for pod in mine:
+                self._terminate(pod)
+            with self._lock:
+                left = [p for p in self.pods.values() if p.owner_uid == uid]
+            if not left:
+                rest = [f for f in finalizers if f != "foregroundDeletion"]
+                self.api.patch("deployments", name, {"metadata": {"finalizers": rest}})
+            return
+        for pod in [p for p in mine if p.phase == "Failed"]:
+            self._terminate(pod)
+            self._new_pod(
+                owner_kind="Deployment",
+                owner_name=name,
+                owner_uid=uid,
+                template={"metadata": {"labels": pod.labels}, "spec": pod.spec},
+                template_hash=pod.template_hash,
+            )
+        self._deployment_status(dep, updated=None)
+
+    def _deployment_status(self, dep: dict[str, Any], *, updated: int | None) -> None:
+        """Status as the Deployment controller writes it (terminating pods not counted)."""
+        name = dep["metadata"]["name"]
+        uid = str(dep["metadata"].get("uid", ""))
+        with self._lock:
+            alive = [
+                p
+                for p in self.pods.values()
+                if p.owner_kind == "Deployment" and p.owner_uid == uid and not p.terminating
+            ]
+        status = dep.get("status") or {}
+        new_status = {
+            "observedGeneration": dep["metadata"].get("generation", 1),
+            "replicas": len(alive),
+            "updatedReplicas": status.get("updatedReplicas", 0) if updated is None else updated,
+            "readyReplicas": len([p for p in alive if p.ready]),
+            "availableReplicas": len([p for p in alive if p.ready]),
+        }
+        if {k: status.get(k) for k in new_status} != new_status:
+            self.api.patch("deployments", name, {"status": new_status}, sub="status")
+
     def _deployment(self, dep: dict[str, Any]) -> None:
+        if dep["metadata"].get("deletionTimestamp"):
+            self._deleting_deployment(dep)
+            return
         name = dep["metadata"]["name"]
         uid = str(dep["metadata"].get("uid", ""))
         replicas = int(dep["spec"].get("replicas", 1))
@@ -570,25 +627,7 @@ class Agent:
         if len(ready_current) >= replicas or replicas == 0:
             for pod in old:  # maxUnavailable 0: old pods go once the new ones serve
                 self._terminate(pod)
-        with self._lock:  # as the ReplicaSet controller: terminating pods are not counted
-            alive = [
-                p
-                for p in self.pods.values()
-                if p.owner_kind == "Deployment"
-                and p.owner_name == name
-                and p.owner_uid == uid
-                and not p.terminating
-            ]
-        new_status = {
-            "observedGeneration": dep["metadata"].get("generation", 1),
-            "replicas": len(alive),
-            "updatedReplicas": len([p for p in current if not p.terminating]),
-            "readyReplicas": len([p for p in alive if p.ready]),
-            "availableReplicas": len([p for p in alive if p.ready]),
-        }
-        status = dep.get("status") or {}
-        if {k: status.get(k) for k in new_status} != new_status:
-            self.api.patch("deployments", name, {"status": new_status}, sub="status")
+        self._deployment_status(dep, updated=len([p for p in current if not p.terminating]))
 
     # -- kubelet probes and kube-proxy ---------------------------------------------------------
     def _probe(self) -> None:

@@ -4,6 +4,10 @@ kmock stores objects and streams watch events but leaves out what a real API ser
 this layer fills ``metadata.namespace``, ``uid``, ``resourceVersion``, ``creationTimestamp`` and
 ``generation`` (bumped when a patch touches ``spec``), serves ``pods/{name}/log`` from what the
 test agent recorded, and declares the resources (kmock does not add a POSTed CRD to discovery).
+kmock itself honours finalizers on every resource (a DELETE only sets ``deletionTimestamp``
+while any is left; the object goes when a patch removes the last); this layer adds foreground
+deletion, the ``resourceVersion`` precondition of a patch and the refusal of new finalizers on
+an object being deleted (``_admit``).
 It runs on its own event loop in a background thread; ``Api`` is a small blocking client for
 the tests and the agent.
 """
@@ -132,6 +136,9 @@ class CompatEmulator(kmock.KubernetesEmulator):
 
     async def _handle_compat(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None:
+            refused = self._admit(request)
+            if refused is not None:
+                return refused
             if request.subresource == "log" and request.method == enums.method.GET:
                 container = request.params.get("container", "")
                 text = self.pod_logs.get((request.namespace or "", request.name or "", container))
@@ -164,6 +171,49 @@ class CompatEmulator(kmock.KubernetesEmulator):
                         generation = int(current.get("metadata", {}).get("generation") or 1)
                         meta["generation"] = generation + 1
         return await super()._handle(request)
+
+    def _admit(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
+        """What the API server does on its own before kmock stores anything: a DELETE in the
+        foreground adds ``foregroundDeletion`` (kmock then only marks the object, as for any
+        finalizer, and the agent's garbage collector deletes the dependents and removes it);
+        a PATCH is refused with 409 when it carries a stale ``metadata.resourceVersion`` (an
+        optimistic lock), and with 422 when it adds a finalizer to an object being deleted."""
+        key = (request.resource, request.namespace, request.name)
+        if request.name is None or key not in self.objects or self.objects[key].deleted:
+            return None
+        current = self.objects[key].raw
+        meta = current.get("metadata") or {}
+        data = request.data if isinstance(request.data, dict) else {}
+        if request.action == enums.action.DELETE:
+            policy = data.get("propagationPolicy") or request.params.get("propagationPolicy")
+            finalizers = list(meta.get("finalizers") or [])
+            if meta.get("deletionTimestamp"):
+                return None
+            if policy == "Foreground" and "foregroundDeletion" not in finalizers:
+                finalizers.append("foregroundDeletion")
+            if finalizers:  # kmock marks it: a new version, as the API server's
+                version = str(next(self._versions))
+                self.objects[key].patch(
+                    {"metadata": {"finalizers": finalizers, "resourceVersion": version}}
+                )
+            return None
+        if request.action != enums.action.UPDATE:
+            return None
+        want = data.get("metadata") or {}
+        version = want.get("resourceVersion")
+        if version and str(version) != str(meta.get("resourceVersion")):
+            return self._status(409, f"the object has been modified ({version} is stale)")
+        added = set(want.get("finalizers") or []) - set(meta.get("finalizers") or [])
+        if added and meta.get("deletionTimestamp"):
+            return self._status(
+                422, "Forbidden: no new finalizers can be added if the object is being deleted"
+            )
+        return None
+
+    @staticmethod
+    def _status(code: int, message: str) -> aiohttp.web.StreamResponse:
+        body = {"kind": "Status", "apiVersion": "v1", "code": code, "message": message}
+        return aiohttp.web.json_response(body, status=code)
 
 
 class EmulatorThread:
@@ -277,9 +327,14 @@ class Api:
         )
         return result
 
-    def delete(self, resource: str, name: str) -> None:
+    def delete(self, resource: str, name: str, *, propagation: str | None = None) -> None:
+        """DELETE; ``propagation`` is the cascade (``kubectl delete --cascade``): Background
+        when None, as the API server's default for Deployments."""
+        body = None
+        if propagation is not None:
+            body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
         try:
-            self._call("DELETE", self._path(resource, name))
+            self._call("DELETE", self._path(resource, name), body)
         except urllib.error.HTTPError as exc:
             if exc.code != 404:
                 raise

@@ -1,0 +1,73 @@
+"""Which model's daemon a watch event wakes, and when a re-listed child is no news."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+
+class Wakeups:
+    """One asyncio.Event per model; a watch event on a child sets its model's.
+
+    Every watch stream starts by listing its objects again after each reconnect (every few
+    minutes): kopf delivers them as events of type None, and a watch that replays (the
+    emulator's, or a real one restarted from an expired resourceVersion) as ADDED. A child
+    listed or added at the resourceVersion already seen wakes nobody, so reconnects cost no
+    pass per model; anything new or changed still wakes its model at once."""
+
+    MAX_SEEN = 100_000  # bounds the memory of resourceVersions (cleared when exceeded)
+
+    def __init__(self) -> None:
+        self._events: dict[str, asyncio.Event] = {}
+        self._seen: dict[str, str] = {}
+        self._woken_for: dict[str, Any] = {}  # model key -> the generation last woken for
+
+    def unobserved(self, key: str, body: Mapping[str, Any]) -> bool:
+        """Whether a model's own watch event shows a generation its status has not observed
+        and that has not woken it yet. kopf's update handler fires only when the spec's
+        content differs from the last one handled; a patch that bumps the generation without
+        that (a field set to what it already was, a spec put back) would otherwise wait for
+        the resync, leaving ``observedGeneration`` behind."""
+        generation = (body.get("metadata") or {}).get("generation")
+        observed = (body.get("status") or {}).get("observedGeneration")
+        if generation is None or generation == observed:
+            return False
+        if self._woken_for.get(key) == generation:
+            return False
+        self._woken_for[key] = generation
+        return True
+
+    def changed(self, meta: Mapping[str, Any], event_type: str | None) -> bool:
+        """Whether a child's watch event is news (false only for an unchanged re-listing)."""
+        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        if not uid or not version:
+            return True
+        if event_type == "DELETED":
+            self._seen.pop(uid, None)
+            return True
+        if event_type in (None, "ADDED") and self._seen.get(uid) == version:
+            return False
+        if len(self._seen) >= self.MAX_SEEN:
+            self._seen.clear()
+        self._seen[uid] = version
+        return True
+
+    def forget(self, meta: Mapping[str, Any]) -> None:
+        """The child's next listing is news again (what it woke failed)."""
+        self._seen.pop(str(meta.get("uid") or ""), None)
+
+    def get(self, key: str) -> asyncio.Event:
+        return self._events.setdefault(key, asyncio.Event())
+
+    def wake(self, key: str) -> bool:
+        """Wake the model's daemon; False when it has none (gone, being deleted, not yet
+        started)."""
+        event = self._events.get(key)
+        if event is not None:
+            event.set()
+        return event is not None
+
+    def drop(self, key: str) -> None:
+        self._events.pop(key, None)
+        self._woken_for.pop(key, None)
