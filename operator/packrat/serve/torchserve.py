@@ -189,11 +189,9 @@ class TorchServe:
             return ""
 
     async def start(self, *, timeout_s: float = 120.0, attempts: int = 6) -> None:
-        """Start and wait until the management API answers; a start that lost a port to
-        another process is retried on a later free block of ports, a random few blocks on
-        (several servers starting at once on one host, as in tests and benchmarks, would
-        otherwise all pick the same next block again). A pod has its own network namespace:
-        there the first block is free and nothing is retried."""
+        """Start and wait until the management API answers; a start that lost a port is
+        retried a random few free blocks on (servers starting at once on one host would all
+        take the next block again). In a pod's own network namespace the first block is free."""
         for attempt in range(attempts):
             try:
                 await self._start_once(timeout_s=timeout_s)
