@@ -29,8 +29,12 @@ def test_a_stranger_on_our_ports_is_not_taken_for_our_torchserve(tmp_path: Path)
         holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         holder.bind((LOOPBACK, chosen.inference))
         holder.listen()
+
+        async def models(_request: web.Request) -> web.Response:
+            return web.json_response({"models": []})
+
         stranger = web.Application()
-        stranger.router.add_get("/models", lambda _r: web.json_response({"models": []}))
+        stranger.router.add_get("/models", models)
         runner = web.AppRunner(stranger, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, LOOPBACK, chosen.management).start()
