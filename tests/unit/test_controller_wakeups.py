@@ -72,3 +72,44 @@ def test_a_storage_model_at_rest_asks_the_store_for_a_new_version() -> None:
     rest = {"waiting": False, "wants_estimates": False, "tuning": None}
     assert next_delay(opts, checks_store=False, **rest) == 300
     assert next_delay(opts, checks_store=True, **rest) == 7
+
+
+def test_the_pass_loop_retries_failures_and_ends_when_the_object_is_gone() -> None:
+    import asyncio
+
+    from packrat.controller.wakeups import run_passes
+
+    outcomes: list[object] = [RuntimeError("api 500"), RuntimeError("api 500"), 0.0, None]
+    errors: list[int] = []
+    ran: list[object] = []
+
+    async def one_pass() -> float | None:
+        outcome = outcomes.pop(0)
+        ran.append(outcome)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome  # type: ignore[return-value]
+
+    async def main() -> None:
+        await run_passes(
+            False,
+            asyncio.Event(),
+            one_pass,
+            backoff_s=0.001,
+            on_error=lambda _exc, failures: errors.append(failures),
+        )
+
+    asyncio.run(main())
+    assert errors == [1, 2]  # failures in a row, counted for the backoff
+    assert len(ran) == 4 and outcomes == []  # a pass after each, then None ends the loop
+
+
+def test_the_pass_loop_stops_when_kopf_says_so() -> None:
+    import asyncio
+
+    from packrat.controller.wakeups import run_passes
+
+    async def one_pass() -> float | None:
+        raise AssertionError("no pass once stopped")
+
+    asyncio.run(run_passes(True, asyncio.Event(), one_pass, backoff_s=1, on_error=print))

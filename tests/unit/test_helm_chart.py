@@ -543,6 +543,13 @@ def _controller_calls() -> set[tuple[str, str, str]]:
     for match in re.finditer(status_patch, source):
         resource = match.group(1) or plurals[match.group(2)]
         calls.add(("packrat.dev", f"{resource}/status", "patch"))
+    # context.run_pass(kube, config, <resource>, ...): a get of the object and a status patch
+    for literal, constant in re.findall(
+        r"run_pass\(\s*self\.kube,\s*self\.config,\s*(?:\"([a-z]+)\"|(PLURAL)\b)", source
+    ):
+        resource = literal or plurals[constant]
+        calls.add((_API_GROUPS[resource], resource, "get"))
+        calls.add(("packrat.dev", f"{resource}/status", "patch"))
     # kopf itself: watches the resources, patches their annotations/finalizers, posts events.
     for resource in ("packratmodels", "packratpipelines"):
         calls |= {("packrat.dev", resource, v) for v in ("list", "watch", "patch")}

@@ -3,11 +3,13 @@ being built and what the pass did (``Result``), with the helpers every step uses
 
 from __future__ import annotations
 
+import copy
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from packrat.controller.drift import merge_patch
 from packrat.controller.kube import KubeApi
 from packrat.controller.spec import DEFAULT_IMAGE
 from packrat.controller.status import now_iso, parse_time, set_condition
@@ -100,3 +102,44 @@ class Pass:
     def conflict(self, kind: str, name: str) -> None:
         if (kind, name) not in self.conflicts:
             self.conflicts.append((kind, name))
+
+
+def run_pass(
+    kube: KubeApi,
+    config: Config,
+    plural: str,
+    namespace: str,
+    name: str,
+    *,
+    step: Callable[[Pass], None],
+    now: datetime.datetime | None = None,
+    on_gone: Callable[[], object] | None = None,
+) -> Result:
+    """One pass over the object ``plural/namespace/name``: ``step`` works on a private copy of
+    its status; only when it returns are phase and observedGeneration set and the difference
+    written (an exception propagates and nothing is written). An object gone or being deleted
+    gets ``on_gone`` instead, and the result "gone"."""
+    obj = kube.get(plural, namespace, name)
+    result = Result()
+    if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+        if on_gone is not None:
+            on_gone()
+        result.result = "gone"
+        return result
+    old_status = dict(obj.get("status") or {})
+    p = Pass(
+        kube=kube,
+        config=config,
+        obj=obj,
+        status=copy.deepcopy(old_status),
+        result=result,
+        now=now or datetime.datetime.now(datetime.UTC),
+    )
+    step(p)
+    p.status["phase"] = result.phase
+    if p.generation is not None:
+        p.status["observedGeneration"] = p.generation
+    if p.status != old_status:
+        patch = merge_patch(old_status, p.status)
+        kube.patch(plural, namespace, name, {"status": patch}, subresource="status")
+    return result

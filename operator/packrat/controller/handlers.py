@@ -16,7 +16,6 @@ delete lets every one go, and so does the event of a held Deployment whose model
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -39,7 +38,7 @@ from packrat.controller.protection import held
 from packrat.controller.reconcile import Config, Reconciler, Result
 from packrat.controller.spec import GROUP, PLURAL, VERSION
 from packrat.controller.storage import needs_version_check
-from packrat.controller.wakeups import Wakeups
+from packrat.controller.wakeups import Wakeups, run_passes
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,6 @@ CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("v1", "configmaps", {"app.kubernetes.io/managed-by": m.MANAGER}),
     ("v1", "pods", {"app.kubernetes.io/name": m.PROFILING_APP}),
 )
-MAX_BACKOFF_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -270,41 +268,38 @@ def build_registry(
         key = f"{namespace}/{name}"
         event = wakeups.get(key)
         loop = asyncio.get_running_loop()
-        failures = 0
+
+        async def one_pass() -> float | None:
+            tuning = _tuner_interval(body)
+            estimating = _wants_estimates(body)
+            result = await loop.run_in_executor(
+                pool, run_pass, namespace, name, estimating, tuning is not None
+            )
+            if result.result == "gone":
+                metrics.forget_model(namespace, name)
+                parts()[0].tuners.forget(namespace, name)
+                return None
+            _publish(body, result)
+            # keyed on the spec, not the status: the body's status is still the one from
+            # before this pass (its own write arrives later as a watch event)
+            spec = body.get("spec") or {}
+            return next_delay(
+                options,
+                waiting=result.waiting,
+                wants_estimates=bool(spec.get("autoBatch")),
+                tuning=tuning,
+                checks_store=needs_version_check(spec.get("model") or {}),
+                retry=result.retry_seconds,
+            )
+
+        def on_error(exc: Exception, failures: int) -> None:
+            metrics.record_error(namespace, name, type(exc).__name__)
+            logger.warning("reconcile of %s failed (%s), retrying: %s", key, failures, exc)
+
         try:
-            while not stopped:
-                event.clear()
-                tuning = _tuner_interval(body)
-                estimating = _wants_estimates(body)
-                try:
-                    result = await loop.run_in_executor(
-                        pool, run_pass, namespace, name, estimating, tuning is not None
-                    )
-                except Exception as exc:
-                    failures += 1
-                    metrics.record_error(namespace, name, type(exc).__name__)
-                    logger.warning("reconcile of %s failed (%s), retrying: %s", key, failures, exc)
-                    delay = min(options.poll_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
-                else:
-                    failures = 0
-                    if result.result == "gone":
-                        metrics.forget_model(namespace, name)
-                        parts()[0].tuners.forget(namespace, name)
-                        return
-                    _publish(body, result)
-                    # keyed on the spec, not the status: the body's status is still the one
-                    # from before this pass (its own write arrives later as a watch event)
-                    spec = body.get("spec") or {}
-                    delay = next_delay(
-                        options,
-                        waiting=result.waiting,
-                        wants_estimates=bool(spec.get("autoBatch")),
-                        tuning=tuning,
-                        checks_store=needs_version_check(spec.get("model") or {}),
-                        retry=result.retry_seconds,
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=delay)
+            await run_passes(
+                stopped, event, one_pass, backoff_s=options.poll_seconds, on_error=on_error
+            )
         finally:
             wakeups.drop(key)
 

@@ -14,7 +14,6 @@ leaves status as it was and is retried with exponential backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -27,14 +26,13 @@ from packrat.controller.pipeline_manifests import LABEL_PIPELINE
 from packrat.controller.pipeline_reconcile import PLURAL, PipelineReconciler
 from packrat.controller.spec import GROUP, VERSION
 from packrat.controller.spec import PLURAL as MODELS
+from packrat.controller.wakeups import Wakeups, run_passes
 
 if TYPE_CHECKING:
     from packrat.controller.handlers import OperatorOptions
-    from packrat.controller.wakeups import Wakeups
 
 logger = logging.getLogger(__name__)
 
-MAX_BACKOFF_SECONDS = 60.0
 # a serving pipeline reads its router pods' latency histograms this often (measuredP99Ms)
 MEASURE_SECONDS = 30.0
 
@@ -81,35 +79,29 @@ def register_pipelines(
         key = f"{namespace}/{name}"
         event = wakeups.get(key)
         loop = asyncio.get_running_loop()
-        failures = 0
+
+        async def one_pass() -> float | None:
+            serving = (body.get("status") or {}).get("phase") == "Serving"
+
+            def run_pass() -> Result:
+                # the routers' histograms are read before the pass, never during it
+                measured = latency()(namespace, name) if serving else None
+                return reconciler().reconcile(namespace, name, measured_p99_ms=measured)
+
+            result = await loop.run_in_executor(pool, run_pass)
+            if result.result == "gone":
+                return None
+            _post_events(body, result)
+            delay = options.poll_seconds if result.waiting else options.resync_seconds
+            return min(delay, MEASURE_SECONDS) if result.phase == "Serving" else delay
+
+        def on_error(exc: Exception, failures: int) -> None:
+            logger.warning("reconcile of pipeline %s failed (%s), retrying: %s", key, failures, exc)
+
         try:
-            while not stopped:
-                event.clear()
-                serving = (body.get("status") or {}).get("phase") == "Serving"
-
-                def run_pass(serving: bool = serving) -> Result:
-                    # the routers' histograms are read before the pass, never during it
-                    measured = latency()(namespace, name) if serving else None
-                    return reconciler().reconcile(namespace, name, measured_p99_ms=measured)
-
-                try:
-                    result = await loop.run_in_executor(pool, run_pass)
-                except Exception as exc:
-                    failures += 1
-                    logger.warning(
-                        "reconcile of pipeline %s failed (%s), retrying: %s", key, failures, exc
-                    )
-                    delay = min(options.poll_seconds * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
-                else:
-                    failures = 0
-                    if result.result == "gone":
-                        return
-                    _post_events(body, result)
-                    delay = options.poll_seconds if result.waiting else options.resync_seconds
-                    if result.phase == "Serving":
-                        delay = min(delay, MEASURE_SECONDS)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=delay)
+            await run_passes(
+                stopped, event, one_pass, backoff_s=options.poll_seconds, on_error=on_error
+            )
         finally:
             wakeups.drop(key)
 

@@ -16,7 +16,6 @@ phase, conditions and observedGeneration change only when a pass completes.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import math
 from collections.abc import Mapping
@@ -24,8 +23,7 @@ from typing import Any
 
 from packrat.controller import pipeline_children as pc
 from packrat.controller import pipeline_manifests as pm
-from packrat.controller.context import Config, Pass, Result
-from packrat.controller.drift import merge_patch
+from packrat.controller.context import Config, Pass, Result, run_pass
 from packrat.controller.kube import KubeApi
 from packrat.controller.manifests import PORT
 from packrat.controller.model import InvalidSpec
@@ -45,10 +43,6 @@ from packrat.controller.status import get_condition
 PLURAL = "packratpipelines"
 PHASES = ("Pending", "Provisioning", "Serving", "Failed")
 _STAGE_FIELDS = ("replicas", "cpusPerReplica", "batch")
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool:
@@ -99,29 +93,12 @@ class PipelineReconciler:
         measured_p99_ms: float | None = None,
     ) -> Result:
         """One pass; ``measured_p99_ms``: the router pods' end-to-end P99, read before it."""
-        obj = self.kube.get(PLURAL, namespace, name)
-        result = Result()
-        if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
-            result.result = "gone"
-            return result
-        old_status = dict(obj.get("status") or {})
-        p = Pass(
-            kube=self.kube,
-            config=self.config,
-            obj=obj,
-            status=copy.deepcopy(old_status),
-            result=result,
-            now=now or _now(),
-        )
-        self._pass(p, measured_p99_ms)  # an exception propagates: nothing is written
-        self._report_conflicts(p)
-        p.status["phase"] = result.phase
-        if p.generation is not None:
-            p.status["observedGeneration"] = p.generation
-        if p.status != old_status:
-            patch = merge_patch(old_status, p.status)
-            self.kube.patch(PLURAL, namespace, name, {"status": patch}, subresource="status")
-        return result
+
+        def step(p: Pass) -> None:
+            self._pass(p, measured_p99_ms)
+            self._report_conflicts(p)
+
+        return run_pass(self.kube, self.config, PLURAL, namespace, name, step=step, now=now)
 
     # -- the pass ------------------------------------------------------------------------------
     def _pass(self, p: Pass, measured_p99_ms: float | None) -> None:

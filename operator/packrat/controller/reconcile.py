@@ -11,7 +11,6 @@ observedGeneration change only when a pass completes.
 
 from __future__ import annotations
 
-import copy
 import datetime
 import logging
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from packrat.controller import autobatch as ab
 from packrat.controller import autoscale as asc
 from packrat.controller import manifests as m
 from packrat.controller.batching import batch_to_plan, observe_batch
-from packrat.controller.context import Config, Pass, Result
+from packrat.controller.context import Config, Pass, Result, run_pass
 from packrat.controller.drift import merge_patch
 from packrat.controller.failover import lost_active, release_unneeded
 from packrat.controller.kube import KubeApi
@@ -45,10 +44,6 @@ __all__ = ["Config", "Reconciler", "Result", "merge_patch", "pod_failure"]
 logger = logging.getLogger(__name__)
 
 Estimates = ab.EstimateSource
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.UTC)
 
 
 @dataclass
@@ -96,32 +91,21 @@ class Reconciler:
         reading: ab.Reading | None = None,
         arrivals: asc.Arrivals | None = None,
     ) -> Result:
-        obj = self.kube.get("packratmodels", namespace, name)
-        result = Result()
-        if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
-            release_orphans(self.kube, namespace, name, live=None)  # no delete hangs on us
-            result.result = "gone"
-            return result
-        old_status = dict(obj.get("status") or {})
-        p = Pass(
-            kube=self.kube,
-            config=self.config,
-            obj=obj,
-            status=copy.deepcopy(old_status),
-            result=result,
-            now=now or _now(),
+        def step(p: Pass) -> None:
+            self._pass(p, reading, arrivals)
+            self._report_conflicts(p)
+
+        return run_pass(
+            self.kube,
+            self.config,
+            "packratmodels",
+            namespace,
+            name,
+            step=step,
+            now=now,
+            # a gone model's held Deployments are let go: no delete hangs on us
+            on_gone=lambda: release_orphans(self.kube, namespace, name, live=None),
         )
-        self._pass(p, reading, arrivals)  # an exception propagates: nothing is written
-        self._report_conflicts(p)
-        p.status["phase"] = result.phase
-        if p.generation is not None:
-            p.status["observedGeneration"] = p.generation
-        if p.status != old_status:
-            patch = merge_patch(old_status, p.status)
-            self.kube.patch(
-                "packratmodels", namespace, name, {"status": patch}, subresource="status"
-            )
-        return result
 
     def release_orphans(self, namespace: str, name: str) -> list[str]:
         """Let go the serving Deployments of ``name`` that no live model owns (a deleted

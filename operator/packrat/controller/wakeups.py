@@ -1,10 +1,14 @@
-"""Which model's daemon a watch event wakes, and when a re-listed child is no news."""
+"""Which model's daemon a watch event wakes, when a re-listed child is no news, and the
+daemon's loop of passes (:func:`run_passes`, shared by PackratModels and PackratPipelines)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+MAX_BACKOFF_SECONDS = 60.0
 
 
 class Wakeups:
@@ -71,3 +75,32 @@ class Wakeups:
     def drop(self, key: str) -> None:
         self._events.pop(key, None)
         self._woken_for.pop(key, None)
+
+
+async def run_passes(
+    stopped: object,
+    event: asyncio.Event,
+    one_pass: Callable[[], Awaitable[float | None]],
+    *,
+    backoff_s: float,
+    on_error: Callable[[Exception, int], None],
+) -> None:
+    """A daemon's loop until ``stopped`` (kopf's flag) is set: a pass, then a wait for a
+    wake-up (``event``) or the delay the pass returned; None means the object is gone and the
+    loop ends. A pass that raises is reported (``on_error(exc, failures in a row)``) and
+    retried after ``backoff_s`` doubled per failure, up to :data:`MAX_BACKOFF_SECONDS`."""
+    failures = 0
+    while not stopped:
+        event.clear()
+        try:
+            delay = await one_pass()
+        except Exception as exc:
+            failures += 1
+            on_error(exc, failures)
+            delay = min(backoff_s * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+        else:
+            failures = 0
+            if delay is None:
+                return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=delay)
