@@ -10,8 +10,11 @@ cores its profile was measured on, so before the load levels ``N`` requests are 
 at a time (each after the previous answer: no queueing) and the ratio of their median
 latency to the profile's single-request latency scales the whole profile for a second
 simulation ("calibrated"). That checks the queueing and batching model at the service
-times the pod has now; the raw simulation checks the profile too. Load levels are
-fractions of the calibrated capacity (``--loads``), or absolute rates (``--rates``).
+times the pod has now; the raw simulation checks the profile too. A third simulation
+("spread") also resamples the calibration requests' own spread per batch (their latencies
+over their median, the DES's ``service_factors``): at low load, where queueing is rare, the
+tail is that spread. Load levels are fractions of the calibrated capacity (``--loads``), or
+absolute rates (``--rates``); ``--repeats`` runs every level that many times, interleaved.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import argparse
 import asyncio
 import json
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from packrat.bench.servers import PackratServe
 from packrat.plan.des import nearest_rank, simulate
@@ -35,6 +40,30 @@ from packrat.serve.replay import run_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+DURATIONS = ("packrat_request_duration_seconds", "packrat_instance_request_duration_seconds")
+
+
+def pod_sums(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the pod's dispatcher and per-instance duration histograms, so that a
+    level's mean time inside the pod (vs at the client, vs simulated) is a difference."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out = {name: [0.0, 0.0] for name in DURATIONS}
+    for family in text_string_to_metric_families(text):
+        if family.name in out:
+            for sample in family.samples:
+                if sample.name.endswith("_sum"):
+                    out[family.name][0] += sample.value
+                elif sample.name.endswith("_count"):
+                    out[family.name][1] += sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def mean_ms(before: tuple[float, float], after: tuple[float, float]) -> float:
+    count = after[1] - before[1]
+    return (after[0] - before[0]) / count * 1000.0 if count else float("nan")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -59,13 +88,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             single = [(t, 1) for t, _ in plan.expand()]
             alone = max(table[k] for k in single)
             factor = 1.0
+            spread: list[float] = [1.0]
             if args.calibrate:  # one request at a time, each after the last answer
                 lat = []
                 for _ in range(args.calibrate):
                     one = await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=[0.0])
                     lat += [r.latency_s * 1000.0 for r in one.records if r.ok]
                 lat.sort()
-                factor = lat[len(lat) // 2] / alone
+                median = lat[len(lat) // 2]
+                factor = median / alone
+                spread = [x / median for x in lat]
                 print(
                     f"calibration: median {lat[len(lat) // 2]:.1f} ms alone vs profile "
                     f"{alone:.1f} ms: factor {factor:.2f}",
@@ -73,26 +105,39 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 )
             scaled = {k: v * factor for k, v in table.items()}
             capacity = sum(1000.0 / scaled[k] for k in single)
-            rates = args.rates or [round(f * capacity, 2) for f in args.loads]
-            for i, rate in enumerate(rates):
+            levels = args.rates or [round(f * capacity, 2) for f in args.loads]
+            rates = [(rep, rate) for rep in range(args.repeats) for rate in levels]
+            for i, (rep, rate) in enumerate(rates):
                 trace = gamma_trace(rate, cv=args.cv, duration_s=args.duration, seed=i + 1)
+                sums = pod_sums(pod.url)
                 measured = await run_trace(
                     url=pod.url, model=pod.model, body=body, arrivals_s=trace.tolist()
                 )
-                lat = np.array([r.latency_s * 1000.0 for r in measured.records if r.ok])
+                after = pod_sums(pod.url)
+                got = np.array([r.latency_s * 1000.0 for r in measured.records if r.ok])
                 sim = simulate(trace, table, plan.expand(), max_batch_delay_ms=5.0)
                 cal = simulate(trace, scaled, plan.expand(), max_batch_delay_ms=5.0)
+                spr = simulate(
+                    trace, scaled, plan.expand(), max_batch_delay_ms=5.0, service_factors=spread
+                )
                 rows.append(
                     {
                         "rate": rate,
+                        "repeat": rep,
                         "arrivals": int(trace.size),
                         "errors": measured.errors,
-                        "measured_p99_ms": nearest_rank(lat, 99),
-                        "measured_p50_ms": nearest_rank(lat, 50),
+                        "measured_p99_ms": nearest_rank(got, 99),
+                        "measured_p50_ms": nearest_rank(got, 50),
                         "simulated_p99_ms": sim.p99_ms,
                         "simulated_p50_ms": sim.percentile(50),
                         "calibrated_p99_ms": cal.p99_ms,
                         "calibrated_p50_ms": cal.percentile(50),
+                        "measured_mean_ms": float(got.mean()) if got.size else float("nan"),
+                        "pod_mean_ms": mean_ms(sums[DURATIONS[0]], after[DURATIONS[0]]),
+                        "instance_mean_ms": mean_ms(sums[DURATIONS[1]], after[DURATIONS[1]]),
+                        "spread_mean_ms": spr.mean_ms,
+                        "spread_p99_ms": spr.p99_ms,
+                        "spread_p50_ms": spr.percentile(50),
                         "load": rate / capacity,
                         "send_lag_ms": measured.late_s * 1000.0,
                     }
@@ -105,6 +150,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "profile": str(args.profile),
         "plan": plan.label,
         "calibration_factor": factor,
+        "calibration_spread": spread,
         "calibrated_capacity_per_s": capacity,
         "rows": rows,
     }
@@ -119,7 +165,8 @@ def main() -> None:
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
     parser.add_argument("--rates", type=floats, default=None, help="absolute rates per second")
     parser.add_argument("--loads", type=floats, default=[0.3, 0.5, 0.7])
-    parser.add_argument("--calibrate", type=int, default=15)
+    parser.add_argument("--calibrate", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cv", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--stem", default="sim-vs-real")
@@ -129,15 +176,24 @@ def main() -> None:
     lines = [
         f"{doc['model']}, plan {doc['plan']} from {doc['profile']}, calibration factor "
         f"{doc['calibration_factor']:.2f} (capacity {doc['calibrated_capacity_per_s']:.1f}/s)",
-        f"{'rate/s':>8}{'load':>6}{'sim P99':>9}{'cal P99':>9}{'real P99':>10}{'real/cal':>9}"
-        f"{'cal P50':>9}{'real P50':>10}{'errors':>8}",
+        f"{'rate/s':>8}{'load':>6}{'sim P99':>9}{'cal P99':>9}{'spr P99':>9}{'real P99':>10}"
+        f"{'real/cal':>9}{'real/spr':>9}{'spr P50':>9}{'real P50':>10}{'errors':>8}",
     ]
     for r in doc["rows"]:
         lines.append(
             f"{r['rate']:>8.1f}{r['load']:>6.2f}{r['simulated_p99_ms']:>9.1f}"
-            f"{r['calibrated_p99_ms']:>9.1f}{r['measured_p99_ms']:>10.1f}"
+            f"{r['calibrated_p99_ms']:>9.1f}{r['spread_p99_ms']:>9.1f}{r['measured_p99_ms']:>10.1f}"
             f"{r['measured_p99_ms'] / r['calibrated_p99_ms']:>9.2f}"
-            f"{r['calibrated_p50_ms']:>9.1f}{r['measured_p50_ms']:>10.1f}{r['errors']:>8}"
+            f"{r['measured_p99_ms'] / r['spread_p99_ms']:>9.2f}"
+            f"{r['spread_p50_ms']:>9.1f}{r['measured_p50_ms']:>10.1f}{r['errors']:>8}"
+        )
+    lines.append(
+        "means (ms): client / pod (dispatcher) / instance (TorchServe) / spread simulation"
+    )
+    for r in doc["rows"]:
+        lines.append(
+            f"{r['rate']:>8.1f}{r['measured_mean_ms']:>9.1f}{r['pod_mean_ms']:>9.1f}"
+            f"{r['instance_mean_ms']:>9.1f}{r['spread_mean_ms']:>9.1f}"
         )
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{args.stem}.txt").write_text(text)

@@ -184,6 +184,27 @@ def test_refuses_a_profile_of_another_model(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["meta"]["model"] == "resnet50"  # untouched
 
 
+def test_profile_verifies_plans_against_the_fat_instance(tmp_path: Path) -> None:
+    """``--verify-batches``: after the grid, the plan and the fat instance really run, and
+    the measured speedup is kept in the profile next to the expected one."""
+    out = tmp_path / "verified.json"
+    cli = _run(
+        f"profile --model tiny --cpus {T} --max-batch 2 --precision 0.2 --point-budget 0.5 "
+        f"--warmup 1 --min-samples 3 --allow-contended --verify-batches 1,2 --verify-repeats 3 "
+        f"-o {out}"
+    )
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    record = json.loads(out.read_text())["meta"]["extra"]["verified"]
+    assert "error" not in record, record
+    assert [r["batch"] for r in record["results"]] == [1, 2]
+    for r in record["results"]:
+        assert r["planMs"] > 0 and r["fatMs"] > 0
+        assert r["speedup"] == pytest.approx(r["fatMs"] / r["planMs"], rel=0.01)
+        assert r["plan"]["batch"] == r["batch"] and r["label"] == r["plan"]["label"]
+    assert "verified B=2" in cli.stderr
+    assert load_profile(out).points  # still a valid profile
+
+
 def test_refuses_more_cpus_than_allowed(tmp_path: Path) -> None:
     with pytest.raises(ProfilerError, match="may only use"):
         run_profile(spec="tiny", cpus=len(CPUS) + 1, max_batch=1, output=tmp_path / "x.json")

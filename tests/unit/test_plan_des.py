@@ -51,6 +51,62 @@ def test_md1_mean_wait_matches_the_closed_form(rho: float) -> None:
     assert wait == pytest.approx(rho * service / (2 * (1 - rho)), rel=0.08)
 
 
+@pytest.mark.parametrize(("rho", "cv"), [(0.3, 1.0), (0.6, 1.0), (0.6, 0.5), (0.85, 0.5)])
+def test_mg1_mean_wait_matches_pollaczek_khinchine(rho: float, cv: float) -> None:
+    """M/G/1 with gamma service times: W = rho * D * (1 + cv^2) / (2 (1 - rho)); cv 1 is
+    M/M/1's rho * D / (1 - rho)."""
+    service = 50.0
+    rate = rho / (service / 1000.0)
+    trace = gamma_trace(rate, cv=1.0, duration_s=100_000 / rate, seed=12)
+    result = simulate(
+        trace,
+        {(1, 1): service},
+        [(1, 1)],
+        max_batch_delay_ms=0.0,
+        queue_limit=10**9,
+        service_cv=cv,
+    )
+    wait = result.mean_ms - service
+    assert wait == pytest.approx(rho * service * (1 + cv * cv) / (2 * (1 - rho)), rel=0.1)
+
+
+@settings(max_examples=50, deadline=None)
+@given(arrival_lists, st.floats(0.1, 500.0), st.floats(0.2, 5.0))
+def test_constant_service_factors_scale_the_profile(
+    arrivals: np.ndarray, service: float, factor: float
+) -> None:
+    """Resampling one measured ratio is the profile scaled by it, exactly as Lindley says."""
+    result = simulate(arrivals, {(1, 1): service}, [(1, 1)], service_factors=[factor] * 3)
+    assert np.allclose(result.latencies_ms, lindley(arrivals * 1000.0, service * factor))
+
+
+def test_service_spread_is_seeded_and_leaves_the_mean() -> None:
+    trace = gamma_trace(10.0, duration_s=200.0, seed=3)
+    plain = simulate(trace, {(1, 1): 20.0}, [(1, 1)])
+    assert np.array_equal(
+        plain.latencies_ms, simulate(trace, {(1, 1): 20.0}, [(1, 1)], service_cv=0.0).latencies_ms
+    )
+    spread = [simulate(trace, {(1, 1): 20.0}, [(1, 1)], service_cv=0.5, seed=s) for s in (1, 1, 2)]
+    assert np.array_equal(spread[0].latencies_ms, spread[1].latencies_ms)
+    assert not np.array_equal(spread[0].latencies_ms, spread[2].latencies_ms)
+    # same mean service time, more variance: the tail grows
+    assert spread[0].p99_ms > plain.p99_ms
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"service_cv": -0.1},
+        {"service_cv": math.inf},
+        {"service_factors": []},
+        {"service_factors": [1.0, 0.0]},
+    ],
+)
+def test_rejects_a_bad_service_spread(kwargs: dict[str, object]) -> None:
+    with pytest.raises(SimulationError, match="service"):
+        simulate([0.0], {(1, 1): 1.0}, [(1, 1)], **kwargs)  # type: ignore[arg-type]
+
+
 @settings(max_examples=200, deadline=None)
 @given(arrival_lists, st.floats(0.1, 500.0))
 def test_batch_one_equals_the_lindley_recursion(arrivals: np.ndarray, service: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from packrat.plan.baselines import BASELINES, baseline_pairs, even_split, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile
-from packrat.profiler.client import WorkerProcess
+from packrat.profiler.client import HandlerTarget, WorkerProcess
 from packrat.profiler.profiler import ProfilerError, ProfileSettings, profile_cpus, run_profile
 from packrat.profiler.stats import Summary, summarize
 from packrat.runtime.cpus import CoreAssignmentError, assign_cores, format_cpu_list
@@ -138,8 +138,15 @@ class BatchResult:
 class WorkerPool:
     """Workers keyed by (threads, cores): configurations on the same cores share them."""
 
-    def __init__(self, spec: str, *, startup_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        spec: str,
+        *,
+        startup_timeout_s: float = 300.0,
+        handler: HandlerTarget | None = None,
+    ) -> None:
         self.spec = spec
+        self.handler = handler
         self.timeout = startup_timeout_s
         self.workers: dict[tuple[int, tuple[int, ...]], WorkerProcess] = {}
 
@@ -148,7 +155,9 @@ class WorkerPool:
         keys = [(t, tuple(sorted(c))) for t, c in wanted]
         new = [k for k in dict.fromkeys(keys) if k not in self.workers]
         for t, cores in new:
-            self.workers[(t, cores)] = WorkerProcess(spec=self.spec, cpus=cores, threads=t)
+            self.workers[(t, cores)] = WorkerProcess(
+                spec=self.spec, cpus=cores, threads=t, handler=self.handler
+            )
         for key in new:
             ready = self.workers[key].wait_ready(timeout=self.timeout)
             if sorted(ready["affinity"]) != list(key[1]) or ready["threads"] != key[0]:
@@ -242,8 +251,11 @@ def run_bench(
     allowed: Sequence[int] | None = None,
     stream: TextIO | None = None,
     run_timeout_s: float = 600.0,
+    names: Sequence[str] = CONFIG_NAMES,
+    handler: HandlerTarget | None = None,
 ) -> list[BatchResult]:
-    """Measure plan, fat and per-core side by side, interleaved, for every batch size."""
+    """Measure plan, fat and per-core side by side, interleaved, for every batch size
+    (``names``: a subset of the configurations; ``handler``: run an archive's handler)."""
     if repeats < 1:
         raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
     base = profile_cpus(cpus, allowed=allowed)
@@ -253,11 +265,11 @@ def run_bench(
     except PlanError as exc:
         raise ProfilerError(str(exc)) from None
     table = profile.table()
-    pool = WorkerPool(spec)
+    pool = WorkerPool(spec, handler=handler)
     results: list[BatchResult] = []
     try:
         for plan in plans:
-            configs = bench_configs(plan, table)
+            configs = [c for c in bench_configs(plan, table) if c.name in names]
             runs: dict[str, tuple[list[WorkerProcess], list[int]]] = {}
             out: dict[str, ConfigResult] = {}
             for config in configs:

@@ -91,6 +91,18 @@ def register(subparsers: Any) -> None:
             "PACKRAT_ALLOW_CONTENDED=1"
         ),
     )
+    parser.add_argument(
+        "--verify-batches",
+        metavar="LIST",
+        help=(
+            "after the profile, run the optimizer's plan against the fat instance for these "
+            "batch sizes (e.g. 1,2,4), interleaved, and keep the measured speedups in the "
+            "profile (meta.extra.verified); a failed verification keeps the profile"
+        ),
+    )
+    parser.add_argument(
+        "--verify-repeats", type=int, default=5, help="repetitions per verified batch (default 5)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -157,6 +169,23 @@ def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
     )
 
 
+def _verify(args: argparse.Namespace, profile: Any, *, batches: list[int], handler: Any) -> None:
+    """Measure the plans against the fat instance and keep the result in the profile."""
+    from packrat.bench.verify import format_verification, verify_plans, with_verification
+
+    record = verify_plans(
+        profile,
+        spec=args.model,
+        cpus=args.cpus,
+        batches=batches,
+        repeats=args.verify_repeats,
+        handler=handler,
+        stream=sys.stderr,
+    )
+    with_verification(profile, record).save(args.output)
+    print(format_verification(record), file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="packrat-profile-") as tmp:
         return _run(args, Path(tmp))
@@ -167,6 +196,11 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
 
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
+    verify = (
+        parse_int_list(args.verify_batches, what="--verify-batches") if args.verify_batches else []
+    )
+    if args.verify_repeats < 1:
+        raise CliError(f"--verify-repeats must be >= 1, got {args.verify_repeats}")
     settings = ProfileSettings(
         precision=args.precision,
         point_budget_s=args.point_budget,
@@ -186,6 +220,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             settings=settings,
             handler=handler,
         )
+        if verify and result.profile is not None and not result.missing:
+            _verify(args, result.profile, batches=verify, handler=handler)
     except ProfilerError as exc:
         raise CliError(str(exc)) from None
     finally:

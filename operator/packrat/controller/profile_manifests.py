@@ -30,6 +30,22 @@ from packrat.controller.overrides import apply_pod
 from packrat.controller.spec import DEFAULT_IMAGE, with_defaults
 
 
+def verify_batches(spec: Mapping[str, Any]) -> list[int]:
+    """The batch sizes the profiling run verifies plans for (plan vs fat, measured): the
+    fixed batch size, or every power of two autoBatch may choose; none with an SLO (the
+    planner picks the replica size, not the profiled T) or ``profiling.verify: false``."""
+    spec = with_defaults(spec)
+    if spec["profiling"].get("verify") is False or "slo" in spec:
+        return []
+    if isinstance(spec.get("batchSize"), int):
+        return [int(spec["batchSize"])]
+    auto = spec.get("autoBatch")
+    if isinstance(auto, Mapping):
+        lo, hi = int(auto["min"]), int(auto["max"])
+        return [1 << k for k in range(11) if lo <= 1 << k <= hi]
+    return []
+
+
 def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
     spec = with_defaults(spec)
     profiling = spec["profiling"]
@@ -54,6 +70,9 @@ def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
         cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
     if profiling.get("allowContended"):
         cmd[-2:-2] = ["--allow-contended"]
+    batches = verify_batches(spec)
+    if batches:
+        cmd[-2:-2] = ["--verify-batches", ",".join(str(b) for b in batches)]
     if spec["model"].get("sampleRequest") is not None:
         cmd[-2:-2] = [
             "--sample-request-env",

@@ -19,6 +19,7 @@ from typing import Any
 from packrat.controller import autobatch as ab
 from packrat.controller import autoscale as asc
 from packrat.controller import manifests as m
+from packrat.controller import verified
 from packrat.controller.batching import batch_to_plan, observe_batch
 from packrat.controller.context import Config, Pass, Result, run_pass
 from packrat.controller.drift import merge_patch
@@ -218,6 +219,7 @@ class Reconciler:
             if active_dep is not None:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
+        verified.publish(status, profile)
         if "autoscaling" in model.spec:
             asc.publish_scale(p, replicas)
         if auto and p.result.phase == "Ready" and "switch" not in status:

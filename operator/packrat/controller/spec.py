@@ -91,6 +91,7 @@ _PROFILING_FIELDS = {
     "timeoutSeconds",
     "backoffLimit",
     "allowContended",
+    "verify",
 }
 _SWITCH_FIELDS = {"readyTimeoutSeconds", "drainSeconds"}
 _TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
@@ -180,9 +181,10 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     _int_in(errors, profiling, "timeBudgetSeconds", where="spec.profiling.", lo=1, hi=86400)
     _int_in(errors, profiling, "timeoutSeconds", where="spec.profiling.", lo=30, hi=172800)
     _int_in(errors, profiling, "backoffLimit", where="spec.profiling.", lo=0, hi=10)
-    allow = profiling.get("allowContended")
-    if allow is not None and not isinstance(allow, bool):
-        errors.append(f"spec.profiling.allowContended must be a boolean, got {allow!r}")
+    for flag in ("allowContended", "verify"):
+        value = profiling.get(flag)
+        if value is not None and not isinstance(value, bool):
+            errors.append(f"spec.profiling.{flag} must be a boolean, got {value!r}")
     precision = profiling.get("precision")
     if (
         isinstance(precision, bool)

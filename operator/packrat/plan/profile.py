@@ -29,6 +29,11 @@ class ProfileError(ValueError):
     """A profile file or object is malformed; the message names the file and row."""
 
 
+# ``meta.extra`` key of the plans measured against the fat instance after profiling
+# (written by :mod:`packrat.bench.verify`, read by :mod:`packrat.controller.verified`).
+VERIFIED_KEY = "verified"
+
+
 @dataclass(frozen=True, slots=True)
 class ProfilePoint:
     """One measured configuration: one instance with ``threads`` threads running batch ``batch``.
