@@ -79,13 +79,14 @@ def spec_for(
         "profiling": profiling,
         "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
     }
-    if config == "auto":
+    if config in ("auto", "auto-nearest"):
         spec["autoBatch"] = {
             "min": 1,
             "max": 16,
             "sustainObservations": sustain,
             "minIntervalSeconds": interval,
             "minGain": 0.05,
+            **({"rounding": "nearest"} if config == "auto-nearest" else {}),
         }
     elif config == "fat":
         spec["batchSize"] = 16

@@ -48,6 +48,14 @@ def register(subparsers: Any) -> None:
         "batches) before it answers 503 with Retry-After (default 1024)",
     )
     parser.add_argument(
+        "--batch-estimate",
+        choices=("floor", "nearest"),
+        default="floor",
+        help="how the batch-size estimate rounds the mean queue depth to a power of two: "
+        "floor (Packrat's; reads burst-synchronised clients as half the burst) or nearest "
+        "(on a log scale; unbiased for them). Default floor",
+    )
+    parser.add_argument(
         "--drain-seconds", type=float, default=30.0, help="SIGTERM: longest wait for in-flight"
     )
     parser.add_argument(
@@ -210,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
             torchserve_port_base=args.torchserve_port_base,
             admin_token=token,
             zygote=not args.no_zygote,
+            estimator_rounding=args.batch_estimate,
         )
         return asyncio.run(serve(opts))
     except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:

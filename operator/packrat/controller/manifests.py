@@ -15,7 +15,14 @@ from typing import Any
 
 from packrat.controller import storage
 from packrat.controller.overrides import apply_pod
-from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name, with_defaults
+from packrat.controller.spec import (
+    API_VERSION,
+    DEFAULT_IMAGE,
+    KIND,
+    estimate_rounding,
+    model_name,
+    with_defaults,
+)
 
 PORT = 8080
 PRESTOP_SECONDS = 5
@@ -223,6 +230,7 @@ def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
         "0.0.0.0",
         "--max-batch-delay-ms",
         str(spec["maxBatchDelayMs"]),
+        *(["--batch-estimate", r] if (r := estimate_rounding(spec)) != "floor" else []),
     ]
 
 

@@ -56,6 +56,18 @@ DEFAULTS: dict[str, Any] = {
     },
     "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 10},
 }
+# How the pods round their mean queue depth to a power of two (packrat serve --batch-estimate);
+# "floor" (Packrat's) is the default and is left out of pod commands and hashes.
+ESTIMATE_ROUNDINGS = ("floor", "nearest")
+
+
+def estimate_rounding(spec: Mapping[str, Any]) -> str:
+    """The autoBatch estimate's rounding (``floor`` without autoBatch)."""
+    auto = spec.get("autoBatch")
+    rounding = auto.get("rounding", "floor") if isinstance(auto, Mapping) else "floor"
+    return str(rounding)
+
+
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
     "min": 1,
     "max": 32,
@@ -227,7 +239,13 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
         if not isinstance(auto, Mapping):
             errors.append("spec.autoBatch must be an object")
         else:
-            _unknown(errors, auto, set(AUTO_BATCH_DEFAULTS), where="spec.autoBatch.")
+            _unknown(errors, auto, {*AUTO_BATCH_DEFAULTS, "rounding"}, where="spec.autoBatch.")
+            rounding = auto.get("rounding", "floor")
+            if rounding not in ESTIMATE_ROUNDINGS:
+                errors.append(
+                    f"spec.autoBatch.rounding must be one of {', '.join(ESTIMATE_ROUNDINGS)}, "
+                    f"got {rounding!r}"
+                )
             _int_in(errors, auto, "min", where="spec.autoBatch.", lo=1, hi=1024)
             _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
             _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
@@ -361,5 +379,6 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             "tolerations": spec.get("tolerations") or [],
             "affinity": spec.get("affinity") or {},
             **({"pod": spec["pod"]} if spec.get("pod") else {}),
+            **({"rounding": r} if (r := estimate_rounding(spec)) != "floor" else {}),
         }
     )[:16]

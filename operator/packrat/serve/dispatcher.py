@@ -88,6 +88,7 @@ class Dispatcher(SwapMixin):
         retry_after_s: int = 1,
         estimator_interval_s: float = 0.005,
         estimator_window: int = 200,
+        estimator_rounding: str = "floor",
         metrics: ServeMetrics | None = None,
         status: Callable[[], Mapping[str, Any]] | None = None,
         alive: Callable[[], bool] | None = None,
@@ -114,7 +115,7 @@ class Dispatcher(SwapMixin):
         self.body_timeout_s = body_timeout_s
         self.buffered_bytes = 0
         self.metrics = metrics or ServeMetrics()
-        self.estimator = BatchSizeEstimator(window=estimator_window)
+        self.estimator = BatchSizeEstimator(window=estimator_window, rounding=estimator_rounding)
         self.sampler = EstimatorSampler(
             self.estimator,
             pending=lambda: self.pending,

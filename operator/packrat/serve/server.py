@@ -97,6 +97,7 @@ class ServeOptions:
     health_interval_s: float = 0.5
     health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
     estimator_interval_s: float = 0.005
+    estimator_rounding: str = "floor"  # or "nearest" (packrat.plan.estimator)
     shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
@@ -228,6 +229,7 @@ class PodServer:
             metrics=self.metrics,
             status=self.status,
             estimator_interval_s=opts.estimator_interval_s,
+            estimator_rounding=opts.estimator_rounding,
             alive=self._alive,
             max_body_bytes=opts.max_body_bytes,
             max_buffered_bytes=opts.max_buffered_bytes,
