@@ -47,10 +47,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
-from harness import TEST_IMAGE, OperatorCluster, wait_for  # noqa: E402
+from harness import OperatorCluster, wait_for  # noqa: E402
+from seeding import seed_profile  # noqa: E402
 
 from packrat.controller import manifests as m  # noqa: E402
-from packrat.controller.spec import profile_key  # noqa: E402
+from packrat.plan.profile import parse_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILING: dict[str, Any] = {
@@ -197,25 +198,12 @@ def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return events
 
 
-def copy_profile(
-    cluster: OperatorCluster, *, source: str, name: str, spec: dict[str, Any], threads: list[int]
-) -> None:
-    """Pre-create ``name``'s profile ConfigMap from the profile JSON ``source`` (only the
-    ``threads`` points)."""
-    profile = json.loads(source)
-    profile["points"] = [p for p in profile["points"] if p["threads"] in threads]
-    key = profile_key(spec, image=TEST_IMAGE)
-    cluster.api.create(
-        "configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": m.profile_object_name(name, key),
-                "labels": {m.LABEL_MODEL: name, m.LABEL_PROFILE_KEY: key[:16]},
-            },
-            "data": {m.PROFILE_FILE: json.dumps(profile)},
-        },
+def copy_profile(cluster: OperatorCluster, *, source: str, name: str, threads: list[int]) -> None:
+    """Seed the model ``name``'s profile ConfigMap, owned by it, from the profile JSON
+    ``source`` (only the ``threads`` points), once the operator has keyed it."""
+    profile = parse_profile(source, origin="first configuration's profile")
+    seed_profile(
+        cluster, name, profile.with_points(p for p in profile.points if p.threads in threads)
     )
 
 
@@ -228,14 +216,6 @@ def run_config(
     source: str | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], str]:
     name = config
-    if source is not None:
-        copy_profile(
-            cluster,
-            source=source,
-            name=name,
-            spec=spec,
-            threads=spec["profiling"]["threads"],
-        )
     cluster.api.create(
         "packratmodels",
         {
@@ -245,13 +225,15 @@ def run_config(
             "spec": spec,
         },
     )
+    if source is not None:
+        copy_profile(cluster, source=source, name=name, threads=spec["profiling"]["threads"])
     deadline = time.monotonic() + 300
     while cluster.status(name).get("phase") != "Ready":
         if time.monotonic() > deadline:
             raise RuntimeError(f"{name} not Ready: {cluster.status(name)}\n{cluster.log_tail(20)}")
         status = cluster.status(name)
         if status.get("phase") == "Failed":
-            raise RuntimeError(f"{name} Failed: {status.get('message')}")
+            raise RuntimeError(f"{name} Failed: {status}\n{cluster.log_tail(30)}")
         print(f"[{config}] {status.get('phase')}: {status.get('message', '')[:120]}", flush=True)
         time.sleep(5)
     profile_cm = cluster.api.get("configmaps", cluster.status(name)["profile"]["configMap"])
