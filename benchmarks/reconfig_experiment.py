@@ -8,7 +8,8 @@ runs the real operator against the kmock emulator with the integration harness's
 the same stepped closed-loop load, concurrency 2 -> 8 -> 16 -> 8 -> 2, against three
 PackratModels one after another:
 
-- ``auto``: ``spec.autoBatch`` {min 1, max 16}: the operator re-plans online;
+- ``auto``: ``spec.autoBatch`` {min 1, max 16}: the operator re-plans online (``auto-floor``
+  and ``auto-nearest``: the same with the pods' batch-size estimate rounding set);
 - ``fat``: one instance with all T threads, batch 16 (a profile with only t=T points);
 - ``mean``: the optimizer's plan for the mean load (batch 8), static.
 
@@ -80,14 +81,14 @@ def spec_for(
         "profiling": profiling,
         "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
     }
-    if config in ("auto", "auto-nearest"):
+    if config in ("auto", "auto-nearest", "auto-floor"):
         spec["autoBatch"] = {
             "min": 1,
             "max": 16,
             "sustainObservations": sustain,
             "minIntervalSeconds": interval,
             "minGain": 0.05,
-            **({"rounding": "nearest"} if config == "auto-nearest" else {}),
+            **({"rounding": config.removeprefix("auto-")} if config != "auto" else {}),
         }
     elif config == "fat":
         spec["batchSize"] = 16

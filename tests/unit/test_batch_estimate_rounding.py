@@ -5,10 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from packrat.controller.manifests import serve_command
-from packrat.controller.spec import serving_hash, validate_spec
+from packrat.controller.spec import DEFAULT_ROUNDING, serving_hash, validate_spec
+from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.serve.dispatcher import Dispatcher
 
 BASE: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxBatch": 8}}
+
+
+def test_the_operator_default_is_the_pods_default() -> None:
+    assert DEFAULT_ROUNDING == SERVING_ROUNDING == "nearest"
 
 
 def test_rounding_reaches_the_serving_command_only_when_not_the_default() -> None:
@@ -16,19 +21,19 @@ def test_rounding_reaches_the_serving_command_only_when_not_the_default() -> Non
     nearest = {**BASE, "autoBatch": {"min": 1, "max": 8, "rounding": "nearest"}}
     floor = {**BASE, "autoBatch": {"min": 1, "max": 8, "rounding": "floor"}}
     assert "--batch-estimate" not in serve_command(auto, name="m")
-    assert "--batch-estimate" not in serve_command(floor, name="m")
-    cmd = serve_command(nearest, name="m")
-    assert cmd[cmd.index("--batch-estimate") + 1] == "nearest"
+    assert "--batch-estimate" not in serve_command(nearest, name="m")
+    cmd = serve_command(floor, name="m")
+    assert cmd[cmd.index("--batch-estimate") + 1] == "floor"
     plan = {"cpus": 2, "batch": 4, "instances": []}
-    # the default leaves existing pods' hash alone (no switch on upgrade); nearest rolls them
-    assert serving_hash(auto, plan=plan, image="i") == serving_hash(floor, plan=plan, image="i")
-    assert serving_hash(auto, plan=plan, image="i") != serving_hash(nearest, plan=plan, image="i")
-    assert validate_spec(nearest) == []
+    # the default leaves existing pods' hash alone (no switch on upgrade); floor rolls them
+    assert serving_hash(auto, plan=plan, image="i") == serving_hash(nearest, plan=plan, image="i")
+    assert serving_hash(auto, plan=plan, image="i") != serving_hash(floor, plan=plan, image="i")
+    assert validate_spec(floor) == []
     bad = {**BASE, "autoBatch": {"min": 1, "max": 8, "rounding": "ceil"}}
     assert any("rounding" in e for e in validate_spec(bad))
 
 
 def test_the_dispatcher_rounds_as_told() -> None:
     kwargs: dict[str, Any] = {"model": "m", "instances": [], "backend_url": "http://127.0.0.1:1"}
-    assert Dispatcher(**kwargs).estimator.rounding == "floor"
-    assert Dispatcher(**kwargs, estimator_rounding="nearest").estimator.rounding == "nearest"
+    assert Dispatcher(**kwargs).estimator.rounding == "nearest"
+    assert Dispatcher(**kwargs, estimator_rounding="floor").estimator.rounding == "floor"

@@ -50,10 +50,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--batch-estimate",
         choices=("floor", "nearest"),
-        default="floor",
+        default="nearest",
         help="how the batch-size estimate rounds the mean queue depth to a power of two: "
-        "floor (Packrat's; reads burst-synchronised clients as half the burst) or nearest "
-        "(on a log scale; unbiased for them). Default floor",
+        "nearest (on a log scale, the default) or floor (Packrat's; reads burst-synchronised "
+        "clients as half the burst)",
     )
     parser.add_argument(
         "--drain-seconds", type=float, default=30.0, help="SIGTERM: longest wait for in-flight"

@@ -18,6 +18,7 @@ from packrat.controller.overrides import apply_pod
 from packrat.controller.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
+    DEFAULT_ROUNDING,
     KIND,
     estimate_rounding,
     model_name,
@@ -230,7 +231,7 @@ def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
         "0.0.0.0",
         "--max-batch-delay-ms",
         str(spec["maxBatchDelayMs"]),
-        *(["--batch-estimate", r] if (r := estimate_rounding(spec)) != "floor" else []),
+        *(["--batch-estimate", r] if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else []),
     ]
 
 

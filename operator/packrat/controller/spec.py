@@ -57,15 +57,16 @@ DEFAULTS: dict[str, Any] = {
     "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 10},
 }
 # How the pods round their mean queue depth to a power of two (packrat serve --batch-estimate);
-# "floor" (Packrat's) is the default and is left out of pod commands and hashes.
+# the pods' default ("nearest") is left out of pod commands and hashes, so it rolls no pods.
 ESTIMATE_ROUNDINGS = ("floor", "nearest")
+DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit test pins it)
 
 
 def estimate_rounding(spec: Mapping[str, Any]) -> str:
-    """The autoBatch estimate's rounding (``floor`` without autoBatch)."""
+    """The autoBatch estimate's rounding (the pods' default without autoBatch)."""
     auto = spec.get("autoBatch")
-    rounding = auto.get("rounding", "floor") if isinstance(auto, Mapping) else "floor"
-    return str(rounding)
+    rounding = auto.get("rounding", DEFAULT_ROUNDING) if isinstance(auto, Mapping) else None
+    return str(rounding or DEFAULT_ROUNDING)
 
 
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
@@ -240,7 +241,7 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
             errors.append("spec.autoBatch must be an object")
         else:
             _unknown(errors, auto, {*AUTO_BATCH_DEFAULTS, "rounding"}, where="spec.autoBatch.")
-            rounding = auto.get("rounding", "floor")
+            rounding = auto.get("rounding", DEFAULT_ROUNDING)
             if rounding not in ESTIMATE_ROUNDINGS:
                 errors.append(
                     f"spec.autoBatch.rounding must be one of {', '.join(ESTIMATE_ROUNDINGS)}, "
@@ -379,6 +380,6 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             "tolerations": spec.get("tolerations") or [],
             "affinity": spec.get("affinity") or {},
             **({"pod": spec["pod"]} if spec.get("pod") else {}),
-            **({"rounding": r} if (r := estimate_rounding(spec)) != "floor" else {}),
+            **({"rounding": r} if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else {}),
         }
     )[:16]

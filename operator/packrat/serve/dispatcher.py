@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from packrat.plan.estimator import BatchSizeEstimator
+from packrat.plan.estimator import SERVING_ROUNDING, BatchSizeEstimator
 from packrat.serve.arrivals import ArrivalLog
 from packrat.serve.config import InstanceSpec
 from packrat.serve.connections import (
@@ -88,7 +88,7 @@ class Dispatcher(SwapMixin):
         retry_after_s: int = 1,
         estimator_interval_s: float = 0.005,
         estimator_window: int = 200,
-        estimator_rounding: str = "floor",
+        estimator_rounding: str = SERVING_ROUNDING,
         metrics: ServeMetrics | None = None,
         status: Callable[[], Mapping[str, Any]] | None = None,
         alive: Callable[[], bool] | None = None,

@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.plan.optimizer import Plan
 from packrat.serve.archive import ModelArchive, build_archive, default_model_name
 from packrat.serve.config import (
@@ -97,7 +98,7 @@ class ServeOptions:
     health_interval_s: float = 0.5
     health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
     estimator_interval_s: float = 0.005
-    estimator_rounding: str = "floor"  # or "nearest" (packrat.plan.estimator)
+    estimator_rounding: str = SERVING_ROUNDING  # or "floor" (packrat.plan.estimator)
     shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
