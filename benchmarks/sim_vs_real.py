@@ -92,18 +92,30 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             alone = max(table[k] for k in single)
             factor = 1.0
             spread: list[float] = [1.0]
-            if args.calibrate:  # one request at a time, each after the last answer
-                lat = []
-                for _ in range(args.calibrate):
-                    one = await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=[0.0])
-                    lat += [r.latency_s * 1000.0 for r in one.records if r.ok]
-                lat.sort()
+            if args.calibrate:  # each client sends one request at a time, after the last answer
+
+                async def client(n: int) -> list[float]:
+                    got: list[float] = []
+                    for _ in range(n):
+                        one = await run_trace(
+                            url=pod.url, model=pod.model, body=body, arrivals_s=[0.0]
+                        )
+                        got += [r.latency_s * 1000.0 for r in one.records if r.ok]
+                    return got
+
+                clients = max(1, args.calibrate_clients)
+                per = max(1, args.calibrate // clients)
+                lat = sorted(
+                    x
+                    for xs in await asyncio.gather(*(client(per) for _ in range(clients)))
+                    for x in xs
+                )
                 median = lat[len(lat) // 2]
                 factor = median / alone
                 spread = [x / median for x in lat]
                 print(
-                    f"calibration: median {lat[len(lat) // 2]:.1f} ms alone vs profile "
-                    f"{alone:.1f} ms: factor {factor:.2f}",
+                    f"calibration ({clients} closed-loop clients): median {median:.1f} ms vs "
+                    f"profile {alone:.1f} ms: factor {factor:.2f}",
                     flush=True,
                 )
             scaled = {k: v * factor for k, v in table.items()}
@@ -153,6 +165,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "profile": str(args.profile),
         "plan": plan.label,
         "calibration_factor": factor,
+        "calibration_clients": args.calibrate_clients,
         "calibration_spread": spread,
         "calibrated_capacity_per_s": capacity,
         "rows": rows,
@@ -170,6 +183,13 @@ def main() -> None:
     parser.add_argument("--loads", type=floats, default=[0.3, 0.5, 0.7])
     parser.add_argument("--calibrate", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--calibrate-clients",
+        type=int,
+        default=1,
+        help="closed-loop clients during calibration (the plan's instance count keeps every "
+        "instance busy: service times under the contention queueing happens in)",
+    )
     parser.add_argument("--warm-seconds", type=float, default=60.0)
     parser.add_argument("--cv", type=float, default=1.0)
     parser.add_argument("--duration", type=float, default=60.0)
