@@ -186,13 +186,21 @@ def watch_status(
 
 
 def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Switch start (status.switch appears) and Service moved (activeSlot changes) times."""
+    """Switch start (status.switch appears) and Service moved (activeSlot changes) times, and
+    in-pod switches (the plan changes on the same slot, no switch under way)."""
     events = []
     for before, after in itertools.pairwise(samples):
         if after["switching"] and not before["switching"]:
             events.append({"t": after["t"], "event": "switch_started", "plan": after["label"]})
         if after["slot"] != before["slot"] and before["slot"] is not None:
             events.append({"t": after["t"], "event": "service_moved", "plan": after["label"]})
+        elif (
+            after["slot"] == before["slot"] is not None
+            and after["label"] != before["label"]
+            and before["label"] is not None
+            and not after["switching"]
+        ):
+            events.append({"t": after["t"], "event": "switched_in_pod", "plan": after["label"]})
     return events
 
 
@@ -383,7 +391,7 @@ def plot(
         for event in [e for e in events if e["config"] == config]:
             style = "--" if event["event"] == "switch_started" else "-"
             ax.axvline(event["t"], color="red", ls=style, lw=1)
-            if event["event"] == "service_moved":
+            if event["event"] in ("service_moved", "switched_in_pod"):
                 ax.text(
                     event["t"],
                     0.8,
@@ -421,6 +429,13 @@ def main(argv: list[str] | None = None) -> int:
         help="profiling time budget (s); ResNet-50 needs ~240 to reach batch 16",
     )
     parser.add_argument("--configs", default="auto,fat,mean")
+    parser.add_argument(
+        "--switch",
+        choices=("inpod", "deployment"),
+        default="inpod",
+        help="how the operator applies a plan change that keeps the cores: inside the running "
+        "pods (its default) or by switching slots (packrat operator --no-inpod-switch)",
+    )
     parser.add_argument("--stem", default=None)
     args = parser.parse_args(argv)
     profiling = {**PROFILING, "timeBudgetSeconds": args.profile_budget}
@@ -435,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     history: dict[str, Any] = {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reconfig-") as tmp:
-        cluster = OperatorCluster(Path(tmp))
+        cluster = OperatorCluster(Path(tmp), inpod_switch=args.switch == "inpod")
         try:
             source: str | None = None
             for config in configs:
@@ -489,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     switch_lines = "\n".join(
         f"{config}: plan {h['plan']}; switches: "
         + "; ".join(
-            f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('result')} ({s.get('seconds')}s)"
+            f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('mode', 'Deployment')} "
+            f"{s.get('result')} ({s.get('seconds')}s)"
             for s in h["switchHistory"]
         )
         + (
