@@ -184,7 +184,12 @@ def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
     assert new_pod.name != pod.name and _pod_status(cluster, new_pod.name)["plan"]["cpus"] == 1
     if load.failures:
         t0 = load.results[0][0]
-        print("switched at", switched_at - t0, "terminations", [(t - t0, n) for t, n, _ in cluster.agent.terminations])
+        print(
+            "switched at",
+            switched_at - t0,
+            "terminations",
+            [(t - t0, n) for t, n, _ in cluster.agent.terminations],
+        )
         print("failures from", load.failures[0][0] - t0, "to", load.failures[-1][0] - t0)
         print("ok after", [t - t0 for t, c in load.results if c == 200][-3:])
     assert load.failures == [], load.failures[:5]
