@@ -367,8 +367,10 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(configs), 1, figsize=(12, 3.2 * len(configs)), sharex=True)
-    for ax, config in zip(axes, configs, strict=True):
+    fig, grid = plt.subplots(
+        len(configs), 1, figsize=(12, 3.2 * len(configs)), sharex=True, squeeze=False
+    )
+    for ax, config in zip(grid[:, 0], configs, strict=True):
         mine = [r for r in rows if r["config"] == config]
         ok = [r for r in mine if r["code"] == 200]
         bad = [r for r in mine if r["code"] != 200]
@@ -402,7 +404,10 @@ def plot(
                 )
         ax.set_yscale("log")
         ax.set_ylabel(f"{config}\nlatency ms")
-    axes[-1].set_xlabel("seconds since the load started (red: switch started --, Service moved -)")
+    grid[-1, 0].set_xlabel(
+        "seconds since the load started (red: switch started --, Service moved or switched in "
+        "the pod -)"
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
