@@ -189,13 +189,21 @@ def watch_status(
 
 
 def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Switch start (status.switch appears) and Service moved (activeSlot changes) times."""
+    """Switch start (status.switch appears) and Service moved (activeSlot changes) times, and
+    in-pod switches (the plan changes on the same slot, no switch under way)."""
     events = []
     for before, after in itertools.pairwise(samples):
         if after["switching"] and not before["switching"]:
             events.append({"t": after["t"], "event": "switch_started", "plan": after["label"]})
         if after["slot"] != before["slot"] and before["slot"] is not None:
             events.append({"t": after["t"], "event": "service_moved", "plan": after["label"]})
+        elif (
+            after["slot"] == before["slot"] is not None
+            and after["label"] != before["label"]
+            and before["label"] is not None
+            and not after["switching"]
+        ):
+            events.append({"t": after["t"], "event": "switched_in_pod", "plan": after["label"]})
     return events
 
 
@@ -343,8 +351,10 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(configs), 1, figsize=(12, 3.2 * len(configs)), sharex=True)
-    for ax, config in zip(axes, configs, strict=True):
+    fig, grid = plt.subplots(
+        len(configs), 1, figsize=(12, 3.2 * len(configs)), sharex=True, squeeze=False
+    )
+    for ax, config in zip(grid[:, 0], configs, strict=True):
         mine = [r for r in rows if r["config"] == config]
         ok = [r for r in mine if r["code"] == 200]
         bad = [r for r in mine if r["code"] != 200]
@@ -367,7 +377,7 @@ def plot(
         for event in [e for e in events if e["config"] == config]:
             style = "--" if event["event"] == "switch_started" else "-"
             ax.axvline(event["t"], color="red", ls=style, lw=1)
-            if event["event"] == "service_moved":
+            if event["event"] in ("service_moved", "switched_in_pod"):
                 ax.text(
                     event["t"],
                     0.8,
@@ -378,7 +388,10 @@ def plot(
                 )
         ax.set_yscale("log")
         ax.set_ylabel(f"{config}\nlatency ms")
-    axes[-1].set_xlabel("seconds since the load started (red: switch started --, Service moved -)")
+    grid[-1, 0].set_xlabel(
+        "seconds since the load started (red: switch started --, Service moved or switched in "
+        "the pod -)"
+    )
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -405,6 +418,13 @@ def main(argv: list[str] | None = None) -> int:
         help="profiling time budget (s); ResNet-50 needs ~240 to reach batch 16",
     )
     parser.add_argument("--configs", default="auto,fat,mean")
+    parser.add_argument(
+        "--switch",
+        choices=("inpod", "deployment"),
+        default="inpod",
+        help="how the operator applies a plan change that keeps the cores: inside the running "
+        "pods (its default) or by switching slots (packrat operator --no-inpod-switch)",
+    )
     parser.add_argument("--stem", default=None)
     args = parser.parse_args(argv)
     profiling = {**PROFILING, "timeBudgetSeconds": args.profile_budget}
@@ -419,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     history: dict[str, Any] = {}
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reconfig-") as tmp:
-        cluster = OperatorCluster(Path(tmp))
+        cluster = OperatorCluster(Path(tmp), inpod_switch=args.switch == "inpod")
         try:
             source: str | None = None
             for config in configs:
@@ -473,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     switch_lines = "\n".join(
         f"{config}: plan {h['plan']}; switches: "
         + "; ".join(
-            f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('result')} ({s.get('seconds')}s)"
+            f"{s.get('fromBatch')}->{s.get('toBatch')} {s.get('mode', 'Deployment')} "
+            f"{s.get('result')} ({s.get('seconds')}s)"
             for s in h["switchHistory"]
         )
         + (

@@ -26,7 +26,9 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[OperatorCluster]:
     stem = request.module.__name__.rsplit(".", 1)[-1]
-    cluster = OperatorCluster(tmp_path_factory.mktemp(stem))
+    # a module that tests the in-pod switch says so (INPOD_SWITCH = True)
+    inpod = bool(getattr(request.module, "INPOD_SWITCH", False))
+    cluster = OperatorCluster(tmp_path_factory.mktemp(stem), inpod_switch=inpod)
     try:
         yield cluster
     finally:

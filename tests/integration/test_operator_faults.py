@@ -16,6 +16,7 @@ from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
 from seeding import MeasuredProfiles, seed_profile
 
 from packrat.controller.drift import merge_patch
+from packrat.controller.spec import template_hash
 
 # the session's profile may be measured in ``serving`` first (minutes on a loaded machine)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -185,8 +186,12 @@ def test_fault1_active_deleted_in_the_foreground(serving: OperatorCluster) -> No
 
     wait_for(recreated, timeout=300, what="deleted in the foreground, then recreated")
     assert _memory(cluster, dep_name) == "4Gi"
+    # the pods' hash label is the template's (the plan's cores, not the plan: the slot's plan
+    # ConfigMap holds that), of the last good configuration
+    spec, plan = before["servingSpec"], before["plan"]
+    pod_hash = template_hash(spec, cpus=plan["cpus"], image=spec.get("image") or TEST_IMAGE)
     assert _template(cluster, dep_name)["metadata"]["labels"]["packrat.dev/serving-hash"] == (
-        good_hash
+        pod_hash
     )
     wait_for(lambda: cluster.status(NAME).get("phase") == "Ready", timeout=900, what="Ready")
     wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=120, what="serving")

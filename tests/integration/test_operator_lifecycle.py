@@ -160,8 +160,11 @@ def test_operator_profiles_retries_and_serves(cluster: OperatorCluster, served: 
     assert svc is not None and svc["spec"]["selector"]["packrat.dev/slot"] == active
     dep = cluster.api.get("deployments", f"{NAME}-{active}")
     assert dep is not None
-    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert json.loads(env["PACKRAT_PLAN"])["batch"] == status["plan"]["batch"]
+    env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    ref = env["PACKRAT_PLAN"]["valueFrom"]["configMapKeyRef"]  # the slot's plan ConfigMap
+    plan_cm = cluster.api.get("configmaps", ref["name"])
+    assert plan_cm is not None and ref["name"] == f"{NAME}-{active}-plan"
+    assert json.loads(plan_cm["data"][ref["key"]])["batch"] == status["plan"]["batch"]
     # real inference through the Service
     code, answer = cluster.predict(NAME, NAME)
     assert code == 200, answer

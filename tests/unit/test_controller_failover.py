@@ -4,6 +4,7 @@ honours finalizers as the API server does: each decision of the pass about a del
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
@@ -11,6 +12,7 @@ from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 from packrat.controller import manifests as m
 from packrat.controller import protection
 from packrat.controller.reconcile import Reconciler
+from packrat.controller.spec import DEFAULT_IMAGE, template_hash
 from packrat.controller.status import get_condition
 from packrat.controller.wakeups import Wakeups
 
@@ -36,6 +38,17 @@ def _selected(kube: FakeKube) -> str:
 
 def _cond(kube: FakeKube, type_: str) -> dict[str, Any]:
     return dict(get_condition(kube.prm()["status"].get("conditions"), type_) or {})
+
+
+def _renders(kube: FakeKube, slot: str, status: dict[str, Any]) -> bool:
+    """The slot's Deployment and plan ConfigMap are rendered from ``status``'s served spec
+    and plan (the pod template's hash has the plan's cores, the ConfigMap the plan)."""
+    spec, plan = status["servingSpec"], status["plan"]
+    want = template_hash(spec, cpus=plan["cpus"], image=spec.get("image") or DEFAULT_IMAGE)
+    label = _dep(kube, f"tiny-{slot}")["metadata"]["labels"]["packrat.dev/serving-hash"]
+    cm = kube.get("configmaps", NS, f"tiny-{slot}-plan")
+    assert cm is not None
+    return label == want and json.loads(cm["data"]["plan.json"])["batch"] == plan["batch"]
 
 
 def _failing_switch() -> tuple[FakeKube, Reconciler, str]:
@@ -78,7 +91,7 @@ def test_active_deleted_during_a_failing_switch_keeps_serving_then_fails_over() 
     # the failing switch is aborted, and the other slot gets the LAST GOOD configuration
     assert res.switch_result == "aborted" and status["lastSwitch"]["result"] == "Aborted"
     assert _memory(kube, "tiny-b") == "4Gi"
-    assert _dep(kube, "tiny-b")["metadata"]["labels"]["packrat.dev/serving-hash"] == good
+    assert _renders(kube, "b", kube.prm()["status"])
     assert _dep(kube, "tiny-b")["spec"]["replicas"] == 1
     assert res.phase == "Reconfiguring" and res.waiting
     assert _cond(kube, "Reconfiguring")["reason"] == "ActiveDeploymentDeleted"
@@ -127,8 +140,11 @@ def test_active_deleted_while_draining_completes_the_switch_and_fails_over() -> 
     status = kube.prm()["status"]
     assert res.switch_result == "succeeded" and "switch" not in status
     assert _selected(kube) == "b"  # the new plan's pods, held, keep serving
-    a = _dep(kube, "tiny-a")  # the old slot now renders the new (last good) plan
-    assert a["metadata"]["labels"]["packrat.dev/serving-hash"] == new_hash
+    # the old slot now renders the new (last good) plan, and its pods (same template but
+    # the plan) are replaced: the plan's hash is in their template
+    assert _renders(kube, "a", status) and status["servingHash"] == new_hash
+    annotations = _dep(kube, "tiny-a")["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[m.ANNOTATION_PLAN_HASH]
     kube.make_ready("tiny-a")
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=3))
     assert _selected(kube) == "a" and kube.of("deployments") == ["tiny-a"]
@@ -148,7 +164,7 @@ def test_active_deleted_in_the_foreground_is_recreated_at_once() -> None:
     assert "tiny-a" not in kube.of("deployments")
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=2))
     assert _memory(kube, "tiny-a") == "4Gi"
-    assert _dep(kube, "tiny-a")["metadata"]["labels"]["packrat.dev/serving-hash"] == good
+    assert _renders(kube, "a", kube.prm()["status"])
     assert _selected(kube) == "a"
     kube.make_ready("tiny-a")
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=3))

@@ -105,14 +105,14 @@ def test_post_plan_reads_the_pods_answer(pod: int) -> None:
         (503, json.dumps({"message": "new plan did not start"}).encode()),
         (200, b"x" * 100_000),  # too large: still the status, no message
     ]
-    ok = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    ok = post_plan(f"http://127.0.0.1:{pod}", _plan(4, 1, 2), token="t" * 20, timeout=30)
     assert ok.ok and ok.status == 200 and ok.message == "4x1t/b2"
     path, auth, body = _Pod.seen[0]
     assert path == "/admin/plan" and auth == "Bearer " + "t" * 20
     assert json.loads(body)["instances"] == [{"threads": 1, "batch": 2, "count": 4}]
-    bad = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    bad = post_plan(f"http://127.0.0.1:{pod}", _plan(4, 1, 2), token="t" * 20, timeout=30)
     assert not bad.ok and bad.status == 503 and "did not start" in bad.message
-    big = post_plan("127.0.0.1", pod, _plan(4, 1, 2), token="t" * 20, timeout=30)
+    big = post_plan(f"http://127.0.0.1:{pod}", _plan(4, 1, 2), token="t" * 20, timeout=30)
     assert big.ok and big.message == ""
 
 
@@ -120,5 +120,5 @@ def test_post_plan_to_nobody_is_an_answer_not_an_exception() -> None:
     from packrat.serve.torchserve import free_ports
 
     port = free_ports(1)[0]
-    answer = post_plan("127.0.0.1", port, _plan(4, 1, 2), token="t" * 20, timeout=5)
+    answer = post_plan(f"http://127.0.0.1:{port}", _plan(4, 1, 2), token="t" * 20, timeout=5)
     assert not answer.ok and answer.status == 0 and "unreachable" in answer.message

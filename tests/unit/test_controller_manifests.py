@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import kubernetes_validate
@@ -52,7 +51,7 @@ def _objects(owner: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         pm.profiling_job(owner, key="abcdef0123456789"),
         pm.profile_configmap(owner, key="abcdef0123456789", profile_json="{}", cpu_model="x"),
-        m.serving_deployment(owner, slot="a", plan=PLAN, serving_hash="h1", replicas=2),
+        m.serving_deployment(owner, slot="a", serving_hash="h1", replicas=2),
         m.service(owner, slot="b"),
     ]
 
@@ -96,7 +95,7 @@ def test_pods_are_guaranteed_and_locked_down(owner: dict[str, Any]) -> None:
 
 
 def test_deployment_serves_plan_with_probes() -> None:
-    dep = m.serving_deployment(OWNER, slot="b", plan=PLAN, serving_hash="h1", replicas=3)
+    dep = m.serving_deployment(OWNER, slot="b", serving_hash="h1", replicas=3)
     assert dep["metadata"]["name"] == "tiny-b"
     assert dep["spec"]["replicas"] == 3
     tpl = dep["spec"]["template"]
@@ -108,8 +107,17 @@ def test_deployment_serves_plan_with_probes() -> None:
     assert c["command"][:2] == ["packrat", "serve"]
     assert c["command"][c["command"].index("--plan-env") + 1] == "PACKRAT_PLAN"
     assert c["command"][c["command"].index("--port") + 1] == "8080"
-    env = {e["name"]: e["value"] for e in c["env"]}
-    assert json.loads(env["PACKRAT_PLAN"])["instances"] == PLAN["instances"]
+    # the plan comes from the slot's plan ConfigMap, the admin token from the model's Secret
+    env = {e["name"]: e for e in c["env"]}
+    assert env["PACKRAT_PLAN"]["valueFrom"] == {
+        "configMapKeyRef": {"name": "tiny-b-plan", "key": "plan.json"}
+    }
+    assert env["PACKRAT_ADMIN_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "tiny-admin-token", "key": "token"}
+    }
+    assert c["command"][c["command"].index("--admin-token-env") + 1] == "PACKRAT_ADMIN_TOKEN"
+    assert "packrat.dev/plan-hash" not in tpl["metadata"]["annotations"]
+    assert "packrat.dev/plan" not in tpl["metadata"]["annotations"]
     for probe in ("readinessProbe", "startupProbe"):
         assert c[probe]["httpGet"]["path"] == "/ping"
     # a restarting worker or a draining pod leaves the Service (/ping) but is not killed

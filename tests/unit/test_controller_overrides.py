@@ -47,7 +47,7 @@ def owner(pod: Any) -> dict[str, Any]:
 def _pods() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     body = owner(POD)
     job = pm.profiling_job(body, key="k" * 16)
-    dep = m.serving_deployment(body, slot="a", plan=PLAN, serving_hash="h", replicas=1)
+    dep = m.serving_deployment(body, slot="a", serving_hash="h", replicas=1)
     for obj in (job, dep):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
     return [(o["spec"]["template"]["metadata"], o["spec"]["template"]["spec"]) for o in (job, dep)]

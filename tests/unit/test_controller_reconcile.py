@@ -248,7 +248,9 @@ def test_profile_then_deploy_then_ready() -> None:
     kube.finish_job(ok=True, log=_profile_json())
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Deploying"
-    assert kube.of("configmaps") == [job_name]
+    # the profile, and the slot's plan (its pods read it at start), and the admin token
+    assert sorted(kube.of("configmaps")) == sorted([job_name, "tiny-a-plan"])
+    assert kube.of("secrets") == ["tiny-admin-token"]
     assert kube.of("jobs") == []
     assert kube.of("deployments") == ["tiny-a"]
     svc = kube.get("services", NS, "tiny")
@@ -379,10 +381,10 @@ def test_profiling_failure_retries_with_backoff_then_fails() -> None:
 
 def test_profile_reused_for_batch_change() -> None:
     kube, rec = _ready_model()
-    cms = kube.of("configmaps")
+    profiles = [c for c in kube.of("configmaps") if "-profile-" in c]
     _set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
-    assert kube.of("configmaps") == cms
+    assert [c for c in kube.of("configmaps") if "-profile-" in c] == profiles
     assert kube.of("jobs") == []
 
 

@@ -1,8 +1,10 @@
-"""The serving hash changes exactly when the rendered serving pod template does.
+"""The template hash changes exactly when the rendered serving pod template does.
 
 A hash that moves without the template (switch timings once did) starts a switch that
 changes nothing; one that stays while the template moves leaves a slot serving an old
 template. Both directions are checked on random pairs of specs against the real builder.
+The plan is not in the template (the slot's plan ConfigMap holds it), only its cores are in
+the template hash; the serving hash (``status.servingHash``) has the whole plan.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packrat.controller import manifests as m
-from packrat.controller.spec import serving_hash, with_defaults
+from packrat.controller.spec import serving_hash, template_hash, with_defaults
 
 PLANS = [
     {
@@ -53,7 +55,7 @@ specs = st.fixed_dictionaries(
 
 def _template(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
     owner = {"metadata": {"name": "f", "namespace": "ns", "uid": "u"}, "spec": spec}
-    dep = m.serving_deployment(owner, slot="a", plan=plan, serving_hash="-", replicas=1)
+    dep = m.serving_deployment(owner, slot="a", serving_hash="-", replicas=1)
     template: dict[str, Any] = copy.deepcopy(dep["spec"]["template"])
     return template
 
@@ -63,11 +65,21 @@ def _template(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
 def test_hash_moves_with_the_template_only(
     a: dict[str, Any], b: dict[str, Any], plan_a: dict[str, Any], plan_b: dict[str, Any]
 ) -> None:
-    same_hash = serving_hash(a, plan=plan_a, image=a["image"]) == serving_hash(
-        b, plan=plan_b, image=b["image"]
+    same_hash = template_hash(a, cpus=plan_a["cpus"], image=a["image"]) == template_hash(
+        b, cpus=plan_b["cpus"], image=b["image"]
     )
     same_template = _template(a, plan_a) == _template(b, plan_b)
     assert same_hash == same_template
+    if plan_a != plan_b:  # the plan itself is in the serving hash only
+        assert serving_hash(a, plan=plan_a, image=a["image"]) != serving_hash(
+            b, plan=plan_b, image=b["image"]
+        )
+
+
+def test_a_plan_change_on_the_same_cores_keeps_the_template() -> None:
+    spec = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    assert _template(spec, PLANS[0]) == _template(spec, PLANS[1])
+    assert template_hash(spec, cpus=2, image="i") != template_hash(spec, cpus=4, image="i")
 
 
 def test_switch_timings_leave_template_and_hash() -> None:

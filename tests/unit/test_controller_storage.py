@@ -94,7 +94,7 @@ def _init(obj: dict[str, Any]) -> list[dict[str, Any]]:
 def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
     body = owner({**S3, VERSION_KEY: "etag-1"})
     job = pm.profiling_job(body, key="k" * 16)
-    dep = m.serving_deployment(body, slot="a", plan=PLAN, serving_hash="h", replicas=1)
+    dep = m.serving_deployment(body, slot="a", serving_hash="h", replicas=1)
     for obj, expect_version in ((job, True), (dep, False)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
         pod = obj["spec"]["template"]["spec"]
@@ -135,7 +135,7 @@ def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
     assert "--expect-version" not in fetch["command"]
 
     pvc = {"storageUri": "pvc://claim/dir/r.pt", "format": "torchscript"}
-    dep = m.serving_deployment(owner(pvc), slot="a", plan=PLAN, serving_hash="h", replicas=1)
+    dep = m.serving_deployment(owner(pvc), slot="a", serving_hash="h", replicas=1)
     pod = dep["spec"]["template"]["spec"]
     assert "initContainers" not in pod  # no digest: nothing to run
     assert {

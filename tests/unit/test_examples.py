@@ -130,9 +130,7 @@ def test_example_objects_the_operator_builds_are_valid_and_guaranteed(
     owner["metadata"].setdefault("namespace", "models")
     built = [
         profile_manifests.profiling_job(owner, key="0123456789abcdef" * 4),
-        manifests.serving_deployment(
-            owner, slot="a", plan=_PLAN, serving_hash="f" * 16, replicas=1
-        ),
+        manifests.serving_deployment(owner, slot="a", serving_hash="f" * 16, replicas=1),
         manifests.service(owner, slot="a"),
     ]
     for obj in built:

@@ -20,7 +20,6 @@ from packaging_support import (
     NAMESPACE,
     RELEASE,
     ROOT,
-    SAMPLE_PLAN,
     all_containers,
     by_kind,
     helm_home,
@@ -302,10 +301,7 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
         "metadata": {"name": "resnet50", "namespace": "models-a", "uid": "u-1"},
         "spec": {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8},
     }
-    plan = SAMPLE_PLAN
-    deployment = manifests.serving_deployment(
-        owner, slot="a", plan=plan, serving_hash="h" * 16, replicas=1
-    )
+    deployment = manifests.serving_deployment(owner, slot="a", serving_hash="h" * 16, replicas=1)
     template = deployment["spec"]["template"]
     pmon = _one(rendered["monitors"], "PodMonitor")
     selector = pmon["spec"]["selector"]["matchLabels"]
@@ -432,7 +428,7 @@ NAMESPACED_RESOURCES = {
     ("", "pods"): {"list", "watch", "delete"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"create"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "create"},
 }
 CLUSTER_RESOURCES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
@@ -585,12 +581,13 @@ def test_rbac_covers_every_api_call_of_the_controller(
 
 def test_secrets_are_only_read_one_by_name(rendered: dict[str, list[dict[str, Any]]]) -> None:
     # the operator reads a storageUri model's credentialsSecret by name to ask the store for
-    # the object's ETag; it never lists or watches Secrets, nor writes one
+    # the object's ETag, and creates and reads each model's admin token Secret (the in-pod
+    # switch); it never lists, watches, patches or deletes Secrets
     for objects in rendered.values():
         for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
             for (_, resource), verbs in _grants(role).items():
                 if resource == "secrets":
-                    assert verbs == {"get"}, verbs
+                    assert verbs == {"get", "create"}, verbs
 
 
 # ---------------------------------------------------------------------------- chart metadata

@@ -260,9 +260,7 @@ def controller_workloads() -> Iterator[dict[str, Any]]:
     for model in MODELS.values():
         owner = _owner(model, profiling={"threads": [1, 2, 4]})
         yield profile_manifests.profiling_job(owner, key="k" * 64)
-        yield manifests.serving_deployment(
-            owner, slot="b", plan=PLAN, serving_hash="h" * 16, replicas=2
-        )
+        yield manifests.serving_deployment(owner, slot="b", serving_hash="h" * 16, replicas=2)
 
 
 def chart_workloads(tmp_path: Path) -> Iterator[dict[str, Any]]:

@@ -112,7 +112,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--pod-url",
         default="http://{ip}:8080",
         help="URL template of one serving pod, for reading each ready pod's batch-size "
-        "estimate (autoBatch); {ip}, {pod} and {namespace} are filled in",
+        "estimate (autoBatch) and posting a new plan to it (the in-pod switch); {ip}, {pod} "
+        "and {namespace} are filled in",
+    )
+    parser.add_argument(
+        "--no-inpod-switch",
+        dest="inpod_switch",
+        action="store_false",
+        help="every plan change switches slots (new pods), even when only the batch changed",
     )
     parser.set_defaults(func=run)
 
@@ -151,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         estimate_seconds=args.estimate_seconds,
         serving_url=args.serving_url,
         pod_url=args.pod_url,
+        inpod_switch=args.inpod_switch,
         scanning=bool(args.all_namespaces)
         or any(any(c in ns for c in "*?[") for ns in args.namespace),
     )

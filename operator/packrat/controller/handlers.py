@@ -30,6 +30,8 @@ from packrat.controller import manifests as m
 from packrat.controller.arrivals import ArrivalReader
 from packrat.controller.autoscale import Arrivals
 from packrat.controller.estimates import EstimateReader
+from packrat.controller.inpod import PlanPoster
+from packrat.controller.inpod_switch import PodClient
 from packrat.controller.kube import Kube, KubeApi
 from packrat.controller.pipeline_handlers import register_pipelines
 from packrat.controller.pipeline_latency import RouterLatency
@@ -70,8 +72,11 @@ class OperatorOptions:
     scanning: bool = True
     # Where the operator reads a model's /status (batch-size estimate, for autoBatch).
     serving_url: str = "http://{service}.{namespace}.svc:8080"
-    # Where the operator reads each ready serving pod's /status ({ip}, {pod}, {namespace}).
+    # Where the operator reads each ready serving pod's /status and posts a new plan to it
+    # ({ip}, {pod}, {namespace}).
     pod_url: str = "http://{ip}:8080"
+    # a plan change that keeps the cores is switched inside the running pods
+    inpod_switch: bool = True
 
 
 def _publish(body: kopf.Body, result: Result) -> None:
@@ -208,7 +213,8 @@ def build_registry(
     def parts() -> tuple[Reconciler, EstimateReader, ArrivalReader]:
         if "r" not in state:
             api = kube or Kube()
-            state["r"] = Reconciler(api, config=options.config)
+            pods = PodClient(options.pod_url, PlanPoster()) if options.inpod_switch else None
+            state["r"] = Reconciler(api, config=options.config, pods=pods)
             state["e"] = EstimateReader(
                 api, pod_url=options.pod_url, service_url=options.serving_url
             )

@@ -7,7 +7,10 @@ Anything else keeps the active-passive Deployment switch (:mod:`packrat.controll
 
 :func:`switchable` decides that, purely. :func:`post_plan` asks one pod, with the bearer
 token the pod was started with, and reads its answer as untrusted input (bounded, no
-redirects), as :mod:`packrat.controller.estimates` does.
+redirects), as :mod:`packrat.controller.estimates` does; :class:`PlanPoster` asks every pod
+of a slot at once. The request is idempotent: a pod that already serves the plan answers 200
+at once (``switched: false``), so a pass that finds some pods switched and others not simply
+asks them all again. The pass that uses these is :mod:`packrat.controller.inpod_switch`.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-from collections.abc import Mapping
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.plans import wire_plan
-from packrat.controller.spec import serving_hash
+from packrat.controller.spec import template_hash
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +54,10 @@ def switchable(
         return False
     if current_plan.get("cpus") != desired_plan.get("cpus"):
         return False
-    cores = {"cpus": desired_plan.get("cpus")}
+    cpus = desired_plan.get("cpus")
 
     def built_from(spec: Mapping[str, Any]) -> str:
-        return serving_hash(spec, plan=cores, image=str(spec.get("image") or default_image))
+        return template_hash(spec, cpus=cpus, image=str(spec.get("image") or default_image))
 
     return built_from(current_spec) == built_from(desired_spec)
 
@@ -72,14 +77,16 @@ class PodAnswer:
     message: str
 
 
-def post_plan(
-    host: str, port: int, plan: Mapping[str, Any], *, token: str, timeout: float
-) -> PodAnswer:
-    """Ask the pod at ``host:port`` to switch to ``plan`` in place; never raises."""
+def post_plan(url: str, plan: Mapping[str, Any], *, token: str, timeout: float) -> PodAnswer:
+    """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
+    ``plan`` in place; never raises."""
+    parts = urllib.parse.urlsplit(url.rstrip("/") + PATH)
+    if parts.scheme != "http" or not parts.hostname:
+        return PodAnswer(ok=False, status=0, message=f"not a plain http address: {url}"[:300])
     body, headers = plan_request(plan, token=token)
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
-        conn.request("POST", PATH, body=body, headers=headers)
+        conn.request("POST", parts.path, body=body, headers=headers)
         resp = conn.getresponse()
         raw = resp.read(MAX_BYTES + 1)
         try:
@@ -89,7 +96,26 @@ def post_plan(
         message = str(doc.get("message") or doc.get("plan") or "")[:300]
         return PodAnswer(ok=resp.status == 200, status=resp.status, message=message)
     except (OSError, http.client.HTTPException) as exc:
-        logger.debug("in-pod switch: %s:%d unreachable: %s", host, port, exc)
+        logger.debug("in-pod switch: %s unreachable: %s", url, exc)
         return PodAnswer(ok=False, status=0, message=f"unreachable: {exc}"[:300])
     finally:
         conn.close()
+
+
+class PlanPoster:
+    """Posts a plan to several pods at once (one thread each, at most ``workers``)."""
+
+    def __init__(self, *, workers: int = 8) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inpod")
+
+    def __call__(
+        self, urls: Sequence[str], plan: Mapping[str, Any], *, token: str, timeout: float
+    ) -> list[PodAnswer]:
+        """Every pod's answer, in the order of ``urls``."""
+        futures = [
+            self._pool.submit(post_plan, url, plan, token=token, timeout=timeout) for url in urls
+        ]
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

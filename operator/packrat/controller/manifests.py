@@ -9,7 +9,6 @@ integer CPUs) is enforced in one place.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +38,12 @@ LABEL_SERVING_HASH = "packrat.dev/serving-hash"
 # until the operator has a replacement ready and lets it go (see ``protection``)
 FINALIZER_SERVING = "packrat.dev/serving"
 ANNOTATION_PLAN = "packrat.dev/plan"
+# on a slot rendered for a plan it does not serve yet (see ``serving.ensure_deployment``)
+ANNOTATION_PLAN_HASH = "packrat.dev/plan-hash"
 PLAN_ENV = "PACKRAT_PLAN"
+PLAN_KEY = "plan.json"  # the plan's key in a slot's plan ConfigMap
+ADMIN_TOKEN_ENV = "PACKRAT_ADMIN_TOKEN"  # the in-pod switch's bearer token (``--admin-token-env``)
+ADMIN_TOKEN_KEY = "token"  # its key in the model's admin token Secret
 PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
 SAMPLE_REQUEST_ENV = "PACKRAT_SAMPLE_REQUEST"
@@ -53,6 +57,16 @@ def other_slot(slot: str) -> str:
 
 def deployment_name(name: str, slot: str) -> str:
     return f"{name}-{slot}"
+
+
+def plan_configmap_name(name: str, slot: str) -> str:
+    """The slot's plan ConfigMap: the plan its pods start on (``PACKRAT_PLAN``)."""
+    return f"{name}-{slot}-plan"
+
+
+def admin_token_name(name: str) -> str:
+    """The model's admin token Secret (the serving pods' ``POST /admin/plan`` bearer token)."""
+    return f"{name}-admin-token"
 
 
 def profile_object_name(name: str, key: str) -> str:
@@ -225,6 +239,8 @@ def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
         model_name(spec, default=name),
         "--plan-env",
         PLAN_ENV,
+        "--admin-token-env",
+        ADMIN_TOKEN_ENV,
         "--port",
         str(PORT),
         "--host",
@@ -239,12 +255,17 @@ def serving_deployment(
     owner: Mapping[str, Any],
     *,
     slot: str,
-    plan: Mapping[str, Any],
     serving_hash: str,
     replicas: int,
     image: str | None = None,
+    plan_hash: str | None = None,
 ) -> dict[str, Any]:
-    """The Deployment of one slot, serving ``plan`` with ``packrat serve``."""
+    """The Deployment of one slot, running ``packrat serve`` on the plan in the slot's plan
+    ConfigMap, with the model's admin token (the in-pod switch). The plan is not in the
+    template: a plan change that keeps the cores switches inside the running pods, and a pod
+    that restarts starts on the ConfigMap's current plan. ``serving_hash`` is the template's
+    (:func:`packrat.controller.spec.template_hash`); ``plan_hash``, when given, is a pod
+    annotation that restarts running pods when the plan they must start on changes."""
     spec = with_defaults(owner["spec"])
     name = owner["metadata"]["name"]
     image = spec.get("image") or image or DEFAULT_IMAGE
@@ -271,7 +292,12 @@ def serving_deployment(
                 "command": serve_command(spec, name=name),
                 "env": [
                     *base_env(),
-                    {"name": PLAN_ENV, "value": json.dumps(dict(plan), sort_keys=True)},
+                    _env_from(
+                        PLAN_ENV, "configMapKeyRef", plan_configmap_name(name, slot), PLAN_KEY
+                    ),
+                    _env_from(
+                        ADMIN_TOKEN_ENV, "secretKeyRef", admin_token_name(name), ADMIN_TOKEN_KEY
+                    ),
                 ],
                 "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
                 "resources": guaranteed_resources(spec),
@@ -313,15 +339,16 @@ def serving_deployment(
         pod_spec["initContainers"] = init
     template_meta: dict[str, Any] = {
         "labels": dict(pod_labels),
-        "annotations": {**scrape_annotations(), ANNOTATION_PLAN: str(plan.get("label", ""))},
+        "annotations": scrape_annotations(),
     }
+    if plan_hash is not None:
+        template_meta["annotations"][ANNOTATION_PLAN_HASH] = plan_hash
     apply_pod(template_meta, pod_spec, spec.get("pod"))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
             **metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
-            "annotations": {ANNOTATION_PLAN: str(plan.get("label", ""))},
             "finalizers": [FINALIZER_SERVING],
         },
         "spec": {
@@ -334,6 +361,10 @@ def serving_deployment(
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
+
+
+def _env_from(name: str, source: str, obj: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {source: {"name": obj, "key": key}}}
 
 
 def service(owner: Mapping[str, Any], *, slot: str) -> dict[str, Any]:

@@ -24,6 +24,8 @@ from packrat.controller.batching import batch_to_plan, observe_batch
 from packrat.controller.context import Config, Pass, Result, run_pass
 from packrat.controller.drift import merge_patch
 from packrat.controller.failover import lost_active, release_unneeded
+from packrat.controller.inpod import switchable
+from packrat.controller.inpod_switch import PodClient, switch_in_pod
 from packrat.controller.kube import KubeApi
 from packrat.controller.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.ownership import conflict_message, owned_by
@@ -74,11 +76,19 @@ class Reconciler:
     """Runs passes for PackratModel objects (one at a time per object: the caller's job)."""
 
     def __init__(
-        self, kube: KubeApi, *, config: Config | None = None, estimates: Estimates | None = None
+        self,
+        kube: KubeApi,
+        *,
+        config: Config | None = None,
+        estimates: Estimates | None = None,
+        pods: PodClient | None = None,
     ) -> None:
+        """``pods``: how to reach the serving pods for the in-pod switch (None: every plan
+        change takes the Deployment switch)."""
         self.kube = kube
         self.config = config or Config()
         self.estimates = estimates
+        self.pods = pods
         self.optimizers = ab.OptimizerCache()
         self.provisions = ProvisionCache()
         self.tuners = asc.Tuners()
@@ -268,11 +278,42 @@ class Reconciler:
                 desired.serving_hash
             )
             if not given_up:
-                start_switch(p, children.deployments, target=desired, replicas=replicas)
+                note = self._in_pod(p, children, model, desired=desired, replicas=replicas)
+                if note is None:
+                    return False  # switched in place: the pass goes on as at rest
+                start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
                 return True
         elif (status.get("switch") or {}).get("stage") == "aborted":
             status.pop("switch", None)
         return False
+
+    def _in_pod(
+        self, p: Pass, children: Children, model: ModelSpec, *, desired: Rendering, replicas: int
+    ) -> str | None:
+        """Switch to ``desired`` inside the active slot's pods when that applies: None when it
+        did, else why not ("" when it does not apply: no event)."""
+        served = last_good(p, fallback=None)
+        if self.pods is None or served is None:
+            return ""
+        if not switchable(
+            served.spec, served.plan, desired.spec, desired.plan, default_image=self.config.image
+        ):
+            return ""
+        active = str(p.status["activeSlot"])
+        why = switch_in_pod(
+            p,
+            active_dep=children.deployments[active],
+            served=served,
+            desired=desired,
+            replicas=replicas,
+            client=self.pods,
+            timeout=float(model.spec["switch"]["readyTimeoutSeconds"]),
+        )
+        if why is not None:
+            p.emit(
+                "Warning", "InPodSwitchFailed", f"in-pod switch not done ({why}); switching slots"
+            )
+        return why
 
     def _first_deploy(
         self, p: Pass, children: Children, *, desired: Rendering, replicas: int

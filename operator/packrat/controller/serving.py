@@ -7,6 +7,7 @@ so a deleted or edited active Deployment comes back as it was, whatever the spec
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +16,10 @@ from packrat.controller import manifests as m
 from packrat.controller.context import Pass
 from packrat.controller.drift import covers
 from packrat.controller.ownership import conflict_message, owned_by
-from packrat.controller.plans import wire_plan
+from packrat.controller.plans import layout
+from packrat.controller.pod_config import ensure_plan, ensure_token
 from packrat.controller.protection import protect_patch, release, terminating
+from packrat.controller.spec import template_hash
 from packrat.controller.status import Facts, derive_phase
 
 # fields of the pod spec we may have set before and must remove when the new one has none
@@ -29,7 +32,7 @@ class Rendering:
 
     spec: Mapping[str, Any]
     plan: Mapping[str, Any]  # status form (camelCase)
-    serving_hash: str
+    serving_hash: str  # of the spec and the whole plan (``status.servingHash``)
 
 
 def last_good(p: Pass, *, fallback: Mapping[str, Any] | None) -> Rendering | None:
@@ -68,6 +71,18 @@ def _owner(p: Pass, spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": dict(p.obj["metadata"]), "spec": dict(spec)}
 
 
+def plan_hash(plan: Mapping[str, Any]) -> str:
+    """A short hash of what a plan makes the pods do (not its estimates)."""
+    return hashlib.sha256(repr(layout(plan)).encode()).hexdigest()[:16]
+
+
+def pod_template_hash(p: Pass, rendering: Rendering) -> str:
+    """The hash of the slot's pod template (the plan's cores, not the plan): on the pods'
+    ``packrat.dev/serving-hash`` label."""
+    image = str(rendering.spec.get("image") or p.config.image)
+    return template_hash(rendering.spec, cpus=rendering.plan.get("cpus"), image=image)
+
+
 def ensure_deployment(
     p: Pass,
     current: Mapping[str, Any] | None,
@@ -80,14 +95,23 @@ def ensure_deployment(
     finalizer) back. One being deleted is left as it is: its pods serve until the pass lets it
     go (``failover``), and a new one is created once it is gone.
 
+    The slot's plan ConfigMap (``rendering.plan``) and the model's admin token Secret come
+    first: a pod the Deployment starts reads both. A slot that is not the active one (a
+    switch's or a failover's target) also gets the plan's hash in its pod template, so pods
+    it still runs on another plan with the same template (a slot still draining) are
+    replaced; the active slot's template never has it changed: its plan changes in its pods.
+
     Returns the Deployment as it now is (None when it is not ours)."""
+    ensure_token(p)
+    ensure_plan(p, slot=slot, plan=rendering.plan)
+    pod_hash = pod_template_hash(p, rendering)
     want = m.serving_deployment(
         _owner(p, rendering.spec),
         slot=slot,
-        plan=wire_plan(rendering.plan),
-        serving_hash=rendering.serving_hash,
+        serving_hash=pod_hash,
         replicas=replicas,
         image=p.config.image,
+        plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]
     if current is None:
@@ -117,14 +141,18 @@ def ensure_deployment(
         for key in _REMOVABLE:
             if key in (template.get("spec") or {}) and key not in pod_spec:
                 pod_spec[key] = None
+        # the plan label annotation of operators before the plan ConfigMap goes (null)
+        stale = {m.ANNOTATION_PLAN: None}
+        template_meta = dict(new_template["metadata"])
+        template_meta["annotations"] = {**stale, **template_meta.get("annotations", {})}
         patch = {
-            "metadata": {
-                "labels": want["metadata"]["labels"],
-                "annotations": want["metadata"]["annotations"],
+            "metadata": {"labels": want["metadata"]["labels"], "annotations": stale},
+            "spec": {
+                "template": {"metadata": template_meta, "spec": pod_spec},
+                "replicas": replicas,
             },
-            "spec": {"template": {**new_template, "spec": pod_spec}, "replicas": replicas},
         }
-        if (meta.get("labels") or {}).get(m.LABEL_SERVING_HASH) == rendering.serving_hash:
+        if (meta.get("labels") or {}).get(m.LABEL_SERVING_HASH) == pod_hash:
             p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: template put back")
     elif int(spec.get("replicas", 0)) != replicas:
         patch = {"spec": {"replicas": replicas}}

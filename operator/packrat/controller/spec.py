@@ -30,6 +30,7 @@ __all__ = [
     "model_name",
     "profile_key",
     "serving_hash",
+    "template_hash",
     "validate_spec",
     "with_defaults",
 ]
@@ -364,9 +365,11 @@ def profile_key(spec: Mapping[str, Any], *, image: str) -> str:
 
 
 def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str) -> str:
-    """Hash of everything the serving pod template depends on except the replica count.
+    """Hash of everything a slot serves (``status.servingHash``): the plan and every spec
+    field the pods are built from, except the replica count.
 
-    Equal hashes mean a change can be applied in place; a different hash needs a slot switch.
+    A different hash needs a switch: in place (:mod:`packrat.controller.inpod`) when only the
+    plan's layout changed (same :func:`template_hash`), else to the other slot.
     """
     spec = with_defaults(spec)
     return _digest(
@@ -383,3 +386,10 @@ def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str
             **({"rounding": r} if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else {}),
         }
     )[:16]
+
+
+def template_hash(spec: Mapping[str, Any], *, cpus: Any, image: str) -> str:
+    """Hash of what the serving pod template is built from: :func:`serving_hash` with the plan
+    reduced to its cores. The plan itself reaches the pods through the slot's plan ConfigMap,
+    so a plan change that keeps the cores leaves the template (and the pods) as they are."""
+    return serving_hash(spec, plan={"cpus": cpus}, image=image)

@@ -45,7 +45,11 @@ def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def start_switch(p: Pass, deployments: Children, *, target: Rendering, replicas: int) -> None:
+def start_switch(
+    p: Pass, deployments: Children, *, target: Rendering, replicas: int, note: str = ""
+) -> None:
+    """Render ``target`` into the passive slot and start waiting for it (``note``: why the
+    plan change is not switched in place, when it could have been)."""
     status = p.status
     active = str(status["activeSlot"])
     slot = m.other_slot(active)
@@ -57,6 +61,8 @@ def start_switch(p: Pass, deployments: Children, *, target: Rendering, replicas:
         changes.insert(0, f"batch {old_plan.get('batch')} -> {plan['batch']}")
     if changes:
         reason += f" ({', '.join(changes)})"
+    if note:
+        reason += f"; in-pod switch failed: {note}"
     ensure_deployment(p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas)
     status["switch"] = {
         "stage": "rollout",
@@ -149,6 +155,7 @@ def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed:
         "time": now_iso(p.now),
         "reason": switch.get("reason", ""),
         "result": "Succeeded",
+        "mode": "Deployment",
         "fromSlot": source,
         "toSlot": slot,
         "plan": str(switch["plan"].get("label", "")),
@@ -205,6 +212,7 @@ def abort(p: Pass, deployments: Children, *, reason: str) -> None:
         "time": now_iso(p.now),
         "reason": f"{switch.get('reason', '')}: {reason}",
         "result": "Aborted",
+        "mode": "Deployment",
         "fromSlot": str(status["activeSlot"]),
         "toSlot": slot,
         "plan": str((switch.get("plan") or {}).get("label", "")),

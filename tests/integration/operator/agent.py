@@ -268,8 +268,29 @@ class Agent:
         env = dict(os.environ)
         env.pop("KUBECONFIG", None)
         for item in container.get("env") or []:
-            env[item["name"]] = local(str(item.get("value", "")))
+            env[item["name"]] = local(self._env_value(item))
         return argv, env
+
+    def _env_value(self, item: Mapping[str, Any]) -> str:
+        """An env entry's value as the kubelet resolves it when the container starts: a
+        literal, or a ConfigMap's or a Secret's key (read now: a container started later
+        reads what the object holds then)."""
+        source = item.get("valueFrom") or {}
+        if "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            cm = self.api.get("configmaps", ref["name"]) or {}
+            value = (cm.get("data") or {}).get(ref["key"])
+            if value is None:
+                raise RuntimeError(f"CreateContainerConfigError: configmap {ref['name']}")
+            return str(value)
+        if "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            secret = self.api.get("secrets", ref["name"]) or {}
+            raw = (secret.get("data") or {}).get(ref["key"])
+            if raw is None:
+                raise RuntimeError(f"CreateContainerConfigError: secret {ref['name']}")
+            return base64.b64decode(raw).decode()
+        return str(item.get("value", ""))
 
     def _start(self, pod: LocalPod) -> None:
         threading.Thread(
@@ -298,7 +319,15 @@ class Agent:
         for index, container in enumerate(containers):
             if pod.terminating:
                 return
-            argv, env = self._command(pod, container, volumes)
+            try:
+                argv, env = self._command(pod, container, volumes)
+            except RuntimeError as exc:  # a missing ConfigMap or Secret key
+                pod.phase = "Pending"
+                pod.waiting_reason = "CreateContainerConfigError"
+                pod.statuses[container["name"]] = {
+                    "waiting": {"reason": pod.waiting_reason, "message": str(exc)}
+                }
+                return
             log = pod.workdir / f"{container['name']}.log"
             with log.open("wb") as out:
                 proc = subprocess.Popen(

@@ -54,11 +54,18 @@ def wait_for(
 
 class OperatorProcess:
     def __init__(
-        self, *, kubeconfig: Path, log: Path, serving_url: str, pod_url: str | None = None
+        self,
+        *,
+        kubeconfig: Path,
+        log: Path,
+        serving_url: str,
+        pod_url: str | None = None,
+        inpod_switch: bool = False,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.serving_url = serving_url
         self.pod_url = pod_url
+        self.inpod_switch = inpod_switch
         self.log = log
         self.metrics_port = free_port()
         self.liveness_port = free_port()
@@ -94,6 +101,7 @@ class OperatorProcess:
             "--serving-url",
             self.serving_url,
             *(["--pod-url", self.pod_url] if self.pod_url else []),
+            *([] if self.inpod_switch else ["--no-inpod-switch"]),
         ]
         self.starts += 1
         with self.log.open("ab") as out:
@@ -141,7 +149,11 @@ class OperatorProcess:
 
 
 class OperatorCluster:
-    def __init__(self, workdir: Path) -> None:
+    """``inpod_switch``: the operator switches a plan change that keeps the cores inside the
+    running pods (its default). Off by default here: the modules written before it test the
+    Deployment switch with batch changes; ``test_operator_inpod`` turns it on."""
+
+    def __init__(self, workdir: Path, *, inpod_switch: bool = False) -> None:
         self.workdir = workdir
         self.emulator = EmulatorThread().start()
         assert self.emulator.emulator is not None
@@ -163,6 +175,7 @@ class OperatorCluster:
             serving_url=f"http://127.0.0.1:{self.agent.proxy.port}/svc/{{service}}",
             # ... and each pod's IP: the agent publishes serving pods, the proxy reaches them
             pod_url=f"http://127.0.0.1:{self.agent.proxy.port}/pod/{{pod}}",
+            inpod_switch=inpod_switch,
         )
         try:
             self.operator.start()

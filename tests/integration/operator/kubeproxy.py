@@ -92,6 +92,8 @@ def make_app(table: Table) -> web.Application:
         body = await request.read()
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
         headers.update(_extension_headers(request.headers))  # deadlines, as kube-proxy does
+        if "Authorization" in request.headers:  # the operator's in-pod switch (bearer token)
+            headers["Authorization"] = request.headers["Authorization"]
         url = f"http://127.0.0.1:{port}/{rest}"
         try:
             async with app["session"].request(
