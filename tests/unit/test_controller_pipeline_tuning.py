@@ -189,3 +189,16 @@ def test_a_models_own_tuner_reference(
         assert errors == []
     else:
         assert any(needle in e for e in errors), errors
+
+
+def test_the_operator_reads_arrivals_for_a_model_with_its_own_reference() -> None:
+    """The daemon samples the pods' arrivals (every intervalSeconds) for a tuner from a
+    reference as for one from an SLO; not for external mode, nor during a switch."""
+    from packrat.controller.handlers import _tuner_interval
+
+    ref = {**REF, "ratesPerSecond": [1.0, 2.0, 3.0]}
+    spec = {**STAGE_MODEL, "batchSize": 1, "autoscaling": {"intervalSeconds": 3, "reference": ref}}
+    assert _tuner_interval({"spec": spec}) == 3.0
+    assert _tuner_interval({"spec": {**spec, "autoscaling": {"mode": "external"}}}) is None
+    assert _tuner_interval({"spec": {**spec, "autoscaling": {}}}) is None  # nothing to tune from
+    assert _tuner_interval({"spec": spec, "status": {"switch": {"stage": "rollout"}}}) is None
