@@ -17,8 +17,9 @@ Outputs: ``benchmarks/results/<stem>.json`` (everything) and ``<stem>.txt`` (one
 
 A benchmark, not a test: one run on a shared 2-core machine, where the router, both stage
 models' pods, the operator, the emulator and the load generator share the cores; the profile
-has only the model's compute, not the HTTP hops (client -> router -> stage dispatcher ->
-TorchServe and back), so measured is expected above simulated by about that overhead.
+has only the model's compute; the HTTP hops (client -> router -> stage dispatcher ->
+TorchServe and back) are the planner's ``spec.slo.hopOverheadMs`` per hop (``--hop-ms``,
+default the operator's), in the operator's simulation and in the re-run on the trace sent.
 
 Run: ``.venv/bin/python benchmarks/pipeline_emulator.py`` (about 10 minutes with the defaults).
 """
@@ -44,7 +45,7 @@ from harness import OperatorCluster, wait_for  # noqa: E402
 from seeding import MeasuredProfiles, seed_profile  # noqa: E402
 
 from packrat.plan.des import nearest_rank  # noqa: E402
-from packrat.plan.pipeline import Pipeline, Stage  # noqa: E402
+from packrat.plan.pipeline import DEFAULT_HOP_OVERHEAD_MS, Pipeline, Stage  # noqa: E402
 from packrat.plan.pipeline_search import PipelinePlanner  # noqa: E402
 from packrat.plan.profile import Profile, load_profile  # noqa: E402
 from packrat.plan.provision import Config, SimSettings  # noqa: E402
@@ -68,14 +69,19 @@ def stage_model() -> dict[str, Any]:
     }
 
 
-def pipeline(rate: float, slo_ms: float) -> dict[str, Any]:
+def pipeline(rate: float, slo_ms: float, hop_ms: float) -> dict[str, Any]:
     return {
         "apiVersion": "packrat.dev/v1alpha1",
         "kind": "PackratPipeline",
         "metadata": {"name": NAME},
         "spec": {
             "stages": [{"name": s, "model": stage_model()} for s in STAGES],
-            "slo": {"latencyP99Ms": slo_ms, "rate": rate, "durationSeconds": 60},
+            "slo": {
+                "latencyP99Ms": slo_ms,
+                "rate": rate,
+                "durationSeconds": 60,
+                "hopOverheadMs": hop_ms,
+            },
         },
     }
 
@@ -94,11 +100,12 @@ def serving(cluster: OperatorCluster, generation: int) -> dict[str, Any] | None:
 
 
 def resimulate(
-    profile: Profile, stages: list[dict[str, Any]], trace: np.ndarray, slo: float
+    profile: Profile, stages: list[dict[str, Any]], trace: np.ndarray, slo: float, hop_ms: float
 ) -> float:
     """The DES on the exact trace sent, for the configuration the operator planned."""
     pipe = Pipeline([Stage(s["name"], profile.table(), 2) for s in stages])
-    planner = PipelinePlanner(pipe, trace, slo_ms=slo, sim=SimSettings(max_batch_delay_ms=DELAY_MS))
+    sim = SimSettings(max_batch_delay_ms=DELAY_MS, overhead_ms=hop_ms)
+    planner = PipelinePlanner(pipe, trace, slo_ms=slo, sim=sim)
     by_name = {s["name"]: s for s in stages}
     configs = tuple(
         Config(by_name[n]["cpusPerReplica"], by_name[n]["batch"], by_name[n]["replicas"])
@@ -142,7 +149,9 @@ def level(
         "stages": planned["stages"],
         "cores": planned["cores"],
         "simulated_p99_ms_status": planned.get("simulatedP99Ms"),
-        "simulated_p99_ms_sent_trace": resimulate(profile, planned["stages"], trace, args.slo),
+        "simulated_p99_ms_sent_trace": resimulate(
+            profile, planned["stages"], trace, args.slo, args.hop_ms
+        ),
         "measured_p99_ms": measured,
         "measured_p50_ms": float(np.median(ok)) if ok.size else None,
         "requests": len(result.records),
@@ -158,6 +167,12 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of load per level")
     ap.add_argument("--slo", type=float, default=100.0, help="end-to-end P99 SLO (ms)")
     ap.add_argument("--profile", type=Path, help="a tiny profile (default: measure one now)")
+    ap.add_argument(
+        "--hop-ms",
+        type=float,
+        default=DEFAULT_HOP_OVERHEAD_MS,
+        help="spec.slo.hopOverheadMs: one HTTP hop's cost in the planner's simulation",
+    )
     ap.add_argument("--stem", default="pipeline-emulator")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -167,7 +182,7 @@ def main() -> None:
         )
         cluster = OperatorCluster(Path(tmp))
         try:
-            cluster.api.create("packratpipelines", pipeline(rates[0], args.slo))
+            cluster.api.create("packratpipelines", pipeline(rates[0], args.slo, args.hop_ms))
             for stage in STAGES:
                 name = f"{NAME}-{stage}"
                 wait_for(lambda n=name: cluster.api.get("packratmodels", n), timeout=120, what=name)
@@ -179,8 +194,9 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.stem}.json").write_text(json.dumps(out, indent=1, default=str))
     lines = [
+        f"hop overhead {args.hop_ms:g} ms per hop",
         "rate/s  config (replicas x cpus, batch per stage)   cores  sim P99 (status)  "
-        "sim P99 (sent trace)  measured P99  measured P50  requests  errors"
+        "sim P99 (sent trace)  measured P99  measured P50  requests  errors",
     ]
     for lv in levels:
         config = ", ".join(

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from harness import BurstLoad, Load, OperatorCluster, wait_for
-from models import FIRST_READY_S, body
+from models import FIRST_READY_S, body, tiny_spec
 from promtext import sample, values
 from seeding import MeasuredProfiles, seed_profile
 
@@ -33,22 +33,11 @@ from seeding import MeasuredProfiles, seed_profile
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 NAME = "auto"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "autoBatch": {"min": 1, "max": 8, "sustainObservations": 3, "minIntervalSeconds": 0},
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 8,
-        "threads": [1, 2],
-        "precision": 0.2,
-        "timeBudgetSeconds": 40,
-        "backoffLimit": 0,
-    },
-    # the default ready timeout: a new slot's TorchServe took over 90 s to start on a loaded
-    # machine, and an aborted switch is a second entry in switchHistory
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+# the default ready timeout: a new slot's TorchServe took over 90 s to start on a loaded
+# machine, and an aborted switch is a second entry in switchHistory
+SPEC: dict[str, Any] = tiny_spec(
+    8, autoBatch={"min": 1, "max": 8, "sustainObservations": 3, "minIntervalSeconds": 0}
+)
 
 
 SLOW = 180.0  # a deadline for anything that takes seconds on a quiet machine

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
+from models import tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
 from packrat.controller.drift import merge_patch
@@ -22,22 +23,9 @@ from packrat.controller.spec import template_hash
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 NAME = "f"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "batchSize": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 4,
-        "threads": [1, 2],
-        "precision": 0.2,
-        "timeBudgetSeconds": 30,
-        "backoffLimit": 0,
-    },
-    # the default ready timeout: fault 3's re-profile may change the plan, and a new slot's
-    # TorchServe took over 90 s to start on a loaded machine (fault 1 sets its own, short one)
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+# the default ready timeout: fault 3's re-profile may change the plan, and a new slot's
+# TorchServe took over 90 s to start on a loaded machine (fault 1 sets its own, short one)
+SPEC: dict[str, Any] = tiny_spec(4, budget_s=30, batchSize=2)
 
 
 def _ready(cluster: OperatorCluster) -> bool:

@@ -1,6 +1,8 @@
 """A PackratPipeline end to end: the real operator creates its stage models, plans them, runs
-the router, serves queries through the pipeline's Service (and reads their P99 back from the
-router pods), and a delete cascades.
+the router, serves queries through the pipeline's Service (and reads their P99 over the
+trailing window back from the router pods), each stage's tuner reads its pods' arrivals, and
+a delete cascades. A stage model deploys only its planned configuration (no switch away from
+a placeholder).
 
 The operator (kopf subprocess) runs against the kmock emulator; the test agent runs the real
 ``packrat serve`` pods of both stage models and the real ``packrat route`` pods of the router
@@ -22,7 +24,7 @@ from typing import Any
 
 import pytest
 from harness import OperatorCluster, wait_for
-from models import FIRST_READY_S
+from models import FIRST_READY_S, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
 from packrat.controller.pipeline_latency import MIN_QUERIES
@@ -31,19 +33,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 NAME = "duo"
 STAGES = ("left", "right")
-STAGE_MODEL: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 8,
-        "threads": [1, 2],
-        "precision": 0.2,
-        "timeBudgetSeconds": 40,
-        "backoffLimit": 0,
-    },
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+STAGE_MODEL: dict[str, Any] = tiny_spec(8)
+# each stage's own tuner scales it from the arrivals its pods see; the scale-down delay is
+# longer than the test, so a stage scaled up by the test's queries stays up while checked
+AUTOSCALING = {"minReplicas": 1, "maxReplicas": 2, "scaleDownDelaySeconds": 3600}
 SLOW = 240.0  # a deadline for anything that takes seconds on a quiet machine
 
 
@@ -55,6 +48,7 @@ def _pipeline() -> dict[str, Any]:
         "spec": {
             "stages": [{"name": s, "model": STAGE_MODEL} for s in STAGES],
             "slo": {"latencyP99Ms": 1000, "rate": 5, "durationSeconds": 60},
+            "autoscaling": {**AUTOSCALING, "intervalSeconds": 2},
         },
     }
 
@@ -127,6 +121,12 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
         assert mstatus["servingSpec"]["cpus"] == stage["cpusPerReplica"]
         assert mstatus["plan"]["label"] == stage["plan"]
         assert mstatus["profile"]["configMap"]  # planned from the seeded profile
+        # its first Deployment was the planned one: it never switched (no slot b)
+        assert not mstatus.get("switchHistory") and not mstatus.get("switch")
+        assert cluster.api.get("deployments", f"{model}-b") is None
+        # its own tuner, from the reference the pipeline planner simulated for it
+        auto = cluster.model(model)["spec"]["autoscaling"]
+        assert auto["mode"] == "envelope" and auto["reference"] == stage["tunerReference"]
     assert status["router"]["readyReplicas"] == 2
 
     # a query through the pipeline's Service visits both stages and is answered 200
@@ -143,14 +143,27 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
     for _ in range(MIN_QUERIES):  # enough answers for the router's measured P99
         assert _query(cluster)[0] == 200
 
-    # the operator reads the router pods' latency histograms into status
+    # the operator reads the router pods' latency histograms (the trailing window) into status
     measured = wait_for(
         lambda: _status(cluster).get("measuredP99Ms"),
         timeout=SLOW,
         what="status.measuredP99Ms",
         period=1.0,
     )
-    assert measured > 0
+    assert measured > 0 and _status(cluster)["measuredQueries"] >= MIN_QUERIES
+
+    # each stage's tuner read the arrivals its real pods saw
+    for model in models:
+        wait_for(
+            lambda m=model: (
+                ((cluster.status(m).get("autoscaling") or {}).get("envelope") or {}).get("pods", 0)
+                >= 1
+            ),
+            timeout=SLOW,
+            what=f"{model}'s tuner reading its pods' arrivals",
+            period=1.0,
+            detail=lambda m=model: f"status: {cluster.status(m)}",
+        )
 
     events = {e.get("reason") for e in cluster.events()}
     assert {"StageCreated", "Provisioned"} <= events, events

@@ -16,31 +16,23 @@ from typing import Any
 
 import pytest
 from harness import Load, OperatorCluster, wait_for
-from models import FIRST_READY_S, body
+from models import FIRST_READY_S, body, tiny_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 NAME = "tuned"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 4,
-        "threads": [1, 2],
-        "precision": 0.2,
-        "timeBudgetSeconds": 30,
-        "backoffLimit": 0,
-    },
-    "switch": {"readyTimeoutSeconds": 120, "drainSeconds": 2},
-    "slo": {"latencyP99Ms": 500, "rate": 2, "durationSeconds": 60},
-    "autoscaling": {
+SPEC: dict[str, Any] = tiny_spec(
+    4,
+    budget_s=30,
+    ready_timeout_s=120,
+    slo={"latencyP99Ms": 500, "rate": 2, "durationSeconds": 60},
+    autoscaling={
         "minReplicas": 1,
         "maxReplicas": 3,
         "scaleDownDelaySeconds": 3600,
         "intervalSeconds": 1,
     },
-}
+)
 SLOW = 240.0
 
 

@@ -1,5 +1,6 @@
 """The measured end-to-end P99 from the router pods' histograms: parsing, the quantile, the
-reader against real router metrics served over HTTP, and its place in the pipeline's status."""
+trailing window, the reader against real router metrics served over HTTP, and its place in
+the pipeline's status."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from test_controller_reconcile import NS, FakeKube
 
 from packrat.controller.pipeline_latency import (
     MIN_QUERIES,
+    WINDOW_SECONDS,
+    LatencyWindow,
+    Measured,
+    PodReading,
     RouterLatency,
+    increase,
+    measure,
     parse_buckets,
     quantile,
 )
@@ -78,10 +85,15 @@ def routers() -> Iterator[list[str]]:
         server.shutdown()
 
 
+NOW = 1_800_000_000.0  # the reader's clock in these tests
+STARTED = "2027-01-15T08:00:00Z"  # = NOW - 0 s: the pods started within the window
+
+
 def _pod(name: str, *, ready: bool = True) -> dict[str, object]:
     return {
         "metadata": {"name": name, "labels": {"app": "router"}},
         "status": {
+            "startTime": STARTED,
             "phase": "Running",
             "podIP": "127.0.0.1",
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -97,13 +109,16 @@ def test_reader_adds_every_ready_router_pod(routers: list[str]) -> None:
     )
     for pod in pods:
         kube.create("pods", NS, _pod(pod))
-    reader = RouterLatency(kube, pod_url=url + "/{pod}")
+    reader = RouterLatency(kube, pod_url=url + "/{pod}", clock=lambda: NOW)
     try:
-        # 100 queries in all, one slow: P99 at the top of the 0.0025..0.005 s bucket
-        assert reader(NS, NAME) == pytest.approx(5.0)
+        # 100 queries in all, one slow: P99 at the top of the 0.0025..0.005 s bucket (both
+        # pods started within the window: all they answered counts)
+        assert reader(NS, NAME) == Measured(pytest.approx(5.0), 100)  # type: ignore[arg-type]
         kube.delete("pods", NS, "r2")
         kube.create("pods", NS, _pod("r2", ready=False))  # a pod not ready is not read
-        assert reader(NS, NAME) == pytest.approx(2.5 + 2.5 * (0.99 * 60) / 60, abs=0.001)
+        measured = reader(NS, NAME)
+        assert measured is not None and measured.queries == 60
+        assert measured.p99_ms == pytest.approx(2.5 + 2.5 * (0.99 * 60) / 60, abs=0.001)
         kube.delete("pods", NS, "r1")
         assert reader(NS, NAME) is None  # nothing to read
     finally:
@@ -111,14 +126,61 @@ def test_reader_adds_every_ready_router_pod(routers: list[str]) -> None:
     assert MIN_QUERIES <= 60  # (r1 alone is enough queries)
 
 
+def _buckets(fast: float, slow: float = 0.0) -> dict[float, float]:
+    """Cumulative buckets: ``fast`` queries at <= 10 ms, ``slow`` more at <= 1 s."""
+    return {0.01: fast, 1.0: fast + slow, math.inf: fast + slow}
+
+
+def test_increase_is_per_bucket_and_all_after_a_reset() -> None:
+    assert increase(_buckets(30, 2), _buckets(10, 1)) == _buckets(20, 1)
+    assert increase(_buckets(5), _buckets(10, 1)) == _buckets(5)  # counts went down: restarted
+    assert increase(_buckets(5), None) == _buckets(5)
+
+
+def test_window_counts_only_the_trailing_window() -> None:
+    w = LatencyWindow(window_s=300)
+    old = NOW - 3600  # a router pod started an hour before the operator first reads it
+    # first reading: what it answered before is of unknown age, so nothing counts yet
+    assert w.observe(NOW, {"r1": PodReading(_buckets(1000, 50), old)})[math.inf] == 0
+    # 30 s later: the 40 queries since the first reading (the window is that long so far)
+    assert w.observe(NOW + 30, {"r1": PodReading(_buckets(1040, 50), old)}) == _buckets(40)
+    assert w.observe(NOW + 200, {"r1": PodReading(_buckets(1100, 55), old)}) == _buckets(100, 5)
+    # 400 s: against the newest reading at least 300 s old (at 30 s): 80 fast, 5 slow
+    assert w.observe(NOW + 400, {"r1": PodReading(_buckets(1120, 55), old)}) == _buckets(80, 5)
+    # 600 s: against the reading at 200 s; the slow ones of before 200 s are out
+    assert w.observe(NOW + 600, {"r1": PodReading(_buckets(1130, 55), old)}) == _buckets(30)
+    # a second pod started within the window counts from zero; r1 restarted: from zero too
+    both = {
+        "r1": PodReading(_buckets(3), old),
+        "r2": PodReading(_buckets(7, 1), NOW + 500),
+    }
+    assert w.observe(NOW + 630, both) == _buckets(10, 1)
+    # a pod gone is forgotten; r2, started within the window, still counts all it answered
+    assert w.observe(NOW + 660, {"r2": PodReading(_buckets(9, 1), NOW + 500)}) == _buckets(9, 1)
+    assert WINDOW_SECONDS == 300
+
+
+def test_measure_needs_enough_queries_in_the_window() -> None:
+    assert measure(_buckets(MIN_QUERIES - 1)) == Measured(None, MIN_QUERIES - 1)
+    found = measure({0.005: 99.0, 0.01: 100.0, math.inf: 100.0})
+    assert found == Measured(5.0, 100)
+
+
 def test_measured_p99_in_status_decides_slo_met() -> None:
     c = Cluster()
     assert c.settle()["phase"] == "Serving"
     assert "measuredP99Ms" not in c.status() and c.status()["sloMet"] is True
-    c.pipelines.reconcile(NS, NAME, now=c.now, measured_p99_ms=250.0)  # SLO 200 ms
+    c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(250.0, 100))  # SLO 200 ms
     status = c.status()
     assert status["measuredP99Ms"] == 250.0 and status["sloMet"] is False
+    assert status["measuredQueries"] == 100
     c.pipelines.reconcile(NS, NAME, now=c.now)  # no reading this pass: the last one stays
     assert c.status()["measuredP99Ms"] == 250.0 and c.status()["sloMet"] is False
-    c.pipelines.reconcile(NS, NAME, now=c.now, measured_p99_ms=20.0)
+    c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(20.0, 100))
     assert c.status()["sloMet"] is True
+    # too few queries in the window: no measured P99 (the simulated one decides again)
+    c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(250.0, 100))
+    c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(None, 3))
+    status = c.status()
+    assert "measuredP99Ms" not in status and status["measuredQueries"] == 3
+    assert status["sloMet"] is True

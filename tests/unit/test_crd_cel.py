@@ -133,6 +133,12 @@ def spec_with(**changes: Any) -> dict[str, Any]:
 
 
 # rule -> (valid objects at its boundaries, invalid objects that break this rule only)
+TUNER_REF = {
+    "replicas": 1,
+    "capacityPerReplica": 10.0,
+    "windowsSeconds": [0.1, 1.0],
+    "ratesPerSecond": [1.0, 2.0],
+}
 CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
     "self.metadata.name.size() <= 40": (
         [model(BASE, name="a" * 40)],
@@ -276,9 +282,26 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
         [model(spec_with(batchSize=None, slo=SLO, autoscaling={"maxReplicas": 4}))],
         [model(spec_with(slo=SLO))],
     ),
-    "!has(self.autoscaling) || self.autoscaling.mode != 'envelope' || has(self.slo)": (
-        [model(spec_with(autoscaling={"mode": "external"}))],
+    "!has(self.autoscaling) || self.autoscaling.mode != 'envelope' || has(self.slo) "
+    "|| has(self.autoscaling.reference)": (
+        [
+            model(spec_with(autoscaling={"mode": "external"})),
+            model(spec_with(autoscaling={"reference": TUNER_REF})),
+        ],
         [model(spec_with(autoscaling={})), model(spec_with(autoscaling={"mode": "envelope"}))],
+    ),
+    "!has(self.autoscaling) || !has(self.autoscaling.reference) "
+    "|| (!has(self.slo) && self.autoscaling.mode == 'envelope')": (
+        [model(spec_with(autoscaling={"mode": "envelope", "reference": TUNER_REF}))],
+        [
+            model(spec_with(autoscaling={"mode": "external", "reference": TUNER_REF})),
+            model(spec_with(batchSize=None, slo=SLO, autoscaling={"reference": TUNER_REF})),
+        ],
+    ),
+    "!has(self.reference) || "
+    "self.reference.windowsSeconds.size() == self.reference.ratesPerSecond.size()": (
+        [model(spec_with(autoscaling={"reference": TUNER_REF}))],
+        [model(spec_with(autoscaling={"reference": {**TUNER_REF, "ratesPerSecond": [1.0]}}))],
     ),
     "has(self.trace) != has(self.rate)": (
         [model(spec_with(batchSize=None, slo={"latencyP99Ms": 9, "trace": TRACE}))],

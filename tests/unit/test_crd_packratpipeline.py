@@ -105,7 +105,7 @@ def failing(obj: Mapping[str, Any]) -> set[str]:
 
 
 def test_the_example_passes_every_rule() -> None:
-    assert len(RULES) == 6
+    assert len(RULES) == 7
     assert failing(EXAMPLE) == set()
 
 
@@ -127,6 +127,11 @@ def test_the_example_passes_every_rule() -> None:
             lambda o: o["spec"]["slo"].update(trace={"configMap": "t", "key": "k"}),
             "has(self.trace)",
         ),
+        (
+            lambda o: o["spec"].update(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+            "self.minReplicas <= self.maxReplicas",
+        ),
+        (lambda o: o["spec"]["stages"][1]["model"].update(autoscaling={}), "autoscaling"),
     ],
 )
 def test_each_rule_rejects_what_it_is_for(mutate: Any, needle: str) -> None:

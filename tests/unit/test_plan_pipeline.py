@@ -189,3 +189,22 @@ def test_visit_fractions_follow_the_edges() -> None:
     for name, want in (("s0", 1.0), ("s1", 0.6), ("s2", 0.3)):
         sd = math.sqrt(want * (1 - want) / n)
         assert abs(sim.scale_factor(name) - want) <= 5 * sd + 1e-12
+
+
+def test_hop_overhead_is_added_per_stage_visited_and_once_for_the_entry() -> None:
+    """A chain a -> b at low load: (2 stages + the entry hop) x overhead on top of the
+    stages; a cascade stage never taken adds no hop; two parallel roots add one hop each
+    but run side by side (the path is entry + one stage)."""
+    trace = np.arange(20) * 1.0
+    p = chain(SMALL, BIG)
+    runs = {"s0": StageRun(((2, 1),), 1), "s1": ONE}
+    r = simulate_pipeline(trace, p, runs, overhead_ms=7.0)
+    assert np.allclose(r.latencies_ms, 6.0 + 40.0 + 3 * 7.0)
+    assert np.allclose(r.stage_latencies("s1"), 40.0 + 7.0)  # the stage's call includes its hop
+    cascade = chain(SMALL, BIG, fractions=[0.0])
+    r = simulate_pipeline(trace, cascade, runs, overhead_ms=7.0)
+    assert np.allclose(r.latencies_ms, 6.0 + 2 * 7.0)
+    side = Pipeline([Stage("s0", SMALL), Stage("s1", BIG)])
+    r = simulate_pipeline(trace, side, runs, overhead_ms=7.0)
+    assert np.allclose(r.latencies_ms, 40.0 + 2 * 7.0)
+    assert simulate_pipeline(trace, p, runs).p99_ms == pytest.approx(46.0)  # default: none

@@ -123,3 +123,25 @@ def test_bad_requests_are_refused() -> None:
         PipelinePlanner(p, np.array([]), slo_ms=100.0)
     with pytest.raises(ProvisionError, match="one core per stage"):
         PipelinePlanner(p, trace, slo_ms=100.0, max_cores=1)
+
+
+def test_hop_overhead_raises_the_simulated_p99_and_changes_the_plan() -> None:
+    """The same pipeline and trace planned with and without a per-hop cost: the hops add
+    (stages on the path + 1) x overhead to the P99 the plan is judged by, so a plan that
+    met the SLO with time to spare must be faster (more cores) once the hops eat that time,
+    and an SLO below the hops' own floor is infeasible."""
+    trace = gamma_trace(60.0, cv=1.0, duration_s=10.0, seed=3)
+    p = Pipeline([Stage("pre", PRE), Stage("big", BIG)], [Edge("pre", "big")])
+    slo = 120.0
+    free = provision_pipeline(p, trace, slo_ms=slo)
+    hops = provision_pipeline(p, trace, slo_ms=slo, sim=SimSettings(overhead_ms=15.0))
+    assert free.feasible and hops.feasible
+    assert hops.best.p99_ms <= slo
+    # the free plan, judged with the hops, is 3 x 15 ms slower end to end
+    planner = PipelinePlanner(p, trace, slo_ms=slo, sim=SimSettings(overhead_ms=15.0))
+    judged = planner.evaluate(free.best.configs)
+    assert judged.p99_ms == pytest.approx(free.best.p99_ms + 45.0, abs=1e-6)
+    assert not judged.feasible  # the free plan misses the SLO once hops count
+    assert hops.best.configs != free.best.configs and hops.best.cores > free.best.cores
+    floor = provision_pipeline(p, trace, slo_ms=40.0, sim=SimSettings(overhead_ms=15.0))
+    assert not floor.feasible and "fastest path" in floor.steps[0]

@@ -3,9 +3,11 @@
 The decision rules are the pure :class:`packrat.plan.envelope.Tuner` (InferLine's tuner:
 scale up at once when a window's arrival rate exceeds what the replicas sustain, down only
 after ``scaleDownDelaySeconds`` without the need). This module keeps one tuner per model
-(built from the provisioned plan: replicas, capacity per replica, the sample trace's
-envelope), feeds it the arrivals the pods saw since the last pass, and writes each decision
-with its reason to ``status.autoscaling`` and, when the count changes, an Event. The count
+(built from its :class:`~packrat.controller.slo_spec.TunerReference`: the provisioned plan's
+replicas, capacity per replica and sample envelope with ``spec.slo``, or the reference in
+``spec.autoscaling.reference``, which a pipeline gives its stage models), feeds it the
+arrivals the pods saw since the last pass, and writes each decision with its reason to
+``status.autoscaling`` and, when the count changes, an Event. The count
 is kept in status, so a restarted operator serves the same number; its new tuner has no
 history, and so cannot scale down before it has watched for the whole delay.
 
@@ -23,7 +25,7 @@ from typing import Any
 from packrat.controller import manifests as m
 from packrat.controller.context import Pass
 from packrat.controller.model import ModelSpec
-from packrat.controller.provisioning import Provisioned
+from packrat.controller.slo_spec import TunerReference, spec_reference
 from packrat.controller.status import now_iso
 from packrat.plan.envelope import Tuner
 
@@ -47,6 +49,11 @@ def mode(model: ModelSpec) -> str | None:
     return str(auto["mode"]) if isinstance(auto, Mapping) else None
 
 
+def tuned(model: ModelSpec) -> bool:
+    """Whether the replica count is the operator's (an SLO, or a tuner reference)."""
+    return "slo" in model.spec or spec_reference(model.spec) is not None
+
+
 def _clamp(model: ModelSpec, n: int) -> int:
     auto = model.spec.get("autoscaling")
     if not isinstance(auto, Mapping):
@@ -55,17 +62,20 @@ def _clamp(model: ModelSpec, n: int) -> int:
 
 
 def serving_replicas(
-    model: ModelSpec, status: Mapping[str, Any], prov: Provisioned | None = None
+    model: ModelSpec, status: Mapping[str, Any], ref: TunerReference | None = None
 ) -> int:
     """The replica count the active slot should run now.
 
-    No SLO, or ``mode: external``: ``spec.replicas``. With an SLO: the tuner's count when it
-    scaled this provisioning, else the provisioned count (clamped to min/max replicas)."""
-    if "slo" not in model.spec or mode(model) == "external":
+    No SLO and no tuner reference, or ``mode: external``: ``spec.replicas``. Otherwise: the
+    tuner's count when it scaled this reference, else the planned count (clamped to min/max
+    replicas). ``ref``: this pass's provisioning; without it, the spec's own reference, else
+    the last provisioning in status."""
+    if not tuned(model) or mode(model) == "external":
         return model.replicas
+    ref = ref or spec_reference(model.spec)
     provisioning = status.get("provisioning") or {}
-    planned = prov.replicas if prov is not None else provisioning.get("replicas")
-    signature = prov.signature if prov is not None else provisioning.get("signature")
+    planned = ref.replicas if ref is not None else provisioning.get("replicas")
+    signature = ref.signature if ref is not None else provisioning.get("signature")
     if not isinstance(planned, int):
         return model.replicas  # before the first provisioning
     scaled = status.get("autoscaling") or {}
@@ -82,19 +92,19 @@ class Tuners:
         self._items: dict[str, tuple[str, Tuner]] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: ModelSpec, prov: Provisioned, current: int) -> Tuner:
+    def get(self, model: ModelSpec, ref: TunerReference, current: int) -> Tuner:
         key = f"{model.namespace}/{model.name}"
         auto = model.spec["autoscaling"]
-        signature = f"{prov.signature}:{sorted(auto.items())}"
+        signature = f"{ref.signature}:{sorted(auto.items())}"
         with self._lock:
             found = self._items.get(key)
             if found is not None and found[0] == signature:
                 return found[1]
             tuner = Tuner(
-                planned_replicas=prov.replicas,
-                replica_capacity=prov.capacity,
-                windows=prov.windows,
-                planned_rates=prov.planned_rates,
+                planned_replicas=ref.replicas,
+                replica_capacity=ref.capacity,
+                windows=ref.windows,
+                planned_rates=ref.planned_rates,
                 min_replicas=int(auto["minReplicas"]),
                 max_replicas=int(auto["maxReplicas"]),
                 scale_down_delay_s=float(auto["scaleDownDelaySeconds"]),
@@ -112,7 +122,7 @@ class Tuners:
 def tune(
     p: Pass,
     model: ModelSpec,
-    prov: Provisioned,
+    ref: TunerReference,
     *,
     arrivals: Arrivals | None,
     tuners: Tuners,
@@ -123,16 +133,16 @@ def tune(
     Without a reading (no pod answered) nothing is decided: missing data must not look like
     missing load."""
     status = p.status
-    tuner = tuners.get(model, prov, current)
+    tuner = tuners.get(model, ref, current)
     scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
-    if scaled.get("signature") != prov.signature:
-        scaled = {"signature": prov.signature}
+    if scaled.get("signature") != ref.signature:
+        scaled = {"signature": ref.signature}
     scaled.update(
         mode="envelope",
         planned={
-            "replicas": prov.replicas,
-            "capacityPerReplica": round(prov.capacity, 3),
-            "windowsSeconds": [round(w, 4) for w in prov.windows],
+            "replicas": ref.replicas,
+            "capacityPerReplica": round(ref.capacity, 3),
+            "windowsSeconds": [round(w, 4) for w in ref.windows],
             "ratesPerSecond": [round(r, 3) for r in tuner.sustained],
         },
     )
@@ -162,8 +172,8 @@ def tune(
     p.result.autoscale = {
         "action": decision.action,
         "replicas": decision.replicas,
-        "rates": dict(zip(prov.windows, decision.rates, strict=True)),
-        "capacity": decision.replicas * prov.capacity,
+        "rates": dict(zip(ref.windows, decision.rates, strict=True)),
+        "capacity": decision.replicas * ref.capacity,
     }
     if decision.action == "scale_up":
         p.emit("Normal", "ScaledUp", decision.reason)

@@ -164,8 +164,10 @@ def _tuner_interval(body: Mapping[str, Any]) -> float | None:
     """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
     spec = body.get("spec") or {}
     auto = spec.get("autoscaling")
-    if not isinstance(auto, Mapping) or "slo" not in spec:
+    if not isinstance(auto, Mapping):
         return None
+    if "slo" not in spec and not isinstance(auto.get("reference"), Mapping):
+        return None  # nothing to tune from
     if auto.get("mode", "envelope") != "envelope":
         return None
     if (body.get("status") or {}).get("switch"):

@@ -4,7 +4,9 @@ A pipeline's stage model also carries ``packrat.dev/serving-cpus``, set by its
 PackratPipeline: the CPUs per replica the pipeline planner chose. The model is profiled on
 ``spec.cpus`` (the profile covers every thread count up to it) and serves on that many, as
 a model with ``spec.slo`` serves on the replica size its own planner chose; so a smaller
-replica size needs no second profile.
+replica size needs no second profile. Until the pipeline has planned every stage, a stage
+model also carries ``packrat.dev/profile-only: "true"``: it profiles itself but deploys
+nothing, so its first Deployment is the planned one (no switch away from a placeholder).
 
 ``parse`` turns the stored object into a frozen ``ModelSpec`` or raises ``InvalidSpec``
 with every problem found, whatever the input's shape (the operator must not trust that a
@@ -29,6 +31,7 @@ from packrat.controller.spec import (
 )
 
 SERVING_CPUS_ANNOTATION = "packrat.dev/serving-cpus"
+PROFILE_ONLY_ANNOTATION = "packrat.dev/profile-only"
 
 
 class InvalidSpec(Exception):  # noqa: N818 (the condition reason users see)
@@ -64,6 +67,11 @@ class ModelSpec:
         """CPUs per serving replica set by the owning pipeline, if any (at most ``cpus``)."""
         value = self.annotations.get(SERVING_CPUS_ANNOTATION)
         return int(value) if value is not None else None
+
+    @property
+    def profile_only(self) -> bool:
+        """Set by the owning pipeline until it has planned: profile, but deploy nothing."""
+        return self.annotations.get(PROFILE_ONLY_ANNOTATION) == "true"
 
     @property
     def auto(self) -> Mapping[str, Any] | None:

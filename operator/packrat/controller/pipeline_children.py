@@ -7,7 +7,9 @@ server defaults or other controllers add are not drift: :func:`packrat.controlle
 An object under one of these names that the pipeline does not own (no controller
 ownerReference to this PackratPipeline's uid) is a conflict: never adopted, edited or deleted.
 A stage model of this pipeline whose stage left the spec is deleted (its own children go with
-it, by the garbage collector).
+it, by the garbage collector). With ``spec.autoscaling.mode: external`` a stage model's
+``spec.replicas`` belongs to whoever scales it (an HPA, KEDA) once it serves: the pipeline
+sets it when it creates the model and when its plan first arrives, never after.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from packrat.controller import pipeline_manifests as pm
 from packrat.controller.context import Pass
 from packrat.controller.drift import covers, merge_patch
-from packrat.controller.model import SERVING_CPUS_ANNOTATION
+from packrat.controller.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
 from packrat.controller.ownership import owned_by
 from packrat.controller.pipeline_object import PipelineObject
 from packrat.controller.spec import with_defaults
@@ -33,7 +35,12 @@ class StageTarget:
 
     batch: int
     replicas: int
-    serving_cpus: int | None
+    serving_cpus: int | None  # None: no plan yet (the stage model only profiles)
+    autoscaling: Mapping[str, Any] | None = None  # the stage model's spec.autoscaling
+
+    @property
+    def external(self) -> bool:
+        return (self.autoscaling or {}).get("mode") == "external"
 
 
 @dataclass
@@ -109,7 +116,13 @@ def ensure_stage(
         batch=target.batch,
         replicas=target.replicas,
         serving_cpus=target.serving_cpus,
+        autoscaling=target.autoscaling,
     )
+    meta = (current or {}).get("metadata") or {}
+    have_notes = meta.get("annotations") or {}
+    if current is not None and target.external and PROFILE_ONLY_ANNOTATION not in have_notes:
+        # serving: its replica count is the external scaler's
+        want["spec"]["replicas"] = (current.get("spec") or {}).get("replicas", target.replicas)
     if current is None:
         if p.kube.create("packratmodels", p.namespace, want):
             p.emit("Normal", "StageCreated", f"stage {stage}: PackratModel {spec.model_name}")
@@ -119,11 +132,14 @@ def ensure_stage(
     want_spec = with_defaults(want["spec"])
     if with_defaults(have_spec) != want_spec:
         patch["spec"] = merge_patch(have_spec, want_spec)
-    meta = current.get("metadata") or {}
-    have_cpus = (meta.get("annotations") or {}).get(SERVING_CPUS_ANNOTATION)
-    want_cpus = (want["metadata"].get("annotations") or {}).get(SERVING_CPUS_ANNOTATION)
-    if have_cpus != want_cpus:
-        patch["metadata"] = {"annotations": {SERVING_CPUS_ANNOTATION: want_cpus}}
+    want_notes = want["metadata"].get("annotations") or {}
+    notes = {
+        key: want_notes.get(key)  # None removes it
+        for key in (SERVING_CPUS_ANNOTATION, PROFILE_ONLY_ANNOTATION)
+        if have_notes.get(key) != want_notes.get(key)
+    }
+    if notes:
+        patch["metadata"] = {"annotations": notes}
     if not covers(meta.get("labels") or {}, want["metadata"]["labels"]):
         patch.setdefault("metadata", {})["labels"] = want["metadata"]["labels"]
     if not patch:

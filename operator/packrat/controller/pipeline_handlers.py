@@ -3,12 +3,13 @@ children wake it.
 
 The same structure as the PackratModel daemon (:mod:`packrat.controller.handlers`): a change
 to the pipeline, to one of its stage models (their status moves as they profile, switch and
-become ready) or to its router's Deployment, ConfigMap or Service wakes that pipeline's daemon
-at once; while it is not serving, it also looks again every ``poll_seconds``. Once it serves,
-a pass every ``MEASURE_SECONDS`` first reads its router pods' latency histograms
-(``status.measuredP99Ms``); the ``resync_seconds`` safety net covers the rest. Passes of one
-pipeline are sequential (one daemon) and run in the operator's thread pool; an API error
-leaves status as it was and is retried with exponential backoff.
+become ready) or to its router's Deployment, ConfigMap or Service wakes that pipeline's
+daemon at once; while it is not serving, it also looks again every ``poll_seconds``. Once it
+serves, a pass every ``MEASURE_SECONDS`` first reads its router pods' latency histograms
+(``status.measuredP99Ms``, over the trailing ``WINDOW_SECONDS``); the ``resync_seconds``
+safety net covers the rest. Passes of one pipeline are sequential (one daemon) and run in
+the operator's thread pool; an API error leaves status as it was and is retried with
+exponential backoff.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import kopf
 
 from packrat.controller.context import Result
+from packrat.controller.pipeline_latency import RouterLatency
 from packrat.controller.pipeline_manifests import LABEL_PIPELINE
 from packrat.controller.pipeline_reconcile import PLURAL, PipelineReconciler
 from packrat.controller.spec import GROUP, VERSION
@@ -61,7 +63,7 @@ def register_pipelines(
     *,
     pool: Executor,
     reconciler: Callable[[], PipelineReconciler],
-    latency: Callable[[], Callable[[str, str], float | None]],
+    latency: Callable[[], RouterLatency],
     wakeups: Wakeups,
 ) -> Callable[[Mapping[str, Any]], None]:
     """Add the PackratPipeline handlers to ``registry``; returns the function the model
@@ -86,10 +88,11 @@ def register_pipelines(
             def run_pass() -> Result:
                 # the routers' histograms are read before the pass, never during it
                 measured = latency()(namespace, name) if serving else None
-                return reconciler().reconcile(namespace, name, measured_p99_ms=measured)
+                return reconciler().reconcile(namespace, name, measured=measured)
 
             result = await loop.run_in_executor(pool, run_pass)
             if result.result == "gone":
+                latency().forget(namespace, name)
                 return None
             _post_events(body, result)
             delay = options.poll_seconds if result.waiting else options.resync_seconds

@@ -29,7 +29,7 @@ from packrat.controller.manifests import (
     pod_security,
     scrape_annotations,
 )
-from packrat.controller.model import SERVING_CPUS_ANNOTATION
+from packrat.controller.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
 from packrat.controller.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name
 
 PIPELINE_KIND = "PackratPipeline"
@@ -75,17 +75,25 @@ def stage_model(
     batch: int,
     replicas: int,
     serving_cpus: int | None,
+    autoscaling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The stage's PackratModel: the stage's model spec with the planner's batch and replicas;
     the planner's CPUs per replica in the ``packrat.dev/serving-cpus`` annotation (the model
-    is still profiled on ``spec.cpus``)."""
+    is still profiled on ``spec.cpus``). Before the pipeline has a plan (``serving_cpus``
+    None) the model carries ``packrat.dev/profile-only``: it profiles and deploys nothing.
+    ``autoscaling``: the stage model's ``spec.autoscaling`` (the pipeline's, with the stage's
+    tuner reference in envelope mode), if any."""
     name = owner["metadata"]["name"]
     meta = _metadata(owner, name=stage_model_name(name, stage), labels=stage_labels(name, stage))
     if serving_cpus is not None:
         meta["annotations"] = {SERVING_CPUS_ANNOTATION: str(int(serving_cpus))}
+    else:
+        meta["annotations"] = {PROFILE_ONLY_ANNOTATION: "true"}
     spec = json.loads(json.dumps(dict(model)))
     spec["batchSize"] = int(batch)
     spec["replicas"] = int(replicas)
+    if autoscaling is not None:
+        spec["autoscaling"] = json.loads(json.dumps(dict(autoscaling)))
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
 
 

@@ -18,17 +18,19 @@ from typing import Any
 
 from packrat.controller.model import InvalidSpec
 from packrat.controller.pipeline_manifests import stage_model_name
-from packrat.controller.slo_spec import SLO_DEFAULTS, validate_slo
+from packrat.controller.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.spec import validate_spec, with_defaults
-from packrat.plan.pipeline import Edge, Pipeline, PipelineError, Stage
+from packrat.plan.pipeline import DEFAULT_HOP_OVERHEAD_MS, Edge, Pipeline, PipelineError, Stage
 
 MAX_PIPELINE_NAME = 19
 MAX_STAGE_NAME = 20
 MAX_STAGES = 16
 MAX_EDGES = 64
-# a stage's model spec must leave these to the pipeline planner
-PLANNED_FIELDS = ("batchSize", "autoBatch", "slo", "replicas")
-SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs"}
+# a stage's model spec must leave these to the pipeline planner (and its tuner)
+PLANNED_FIELDS = ("batchSize", "autoBatch", "slo", "replicas", "autoscaling")
+SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs", "autoscaling"}
+HOP_FIELD = "hopOverheadMs"
+MAX_HOP_OVERHEAD_MS = 60_000.0
 STAGE_FIELDS = {"name", "model"}
 EDGE_FIELDS = {"from", "to", "fraction"}
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9]$|^[a-z0-9][-a-z0-9]*[a-z0-9]$")
@@ -62,13 +64,19 @@ class PipelineObject:
     generation: int | None
     stages: tuple[StageSpec, ...]
     edges: tuple[Edge, ...]
-    slo: Mapping[str, Any]  # defaults filled in (cv, durationSeconds)
+    slo: Mapping[str, Any]  # defaults filled in (cv, durationSeconds); no hopOverheadMs
     deadline_ms: float | None
     body: Mapping[str, Any]  # the stored object, for the manifest builders
+    hop_overhead_ms: float = DEFAULT_HOP_OVERHEAD_MS  # per HTTP hop along a path
+    autoscaling: Mapping[str, Any] | None = None  # spec.autoscaling, defaults filled in
 
     @property
     def slo_ms(self) -> float:
         return float(self.slo["latencyP99Ms"])
+
+    @property
+    def autoscaling_mode(self) -> str | None:
+        return str(self.autoscaling["mode"]) if self.autoscaling is not None else None
 
     @property
     def max_cores(self) -> int | None:
@@ -187,12 +195,27 @@ def _parse(obj: Mapping[str, Any]) -> PipelineObject:
         if edge is not None:
             edges.append(edge)
     slo = spec.get("slo")
+    hop: Any = DEFAULT_HOP_OVERHEAD_MS
+    auto: Any = None
     if not isinstance(slo, Mapping):
         errors.append("spec.slo must be an object with latencyP99Ms and one of trace, rate")
         slo = {}
     else:
         slo = {**SLO_DEFAULTS, **slo}
-        validate_slo(errors, {"slo": slo})
+        hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
+        if not _number(hop) or not 0 <= hop <= MAX_HOP_OVERHEAD_MS:
+            errors.append(
+                f"spec.slo.{HOP_FIELD} must be a number of ms in [0, {MAX_HOP_OVERHEAD_MS:g}], "
+                f"got {hop!r}"
+            )
+            hop = DEFAULT_HOP_OVERHEAD_MS
+        auto = spec.get("autoscaling")
+        if isinstance(auto, Mapping):
+            auto = {**AUTOSCALING_DEFAULTS, **auto}
+            if "reference" in auto:
+                errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
+                auto.pop("reference")
+        validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
     deadline = spec.get("deadlineMs")
     if deadline is not None and (
         isinstance(deadline, bool) or not isinstance(deadline, int) or deadline < 1
@@ -216,4 +239,6 @@ def _parse(obj: Mapping[str, Any]) -> PipelineObject:
         slo=slo,
         deadline_ms=float(deadline) if deadline is not None else None,
         body=obj,
+        hop_overhead_ms=float(hop),
+        autoscaling=auto,
     )

@@ -6,9 +6,14 @@ profile key its spec implies, owned by that stage model. When every stage has on
 pipeline planner (:func:`packrat.plan.pipeline_provision.provision_pipeline`, the one
 ``packrat provision --pipeline`` runs) simulates the DAG on the sample trace and chooses
 every stage's replicas, CPUs per replica and batch. Its answer is cached by everything it
-depends on (profile digests, replica limits, edges, trace, SLO, core budget, batch delay),
-since one search simulates dozens of configurations; the search is seeded, so an operator
-restarted with the same inputs plans the same configuration.
+depends on (profile digests, replica limits, edges, trace, SLO, core budget, batch delay,
+hop overhead), since one search simulates dozens of configurations; the search is seeded,
+so an operator restarted with the same inputs plans the same configuration.
+
+Every HTTP hop costs ``spec.slo.hopOverheadMs`` in the simulation (the client's hop to the
+router and each stage's call: :mod:`packrat.plan.pipeline`). Each stage's tuner reference is
+what its pods are planned to see: the envelope of the arrivals that stage saw in the
+simulation of the chosen configuration, and one of its replicas' capacity.
 """
 
 from __future__ import annotations
@@ -24,8 +29,14 @@ from packrat.controller import manifests as m
 from packrat.controller.context import Pass
 from packrat.controller.ownership import owned_by
 from packrat.controller.pipeline_object import PipelineObject, StageSpec
-from packrat.controller.provisioning import TraceUnavailable, sample_trace
+from packrat.controller.provisioning import (
+    MIN_WINDOW_S,
+    TraceUnavailable,
+    planned_envelope,
+    sample_trace,
+)
 from packrat.controller.spec import profile_key
+from packrat.plan.envelope import window_sizes
 from packrat.plan.pipeline import Pipeline, Stage
 from packrat.plan.pipeline_provision import PipelineProvision, provision_pipeline
 from packrat.plan.profile import Profile, ProfileError, parse_profile
@@ -123,6 +134,7 @@ def plan_pipeline(
         "slo": pipe.slo_ms,
         "maxCores": pipe.max_cores,
         "delay": delay,
+        "hop": pipe.hop_overhead_ms,
     }
     signature = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     found = cache.get(signature)
@@ -146,7 +158,7 @@ def plan_pipeline(
             trace,
             slo_ms=pipe.slo_ms,
             max_cores=pipe.max_cores,
-            sim=SimSettings(max_batch_delay_ms=delay),
+            sim=SimSettings(max_batch_delay_ms=delay, overhead_ms=pipe.hop_overhead_ms),
         )
     except ValueError as exc:  # PipelineError, ProvisionError, PlanError, SimulationError
         raise CannotPlan("ProvisionFailed", str(exc)) from None
@@ -158,11 +170,27 @@ def _round(value: Any) -> float | None:
     return None if value is None else round(float(value), 3)
 
 
+def tuner_reference(prov: PipelineProvision, name: str, replicas: int) -> dict[str, Any]:
+    """The stage's tuner reference (``spec.autoscaling.reference``): the windows from its
+    plan's latency, the envelope of the arrivals it saw in the simulation, its capacity."""
+    latency_s = float(prov.plans[name]["expected_latency_ms"]) / 1000.0
+    windows = window_sizes(latency_s, min_window_s=MIN_WINDOW_S)
+    rates = planned_envelope(prov.stage_arrivals[name], windows)
+    return {
+        "replicas": max(1, int(replicas)),
+        "capacityPerReplica": round(max(prov.capacity[name], 1e-3), 3),
+        "windowsSeconds": [round(w, 4) for w in windows],
+        "ratesPerSecond": [round(r, 3) for r in rates],
+    }
+
+
 def stage_configs(prov: PipelineProvision) -> dict[str, dict[str, Any]]:
-    """Per stage: replicas, cpusPerReplica, batch, cores, plan label, scale factor, P99."""
+    """Per stage: replicas, cpusPerReplica, batch, cores, plan label, scale factor, P99 and
+    the tuner's reference."""
     out = {}
     for s in prov.to_dict()["stages"]:
         out[s["name"]] = {
+            "tunerReference": tuner_reference(prov, s["name"], int(s["replicas"])),
             "scaleFactor": round(float(s["scale_factor"]), 6),
             "replicas": int(s["replicas"]),
             "cpusPerReplica": int(s["cpus_per_replica"]),

@@ -3,11 +3,19 @@ differences, then (only then) write status.
 
 Order within a pass: the router's objects first (they do not depend on the plan), then the
 stage models. Before every stage model has a profile, each is created with the stage's model
-spec at batch 1 and 0 replicas: it profiles itself and serves nothing. Once every stage has a
-profile, the pipeline planner chooses each stage's replicas, CPUs per replica and batch for
-the end-to-end SLO, and the stage models are patched to serve that (each switches to its new
-plan the way a PackratModel does). When planning fails later (the trace ConfigMap gone), the
-last planned configuration, kept in ``status.stages``, keeps serving.
+spec at batch 1, 0 replicas and ``packrat.dev/profile-only``: it profiles itself and deploys
+nothing. Once every stage has a profile, the pipeline planner chooses each stage's replicas,
+CPUs per replica and batch for the end-to-end SLO, and the stage models are patched to serve
+that (the first Deployment of each is the planned one; a later plan switches the way a
+PackratModel does). When planning fails later (the trace ConfigMap gone), the last planned
+configuration, kept in ``status.stages``, keeps serving.
+
+With ``spec.autoscaling`` each stage model gets it too: in ``envelope`` mode with its tuner
+reference (the envelope of the arrivals the stage saw in the plan's simulation), so its own
+tuner (:mod:`packrat.controller.autoscale`) scales its replicas from the arrivals its pods
+see; in ``external`` mode its ``spec.replicas`` is left to an HPA or KEDA once it serves.
+Each stage's tuned count and last scaling decision are mirrored into ``status.stages`` and
+each change is an Event on the pipeline.
 
 Level-triggered and idempotent: everything is recomputed from the spec, the children and
 ``status`` on every pass. An exception (an API error) leaves status exactly as it was:
@@ -28,6 +36,7 @@ from packrat.controller.kube import KubeApi
 from packrat.controller.manifests import PORT
 from packrat.controller.model import InvalidSpec
 from packrat.controller.ownership import conflict_message
+from packrat.controller.pipeline_latency import Measured
 from packrat.controller.pipeline_object import PipelineObject, StageSpec, parse_pipeline
 from packrat.controller.pipeline_planning import (
     CannotPlan,
@@ -43,6 +52,7 @@ from packrat.controller.status import get_condition
 PLURAL = "packratpipelines"
 PHASES = ("Pending", "Provisioning", "Serving", "Failed")
 _STAGE_FIELDS = ("replicas", "cpusPerReplica", "batch")
+_KEPT_FIELDS = (*_STAGE_FIELDS, "plan", "tunerReference")
 
 
 def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool:
@@ -62,18 +72,44 @@ def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool
         return False
     if int(plan.get("batch") or 0) != target.batch:
         return False
-    return int(status.get("readyReplicas") or 0) >= target.replicas
+    replicas = target.replicas
+    if target.autoscaling is not None:  # the count its tuner or scaler chose
+        replicas = int(status.get("replicas") or replicas)
+    return int(status.get("readyReplicas") or 0) >= replicas
 
 
-def stage_target(stage: StageSpec, want: Mapping[str, Any] | None) -> pc.StageTarget:
+def stage_autoscaling(
+    pipe: PipelineObject, want: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The stage model's ``spec.autoscaling``: the pipeline's, with the stage's tuner
+    reference in envelope mode (none before a plan that has one)."""
+    if pipe.autoscaling is None or want is None:
+        return None
+    auto = dict(pipe.autoscaling)
+    if auto["mode"] == "envelope":
+        ref = want.get("tunerReference")
+        if not isinstance(ref, Mapping):
+            return None
+        auto["reference"] = dict(ref)
+    return auto
+
+
+def stage_target(
+    pipe: PipelineObject, stage: StageSpec, want: Mapping[str, Any] | None
+) -> pc.StageTarget:
     """What the stage model should serve: the plan's configuration (within the stage's
     current cpus and profiled batches, should the last plan predate a spec change), or,
-    before any plan, batch 1 on no replica (it profiles and serves nothing)."""
+    before any plan, batch 1 on no replica (it profiles and deploys nothing)."""
     if want is None:
         return pc.StageTarget(batch=1, replicas=0, serving_cpus=None)
     batch = min(int(want["batch"]), int(stage.model["profiling"]["maxBatch"]))
     cpus = min(int(want["cpusPerReplica"]), stage.cpus)
-    return pc.StageTarget(batch=batch, replicas=int(want["replicas"]), serving_cpus=cpus)
+    return pc.StageTarget(
+        batch=batch,
+        replicas=int(want["replicas"]),
+        serving_cpus=cpus,
+        autoscaling=stage_autoscaling(pipe, want),
+    )
 
 
 class PipelineReconciler:
@@ -90,18 +126,19 @@ class PipelineReconciler:
         name: str,
         *,
         now: datetime.datetime | None = None,
-        measured_p99_ms: float | None = None,
+        measured: Measured | None = None,
     ) -> Result:
-        """One pass; ``measured_p99_ms``: the router pods' end-to-end P99, read before it."""
+        """One pass; ``measured``: the router pods' end-to-end latency over the trailing
+        window, read before it (None: not read, status keeps what it had)."""
 
         def step(p: Pass) -> None:
-            self._pass(p, measured_p99_ms)
+            self._pass(p, measured)
             self._report_conflicts(p)
 
         return run_pass(self.kube, self.config, PLURAL, namespace, name, step=step, now=now)
 
     # -- the pass ------------------------------------------------------------------------------
-    def _pass(self, p: Pass, measured_p99_ms: float | None) -> None:
+    def _pass(self, p: Pass, measured: Measured | None) -> None:
         try:
             pipe = parse_pipeline(p.obj)
         except InvalidSpec as exc:
@@ -135,11 +172,15 @@ class PipelineReconciler:
         targets: dict[str, pc.StageTarget] = {}
         settled: dict[str, bool] = {}
         for stage in pipe.stages:
-            targets[stage.name] = target = stage_target(stage, configs.get(stage.name))
+            targets[stage.name] = target = stage_target(pipe, stage, configs.get(stage.name))
             current = children.models[stage.name]
             settled[stage.name] = pc.ensure_stage(p, pipe, stage.name, current, target)
-        if measured_p99_ms is not None:
-            p.status["measuredP99Ms"] = measured_p99_ms
+        if measured is not None:  # the trailing window's P99, or none with too few queries
+            p.status["measuredQueries"] = measured.queries
+            if measured.p99_ms is not None:
+                p.status["measuredP99Ms"] = measured.p99_ms
+            else:
+                p.status.pop("measuredP99Ms", None)
         if "measuredP99Ms" in p.status:  # the measured P99, else the simulated one, decides
             p.status["sloMet"] = bool(p.status["measuredP99Ms"] <= pipe.slo_ms)
         self._status(
@@ -163,7 +204,7 @@ class PipelineReconciler:
         """Each stage's planned configuration: this pass's plan when every stage has a
         profile and planning succeeds, else the last one in status (possibly none)."""
         previous = {
-            s["name"]: {k: s[k] for k in (*_STAGE_FIELDS, "plan") if k in s}
+            s["name"]: {k: s[k] for k in _KEPT_FIELDS if k in s}
             for s in p.status.get("stages") or []
             if all(k in s for k in _STAGE_FIELDS)
         }
@@ -234,6 +275,7 @@ class PipelineReconciler:
             entry.update(name=stage.name, model=stage.model_name)
             entry["phase"] = str(mstatus.get("phase") or "Pending")
             entry["readyReplicas"] = int(mstatus.get("readyReplicas") or 0)
+            mirror_autoscaling(p, entry, mstatus, tuned=pipe.autoscaling is not None)
             stages.append(entry)
             target = targets.get(stage.name)  # absent: patched by this pass
             if target is None or not stage_ready(model, target):
@@ -286,6 +328,35 @@ class PipelineReconciler:
             p.cond("OwnershipConflict", True, "NotOwned", message)
         elif previous.get("status") == "True":
             p.cond("OwnershipConflict", False, "Resolved", "")
+
+
+def mirror_autoscaling(
+    p: Pass, entry: dict[str, Any], mstatus: Mapping[str, Any], *, tuned: bool
+) -> None:
+    """Copy the stage model's serving count and last scaling decision into the stage's
+    status entry; a new scaling decision is an Event on the pipeline too."""
+    before = entry.pop("autoscaling", None) or {}
+    if not tuned:
+        return
+    scaled = mstatus.get("autoscaling") or {}
+    mirrored: dict[str, Any] = {}
+    if isinstance(mstatus.get("replicas"), int):
+        mirrored["replicas"] = int(mstatus["replicas"])
+    last = scaled.get("lastScale")
+    if isinstance(last, Mapping):
+        mirrored["lastScale"] = {
+            k: last[k] for k in ("time", "action", "replicas", "previous", "reason") if k in last
+        }
+        seen = (before.get("lastScale") or {}).get("time")
+        if seen != last.get("time") and "replicas" in last and "previous" in last:
+            p.emit(
+                "Normal",
+                "StageScaled",
+                f"stage {entry['name']}: {last['previous']} -> {last['replicas']} replicas: "
+                f"{last.get('reason', '')}",
+            )
+    if mirrored:
+        entry["autoscaling"] = mirrored
 
 
 def _ms(value: float) -> float | None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from packrat.controller.context import Pass
 from packrat.controller.model import ModelSpec
+from packrat.controller.slo_spec import TunerReference
 from packrat.plan.envelope import envelope, window_sizes
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import Profile
@@ -67,6 +68,17 @@ class Provisioned:
     @property
     def cores(self) -> int:
         return self.cpus * self.replicas
+
+    @property
+    def reference(self) -> TunerReference:
+        """What the tuner scales from."""
+        return TunerReference(
+            signature=self.signature,
+            replicas=self.replicas,
+            capacity=self.capacity,
+            windows=self.windows,
+            planned_rates=self.planned_rates,
+        )
 
     def status(self) -> dict[str, Any]:
         return {
@@ -169,6 +181,8 @@ def planned_envelope(trace: np.ndarray, windows: list[float]) -> list[float]:
     than the sample counts at the sample's own length (its mean rate at most), since the plan
     met the SLO at that rate; dividing by the full window would make the tuner see a steady
     load at the planned rate as several times the plan."""
+    if trace.size == 0:  # nothing arrives (a stage no sampled query visits): no envelope
+        return [0.0 for _ in windows]
     span = float(trace[-1] - trace[0]) if trace.size > 1 else 0.0
     if span <= 0:
         return [float(trace.size) / w for w in windows]

@@ -36,6 +36,7 @@ from packrat.controller.protection import release_orphans
 from packrat.controller.provisioning import ProvisionCache, provision_model
 from packrat.controller.service import ensure_service
 from packrat.controller.serving import Rendering, ensure_deployment, last_good, scale, steady
+from packrat.controller.slo_spec import spec_reference
 from packrat.controller.spec import serving_hash
 from packrat.controller.status import get_condition
 from packrat.controller.storage_check import resolve_version
@@ -171,6 +172,11 @@ class Reconciler:
         profile = ensure_profile(p, model, configmap=children.configmap, jobs=children.jobs)
         if profile is None:
             return
+        if model.profile_only and good is None:  # a pipeline's stage before its plan
+            p.result.phase = "Planning"
+            message = "profiled; waiting for the pipeline's plan (packrat.dev/profile-only)"
+            p.cond("Ready", False, "AwaitingPipelinePlan", message)
+            return
 
         # 3. plan (with an SLO: replicas, CPUs per replica and batch from the provisioning)
         batch = batch_to_plan(model, status)
@@ -186,7 +192,7 @@ class Reconciler:
                 return
             batch = max_batch = prov.batch
             serving_spec["cpus"] = prov.cpus
-            replicas = asc.serving_replicas(model, status, prov)
+            replicas = asc.serving_replicas(model, status, prov.reference)
         try:
             optimizer = self.optimizers.get(
                 profile,
@@ -221,9 +227,10 @@ class Reconciler:
             return
         passive = m.other_slot(str(status["activeSlot"]))
         scale(p, children.deployments[passive], 0)
-        if prov is not None and asc.mode(model) == "envelope":
+        ref = prov.reference if prov is not None else spec_reference(model.spec)
+        if ref is not None and asc.mode(model) == "envelope":
             replicas = asc.tune(
-                p, model, prov, arrivals=arrivals, tuners=self.tuners, current=replicas
+                p, model, ref, arrivals=arrivals, tuners=self.tuners, current=replicas
             )
             scale(p, active_dep, replicas)
             if active_dep is not None:

@@ -10,11 +10,23 @@ is the planner's, so ``batchSize`` and ``autoBatch`` must not be set.
 from the traffic envelopes of the arrivals the pods see, within min/max replicas) or
 ``external`` (an HPA or KEDA through the scale subresource; the operator follows
 ``spec.replicas`` and never writes it).
+
+The tuner scales from a reference: the planned replica count, one replica's capacity and the
+traffic envelope the planned replicas were simulated to sustain. With ``spec.slo`` the
+model's own planner makes it; a model without an SLO may be given one in
+``spec.autoscaling.reference`` (a PackratPipeline gives its stage models the one its
+pipeline planner simulated for the arrivals that stage sees), and the tuner then scales
+``spec.replicas``'s serving count from it as for an SLO model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 SLO_DEFAULTS: dict[str, Any] = {"cv": 1.0, "durationSeconds": 120}
@@ -28,7 +40,54 @@ AUTOSCALING_DEFAULTS: dict[str, Any] = {
 MODES = ("envelope", "external")
 SLO_FIELDS = {"latencyP99Ms", "trace", "rate", "cv", "durationSeconds", "maxCores"}
 TRACE_FIELDS = {"configMap", "key"}
-AUTOSCALING_FIELDS = set(AUTOSCALING_DEFAULTS)
+AUTOSCALING_FIELDS = {*AUTOSCALING_DEFAULTS, "reference"}
+REFERENCE_FIELDS = {"replicas", "capacityPerReplica", "windowsSeconds", "ratesPerSecond"}
+MAX_WINDOWS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class TunerReference:
+    """What the tuner scales from (see the module docstring); ``signature`` changes with any
+    of it (a new reference is a new tuner, as a new plan is)."""
+
+    signature: str
+    replicas: int
+    capacity: float  # queries per second one replica sustains at best
+    windows: tuple[float, ...]  # seconds
+    planned_rates: tuple[float, ...]  # per second, one per window
+
+    def to_spec(self) -> dict[str, Any]:
+        """As ``spec.autoscaling.reference``."""
+        return {
+            "replicas": self.replicas,
+            "capacityPerReplica": self.capacity,
+            "windowsSeconds": list(self.windows),
+            "ratesPerSecond": list(self.planned_rates),
+        }
+
+
+def reference_from_spec(doc: Mapping[str, Any]) -> TunerReference:
+    """``spec.autoscaling.reference`` (validated) as a :class:`TunerReference`."""
+    replicas = int(doc["replicas"])
+    capacity = float(doc["capacityPerReplica"])
+    windows = tuple(float(w) for w in doc["windowsSeconds"])
+    rates = tuple(float(r) for r in doc["ratesPerSecond"])
+    body = [replicas, capacity, windows, rates]
+    digest = hashlib.sha256(json.dumps(body).encode()).hexdigest()[:16]
+    return TunerReference(
+        signature=f"ref:{digest}",
+        replicas=replicas,
+        capacity=capacity,
+        windows=windows,
+        planned_rates=rates,
+    )
+
+
+def spec_reference(spec: Mapping[str, Any]) -> TunerReference | None:
+    """The reference a (validated) spec gives its tuner itself, if any."""
+    auto = spec.get("autoscaling")
+    ref = auto.get("reference") if isinstance(auto, Mapping) else None
+    return reference_from_spec(ref) if isinstance(ref, Mapping) else None
 
 
 def with_slo_defaults(spec: dict[str, Any]) -> None:
@@ -119,5 +178,51 @@ def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> Non
     lo_r, hi_r = auto.get("minReplicas"), auto.get("maxReplicas")
     if _int(lo_r) and _int(hi_r) and lo_r > hi_r:
         errors.append("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
-    if mode == "envelope" and not has_slo:
-        errors.append("autoscaling.mode envelope needs spec.slo (the plan the tuner scales)")
+    ref = auto.get("reference")
+    if ref is not None:
+        if has_slo:
+            errors.append("autoscaling.reference is for a model without slo (slo makes its own)")
+        if mode != "envelope":
+            errors.append("autoscaling.reference is for mode envelope")
+        _validate_reference(errors, ref)
+    elif mode == "envelope" and not has_slo:
+        errors.append(
+            "autoscaling.mode envelope needs spec.slo or autoscaling.reference "
+            "(the plan the tuner scales)"
+        )
+
+
+def _finite(value: Any, lo: float, hi: float) -> TypeGuard[int | float]:
+    return _number(value) and math.isfinite(value) and lo <= value <= hi
+
+
+def _validate_reference(errors: list[str], ref: Any) -> None:
+    where = "spec.autoscaling.reference"
+    if not isinstance(ref, Mapping):
+        errors.append(f"{where} must be an object")
+        return
+    for key in sorted(set(ref) - REFERENCE_FIELDS):
+        errors.append(f"{where}.{key}: unknown field")
+    replicas = ref.get("replicas")
+    if not _int(replicas) or not 1 <= replicas <= 100:
+        errors.append(f"{where}.replicas must be an integer in 1..100, got {replicas!r}")
+    capacity = ref.get("capacityPerReplica")
+    if not (_finite(capacity, 0.0, 1e7) and capacity > 0):
+        errors.append(f"{where}.capacityPerReplica must be a number in (0, 1e7], got {capacity!r}")
+    windows, rates = ref.get("windowsSeconds"), ref.get("ratesPerSecond")
+    if (
+        not isinstance(windows, list)
+        or not 1 <= len(windows) <= MAX_WINDOWS
+        or not all(_finite(w, 1e-6, 3600.0) for w in windows)
+        or any(b <= a for a, b in itertools.pairwise(windows))
+    ):
+        errors.append(
+            f"{where}.windowsSeconds must be 1..{MAX_WINDOWS} increasing numbers in (0, 3600]"
+        )
+    if (
+        not isinstance(rates, list)
+        or not all(_finite(r, 0.0, 1e7) for r in rates)
+        or not isinstance(windows, list)
+        or len(rates) != len(windows)
+    ):
+        errors.append(f"{where}.ratesPerSecond must be one number in [0, 1e7] per window")

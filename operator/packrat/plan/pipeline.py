@@ -16,7 +16,11 @@ stage actually sees:
   arrives at ``s`` when the last such parent has answered it (a join waits for all of them);
 - a query shed anywhere (``inf``) fails end to end, and fails every stage after it;
 - it is answered when the last stage it visits has answered it: the end-to-end latency is
-  that time minus its arrival.
+  that time minus its arrival;
+- ``overhead_ms`` is one HTTP hop's cost (proxies, the router, the dispatcher): it is added
+  once per stage a query visits (inside that stage's simulation, so it delays every stage
+  after it) and once for the client's hop to the router, so a path of ``k`` stages costs
+  ``(k + 1) * overhead_ms`` more than its stages' compute.
 
 Stages downstream of a stage only see that stage's completion times, so simulating stage by
 stage is exact for a DAG (no feedback). Pure: numpy only, seeded, no clock, no I/O.
@@ -34,6 +38,10 @@ import numpy as np
 from packrat.plan.des import SimResult, SimulationError, nearest_rank, simulate
 
 Table = Mapping[tuple[int, int], float]
+# One HTTP hop's cost when nothing better is known (ms): the median per hop measured through
+# the emulator's kube-proxy, the router and a stage's dispatcher on the shared 2-core machine
+# (docs/measurements.md, issue 13: 21 ms end to end over two hops for a 0.03 ms model).
+DEFAULT_HOP_OVERHEAD_MS = 10.0
 Instances = tuple[tuple[int, int], ...]
 
 
@@ -210,7 +218,7 @@ class PipelineSim:
         self.pipeline = pipeline
         self.arrivals_ms = arr * 1000.0
         self.seed = seed
-        self.settings = {
+        self.settings: dict[str, float | int | str] = {
             "spread": spread,
             "max_batch_delay_ms": max_batch_delay_ms,
             "queue_limit": queue_limit,
@@ -286,8 +294,11 @@ class PipelineSim:
             d = done[name]
             m = ~np.isnan(d)
             finish[m] = np.maximum(finish[m], d[m])
+        entry = float(self.settings["overhead_ms"])  # the client's hop to the router
         return PipelineResult(
-            latencies_ms=finish - self.arrivals_ms, arrive_ms=dict(arrive), done_ms=dict(done)
+            latencies_ms=finish - self.arrivals_ms + entry,
+            arrive_ms=dict(arrive),
+            done_ms=dict(done),
         )
 
 

@@ -3,7 +3,9 @@
 :func:`provision_pipeline` runs InferLine's search (:mod:`packrat.plan.pipeline_search`)
 on a sample trace, computes each stage's Packrat plan for its chosen cores and batch, and
 adds the coarse-grained baselines (:mod:`packrat.plan.pipeline_baselines`); what
-``packrat provision --pipeline`` prints.
+``packrat provision --pipeline`` prints. For each stage's tuner it also keeps what the plan
+was simulated on: the arrivals that stage saw on the sample trace (seconds, sorted) and the
+queries per second one of its replicas sustains at best.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ class PipelineProvision:
     wall_s: float
     trace: dict[str, float]
     steps: list[str] = field(default_factory=list)
+    # per stage: the arrivals it saw in the best configuration's simulation (s, sorted) and
+    # one replica's best throughput (queries/s): the reference its tuner scales from
+    stage_arrivals: dict[str, np.ndarray] = field(default_factory=dict)
+    capacity: dict[str, float] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
@@ -86,10 +92,16 @@ def provision_pipeline(
     best, steps = planner.greedy()
     baselines = coarse_baselines(planner)
     plans = {}
+    run = planner.run(best.configs)
+    arrivals, capacity = {}, {}
     for name, c in zip(planner.names, best.configs, strict=True):
         model = (models or {}).get(name)
         opt = Optimizer(pipeline.stages[name].table, cpus=c.cpus, max_batch=c.batch, model=model)
         plans[name] = opt.plan(c.batch).to_dict()
+        seen = run.arrive_ms[name]
+        arrivals[name] = np.sort(seen[np.isfinite(seen)]) / 1000.0
+        sp = planner.stage_planners[name]
+        capacity[name] = float(sp.capacity(sp.instances(c.cpus, c.batch)))
     return PipelineProvision(
         pipeline=pipeline,
         best=best,
@@ -101,4 +113,6 @@ def provision_pipeline(
         wall_s=time.perf_counter() - start,
         trace=trace_summary(trace_s, planner.rate),
         steps=steps,
+        stage_arrivals=arrivals,
+        capacity=capacity,
     )

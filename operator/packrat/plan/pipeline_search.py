@@ -229,8 +229,9 @@ class PipelinePlanner:
             b = self.batches(name, cpus)[0]
             configs.append(Config(cpus, b, self.stable_replicas(name, cpus, b)))
         cur = tuple(configs)
-        floor = self.pipeline.critical_path(
-            {n: self.service_ms(n, c) for n, c in zip(self.names, cur, strict=True)}
+        hop = self.sim.overhead_ms  # per stage visited, and once for the entry hop
+        floor = hop + self.pipeline.critical_path(
+            {n: self.service_ms(n, c) + hop for n, c in zip(self.names, cur, strict=True)}
         )
         if floor > self.slo_ms:
             msg = f"infeasible: the fastest path takes {floor:.1f} ms > SLO {self.slo_ms:.1f} ms"

@@ -38,6 +38,33 @@ class Served:
     jobs: list[dict[str, Any]]
 
 
+def tiny_spec(
+    max_batch: int,
+    *,
+    budget_s: int = 40,
+    ready_timeout_s: int = 300,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ``tiny`` model spec the operator tests share: 2 CPUs, a 2 ms batch delay, a
+    profile over threads 1-2 and batches up to ``max_batch`` (no retry), a 2 s drain;
+    ``ready_timeout_s`` defaults to the CRD's (a new slot's TorchServe took over 90 s to start
+    on a loaded machine). ``extra``: more spec fields (batchSize, autoBatch, slo, ...)."""
+    return {
+        "model": {"zoo": "tiny"},
+        "cpus": 2,
+        "maxBatchDelayMs": 2,
+        "profiling": {
+            "maxBatch": max_batch,
+            "threads": [1, 2],
+            "precision": 0.2,
+            "timeBudgetSeconds": budget_s,
+            "backoffLimit": 0,
+        },
+        "switch": {"readyTimeoutSeconds": ready_timeout_s, "drainSeconds": 2},
+        **extra,
+    }
+
+
 def body(name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "packrat.dev/v1alpha1",
