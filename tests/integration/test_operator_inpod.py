@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -82,6 +83,23 @@ def _detail(cluster: OperatorCluster) -> str:
     return f"status: {cluster.status(NAME)}\nlog:\n{cluster.log_tail(15)}"
 
 
+def _await_switch(
+    cluster: OperatorCluster, load: Load, done: Callable[[], Any], *, what: str
+) -> tuple[Any, float]:
+    """Wait for ``done`` (the switch's end), then for 20 requests served after it; ``done``'s
+    value and when it came."""
+    result = wait_for(
+        done, timeout=SWITCH_S, what=what, period=0.25, detail=lambda: _detail(cluster)
+    )
+    switched_at = time.monotonic()
+    wait_for(
+        lambda: sum(1 for t, _ in load.results if t > switched_at) > 20,
+        timeout=SLOW,
+        what="requests served after the switch",
+    )
+    return result, switched_at
+
+
 def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
     cluster: OperatorCluster,
 ) -> None:
@@ -109,21 +127,14 @@ def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
     with Load(cluster, NAME, NAME, clients=2) as load:
         wait_for(lambda: len(load.results) > 20, timeout=SLOW, what="load warm-up")
         cluster.api.patch("packratmodels", NAME, {"spec": {"batchSize": 4}})
-        switched = wait_for(
+        switched, _ = _await_switch(
+            cluster,
+            load,
             lambda: (
                 (last := cluster.status(NAME).get("lastSwitch") or {}).get("mode") == "InPod"
                 and last
             ),
-            timeout=SWITCH_S,
             what="the in-pod switch",
-            period=0.25,
-            detail=lambda: _detail(cluster),
-        )
-        switched_at = time.monotonic()
-        wait_for(
-            lambda: sum(1 for t, _ in load.results if t > switched_at) > 20,
-            timeout=SLOW,
-            what="requests served after the switch",
         )
     status = cluster.status(NAME)
     print("in-pod switch:", switched)
@@ -159,21 +170,14 @@ def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
             what="the 1-cpu profile key",
         )
         seed_profile(cluster, NAME, _profile(1))
-        wait_for(
+        _, switched_at = _await_switch(
+            cluster,
+            load,
             lambda: (
                 (cluster.status(NAME).get("lastSwitch") or {}).get("mode") == "Deployment"
                 and "switch" not in cluster.status(NAME)
             ),
-            timeout=SWITCH_S,
             what="the Deployment switch to 1 cpu",
-            period=0.25,
-            detail=lambda: _detail(cluster),
-        )
-        switched_at = time.monotonic()
-        wait_for(
-            lambda: sum(1 for t, _ in load.results if t > switched_at) > 20,
-            timeout=SLOW,
-            what="requests served after the switch",
         )
     status = cluster.status(NAME)
     print("deployment switch:", status["lastSwitch"])

@@ -7,12 +7,11 @@ import datetime
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, FakeKube, _profile_json
+from test_controller_reconcile import NS, T0, _profile_json, _setup
 
 from packrat.bench.verify import format_verification, with_verification
 from packrat.controller import profile_manifests as pm
 from packrat.controller.plans import status_plan
-from packrat.controller.reconcile import Config, Reconciler
 from packrat.controller.spec import validate_spec
 from packrat.controller.verified import measured, publish
 from packrat.plan.optimizer import Optimizer
@@ -126,19 +125,7 @@ def test_a_served_model_shows_the_measured_speedup_of_its_plan() -> None:
     verification; once Ready, status.measured (the Measured column) shows it."""
     profile = _profile()
     text = with_verification(profile, _record(profile, 4)).to_json()
-    kube = FakeKube()
-    spec = {**BASE, "batchSize": 4, "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5}}
-    kube.create(
-        "packratmodels",
-        NS,
-        {
-            "apiVersion": "packrat.dev/v1alpha1",
-            "kind": "PackratModel",
-            "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-            "spec": spec,
-        },
-    )
-    rec = Reconciler(kube, config=Config(image="img"))
+    kube, rec = _setup()  # the default spec: tiny, 2 cpus, batchSize 4
     rec.reconcile(NS, "tiny", now=T0)
     job = next(v for (r, _, _), v in kube.objects.items() if r == "jobs")
     cmd = job["spec"]["template"]["spec"]["initContainers"][-1]["command"]
