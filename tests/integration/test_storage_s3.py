@@ -168,10 +168,13 @@ def _storage_spec(key: str, secret: str) -> dict[str, Any]:
 
 
 def _profile_keys(cluster: OperatorCluster, name: str) -> set[str]:
-    return {
-        cm["metadata"]["labels"].get("packrat.dev/profile-key", "")
+    """The profile keys of the model's profile ConfigMaps (its slots' plan ConfigMaps carry
+    the model label too, but no profile key)."""
+    labels = (
+        cm["metadata"]["labels"]
         for cm in cluster.api.list("configmaps", labels={"packrat.dev/model": name})
-    }
+    )
+    return {lab["packrat.dev/profile-key"] for lab in labels if "packrat.dev/profile-key" in lab}
 
 
 def test_operator_profiles_serves_and_reprofiles_a_replaced_s3_model(
