@@ -13,6 +13,12 @@ plan may not exceed its cpuset.
 
     python benchmarks/cold_start.py --model resnet50 --instances 1,2,4,8 --repeats 2 \
         --out benchmarks/results/cold-start-resnet50
+
+Against an older tree, side by side (``before`` runs the pod of that tree as it was):
+
+    git worktree add /tmp/before c93121c
+    python benchmarks/cold_start.py --instances 2 --modes before,private,zygote \
+        --baseline /tmp/before --out benchmarks/results/cold-start-resnet50-n2-before-after
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
 import statistics
@@ -37,17 +44,24 @@ import aiohttp
 from packrat.serve.torchserve import free_ports
 
 # private: every worker its own interpreter and weights (before issue 14); shared: one mapped
-# weight file; zygote: shared, and workers forked from the pod's zygote.
-MODES = ("private", "shared", "zygote")
+# weight file; zygote: shared, and workers forked from the pod's zygote; before: the pod of
+# another source tree (--baseline, e.g. a worktree of the commit before issue 14), as it was.
+MODES = ("private", "shared", "zygote", "before")
 PHASES = {
     "listening": "listening on",
     "frontend_up": "TorchServe is up and the archive is built",
+    "zygote_ready": "the zygote is ready",
     "ready_log": "every instance is loaded and warmed; ready",
 }
 
 
 # -- the child: one pod, instances dealt round-robin over this process's cores -------------
 def child(args: argparse.Namespace) -> int:
+    zygote = None
+    if args.pod_mode == "zygote":  # first, as ``packrat serve`` does
+        from packrat.serve.zygote_proc import prestart
+
+        zygote = prestart(args.model, Path(args.workdir))
     from packrat.plan.optimizer import Plan
     from packrat.runtime.cpus import allowed_cpus
     from packrat.serve import server
@@ -71,14 +85,20 @@ def child(args: argparse.Namespace) -> int:
         return cpus, [[cpus[i % len(cpus)]] for i in range(n)]
 
     server.resolve_cores = deal  # type: ignore[assignment]
+    modes: dict[str, Any] = {}
+    if args.pod_mode != "before":  # an older tree's options may not have these
+        modes = {
+            "shared_weights": args.pod_mode != "private",
+            "zygote": zygote is not None,
+            "zygote_process": zygote,
+        }
     opts = server.ServeOptions(
         model=args.model,
         plan=plan,
         host="127.0.0.1",
         port=args.port,
         workdir=Path(args.workdir),
-        shared_weights=args.pod_mode != "private",
-        zygote=args.pod_mode == "zygote",
+        **modes,
     )
     return asyncio.run(server.serve(opts))
 
@@ -205,9 +225,12 @@ def one_pod(args: argparse.Namespace, n: int, mode: str, body: bytes) -> dict[st
     cmd += ["--pod-mode", mode]
     log = work / "serve.log"
     url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ)
+    if mode == "before":  # the child runs this file against the baseline tree's packrat
+        env["PYTHONPATH"] = str(Path(args.baseline, "operator").resolve())
     t0 = time.time()
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
     async def until_ready() -> float:
         async with aiohttp.ClientSession() as s:
@@ -291,7 +314,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1, help="per-instance batch (warm-up size)")
     parser.add_argument("--requests", type=int, default=20, help="sequential requests timed")
     parser.add_argument("--out", default="benchmarks/results/cold-start-resnet50")
+    parser.add_argument("--baseline", help="source tree of the 'before' mode (a git worktree)")
     args = parser.parse_args()
+    if args.command != "child" and "before" in args.modes.split(",") and not args.baseline:
+        parser.error("the 'before' mode needs --baseline PATH (e.g. a git worktree)")
     return child(args) if args.command == "child" else parent(args)
 
 

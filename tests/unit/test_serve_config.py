@@ -8,6 +8,7 @@ import pytest
 
 from packrat.plan.optimizer import InstanceGroup, Plan
 from packrat.serve.config import (
+    JVM_ARGS,
     InstanceSpec,
     Ports,
     ServeConfigError,
@@ -83,6 +84,14 @@ def test_torchserve_binds_every_address_to_loopback() -> None:
         ports=PORTS, model_store="/s", tmpdir="/t", default_workers=None
     )
     assert "default_workers_per_model" not in out_of_box
+
+
+def test_the_jvm_starts_with_the_client_compiler_and_takes_other_flags() -> None:
+    settings = torchserve_settings(ports=PORTS, model_store="/s", tmpdir="/t")
+    assert settings["vmargs"].split() == ["-Djava.io.tmpdir=/t", *JVM_ARGS]
+    assert "-XX:TieredStopAtLevel=1" in JVM_ARGS
+    plain = torchserve_settings(ports=PORTS, model_store="/s", tmpdir="/t", jvm_args=["-Xmx1g"])
+    assert plain["vmargs"] == "-Djava.io.tmpdir=/t -Xmx1g"
 
 
 def test_render_properties() -> None:

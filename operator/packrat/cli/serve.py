@@ -84,6 +84,12 @@ def register(subparsers: Any) -> None:
         "one shared file (the behaviour before shared weights; for comparisons)",
     )
     parser.add_argument(
+        "--jvm-args",
+        help="TorchServe's JVM flags, space-separated, instead of the defaults (the client "
+        "compiler only: a faster start; the JVM's own defaults spend about 0.6 s more CPU "
+        "at start and about 20%% less frontend CPU per request once warm)",
+    )
+    parser.add_argument(
         "--no-zygote",
         action="store_true",
         help="start every worker as its own fresh interpreter instead of forking it from the "
@@ -148,6 +154,38 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    zygote, workdir = _prestart(args)
+    try:
+        return _run(args, zygote=zygote, workdir=workdir)
+    except CliError:
+        if workdir is not None and args.workdir is None:  # bad input: no temporary litter
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    finally:
+        if zygote is not None:
+            zygote.stop_now()  # nothing left to do after the pod stopped it
+
+
+def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
+    """Start the pod's zygote first: it is the longest part of the start (importing torch,
+    writing the weight file), and the serving stack takes a third of a second to import."""
+    if args.no_zygote:
+        return None, None
+    import tempfile
+
+    from packrat.serve.zygote_proc import prestart
+
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
+    try:
+        zygote = prestart(args.model, workdir, shared_weights=not args.private_weights)
+    except Exception:  # an unknown model: the pod reports it as before
+        return None, workdir
+    return zygote, workdir
+
+
+def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     import asyncio
 
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
@@ -157,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
     from packrat.serve.shared_weights import SharedWeightsError
     from packrat.serve.torchserve import TorchServeError
+    from packrat.serve.zygote_proc import ZygoteStartError
 
     text, origin = read_plan_text(args)
     cpus = None
@@ -207,7 +246,9 @@ def run(args: argparse.Namespace) -> int:
             queue_limit=args.queue_limit,
             drain_seconds=args.drain_seconds,
             drain_grace_seconds=args.drain_grace_seconds,
-            workdir=args.workdir,
+            workdir=workdir,
+            owns_workdir=workdir is not None and args.workdir is None,
+            zygote_process=zygote,
             cpus=cpus,
             warmup_body=warmup,
             shared_weights=not args.private_weights,
@@ -218,10 +259,17 @@ def run(args: argparse.Namespace) -> int:
             torchserve_port_base=args.torchserve_port_base,
             admin_token=token,
             zygote=not args.no_zygote,
+            **({"jvm_args": tuple(args.jvm_args.split())} if args.jvm_args else {}),
             estimator_rounding=args.batch_estimate,
         )
         return asyncio.run(serve(opts))
-    except (ServeConfigError, ArchiveError, TorchServeError, SharedWeightsError) as exc:
+    except (
+        ServeConfigError,
+        ArchiveError,
+        TorchServeError,
+        SharedWeightsError,
+        ZygoteStartError,
+    ) as exc:
         raise CliError(str(exc)) from None
     except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail
         print(f"packrat serve: error: {str(exc).splitlines()[0]}", file=sys.stderr)

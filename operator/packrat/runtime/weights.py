@@ -35,18 +35,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from packrat.runtime import zoo
+from packrat.runtime import modelid, zoo
 
 __all__ = [
     "MappedBytes",
     "WeightsError",
     "export",
+    "export_mapped",
     "load_shared",
     "mapped_bytes",
     "weights_path",
 ]
 
-SUFFIX = ".weights.pt"
+SUFFIX = modelid.WEIGHTS_SUFFIX
 
 
 class WeightsError(RuntimeError):
@@ -55,8 +56,7 @@ class WeightsError(RuntimeError):
 
 def weights_path(directory: Path, spec: str) -> Path:
     """Where the pod keeps ``spec``'s weights: named by the model digest, so never stale."""
-    digest = zoo.model_digest(spec).removeprefix("sha256:")[:16]
-    return directory / f"{zoo.model_name(spec)}-{digest}{SUFFIX}"
+    return directory / modelid.weights_file_name(spec, zoo.model_digest(spec))
 
 
 def _tensors(model: nn.Module) -> dict[str, Tensor]:
@@ -66,7 +66,23 @@ def _tensors(model: nn.Module) -> dict[str, Tensor]:
 
 def export(spec: str, path: Path) -> Path:
     """Save ``spec``'s weights to ``path`` atomically (a reader never sees half a file)."""
+    _save(zoo.load_model(spec), path)
+    return path
+
+
+def export_mapped(spec: str, path: Path) -> nn.Module:
+    """Save ``spec``'s weights to ``path`` and return the model with every tensor then mapped
+    from it, like :func:`load_shared` (one build, where export then load builds it twice)."""
     model = zoo.load_model(spec)
+    _save(model, path)
+    _swap_in(model, _read(path), path)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _save(model: nn.Module, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
@@ -76,7 +92,6 @@ def export(spec: str, path: Path) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def _read(path: Path) -> dict[str, Tensor]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packrat.runtime import modelid
 from packrat.serve.handler import ENTRY_MODULE, ENTRY_SOURCE, MODEL_FILE, WRAPPED_FILE
 
 MANIFEST = "MAR-INF/MANIFEST.json"
@@ -72,12 +73,14 @@ def build_archive(spec: str, *, workdir: Path, name: str | None = None) -> Model
     name = name or default_model_name(spec)
     if is_mar(spec):
         return wrap_mar(Path(spec), workdir=workdir, name=name)
-    from packrat.runtime import zoo
+    inputs = modelid.zoo_input_spec(spec)  # torch-free for a zoo model
+    if inputs is None:
+        from packrat.runtime import zoo  # a file is described (and checked) by loading it
 
-    try:
-        inputs = zoo.input_spec(spec)
-    except zoo.ZooError as exc:
-        raise ArchiveError(str(exc)) from None
+        try:
+            inputs = zoo.input_spec(spec)
+        except zoo.ZooError as exc:
+            raise ArchiveError(str(exc)) from None
     source = workdir / f"{name}-src"
     if source.exists():
         shutil.rmtree(source)
@@ -97,7 +100,7 @@ def build_archive(spec: str, *, workdir: Path, name: str | None = None) -> Model
         str(workdir),
         "--force",
     ]
-    if not zoo.is_zoo_name(spec):
+    if not modelid.is_zoo_name(spec):
         model_file = Path(spec)
         if not model_file.is_file():
             raise ArchiveError(f"{spec}: no such model file")

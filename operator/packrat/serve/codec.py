@@ -17,8 +17,22 @@ from __future__ import annotations
 
 import json
 import math
+import random
+import sys
+from array import array
 from collections.abc import Sequence
 from typing import Any
+
+# The raw formats a body can be written in without torch (array's typecodes).
+_ARRAY_CODES = {
+    "float32": "f",
+    "float64": "d",
+    "int64": "q",
+    "int32": "i",
+    "int16": "h",
+    "int8": "b",
+    "uint8": "B",
+}
 
 
 class CodecError(ValueError):
@@ -126,3 +140,26 @@ def example_body(spec: str) -> bytes:
     example = zoo.example_input(spec, 1)
     tensors = example if isinstance(example, tuple) else (example,)
     return encode_sample([t[0] for t in tensors])
+
+
+def warmup_body(inputs: Sequence[dict[str, Any]], *, seed: int = 0) -> bytes | None:
+    """A valid raw body of one sample, made without torch (the serving pod's dispatcher
+    never imports it): deterministic pseudo-random floats in [-1, 1) and integers in
+    [0, high). None for an input dtype :mod:`array` cannot write (then use
+    :func:`example_body`)."""
+    rng = random.Random(seed)
+    parts = []
+    for item in inputs:
+        code = _ARRAY_CODES.get(str(item["dtype"]))
+        if code is None:
+            return None
+        count = math.prod(int(d) for d in item["shape"])
+        if code in "fd":
+            values = array(code, [2.0 * rng.random() - 1.0 for _ in range(count)])
+        else:
+            high = int(item.get("high") or 2)
+            values = array(code, [rng.randrange(high) for _ in range(count)])
+        if sys.byteorder != "little":
+            values.byteswap()
+        parts.append(values.tobytes())
+    return b"".join(parts)

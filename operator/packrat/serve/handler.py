@@ -45,14 +45,15 @@ _state: dict[str, Any] = {}  # this worker's service, created by the first (init
 _preloaded: dict[tuple[str, str], Any] = {}
 
 
-def preload_model(spec: str, weights: Path) -> None:
-    """Build a zoo model with its weights mapped from ``weights``, for forked workers to use
-    as they are (no torch operation runs: no thread pool exists before the fork)."""
-    from packrat.runtime import zoo
+def preload_model(spec: str, weights: Path, *, built: Any = None) -> None:
+    """A zoo model with its weights mapped from ``weights`` (``built``, or built here without
+    running a torch operation), for forked workers to use as they are."""
+    from packrat.runtime import modelid
     from packrat.runtime.weights import load_shared
 
-    if zoo.is_zoo_name(spec):
-        _preloaded[(spec, str(weights))] = load_shared(spec, weights)
+    if modelid.is_zoo_name(spec):
+        model = built if built is not None else load_shared(spec, weights)
+        _preloaded[(spec, str(weights))] = model
 
 
 def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any] | None:

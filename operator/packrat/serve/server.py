@@ -40,6 +40,7 @@ from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.plan.optimizer import Plan
 from packrat.serve.archive import ModelArchive, build_archive, default_model_name
 from packrat.serve.config import (
+    JVM_ARGS,
     InstanceSpec,
     ServeConfigError,
     check_fits,
@@ -109,6 +110,9 @@ class ServeOptions:
     zygote: bool = (
         True  # workers forked from one process that imported torch (packrat.serve.zygote)
     )
+    jvm_args: tuple[str, ...] = JVM_ARGS  # TorchServe's JVM flags
+    zygote_process: ZygoteProcess | None = None  # already started for this workdir (prestart)
+    owns_workdir: bool = False  # remove ``workdir`` after a clean exit (the caller made it)
 
 
 def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
@@ -125,12 +129,13 @@ def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], li
 
 
 def sample_body(archive: ModelArchive, spec: str) -> bytes | None:
-    """One request body for warm-up: the model's example input, raw bytes."""
+    """One request body for warm-up, raw bytes, made without torch where it can be."""
     if archive.inputs is None:
         return None
-    from packrat.serve.codec import example_body
+    from packrat.serve.codec import example_body, warmup_body
 
-    return example_body(spec)
+    body = warmup_body(archive.inputs)
+    return body if body is not None else example_body(spec)
 
 
 class PodServer:
@@ -141,7 +146,7 @@ class PodServer:
         self.name = opts.model_name or default_model_name(opts.model)
         self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
         self.instances: list[InstanceSpec] = plan_instances(opts.plan, model=self.name, cores=cores)
-        self._own_workdir = opts.workdir is None
+        self._own_workdir = opts.workdir is None or opts.owns_workdir
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
         self.health = {inst.name: Health() for inst in self.instances}
         self.metrics = ServeMetrics()
@@ -154,12 +159,16 @@ class PodServer:
         self.generation = 0  # bumped by each in-pod plan switch
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
-        self.zygote = (
-            ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
-            if opts.zygote
-            else None
-        )
+        self.zygote = self._zygote(opts) if opts.zygote else None
         self._stop = asyncio.Event()
+
+    def _zygote(self, opts: ServeOptions) -> ZygoteProcess:
+        given = opts.zygote_process
+        if given is None:
+            return ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+        if given.workdir != self.workdir or given.weights != self.weights:
+            raise ServeConfigError("the prestarted zygote is for another work directory or model")
+        return given
 
     def status(self) -> dict[str, Any]:
         d = self.dispatcher
@@ -215,12 +224,13 @@ class PodServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
         self.write_settings(self.instances)
-        worker_python = await self.zygote.start() if self.zygote is not None else None
+        worker_python = self.zygote.start() if self.zygote is not None else None
         self.torchserve = TorchServe(
             workdir=self.workdir,
             env={CONFIG_ENV: str(settings)},
             port_base=opts.torchserve_port_base,
             worker_python=worker_python,
+            jvm_args=opts.jvm_args,
         )
         dispatcher = Dispatcher(
             model=self.name,
@@ -324,8 +334,8 @@ class PodServer:
             )
             if self.warmup is None:
                 self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
-            if self.weights is not None:
-                await ensure_weights(self.opts.model, self.weights)
+            if self.zygote is None and self.weights is not None:
+                await ensure_weights(self.opts.model, self.weights)  # the zygote writes its own
             return archive
 
         # The archive and the weight file are made while the JVM starts.
@@ -334,11 +344,24 @@ class PodServer:
         assert self.dispatcher is not None
         self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
         self.mar = self.torchserve.add_archive(archive.path)
-        await asyncio.gather(
-            *(self.torchserve.register(self.registration(inst)) for inst in self.instances)
-        )
+        # Registration starts while the zygote may still be preparing: TorchServe unpacks the
+        # archive and starts each worker's launcher, which waits for the zygote. A zygote that
+        # fails ends the start (and the registrations waiting on it) with its own error.
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.zygote is not None:
+                    group.create_task(self._zygote_ready())
+                for inst in self.instances:
+                    group.create_task(self.torchserve.register(self.registration(inst)))
+        except ExceptionGroup as failed:  # the first failure, as a plain error for the CLI
+            raise failed.exceptions[0] from None
         async with self.lock:
             await self._check_instances(initial=True)
+
+    async def _zygote_ready(self) -> None:
+        assert self.zygote is not None
+        await self.zygote.wait_ready()
+        log.info("packrat serve: the zygote is ready")
 
     async def _monitor(self) -> None:
         await monitor(self)

@@ -1,10 +1,11 @@
 """The pod's one weight file: where it lives and how it is made, outside the dispatcher.
 
-The dispatcher process never builds the model: the file is written by a short-lived
-``python -m packrat.runtime.weights`` child, started while TorchServe's JVM comes up, so it
-costs no time on the path to ready and leaves no model in the dispatcher's memory. The file
-is named by the model digest, so a restarted pod with the same work directory reuses it.
-A user's ``.mar`` is loaded by its own handler and gets no shared file.
+The dispatcher process never builds the model, nor imports torch for a zoo model: the file
+is named by the model digest (:mod:`packrat.runtime.modelid`, torch-free), so a restarted
+pod with the same work directory reuses it, and it is written while TorchServe's JVM comes
+up, by the zygote (:mod:`packrat.serve.zygote`, which has imported torch anyway) or, without
+one, by a short-lived ``python -m packrat.runtime.weights`` child. A user's ``.mar`` is
+loaded by its own handler and gets no shared file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from packrat.runtime import modelid
 from packrat.serve.archive import is_mar
 
 SUBDIR = "weights"
@@ -26,9 +28,16 @@ def shared_weights_file(model: str, workdir: Path, *, enabled: bool = True) -> P
     """The file every instance of this pod maps, or None when weights stay private."""
     if not enabled or is_mar(model):
         return None
-    from packrat.runtime.weights import weights_path
+    digest = modelid.model_digest(model)
+    if digest is None:
+        path = Path(model).expanduser()
+        if path.is_file():
+            digest = modelid.file_digest(path)
+        else:  # the zoo's own error for a missing file or an unknown name
+            from packrat.runtime import zoo
 
-    return weights_path(workdir / SUBDIR, model)
+            digest = zoo.model_digest(model)
+    return workdir / SUBDIR / modelid.weights_file_name(model, digest)
 
 
 async def ensure_weights(model: str, path: Path, *, timeout_s: float = 600.0) -> Path:

@@ -32,6 +32,7 @@ import aiohttp
 
 from packrat.serve.config import (
     DEFAULT_PORT_BASE,
+    JVM_ARGS,
     LOOPBACK,
     PORT_BLOCK,
     Ports,
@@ -146,8 +147,10 @@ class TorchServe:
         affinity: Sequence[int] | None = None,
         port_base: int | None = None,
         worker_python: Path | None = None,
+        jvm_args: Sequence[str] = JVM_ARGS,
     ) -> None:
         self.workdir = workdir
+        self.jvm_args = tuple(jvm_args)
         self.worker_python = worker_python  # what TorchServe runs as "python" for a worker
         self.affinity = set(affinity) if affinity else None
         self.model_store = workdir / "model-store"
@@ -231,6 +234,7 @@ class TorchServe:
                     tmpdir=str(self.tmpdir),
                     default_workers=self.default_workers,
                     job_queue_size=self.job_queue_size,
+                    jvm_args=self.jvm_args,
                 )
             )
         )

@@ -7,11 +7,15 @@ the zygote imports all of it, builds the model with its weights mapped from the 
 file (:mod:`packrat.runtime.weights`), and then forks a worker for each launcher that asks
 (:mod:`packrat.serve.worker_launcher`, which TorchServe runs as its "python"). A forked
 worker shares those pages copy-on-write with the zygote and its siblings, and starts without
-importing anything: it only pins itself and serves.
+importing anything: it only pins itself and serves. When the pod's weight file is not there
+yet, the zygote builds the model, writes the file and maps its own tensors from it: one
+torch import and one build on the pod's start path, not two of each (a separate writer),
+on cores the JVM needs too.
 
-The zygote never runs a torch operation, so no intra-op thread pool exists when it forks
-(a forked OpenMP pool would hang); each worker sets its own threads after the fork, as
-before. ``python -m packrat.serve.zygote SOCKET [--model SPEC --weights FILE]``.
+No intra-op thread pool may exist when the zygote forks (a forked OpenMP pool would hang):
+it builds the model, when it must, with one thread, so that no pool is started, and checks
+that; each worker sets its own threads after the fork, as before.
+``python -m packrat.serve.zygote SOCKET [--model SPEC --weights FILE]``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import selectors
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,9 +38,22 @@ PR_SET_PDEATHSIG = 1
 _MAX_REQUEST = 1 << 20
 
 
-def preload(model: str | None, weights: Path | None, *, wait_s: float = 600.0) -> None:
-    """Import what every worker imports; build the model once when it has a weight file."""
-    import torch  # noqa: F401
+class ZygoteError(RuntimeError):
+    """The zygote could not prepare the workers' model."""
+
+
+class _Restart(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """Writing the weight file started threads: start afresh (the file is there now)."""
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def preload(model: str | None, weights: Path | None) -> None:
+    """Import what every worker imports; write the pod's weight file unless it is there, and
+    build the model on it once."""
+    import torch
     import ts.model_service_worker
     import ts.service
     import ts.torch_handler.base_handler  # noqa: F401
@@ -46,12 +62,26 @@ def preload(model: str | None, weights: Path | None, *, wait_s: float = 600.0) -
 
     if model is None or weights is None:
         return
-    deadline = time.monotonic() + wait_s
-    while not weights.is_file():  # the pod writes it while TorchServe starts
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.05)
-    handler.preload_model(model, weights)
+    if weights.is_file():
+        handler.preload_model(model, weights)
+        return
+    from packrat.runtime.weights import export_mapped
+
+    # Building the model runs torch operations, which must not leave a thread pool for the
+    # forks to inherit: with one thread, at::parallel_for runs inline and starts none (each
+    # worker sets its own threads after the fork). Checked, not assumed: if threads appeared
+    # anyway, the zygote starts afresh and finds the file written.
+    before, threads = _threads(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        built = export_mapped(model, weights)
+    except Exception as exc:  # any failure: the pod's one clear error
+        raise ZygoteError(f"cannot write {weights.name}: {type(exc).__name__}: {exc}") from None
+    finally:
+        torch.set_num_threads(threads)  # the default again; a pool starts only when used
+    if _threads() > before:
+        raise _Restart
+    handler.preload_model(model, weights, built=built)
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
@@ -177,7 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model")
     parser.add_argument("--weights", type=Path)
     args = parser.parse_args(argv)
-    preload(args.model, args.weights)
+    try:
+        preload(args.model, args.weights)
+    except ZygoteError as exc:
+        print(f"packrat zygote: {exc}", file=sys.stderr)
+        return 2
+    except _Restart:
+        print("packrat zygote: threads started while writing the weights; restarting", flush=True)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        os.execv(sys.executable, [sys.executable, "-m", "packrat.serve.zygote", *argv])
     return serve(args.socket)
 
 

@@ -5,6 +5,10 @@ the weights while TorchServe's JVM starts) and writes a two-line shell script th
 TorchServe is given as its workers' interpreter: it runs
 :mod:`packrat.serve.worker_launcher` without site-packages, which asks the zygote for a
 forked worker (or runs the real interpreter when the zygote cannot be reached).
+
+The zygote is the longest part of a pod's start (importing torch, writing the weight
+file), so ``packrat serve`` starts it first, before it imports the serving stack
+(:func:`prestart`; this module and its imports stay light for that).
 """
 
 from __future__ import annotations
@@ -12,25 +16,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from packrat.serve import worker_launcher
+from packrat.serve.shared_weights import shared_weights_file
 
 SUBDIR = "zygote"
+
+
+class ZygoteStartError(RuntimeError):
+    """The zygote exited, or took too long, before it could fork workers."""
 
 
 class ZygoteProcess:
     """One zygote for one pod."""
 
     def __init__(self, workdir: Path, *, model: str, weights: Path | None) -> None:
+        self.workdir = workdir
         self.dir = workdir / SUBDIR
         self.socket = self.dir / "zygote.sock"
         self.python = self.dir / "python"
         self.model = model
         self.weights = weights
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def write_launcher(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -41,34 +52,67 @@ class ZygoteProcess:
         self.python.chmod(0o700)
         return self.python
 
-    async def start(self) -> Path:
-        """Start the zygote; returns the interpreter path to hand to TorchServe."""
+    def start(self) -> Path:
+        """Start the zygote (once); returns the interpreter path to hand to TorchServe."""
+        if self.proc is not None:
+            return self.python
         path = self.write_launcher()
+        self.socket.unlink(missing_ok=True)  # a previous run's: wait_ready waits for ours
         args = [sys.executable, "-m", "packrat.serve.zygote", str(self.socket)]
         if self.weights is not None:
             args += ["--model", self.model, "--weights", str(self.weights)]
-        log = (self.dir / "zygote.log").open("wb")
-        try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
+        with (self.dir / "zygote.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # its workers never share the pod's process group
             )
-        finally:
-            log.close()
         return path
 
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        proc = self.proc
-        if proc is None or proc.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
+    def log_tail(self, lines: int = 3) -> str:
+        """The log's last lines, on one line (the zygote's own message is the last)."""
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
+            text = (self.dir / "zygote.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+    async def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Until the zygote listens (it has written the weight file and built the model), or
+        a :class:`ZygoteStartError` with its log when it exits first."""
+        deadline = time.monotonic() + timeout_s
+        while not self.socket.exists():
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise ZygoteStartError(f"the zygote exited ({code}): {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ZygoteStartError(f"the zygote was not ready after {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        await asyncio.to_thread(self.stop_now, timeout_s)
+
+    def stop_now(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; its workers die with it (PDEATHSIG)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await proc.wait()
+            proc.wait()
+
+
+def prestart(model: str, workdir: Path, *, shared_weights: bool = True) -> ZygoteProcess:
+    """Start a pod's zygote now, for :class:`packrat.serve.server.ServeOptions` ``zygote_process``
+    (``packrat serve`` calls it before importing the serving stack)."""
+    weights = shared_weights_file(model, workdir, enabled=shared_weights)
+    zygote = ZygoteProcess(workdir, model=model, weights=weights)
+    zygote.start()
+    return zygote

@@ -20,7 +20,6 @@ takes a ``spec``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import warnings
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from packrat.runtime import modelid
 from packrat.runtime.zoo.inception import InceptionV3
 from packrat.runtime.zoo.resnet import ResNet50
 from packrat.runtime.zoo.tiny import Tiny
@@ -50,7 +50,7 @@ __all__ = [
     "tiny",
 ]
 
-SEED = 0
+SEED = modelid.SEED
 EXTRA_FILE = "packrat.json"
 
 
@@ -64,6 +64,8 @@ def tiny() -> nn.Module:
 
 
 # -- the registry ----------------------------------------------------------------------------
+# Names, versions and input descriptions live in packrat.runtime.modelid (torch-free, for
+# the serving pod's dispatcher); the architectures and torch dtypes are added here.
 @dataclass(frozen=True, slots=True)
 class _Input:
     shape: tuple[int, ...]  # without the batch dimension
@@ -75,44 +77,26 @@ class _Input:
 class _Entry:
     build: Callable[[], nn.Module]
     inputs: tuple[_Input, ...]
-    # Bump when the architecture or its initialisation changes: it changes model_digest, so
-    # profiles measured on the old definition are not reused.
-    version: int = 1
 
 
+_BUILDERS: dict[str, Callable[[], nn.Module]] = {
+    "resnet50": ResNet50,
+    "inception_v3": InceptionV3,
+    "bert-base": BertBase,
+    "gpt2": GPT2,
+    "tiny": Tiny,
+}
 _ZOO: dict[str, _Entry] = {
-    "resnet50": _Entry(ResNet50, (_Input((3, 224, 224), torch.float32),)),
-    "inception_v3": _Entry(InceptionV3, (_Input((3, 299, 299), torch.float32),)),
-    "bert-base": _Entry(BertBase, (_Input((128,), torch.int64, high=30522),)),
-    "gpt2": _Entry(GPT2, (_Input((128,), torch.int64, high=50257),)),
-    "tiny": _Entry(Tiny, (_Input((16,), torch.float32),)),
+    name: _Entry(
+        _BUILDERS[name],
+        tuple(_Input(i.shape, getattr(torch, i.dtype), i.high) for i in entry.inputs),
+    )
+    for name, entry in modelid.ZOO.items()
 }
-ZOO_NAMES: tuple[str, ...] = tuple(_ZOO)
-_ALIASES = {
-    "resnet-50": "resnet50",
-    "inception-v3": "inception_v3",
-    "inceptionv3": "inception_v3",
-    "bert": "bert-base",
-    "bert_base": "bert-base",
-    "gpt-2": "gpt2",
-}
-
-
-def _zoo_key(spec: str) -> str | None:
-    name = spec.strip()
-    name = name.removeprefix("zoo:").lower()
-    name = _ALIASES.get(name, name)
-    return name if name in _ZOO else None
-
-
-def is_zoo_name(spec: str) -> bool:
-    return _zoo_key(spec) is not None
-
-
-def model_name(spec: str) -> str:
-    """The model's short name: the canonical zoo name, or the file's stem."""
-    key = _zoo_key(spec)
-    return key if key is not None else Path(spec).stem
+ZOO_NAMES: tuple[str, ...] = modelid.ZOO_NAMES
+_zoo_key = modelid.zoo_key
+is_zoo_name = modelid.is_zoo_name
+model_name = modelid.model_name
 
 
 def _seeded(build: Callable[[], nn.Module]) -> nn.Module:
@@ -250,17 +234,12 @@ def model_digest(spec: str) -> str:
     Profiles are keyed by it, so a changed model (file content or zoo definition) is
     re-profiled and an unchanged one never is.
     """
-    key = _zoo_key(spec)
-    if key is not None:
-        text = f"packrat-zoo/{key}/v{_ZOO[key].version}/seed{SEED}"
-        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    zoo_digest = modelid.model_digest(spec)
+    if zoo_digest is not None:
+        return zoo_digest
     mar = Path(spec).expanduser()
     path = mar if mar.suffix.lower() == ".mar" and mar.is_file() else _model_path(spec)
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+    return modelid.file_digest(path)
 
 
 def parameter_count(model: nn.Module) -> int:
