@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import json
 import logging
 import os
@@ -273,8 +274,20 @@ def _name(model: str) -> str:
     return default_model_name(model)
 
 
+def compile_tree(packages: Path) -> None:
+    """Bytecode for a tree's packrat, as the serving image has it (compiled at its build), so
+    that a pod's processes import rather than compile it (PYTHONDONTWRITEBYTECODE may be
+    set where this runs)."""
+    compileall.compile_dir(packages / "packrat", quiet=1)
+
+
 def parent(args: argparse.Namespace) -> int:
+    import packrat
     from packrat.serve.codec import example_body
+
+    compile_tree(Path(packrat.__file__).parent.parent)
+    if args.baseline:
+        compile_tree(Path(args.baseline, "operator"))
 
     body = example_body(args.model)
     counts = [int(x) for x in args.instances.split(",")]

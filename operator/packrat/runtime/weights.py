@@ -87,11 +87,30 @@ def _save(model: nn.Module, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(_tensors(model), tmp)
+        with _no_crc32():
+            torch.save(_tensors(model), tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def _no_crc32() -> Iterator[None]:
+    """``torch.save`` without the zip records' CRC-32: it was 60% of writing ResNet-50's
+    weights (0.15-0.26 s against 0.06-0.08 s), on the pod's start path, for a file the pod
+    writes and maps itself (atomically: a reader never sees half a file)."""
+    serialization = torch.serialization
+    get = getattr(serialization, "get_crc32_options", None)
+    if get is None:  # an older torch: it always computes them
+        yield
+        return
+    before = get()
+    serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        serialization.set_crc32_options(before)
 
 
 def _read(path: Path) -> dict[str, Tensor]:

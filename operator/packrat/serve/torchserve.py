@@ -45,6 +45,7 @@ PORT_BASE_ENV = "PACKRAT_TORCHSERVE_PORT_BASE"
 # What TorchServe prints once all its listeners are bound (ModelServer.startAndWait).
 STARTED_LINE = b"Model server started."
 PORT_BLOCKS_TRIED = 64
+START_POLL_S = 0.05
 PORT_SPREAD = 8  # a retry skips up to this many more blocks, at random
 
 log = logging.getLogger(__name__)
@@ -295,7 +296,8 @@ class TorchServe:
             if not self._announced_start():
                 # Until our own TorchServe says it bound its ports, an answer on them may
                 # come from another one that took them first (it would not know our model).
-                await asyncio.sleep(0.2)
+                # Read often: the start is on the pod's path to ready; the file is a few KB.
+                await asyncio.sleep(START_POLL_S)
                 continue
             try:
                 async with self.session.get(

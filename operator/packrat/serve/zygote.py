@@ -31,6 +31,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,7 +53,8 @@ def _threads() -> int:
 
 def preload(model: str | None, weights: Path | None) -> None:
     """Import what every worker imports; write the pod's weight file unless it is there, and
-    build the model on it once."""
+    build the model on it once. Each step's time goes to the zygote's log."""
+    start = time.monotonic()
     import torch
     import ts.model_service_worker
     import ts.service
@@ -60,10 +62,13 @@ def preload(model: str | None, weights: Path | None) -> None:
 
     from packrat.serve import codec, handler  # noqa: F401
 
+    _note("imported torch and TorchServe's worker", start)
     if model is None or weights is None:
         return
+    start = time.monotonic()
     if weights.is_file():
         handler.preload_model(model, weights)
+        _note(f"mapped {weights.name}", start)
         return
     from packrat.runtime.weights import export_mapped
 
@@ -82,6 +87,11 @@ def preload(model: str | None, weights: Path | None) -> None:
     if _threads() > before:
         raise _Restart
     handler.preload_model(model, weights, built=built)
+    _note(f"built the model, wrote and mapped {weights.name}", start)
+
+
+def _note(what: str, start: float) -> None:
+    print(f"packrat zygote: {what} in {time.monotonic() - start:.2f} s", flush=True)
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
