@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("dispatcher", "jvm", "zygote", "launcher", "worker", "other")
+MODE_ORDER = ["before", "private", "shared", "zygote"]
 
 
 def _median(xs: list[float]) -> float:
@@ -47,7 +48,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, 
 
 
 def tables(summary: dict[tuple[str, int], dict[str, Any]]) -> str:
-    modes = sorted({m for m, _ in summary}, key=["private", "shared", "zygote"].index)
+    modes = sorted({m for m, _ in summary}, key=MODE_ORDER.index)
     counts = sorted({n for _, n in summary})
     lines = [
         "| mode | instances | runs | pod PSS MB | vs 1 instance (same mode) | vs 1 private | "
@@ -86,7 +87,7 @@ def plot(summary: dict[tuple[str, int], dict[str, Any]], png: Path, model: str) 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = sorted({m for m, _ in summary}, key=["private", "shared", "zygote"].index)
+    modes = sorted({m for m, _ in summary}, key=MODE_ORDER.index)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode in modes:
         ns = sorted(n for m, n in summary if m == mode)
