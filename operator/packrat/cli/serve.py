@@ -190,7 +190,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
 
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
     from packrat.serve.archive import ArchiveError
-    from packrat.serve.config import ServeConfigError, parse_plan
+    from packrat.serve.config import JVM_ARGS, ServeConfigError, parse_plan
     from packrat.serve.connections import ConnectionLimits
     from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
     from packrat.serve.shared_weights import SharedWeightsError
@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
             torchserve_port_base=args.torchserve_port_base,
             admin_token=token,
             zygote=not args.no_zygote,
-            **({"jvm_args": tuple(args.jvm_args.split())} if args.jvm_args else {}),
+            jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
             estimator_rounding=args.batch_estimate,
         )
         return asyncio.run(serve(opts))
