@@ -6,7 +6,9 @@ sockets), logs and model store. Ports are fixed and documented
 (:func:`packrat.serve.config.fixed_ports`: 9080-9084 in a pod, outside the ephemeral range,
 so no outgoing connection can take one first); where a block is taken (another TorchServe on
 the same host) the next block is used, and a start that fails with "Address already in use"
-is retried on the next block. The whole process group is stopped on exit, workers included.
+is retried on the next block (:mod:`packrat.serve.ports`). The JVM maps the installation's
+class-data-sharing archive when there is one (:mod:`packrat.serve.jvm`). The whole process
+group is stopped on exit, workers included.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,21 +31,32 @@ from typing import Any
 
 import aiohttp
 
-from packrat.serve.config import (
-    DEFAULT_PORT_BASE,
-    JVM_ARGS,
-    LOOPBACK,
-    PORT_BLOCK,
-    Ports,
-    fixed_ports,
-    render_properties,
-    torchserve_settings,
+from packrat.serve.config import JVM_ARGS, LOOPBACK, render_properties, torchserve_settings
+from packrat.serve.jvm import CWD, archive_args
+from packrat.serve.ports import (  # re-exported: tests and benchmarks import them here
+    PORT_BASE_ENV,
+    PORT_BLOCKS_TRIED,
+    TorchServeError,
+    allocate_ports,
+    default_port_base,
+    free_ports,
+    ports_free,
 )
 
-PORT_BASE_ENV = "PACKRAT_TORCHSERVE_PORT_BASE"
+__all__ = [
+    "PORT_BASE_ENV",
+    "PORT_BLOCKS_TRIED",
+    "TorchServe",
+    "TorchServeError",
+    "WorkerInfo",
+    "allocate_ports",
+    "default_port_base",
+    "free_ports",
+    "ports_free",
+]
+
 # What TorchServe prints once all its listeners are bound (ModelServer.startAndWait).
 STARTED_LINE = b"Model server started."
-PORT_BLOCKS_TRIED = 64
 START_POLL_S = 0.05
 PORT_SPREAD = 8  # a retry skips up to this many more blocks, at random
 
@@ -55,62 +67,6 @@ _START_WITH_WORKER_PYTHON = (
     "import sys; sys.executable = sys.argv.pop(1); sys.argv[0] = 'torchserve'; "
     "from ts.model_server import start; sys.exit(start())"
 )
-
-
-class TorchServeError(RuntimeError):
-    """TorchServe did not start, or refused a registration."""
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports free right now (bound together, then released)."""
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((LOOPBACK, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def ports_free(ports: Sequence[int]) -> bool:
-    """Whether every port can be bound on loopback right now."""
-    socks = []
-    try:
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(sock)
-            sock.bind((LOOPBACK, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def default_port_base() -> int:
-    raw = os.environ.get(PORT_BASE_ENV)
-    if not raw:
-        return DEFAULT_PORT_BASE
-    try:
-        return int(raw)
-    except ValueError:
-        raise TorchServeError(f"{PORT_BASE_ENV}={raw!r} is not a port number") from None
-
-
-def allocate_ports(base: int | None = None, *, skip: int = 0) -> Ports:
-    """The first block at or above ``base`` (after ``skip`` blocks) whose ports are free."""
-    start = default_port_base() if base is None else base
-    for k in range(skip, skip + PORT_BLOCKS_TRIED):
-        ports = fixed_ports(start + PORT_BLOCK * k)
-        if ports_free(ports.listening):
-            return ports
-    raise TorchServeError(
-        f"no free block of TorchServe ports in {start}..{start + PORT_BLOCK * PORT_BLOCKS_TRIED}"
-    )
 
 
 def _torchserve_binary() -> str:
@@ -151,7 +107,7 @@ class TorchServe:
         jvm_args: Sequence[str] = JVM_ARGS,
     ) -> None:
         self.workdir = workdir
-        self.jvm_args = tuple(jvm_args)
+        self.jvm_args = (*jvm_args, *archive_args(jvm_args))  # + the CDS archive, if made
         self.worker_python = worker_python  # what TorchServe runs as "python" for a worker
         self.affinity = set(affinity) if affinity else None
         self.model_store = workdir / "model-store"
@@ -262,6 +218,8 @@ class TorchServe:
             "--model-store",
             str(self.model_store),
         ]
+        cwd = self.workdir / CWD  # empty: TorchServe's class path has ".", and CDS needs it so
+        cwd.mkdir(parents=True, exist_ok=True)
         out = (self.workdir / "torchserve.out").open("wb")
         preexec: Callable[[], None] | None = None
         if self.affinity:
@@ -272,7 +230,7 @@ class TorchServe:
 
         self.proc = subprocess.Popen(
             cmd,
-            cwd=self.workdir,
+            cwd=cwd,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
