@@ -102,3 +102,13 @@ def test_loadgen_modes_are_exclusive() -> None:
 def test_loadgen_needs_an_input_for_a_non_zoo_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["loadgen", "--url", "http://127.0.0.1:9", "--model", "mine", "--burst", "1"]) == 2
     assert "--input FILE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["nosuch-model", "/nonexistent/model.pt", "/tmp"])
+def test_an_unknown_model_is_one_clear_line_before_anything_starts(
+    model: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PACKRAT_PLAN_X", "{}")
+    assert main(["serve", "--model", model, "--plan-env", "PACKRAT_PLAN_X"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown model" in err and model in err

@@ -154,6 +154,7 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_model(args.model)
     zygote, workdir = _prestart(args)
     try:
         return _run(args, zygote=zygote, workdir=workdir)
@@ -166,6 +167,18 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if zygote is not None:
             zygote.stop_now()  # nothing left to do after the pod stopped it
+
+
+def _check_model(model: str) -> None:
+    """A zoo name or an existing file, or one clear line (before anything starts)."""
+    from packrat.runtime import modelid
+
+    if modelid.is_zoo_name(model):
+        return
+    path = Path(model).expanduser()
+    if not path.is_file():
+        names = ", ".join(modelid.ZOO_NAMES)
+        raise CliError(f"unknown model {model!r}: not a zoo name ({names}) and no such file")
 
 
 def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
