@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -30,12 +31,16 @@ import aiohttp
 from packrat.serve.archive import build_archive
 from packrat.serve.codec import example_body
 from packrat.serve.config import JVM_ARGS, registration_query
+from packrat.serve.jvm import java_pids
 from packrat.serve.loadgen import percentile
 from packrat.serve.torchserve import TorchServe
 
+# Both without TorchServe's class-data-sharing archive (packrat.serve.jvm; "-Xshare:auto" is
+# the JVM's default and keeps the archive off): it is made for JVM_ARGS and the JVM would
+# ignore it for the defaults, which would measure the archive, not the flags.
 FLAGS = {
-    "defaults": ("-XX:+UseContainerSupport", "-XX:-UsePerfData"),  # before issue 14's change
-    "client-compiler": JVM_ARGS,
+    "defaults": ("-XX:+UseContainerSupport", "-XX:-UsePerfData", "-Xshare:auto"),
+    "client-compiler": (*JVM_ARGS, "-Xshare:auto"),
 }
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -44,13 +49,9 @@ def jvm_cpu_s(ts: TorchServe) -> float:
     """CPU seconds of the java process in this TorchServe's process group."""
     assert ts.proc is not None
     total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes().split(b"\0")[0]
-        except OSError:
-            continue
-        if int(fields[2]) == ts.proc.pid and cmd.endswith(b"java"):
+    for pid in java_pids(ts.proc.pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / TICK
     return total
 

@@ -173,12 +173,8 @@ def _check_model(model: str) -> None:
     """A zoo name or an existing file, or one clear line (before anything starts)."""
     from packrat.runtime import modelid
 
-    if modelid.is_zoo_name(model):
-        return
-    path = Path(model).expanduser()
-    if not path.is_file():
-        names = ", ".join(modelid.ZOO_NAMES)
-        raise CliError(f"unknown model {model!r}: not a zoo name ({names}) and no such file")
+    if not modelid.is_zoo_name(model) and not Path(model).expanduser().is_file():
+        raise CliError(modelid.unknown_model(model))
 
 
 def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
@@ -193,7 +189,7 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
     try:
         zygote = prestart(args.model, workdir, shared_weights=not args.private_weights)
-    except Exception:  # an unknown model: the pod reports it as before
+    except Exception:  # e.g. an unreadable model file: the pod reports it as before
         return None, workdir
     return zygote, workdir
 

@@ -27,6 +27,7 @@ __all__ = [
     "is_zoo_name",
     "model_digest",
     "model_name",
+    "unknown_model",
     "weights_file_name",
     "zoo_input_spec",
     "zoo_key",
@@ -85,6 +86,11 @@ def model_name(spec: str) -> str:
     """The model's short name: the canonical zoo name, or the file's stem."""
     key = zoo_key(spec)
     return key if key is not None else Path(spec).stem
+
+
+def unknown_model(spec: str) -> str:
+    """The one line for a spec that is neither a zoo name nor a file."""
+    return f"unknown model {spec!r}: not a zoo name ({', '.join(ZOO_NAMES)}) and no such file"
 
 
 def zoo_input_spec(spec: str) -> list[dict[str, Any]] | None:

@@ -57,9 +57,7 @@ async def _dump(path: Path, jvm_args: Sequence[str], timeout_s: float) -> None:
 
     with tempfile.TemporaryDirectory(prefix="packrat-cds-") as tmp:
         ts = TorchServe(
-            workdir=Path(tmp) / "ts",
-            jvm_args=[*jvm_args, f"-XX:ArchiveClassesAtExit={path}"],
-            port_base=int(os.environ.get("PACKRAT_TORCHSERVE_PORT_BASE", "29080")),
+            workdir=Path(tmp) / "ts", jvm_args=[*jvm_args, f"-XX:ArchiveClassesAtExit={path}"]
         )
         try:
             await ts.start(timeout_s=timeout_s)

@@ -155,20 +155,23 @@ class PodServer:
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
         self.mar: str | None = None  # the archive's name in TorchServe's model store
-        self.weights = shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
+        given = opts.zygote_process if opts.zygote else None
+        if given is not None and (given.workdir != self.workdir or given.model != opts.model):
+            raise ServeConfigError("the prestarted zygote is for another work directory or model")
+        self.weights = (  # a model file is hashed once: by whoever names the weight file first
+            given.weights
+            if given is not None
+            else shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
+        )
         self.generation = 0  # bumped by each in-pod plan switch
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
-        self.zygote = self._zygote(opts) if opts.zygote else None
+        self.zygote = (
+            given or ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+            if opts.zygote
+            else None
+        )
         self._stop = asyncio.Event()
-
-    def _zygote(self, opts: ServeOptions) -> ZygoteProcess:
-        given = opts.zygote_process
-        if given is None:
-            return ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
-        if given.workdir != self.workdir or given.weights != self.weights:
-            raise ServeConfigError("the prestarted zygote is for another work directory or model")
-        return given
 
     def status(self) -> dict[str, Any]:
         d = self.dispatcher

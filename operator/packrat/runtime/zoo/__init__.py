@@ -117,9 +117,7 @@ def _model_path(spec: str) -> Path:
             f"({', '.join(ZOO_NAMES)}) or a TorchScript file"
         )
     if not path.is_file():
-        raise ZooError(
-            f"unknown model {spec!r}: not a zoo name ({', '.join(ZOO_NAMES)}) and no such file"
-        )
+        raise ZooError(modelid.unknown_model(spec))
     return path
 
 
