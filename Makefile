@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --upgrade pip
 	$(PIP) install torch==2.13.0 numpy==2.4.6
 	$(PIP) install -e '.[serve,operator,storage,dev]'
-	$(BIN)/python -m packrat.serve.jvm write-archive || echo "no CDS archive: TorchServe starts without it"
+	$(BIN)/python -m packrat.serve.torchserve.jvm write-archive || echo "no CDS archive: TorchServe starts without it"
 	touch $(STAMP)
 
 demo: venv

@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve.process import free_ports
 
 # private: every worker its own interpreter and weights (before issue 14); shared: one mapped
 # weight file; zygote: shared, and workers forked from the pod's zygote; before: the pod of
@@ -60,12 +60,12 @@ PHASES = {
 def child(args: argparse.Namespace) -> int:
     zygote = None
     if args.pod_mode == "zygote":  # first, as ``packrat serve`` does
-        from packrat.serve.zygote_proc import prestart
+        from packrat.serve.zygote.process import prestart
 
         zygote = prestart(args.model, Path(args.workdir))
     from packrat.plan.optimizer import Plan
     from packrat.runtime.cpus import allowed_cpus
-    from packrat.serve import server
+    from packrat.serve.pod import server
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -153,7 +153,7 @@ def pod_memory(root: int) -> dict[str, Any]:
             "dispatcher"
             if pid == root
             else "zygote"
-            if "packrat.serve.zygote" in cmd and ppid == root
+            if "packrat.serve.zygote.zygote" in cmd and ppid == root
             else "worker"  # forked by the zygote (its cmdline is the zygote's)
             if ppid in zygotes or ("model_service_worker" in cmd and "worker_launcher" not in cmd)
             else "launcher"
@@ -269,7 +269,7 @@ def one_pod(args: argparse.Namespace, n: int, mode: str, body: bytes) -> dict[st
 
 
 def _name(model: str) -> str:
-    from packrat.serve.archive import default_model_name
+    from packrat.serve.torchserve.archive import default_model_name
 
     return default_model_name(model)
 

@@ -38,9 +38,9 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 from emulator import Api, EmulatorThread  # noqa: E402
 from harness import TEST_IMAGE, Load, OperatorCluster, wait_for  # noqa: E402
 
-from packrat.controller import profile_manifests as pm  # noqa: E402
-from packrat.controller.drift import merge_patch  # noqa: E402
-from packrat.controller.model import parse  # noqa: E402
+from packrat.controller.api.drift import merge_patch  # noqa: E402
+from packrat.controller.core.model import parse  # noqa: E402
+from packrat.controller.profiling import manifests as pm  # noqa: E402
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint  # noqa: E402
 
 NAMESPACE = "packrat-test"

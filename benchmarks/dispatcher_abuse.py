@@ -37,8 +37,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from packrat.serve.loadgen import percentile
-from packrat.serve.torchserve import free_ports
+from packrat.bench.loadgen import percentile
+from packrat.serve.torchserve.process import free_ports
 
 HERE = Path(__file__).resolve().parents[1] / "operator"
 BIG = 60 * 1000 * 1000
@@ -47,7 +47,7 @@ DISPATCHER = """
 import asyncio, sys
 from aiohttp import web
 from packrat.serve.config import InstanceSpec
-from packrat.serve.dispatcher import Dispatcher
+from packrat.serve.dispatcher.app import Dispatcher
 
 async def main(port, backend):
     inst = InstanceSpec(index=0, name="stub_i0", threads=1, batch=64, cpus=(0,))

@@ -31,13 +31,13 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from packrat.bench.loadgen import percentile
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
 from packrat.serve.config import InstanceSpec
-from packrat.serve.dispatcher import Dispatcher
-from packrat.serve.loadgen import percentile
-from packrat.serve.server import wait_ready
-from packrat.serve.torchserve import allocate_ports, free_ports
+from packrat.serve.dispatcher.app import Dispatcher
+from packrat.serve.pod.server import wait_ready
+from packrat.serve.torchserve.process import allocate_ports, free_ports
 
 PLAN = {
     "cpus": 1,

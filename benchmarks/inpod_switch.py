@@ -38,7 +38,7 @@ import aiohttp
 
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve.process import free_ports
 
 TOKEN = "bench-" + os.urandom(12).hex()
 
@@ -153,7 +153,7 @@ async def run_mode(args: argparse.Namespace, mode: str, root: Path) -> dict[str,
         try:
             await wait_ready(s, pod)
             load = Load(pod.url, args.model.replace("-", "_"), body)
-            from packrat.serve.archive import default_model_name
+            from packrat.serve.torchserve.archive import default_model_name
 
             load.model = default_model_name(args.model)
             clients = [asyncio.ensure_future(load.client(s)) for _ in range(args.clients)]

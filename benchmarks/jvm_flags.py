@@ -28,14 +28,15 @@ from typing import Any
 
 import aiohttp
 
-from packrat.serve.archive import build_archive
+from packrat.bench.loadgen import percentile
 from packrat.serve.codec import example_body
 from packrat.serve.config import JVM_ARGS, registration_query
-from packrat.serve.jvm import java_pids
-from packrat.serve.loadgen import percentile
-from packrat.serve.torchserve import TorchServe
+from packrat.serve.torchserve.archive import build_archive
+from packrat.serve.torchserve.jvm import java_pids
+from packrat.serve.torchserve.process import TorchServe
 
-# Both without TorchServe's class-data-sharing archive (packrat.serve.jvm; "-Xshare:auto" is
+# Both without TorchServe's class-data-sharing archive (packrat.serve.torchserve.jvm;
+# "-Xshare:auto" is
 # the JVM's default and keeps the archive off): it is made for JVM_ARGS and the JVM would
 # ignore it for the defaults, which would measure the archive, not the flags.
 FLAGS = {

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 from harness import OperatorCluster, wait_for  # noqa: E402
 from seeding import seed_profile  # noqa: E402
 
-from packrat.controller import manifests as m  # noqa: E402
+from packrat.controller.serving import manifests as m  # noqa: E402
 from packrat.plan.profile import parse_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from packrat.bench.replay import run_trace
 from packrat.bench.servers import PackratServe
 from packrat.plan.des import nearest_rank, simulate
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 from packrat.plan.traces import gamma_trace
 from packrat.serve.codec import example_body
-from packrat.serve.replay import run_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

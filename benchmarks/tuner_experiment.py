@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
 
+from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
 from packrat.plan.traces import step_trace  # noqa: E402
 from packrat.serve.codec import example_body  # noqa: E402
-from packrat.serve.replay import run_trace  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "tuned"

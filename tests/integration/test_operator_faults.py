@@ -16,8 +16,8 @@ from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
 from models import tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
-from packrat.controller.drift import merge_patch
-from packrat.controller.spec import template_hash
+from packrat.controller.api.drift import merge_patch
+from packrat.controller.core.spec import template_hash
 
 # the session's profile may be measured in ``serving`` first (minutes on a loaded machine)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]

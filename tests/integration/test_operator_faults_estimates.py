@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from emulator import Api, EmulatorThread
 
-from packrat.controller.autobatch import Reading
-from packrat.controller.estimates import MAX_BYTES, EstimateReader
-from packrat.controller.kube import Kube
+from packrat.controller.api.kube import Kube
+from packrat.controller.planning.autobatch import Reading
+from packrat.controller.planning.estimates import MAX_BYTES, EstimateReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

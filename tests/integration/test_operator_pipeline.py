@@ -27,7 +27,7 @@ from harness import OperatorCluster, wait_for
 from models import FIRST_READY_S, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
-from packrat.controller.pipeline_latency import MIN_QUERIES
+from packrat.controller.pipeline.latency import MIN_QUERIES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 

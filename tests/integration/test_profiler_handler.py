@@ -38,7 +38,7 @@ def mars(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _target(mars: dict[str, Path], which: str, workdir: Path) -> HandlerTarget:
-    from packrat.serve.archive import build_archive  # what `packrat profile` does
+    from packrat.serve.torchserve.archive import build_archive  # what `packrat profile` does
 
     archive = build_archive(str(mars[which]), workdir=workdir)
     return HandlerTarget(

@@ -26,7 +26,7 @@ import pytest
 
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -68,7 +68,7 @@ def _workers(root: int) -> list[int]:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            forked = b"packrat.serve.zygote" in cmd and parent_of.get(pid) != root
+            forked = b"packrat.serve.zygote.zygote" in cmd and parent_of.get(pid) != root
             fresh = b"model_service_worker" in cmd and b"worker_launcher" not in cmd
             if forked or fresh:
                 out.append(pid)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.serve import jvm
-from packrat.serve.torchserve import TorchServe
+from packrat.serve.torchserve import jvm
+from packrat.serve.torchserve.process import TorchServe
 
 pytestmark = [
     pytest.mark.integration,

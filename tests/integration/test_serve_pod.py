@@ -24,11 +24,11 @@ import aiohttp
 import pytest
 import torch
 
+from packrat.bench.loadgen import run_bursts
 from packrat.runtime import zoo
 from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
 from packrat.serve.codec import encode_sample
-from packrat.serve.loadgen import run_bursts
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 READY_S = 300  # a pod starts in ~10 s when quiet; minutes on a loaded shared machine
@@ -201,7 +201,7 @@ def worker_pids(pod: Pod) -> dict[tuple[int, ...], int]:
             ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
             # A worker forked by the pod's zygote keeps the zygote's command line; the
             # launcher TorchServe started for it names model_service_worker but is not it.
-            forked = b"packrat.serve.zygote" in cmdline and ppid != pod.proc.pid
+            forked = b"packrat.serve.zygote.zygote" in cmdline and ppid != pod.proc.pid
             fresh = b"model_service_worker" in cmdline and b"worker_launcher" not in cmdline
             if forked or fresh:
                 found[tuple(cpus_allowed(pid))] = pid

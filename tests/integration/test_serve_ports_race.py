@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from packrat.serve.config import LOOPBACK
-from packrat.serve.torchserve import TorchServe
+from packrat.serve.torchserve.process import TorchServe
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

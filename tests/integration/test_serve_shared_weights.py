@@ -24,7 +24,7 @@ import torch
 from packrat.runtime import zoo
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import encode_sample
-from packrat.serve.torchserve import free_ports
+from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -128,7 +128,7 @@ def test_both_workers_map_the_one_weight_file(pod: tuple[str, Path, Path]) -> No
     }
     zygotes = [pid for pid in mappers if parent[pid] not in mappers]
     assert len(zygotes) == 1, parent
-    assert b"packrat.serve.zygote" in Path(f"/proc/{zygotes[0]}/cmdline").read_bytes()
+    assert b"packrat.serve.zygote.zygote" in Path(f"/proc/{zygotes[0]}/cmdline").read_bytes()
     workers = [pid for pid in mappers if parent[pid] == zygotes[0]]
     assert len(workers) == 2 and len(mappers) == 3, parent  # nothing else maps it
     logs = (work / "logs" / "model_log.log").read_text(errors="replace")

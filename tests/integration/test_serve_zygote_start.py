@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from packrat.cli import main
-from packrat.serve.zygote_proc import ZygoteStartError, prestart
+from packrat.serve.zygote.process import ZygoteStartError, prestart
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -23,7 +23,8 @@ PRELOAD_THEN_FORK = """
 import os, sys
 from pathlib import Path
 import torch
-from packrat.serve import zygote, handler
+from packrat.serve.zygote import zygote
+from packrat.serve.torchserve import handler
 from packrat.runtime import weights, zoo
 path = Path(sys.argv[1])
 after_import = zygote._threads()
@@ -84,7 +85,7 @@ def _zygotes_of(workdir: Path) -> list[int]:
             text = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "packrat.serve.zygote" in text and str(workdir) in text:
+        if "packrat.serve.zygote.zygote" in text and str(workdir) in text:
             found.append(int(cmdline.parent.name))
     return found
 

@@ -12,8 +12,8 @@ import aiohttp
 from aiohttp import web
 
 from packrat.serve.config import InstanceSpec
-from packrat.serve.connections import ConnectionLimits
-from packrat.serve.dispatcher import Dispatcher
+from packrat.serve.dispatcher.app import Dispatcher
+from packrat.serve.dispatcher.connections import ConnectionLimits
 
 
 class FakeTorchServe:

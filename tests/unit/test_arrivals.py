@@ -12,8 +12,8 @@ from dispatcher_support import all_up, post, run, stack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packrat.controller.arrivals import ArrivalReader, parse_arrivals
-from packrat.serve.arrivals import ArrivalLog
+from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals
+from packrat.serve.dispatcher.arrivals import ArrivalLog
 
 
 class Clock:

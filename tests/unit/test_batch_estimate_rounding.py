@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from packrat.controller.manifests import serve_command
-from packrat.controller.spec import DEFAULT_ROUNDING, serving_hash, validate_spec
+from packrat.controller.core.spec import DEFAULT_ROUNDING, serving_hash, validate_spec
+from packrat.controller.serving.manifests import serve_command
 from packrat.plan.estimator import SERVING_ROUNDING
-from packrat.serve.dispatcher import Dispatcher
+from packrat.serve.dispatcher.app import Dispatcher
 
 BASE: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxBatch": 8}}
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
-from packrat.controller import autobatch as ab
-from packrat.controller import estimates
-from packrat.controller.reconcile import Config, Reconciler, Result
-from packrat.controller.spec import AUTO_BATCH_DEFAULTS
+from packrat.controller.core.spec import AUTO_BATCH_DEFAULTS
+from packrat.controller.model.reconcile import Config, Reconciler, Result
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning import estimates
 from packrat.plan.profile import parse_profile
 from packrat.plan.reconfig import Outcome
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 
-from packrat.controller import manifests as m
-from packrat.controller import protection
-from packrat.controller.reconcile import Reconciler
-from packrat.controller.spec import DEFAULT_IMAGE, template_hash
-from packrat.controller.status import get_condition
-from packrat.controller.wakeups import Wakeups
+from packrat.controller.core.spec import DEFAULT_IMAGE, template_hash
+from packrat.controller.core.status import get_condition
+from packrat.controller.core.wakeups import Wakeups
+from packrat.controller.model.reconcile import Reconciler
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving import protection
 
 FIN = "packrat.dev/serving"
 

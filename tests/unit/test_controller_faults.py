@@ -17,11 +17,11 @@ from test_controller_reconcile import (
     _setup,
 )
 
-from packrat.controller.drift import covers, quantity
-from packrat.controller.model import InvalidSpec, parse
-from packrat.controller.pods import unschedulable
-from packrat.controller.profiling import _parse
-from packrat.controller.status import get_condition
+from packrat.controller.api.drift import covers, quantity
+from packrat.controller.core.model import InvalidSpec, parse
+from packrat.controller.core.pods import unschedulable
+from packrat.controller.core.status import get_condition
+from packrat.controller.profiling.profile import _parse
 from packrat.plan.profile import ProfileError, parse_profile
 
 

@@ -1,4 +1,5 @@
-"""controller/inpod.py: when the in-pod switch applies, and the request it sends to a pod."""
+"""controller/switch/plan_poster.py: when the in-pod switch applies, and the request it sends to a
+pod."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from packrat.controller.inpod import plan_request, post_plan, switchable
+from packrat.controller.switch.plan_poster import plan_request, post_plan, switchable
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import parse_plan
 
@@ -117,7 +118,7 @@ def test_post_plan_reads_the_pods_answer(pod: int) -> None:
 
 
 def test_post_plan_to_nobody_is_an_answer_not_an_exception() -> None:
-    from packrat.serve.torchserve import free_ports
+    from packrat.serve.torchserve.process import free_ports
 
     port = free_ports(1)[0]
     answer = post_plan(f"http://127.0.0.1:{port}", _plan(4, 1, 2), token="t" * 20, timeout=5)

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 
-from packrat.controller import manifests as m
-from packrat.controller.inpod import PodAnswer
-from packrat.controller.inpod_switch import PodClient, failures, slot_pods
-from packrat.controller.pod_config import admin_token_secret, plan_configmap, secret_token
-from packrat.controller.reconcile import Reconciler
+from packrat.controller.model.reconcile import Reconciler
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.pod_config import admin_token_secret, plan_configmap, secret_token
+from packrat.controller.switch.inpod import PodClient, failures, slot_pods
+from packrat.controller.switch.plan_poster import PodAnswer
 
 OWNER = {"metadata": {"name": "tiny", "namespace": NS, "uid": "u1"}, "spec": {}}
 PLAN = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from packrat.controller import profile_manifests as pm
-from packrat.controller.isolation import cores_exclusive
-from packrat.controller.spec import validate_spec
+from packrat.controller.core.spec import validate_spec
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.profiling.isolation import cores_exclusive
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 
 POINT = ProfilePoint(threads=1, batch=1, latency_ms=1.0)

@@ -7,8 +7,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from packrat.controller import manifests as m
-from packrat.controller import profile_manifests as pm
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.serving import manifests as m
 
 OWNER: dict[str, Any] = {
     "apiVersion": "packrat.dev/v1alpha1",

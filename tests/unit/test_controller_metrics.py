@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from packrat.controller import metrics
-from packrat.serve.metrics import ServeMetrics
+from packrat.controller.core import metrics
+from packrat.serve.dispatcher.metrics import ServeMetrics
 
 
 def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:

@@ -7,9 +7,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from packrat.controller import manifests as m
-from packrat.controller import profile_manifests as pm
-from packrat.controller.spec import serving_hash, validate_spec
+from packrat.controller.core.spec import serving_hash, validate_spec
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.serving import manifests as m
 
 POD = {
     "annotations": {"sidecar.istio.io/inject": "false", "team": "vision"},

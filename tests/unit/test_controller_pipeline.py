@@ -14,13 +14,13 @@ from openapi_schema_validator import OAS30Validator
 from packaging_support import strict_schema
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
-from packrat.controller.context import Config
-from packrat.controller.kube import KubeError
-from packrat.controller.model import SERVING_CPUS_ANNOTATION
-from packrat.controller.pipeline_reconcile import PipelineReconciler
-from packrat.controller.profile_manifests import profile_configmap
-from packrat.controller.reconcile import Reconciler
-from packrat.controller.status import get_condition
+from packrat.controller.api.kube import KubeError
+from packrat.controller.core.context import Config
+from packrat.controller.core.model import SERVING_CPUS_ANNOTATION
+from packrat.controller.core.status import get_condition
+from packrat.controller.model.reconcile import Reconciler
+from packrat.controller.pipeline.reconcile import PipelineReconciler
+from packrat.controller.profiling.manifests import profile_configmap
 
 NAME = "chain"
 STAGE_MODEL: dict[str, Any] = {

@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from test_controller_pipeline import NAME, Cluster
 from test_controller_reconcile import NS, FakeKube
 
-from packrat.controller.pipeline_latency import (
+from packrat.controller.pipeline.latency import (
     MIN_QUERIES,
     WINDOW_SECONDS,
     LatencyWindow,

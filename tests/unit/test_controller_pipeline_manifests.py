@@ -12,7 +12,7 @@ import pytest
 import yaml
 from packaging_support import EXAMPLES_DIR, check_packrat_argv, load_yaml_docs
 
-from packrat.controller.pipeline_manifests import (
+from packrat.controller.pipeline.manifests import (
     CONFIG_KEY,
     LABEL_CONFIG_HASH,
     pipeline_service,

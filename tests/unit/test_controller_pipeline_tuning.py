@@ -11,9 +11,9 @@ import pytest
 from test_controller_pipeline import MODELS, NAME, STAGE_MODEL, Cluster, _body
 from test_controller_reconcile import NS, T0
 
-from packrat.controller.autoscale import Arrivals
-from packrat.controller.model import PROFILE_ONLY_ANNOTATION, parse
-from packrat.controller.spec import validate_spec
+from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, parse
+from packrat.controller.core.spec import validate_spec
+from packrat.controller.planning.autoscale import Arrivals
 from packrat.plan.traces import gamma_trace
 
 AUTO = {"minReplicas": 1, "maxReplicas": 6, "scaleDownDelaySeconds": 30}

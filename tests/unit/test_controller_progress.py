@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from packrat.controller.progress import parse_duration, parse_progress
+from packrat.controller.profiling.progress import parse_duration, parse_progress
 from packrat.profiler.progress import Progress
 
 

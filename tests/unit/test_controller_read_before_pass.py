@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, FakeKube
 
-from packrat.controller import arrivals, estimates
-from packrat.controller import autobatch as ab
-from packrat.controller.autoscale import Arrivals
 from packrat.controller.handlers import read_before_pass
+from packrat.controller.planning import arrivals, estimates
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning.autoscale import Arrivals
 
 
 class CountingKube(FakeKube):

@@ -12,8 +12,8 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 from packaging_support import strict_schema
 
-from packrat.controller.reconcile import Config, Reconciler, merge_patch, pod_failure
-from packrat.controller.status import get_condition
+from packrat.controller.core.status import get_condition
+from packrat.controller.model.reconcile import Config, Reconciler, merge_patch, pod_failure
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 
 NS = "ns"

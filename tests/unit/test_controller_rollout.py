@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packrat.controller.serving import deployment_ready
+from packrat.controller.serving.slots import deployment_ready
 
 
 def _dep(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from packrat.controller import manifests as m
-from packrat.controller import profile_manifests as pm
-from packrat.controller.spec import profile_key, validate_spec
+from packrat.controller.core.spec import profile_key, validate_spec
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.serving import manifests as m
 
 SAMPLE = base64.b64encode(b'{"x": [1, 2, 3]}').decode()
 MAR_OWNER: dict[str, Any] = {

@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat.controller import manifests as m
-from packrat.controller.spec import serving_hash, template_hash, with_defaults
+from packrat.controller.core.spec import serving_hash, template_hash, with_defaults
+from packrat.controller.serving import manifests as m
 
 PLANS = [
     {

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
-from packrat.controller.autoscale import Arrivals
-from packrat.controller.reconcile import Config, Reconciler
-from packrat.controller.spec import validate_spec
-from packrat.controller.status import get_condition
+from packrat.controller.core.spec import validate_spec
+from packrat.controller.core.status import get_condition
+from packrat.controller.model.reconcile import Config, Reconciler
+from packrat.controller.planning.autoscale import Arrivals
 from packrat.plan.profile import parse_profile
 from packrat.plan.provision import Planner, SimSettings, exhaustive
 from packrat.plan.traces import gamma_trace

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from packrat.controller.spec import (
+from packrat.controller.core.spec import (
     initial_batch,
     profile_key,
     serving_hash,

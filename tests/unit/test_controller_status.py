@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from packrat.controller.status import (
+from packrat.controller.core.status import (
     Facts,
     derive_phase,
     get_condition,

@@ -10,13 +10,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from packrat.controller import manifests as m
-from packrat.controller import profile_manifests as pm
-from packrat.controller.context import Config, Pass, Result
-from packrat.controller.model import parse
-from packrat.controller.spec import profile_key, serving_hash, validate_spec
-from packrat.controller.storage import CREDENTIALS_DIR, VERSION_KEY
-from packrat.controller.storage_check import CONDITION, resolve_version, retry_delay
+from packrat.controller.core.context import Config, Pass, Result
+from packrat.controller.core.model import parse
+from packrat.controller.core.spec import profile_key, serving_hash, validate_spec
+from packrat.controller.core.storage import CREDENTIALS_DIR, VERSION_KEY
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.profiling.storage_check import CONDITION, resolve_version, retry_delay
+from packrat.controller.serving import manifests as m
 from packrat.runtime.fetch import FetchError
 
 DIGEST = "sha256:" + "ab" * 32

@@ -10,10 +10,10 @@ import pytest
 from test_controller_reconcile import NS, T0, _profile_json, _setup
 
 from packrat.bench.verify import format_verification, with_verification
-from packrat.controller import profile_manifests as pm
-from packrat.controller.plans import status_plan
-from packrat.controller.spec import validate_spec
-from packrat.controller.verified import measured, publish
+from packrat.controller.core.plans import status_plan
+from packrat.controller.core.spec import validate_spec
+from packrat.controller.profiling import manifests as pm
+from packrat.controller.profiling.verified import measured, publish
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import VERIFIED_KEY, Profile, parse_profile
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from packrat.controller.core.wakeups import Wakeups
 from packrat.controller.handlers import OperatorOptions, next_delay
-from packrat.controller.reconcile import Config
-from packrat.controller.wakeups import Wakeups
+from packrat.controller.model.reconcile import Config
 
 
 def _meta(uid: str, version: str) -> dict[str, str]:
@@ -77,7 +77,7 @@ def test_a_storage_model_at_rest_asks_the_store_for_a_new_version() -> None:
 def test_the_pass_loop_retries_failures_and_ends_when_the_object_is_gone() -> None:
     import asyncio
 
-    from packrat.controller.wakeups import run_passes
+    from packrat.controller.core.wakeups import run_passes
 
     outcomes: list[object] = [RuntimeError("api 500"), RuntimeError("api 500"), 0.0, None]
     errors: list[int] = []
@@ -107,7 +107,7 @@ def test_the_pass_loop_retries_failures_and_ends_when_the_object_is_gone() -> No
 def test_the_pass_loop_stops_when_kopf_says_so() -> None:
     import asyncio
 
-    from packrat.controller.wakeups import run_passes
+    from packrat.controller.core.wakeups import run_passes
 
     async def one_pass() -> float | None:
         raise AssertionError("no pass once stopped")

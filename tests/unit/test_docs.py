@@ -127,7 +127,7 @@ def _heredoc_manifests(text: str) -> list[dict[str, Any]]:
 
 
 def test_quickstart_inline_model_is_valid() -> None:
-    spec_module = pytest.importorskip("packrat.controller.spec")
+    spec_module = pytest.importorskip("packrat.controller.core.spec")
     text = (DOCS_DIR / "quickstart-kind.md").read_text(encoding="utf-8")
     models = [d for d in _heredoc_manifests(text) if d.get("kind") == "PackratModel"]
     assert models
@@ -164,7 +164,7 @@ def test_troubleshooting_covers_the_known_failures() -> None:
     ):
         assert heading in text
     controller = "\n".join(
-        p.read_text(encoding="utf-8") for p in (SOURCE / "controller").glob("*.py")
+        p.read_text(encoding="utf-8") for p in (SOURCE / "controller").rglob("*.py")
     )
     if "ProfilingFailed" in controller:  # reasons the doc names exist in the operator
         for reason in ("ProfilingFailed", "SwitchAborted", "ActiveDeploymentDeleted", "FailedOver"):

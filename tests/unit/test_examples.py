@@ -71,7 +71,7 @@ def test_example_matches_the_crd_schema(name: str, model: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize(("name", "model"), _models(), ids=[n for n, _ in _models()])
 def test_example_passes_the_operator_validation(name: str, model: dict[str, Any]) -> None:
-    spec_module = pytest.importorskip("packrat.controller.spec")
+    spec_module = pytest.importorskip("packrat.controller.core.spec")
     errors = spec_module.validate_spec(model["spec"], name=model["metadata"]["name"])
     assert errors == [], f"{name}: {errors}"
 
@@ -124,8 +124,8 @@ def test_example_objects_the_operator_builds_are_valid_and_guaranteed(
 ) -> None:
     """What `kubectl apply -f examples/<name>` leads to: the operator's profiling Job, slot
     Deployment and Service for that spec, valid for Kubernetes and Guaranteed QoS."""
-    manifests = pytest.importorskip("packrat.controller.manifests")
-    profile_manifests = pytest.importorskip("packrat.controller.profile_manifests")
+    manifests = pytest.importorskip("packrat.controller.serving.manifests")
+    profile_manifests = pytest.importorskip("packrat.controller.profiling.manifests")
     owner = {**copy.deepcopy(model), "metadata": {**model["metadata"], "uid": "uid-1"}}
     owner["metadata"].setdefault("namespace", "models")
     built = [

@@ -294,7 +294,7 @@ def test_monitors_shape_selectors_and_additional_labels(
 def test_podmonitor_matches_the_serving_pods_the_operator_builds(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    manifests = pytest.importorskip("packrat.controller.manifests")
+    manifests = pytest.importorskip("packrat.controller.serving.manifests")
     owner = {
         "apiVersion": "packrat.dev/v1alpha1",
         "kind": "PackratModel",
@@ -520,11 +520,11 @@ def _controller_calls() -> set[tuple[str, str, str]]:
     import re
 
     source = "\n".join(
-        p.read_text() for p in (ROOT / "operator" / "packrat" / "controller").glob("*.py")
+        p.read_text() for p in (ROOT / "operator" / "packrat" / "controller").rglob("*.py")
     )
     calls = set()
     # the resource is a literal, or a module's PLURAL constant (the custom resources)
-    from packrat.controller import pipeline_reconcile
+    from packrat.controller.pipeline import reconcile as pipeline_reconcile
 
     plurals = {"PLURAL": pipeline_reconcile.PLURAL}
     for method, literal, constant in re.findall(
@@ -612,7 +612,7 @@ def test_kube_version_floor_is_the_oldest_validated_version() -> None:
 
 
 def test_default_serving_image_matches_the_operator_default() -> None:
-    spec = pytest.importorskip("packrat.controller.spec")
+    spec = pytest.importorskip("packrat.controller.core.spec")
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert f"{values['servingImage']['repository']}:{chart['appVersion']}" == spec.DEFAULT_IMAGE

@@ -45,8 +45,8 @@ def _script(name: str) -> ModuleType:
 
 
 def _code_metrics() -> set[str]:
-    from packrat.controller import metrics
-    from packrat.serve.metrics import ServeMetrics
+    from packrat.controller.core import metrics
+    from packrat.serve.dispatcher.metrics import ServeMetrics
 
     names: set[str] = set()
     for registry in (metrics.REGISTRY, ServeMetrics().registry):

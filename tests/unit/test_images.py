@@ -150,7 +150,7 @@ def test_runtime_stage_is_non_root_numeric(name: str) -> None:
     assert uid.isdigit() and int(uid) > 0 and gid.isdigit() and int(gid) > 0
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     assert int(uid) == values["runAsUser"] and int(gid) == values["runAsGroup"]
-    manifests = pytest.importorskip("packrat.controller.manifests")
+    manifests = pytest.importorskip("packrat.controller.serving.manifests")
     assert int(uid) == manifests.RUN_AS_USER  # serving/profiling pods' runAsUser
 
 
@@ -255,8 +255,8 @@ PLAN = SAMPLE_PLAN
 
 
 def controller_workloads() -> Iterator[dict[str, Any]]:
-    manifests = pytest.importorskip("packrat.controller.manifests")
-    profile_manifests = pytest.importorskip("packrat.controller.profile_manifests")
+    manifests = pytest.importorskip("packrat.controller.serving.manifests")
+    profile_manifests = pytest.importorskip("packrat.controller.profiling.manifests")
     for model in MODELS.values():
         owner = _owner(model, profiling={"threads": [1, 2, 4]})
         yield profile_manifests.profiling_job(owner, key="k" * 64)

@@ -20,7 +20,7 @@ from packrat.plan.des import (
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 from packrat.plan.traces import gamma_trace
-from packrat.serve.routing import choose_instance
+from packrat.serve.dispatcher.routing import choose_instance
 
 PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 

@@ -11,7 +11,7 @@ import torch
 
 from packrat.runtime import modelid, weights, zoo
 from packrat.serve.codec import decode_sample, warmup_body
-from packrat.serve.shared_weights import shared_weights_file
+from packrat.serve.zygote.shared_weights import shared_weights_file
 
 
 @pytest.mark.parametrize("name", zoo.ZOO_NAMES)
@@ -59,8 +59,8 @@ def test_a_dtype_array_cannot_write_has_no_warm_up_body() -> None:
 def test_the_dispatchers_model_facts_import_no_torch() -> None:
     code = (
         "import sys, tempfile, pathlib\n"
-        "from packrat.serve import server\n"
-        "from packrat.serve.shared_weights import shared_weights_file\n"
+        "from packrat.serve.pod import server\n"
+        "from packrat.serve.zygote.shared_weights import shared_weights_file\n"
         "from packrat.serve.codec import warmup_body\n"
         "from packrat.runtime import modelid\n"
         "shared_weights_file('resnet50', pathlib.Path(tempfile.gettempdir()))\n"

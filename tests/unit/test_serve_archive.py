@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.serve.archive import ArchiveError, default_model_name, wrap_mar
-from packrat.serve.handler import ENTRY_MODULE, WRAPPED_FILE, instance_settings
+from packrat.serve.torchserve.archive import ArchiveError, default_model_name, wrap_mar
+from packrat.serve.torchserve.handler import ENTRY_MODULE, WRAPPED_FILE, instance_settings
 
 
 def _user_mar(path: Path, handler: str = "my_handler.py") -> Path:
@@ -38,7 +38,7 @@ def test_wrap_mar_replaces_the_handler_and_keeps_every_file(tmp_path: Path) -> N
     assert {"my_handler.py", "weights.bin"} <= names
     assert manifest["model"]["handler"] == f"{ENTRY_MODULE}.py"
     assert wrapped == {"handler": "my_handler:handle"}
-    assert "from packrat.serve.handler import handle" in entry
+    assert "from packrat.serve.torchserve.handler import handle" in entry
 
 
 def test_wrapping_twice_keeps_the_original_handler(tmp_path: Path) -> None:

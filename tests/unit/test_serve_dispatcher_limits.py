@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from dispatcher_support import all_up, post, run, stack
 
-from packrat.serve.connections import ConnectionLimits
+from packrat.serve.dispatcher.connections import ConnectionLimits
 
 DEADLINE_S = 60.0
 

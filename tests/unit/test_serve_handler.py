@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from packrat.runtime import zoo
-from packrat.serve import handler
 from packrat.serve.codec import encode_sample
+from packrat.serve.torchserve import handler
 
 CALLS: list[Any] = []
 

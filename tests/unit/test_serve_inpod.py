@@ -13,10 +13,10 @@ import pytest
 
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import InstanceSpec, plan_instances
-from packrat.serve.dispatcher import Dispatcher
-from packrat.serve.inpod import InPodSwitch, SwitchError
-from packrat.serve.server import ServeOptions
-from packrat.serve.torchserve import TorchServeError, WorkerInfo
+from packrat.serve.dispatcher.app import Dispatcher
+from packrat.serve.pod.inpod import InPodSwitch, SwitchError
+from packrat.serve.pod.server import ServeOptions
+from packrat.serve.torchserve.process import TorchServeError, WorkerInfo
 
 
 def _plan(count: int, threads: int, batch: int) -> Plan:

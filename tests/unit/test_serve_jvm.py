@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from packrat.serve import jvm
 from packrat.serve.config import JVM_ARGS
+from packrat.serve.torchserve import jvm
 
 
 def test_an_existing_archive_is_mapped(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import math
 import pytest
 from aiohttp import web
 
-from packrat.serve.loadgen import (
+from packrat.bench.loadgen import (
     BurstResult,
     RequestRecord,
     format_summary,
@@ -117,7 +117,7 @@ def test_invalid_arguments() -> None:
 
 
 def test_trace_replay_sends_at_the_trace_times() -> None:
-    from packrat.serve.replay import run_trace
+    from packrat.bench.replay import run_trace
 
     arrivals = [10.0, 10.05, 10.1, 10.3, 10.3]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from packrat.serve import torchserve
 from packrat.serve.config import DEFAULT_PORT_BASE, LOOPBACK, ServeConfigError, fixed_ports
-from packrat.serve.torchserve import PORT_BASE_ENV, TorchServe, allocate_ports, ports_free
+from packrat.serve.torchserve import process as torchserve
+from packrat.serve.torchserve.process import PORT_BASE_ENV, TorchServe, allocate_ports, ports_free
 
 EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 

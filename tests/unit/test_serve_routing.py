@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from packrat.serve.routing import choose_instance, default_caps
+from packrat.serve.dispatcher.routing import choose_instance, default_caps
 
 
 def test_a_burst_fills_each_instance_with_its_batch() -> None:

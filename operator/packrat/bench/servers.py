@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from packrat.plan.optimizer import Plan
-from packrat.serve.archive import build_archive, default_model_name
 from packrat.serve.config import registration_query
-from packrat.serve.server import wait_ready
-from packrat.serve.torchserve import TorchServe, free_ports
+from packrat.serve.pod.server import wait_ready
+from packrat.serve.torchserve.archive import build_archive, default_model_name
+from packrat.serve.torchserve.process import TorchServe, free_ports
 
 
 class BenchError(RuntimeError):

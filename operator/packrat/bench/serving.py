@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packrat.bench.loadgen import run_bursts
 from packrat.bench.servers import BenchError, PackratServe, PlainTorchServe
 from packrat.bench.serving_report import (
     CONFIGS,
@@ -54,7 +55,6 @@ from packrat.bench.serving_report import (
 from packrat.plan.baselines import BASELINES, PER_CORE, baseline_plan, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile, ProfileError, load_profile
-from packrat.serve.loadgen import run_bursts
 
 log = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ def request_body(args: argparse.Namespace) -> tuple[bytes, str]:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from packrat.serve.loadgen import format_summary, run_bursts, run_poisson
+    from packrat.bench.loadgen import format_summary, run_bursts, run_poisson
 
     body, content_type = request_body(args)
     result: Any
@@ -92,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     elif args.trace is not None:
+        from packrat.bench.replay import run_trace
         from packrat.plan.traces import TraceError, load_trace
-        from packrat.serve.replay import run_trace
 
         try:
             arrivals = load_trace(args.trace)

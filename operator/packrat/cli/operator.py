@@ -128,10 +128,10 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from packrat.controller import metrics
+    from packrat.controller.core import metrics
+    from packrat.controller.core.spec import DEFAULT_IMAGE
     from packrat.controller.handlers import OperatorOptions, build_registry
-    from packrat.controller.reconcile import Config
-    from packrat.controller.spec import DEFAULT_IMAGE
+    from packrat.controller.model.reconcile import Config
 
     for flag in ("resync_seconds", "poll_seconds", "estimate_seconds"):
         if getattr(args, flag) <= 0:

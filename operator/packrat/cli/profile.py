@@ -150,7 +150,7 @@ def _sample_request(args: argparse.Namespace, workdir: Path) -> Path | None:
 def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
     """What to run per batch: None (the bare model) or an archive's handler + sample request."""
     from packrat.profiler.client import HandlerTarget
-    from packrat.serve.archive import ArchiveError, build_archive, is_mar
+    from packrat.serve.torchserve.archive import ArchiveError, build_archive, is_mar
 
     sample = _sample_request(args, workdir)
     if sample is None:

@@ -184,7 +184,7 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
         return None, None
     import tempfile
 
-    from packrat.serve.zygote_proc import prestart
+    from packrat.serve.zygote.process import prestart
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
     try:
@@ -198,13 +198,13 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     import asyncio
 
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
-    from packrat.serve.archive import ArchiveError
     from packrat.serve.config import JVM_ARGS, ServeConfigError, parse_plan
-    from packrat.serve.connections import ConnectionLimits
-    from packrat.serve.server import ServeOptions, TorchServeGoneError, serve
-    from packrat.serve.shared_weights import SharedWeightsError
-    from packrat.serve.torchserve import TorchServeError
-    from packrat.serve.zygote_proc import ZygoteStartError
+    from packrat.serve.dispatcher.connections import ConnectionLimits
+    from packrat.serve.pod.server import ServeOptions, TorchServeGoneError, serve
+    from packrat.serve.torchserve.archive import ArchiveError
+    from packrat.serve.torchserve.process import TorchServeError
+    from packrat.serve.zygote.process import ZygoteStartError
+    from packrat.serve.zygote.shared_weights import SharedWeightsError
 
     text, origin = read_plan_text(args)
     cpus = None

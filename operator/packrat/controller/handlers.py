@@ -24,23 +24,24 @@ from typing import Any
 
 import kopf
 
-from packrat.controller import autobatch as ab
-from packrat.controller import autoscale_metrics, metrics
-from packrat.controller import manifests as m
-from packrat.controller.arrivals import ArrivalReader
-from packrat.controller.autoscale import Arrivals
-from packrat.controller.estimates import EstimateReader
-from packrat.controller.inpod import PlanPoster
-from packrat.controller.inpod_switch import PodClient
-from packrat.controller.kube import Kube, KubeApi
+from packrat.controller.api.kube import Kube, KubeApi
+from packrat.controller.core import metrics
+from packrat.controller.core.spec import GROUP, PLURAL, VERSION
+from packrat.controller.core.storage import needs_version_check
+from packrat.controller.core.wakeups import Wakeups, run_passes
+from packrat.controller.model.reconcile import Config, Reconciler, Result
+from packrat.controller.pipeline.latency import RouterLatency
+from packrat.controller.pipeline.reconcile import PipelineReconciler
 from packrat.controller.pipeline_handlers import register_pipelines
-from packrat.controller.pipeline_latency import RouterLatency
-from packrat.controller.pipeline_reconcile import PipelineReconciler
-from packrat.controller.protection import held
-from packrat.controller.reconcile import Config, Reconciler, Result
-from packrat.controller.spec import GROUP, PLURAL, VERSION
-from packrat.controller.storage import needs_version_check
-from packrat.controller.wakeups import Wakeups, run_passes
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning import autoscale_metrics
+from packrat.controller.planning.arrivals import ArrivalReader
+from packrat.controller.planning.autoscale import Arrivals
+from packrat.controller.planning.estimates import EstimateReader
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.protection import held
+from packrat.controller.switch.inpod import PodClient
+from packrat.controller.switch.plan_poster import PlanPoster
 
 logger = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
-from packrat.controller.context import Result
-from packrat.controller.pipeline_latency import RouterLatency
-from packrat.controller.pipeline_manifests import LABEL_PIPELINE
-from packrat.controller.pipeline_reconcile import PLURAL, PipelineReconciler
-from packrat.controller.spec import GROUP, VERSION
-from packrat.controller.spec import PLURAL as MODELS
-from packrat.controller.wakeups import Wakeups, run_passes
+from packrat.controller.core.context import Result
+from packrat.controller.core.spec import GROUP, VERSION
+from packrat.controller.core.spec import PLURAL as MODELS
+from packrat.controller.core.wakeups import Wakeups, run_passes
+from packrat.controller.pipeline.latency import RouterLatency
+from packrat.controller.pipeline.manifests import LABEL_PIPELINE
+from packrat.controller.pipeline.reconcile import PLURAL, PipelineReconciler
 
 if TYPE_CHECKING:
     from packrat.controller.handlers import OperatorOptions

@@ -4,10 +4,10 @@ What it models, as the serving code does it:
 
 - **Service** (``spread``): each arrival goes to one replica, ``random`` (kube-proxy's
   iptables mode picks a backend uniformly per connection) or ``round_robin`` (IPVS).
-- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher` and its slots): sends the
+- **Dispatcher** (one per replica, :mod:`packrat.serve.dispatcher.app` and its slots): sends the
   request to the
   instance with the least outstanding work relative to its batch size, ``(n_i + 1) / b_i``
-  (ties to the larger batch, then the lower index, as :func:`packrat.serve.routing.
+  (ties to the larger batch, then the lower index, as :func:`packrat.serve.dispatcher.routing.
   choose_instance`), at most ``cap_factor * b_i`` outstanding per instance; the rest waits in
   a FIFO queue of at most ``queue_limit`` requests; beyond that the request is shed (503),
   which the simulation records as an infinite latency (an SLO miss).

@@ -30,7 +30,7 @@ class ProfileError(ValueError):
 
 
 # ``meta.extra`` key of the plans measured against the fat instance after profiling
-# (written by :mod:`packrat.bench.verify`, read by :mod:`packrat.controller.verified`).
+# (written by :mod:`packrat.bench.verify`, read by :mod:`packrat.controller.profiling.verified`).
 VERIFIED_KEY = "verified"
 
 

@@ -38,7 +38,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from packrat.plan.pipeline import Edge, PipelineError, topological_order
-from packrat.serve.metrics import MetricSet
+from packrat.serve.dispatcher.metrics import MetricSet
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
 PATH_HEADER = "X-Packrat-Path"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness import OperatorCluster, wait_for
 
-from packrat.controller.profile_manifests import profile_configmap
+from packrat.controller.profiling.manifests import profile_configmap
 from packrat.plan.profile import Profile, load_profile, parse_profile
 
 THREADS = (1, 2)

@@ -1,0 +1,145 @@
+"""What one reconcile pass carries: settings, the model, the observed children, the status
+being built and what the pass did (``Result``), with the helpers every step uses."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from packrat.controller.api.drift import merge_patch
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.spec import DEFAULT_IMAGE
+from packrat.controller.core.status import now_iso, parse_time, set_condition
+
+
+@dataclass(frozen=True)
+class Config:
+    """Operator-wide settings."""
+
+    image: str = DEFAULT_IMAGE
+    max_profile_attempts: int = 3
+    profile_retry_seconds: float = 30.0
+    profile_retry_max_seconds: float = 600.0
+    # a profiling pod the scheduler cannot place fails its attempt after this long
+    unschedulable_grace_seconds: float = 60.0
+    # how often a storageUri model without a digest is checked for a new version (ETag)
+    storage_check_seconds: float = 300.0
+
+
+@dataclass
+class Result:
+    """What a pass did, for metrics, events and logs."""
+
+    phase: str = "Pending"
+    result: str = "ok"
+    switch_result: str | None = None
+    profiling_seconds: float | None = None
+    plan: dict[str, Any] | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    # autoBatch: the combined observation and the decision of this pass, if any
+    observed_batch: int | None = None
+    decision: str | None = None
+    # seconds from the start of a completed switch to the Service selecting the new slot
+    switch_seconds: float | None = None
+    # something is in progress (profiling, a switch, pods starting): look again soon
+    waiting: bool = False
+    # look again after at most this many seconds (a backoff, e.g. the store's after a failure)
+    retry_seconds: float | None = None
+    # the running profiling Job's progress (status.profiling.progress)
+    profiling_progress: dict[str, Any] | None = None
+    # the stored profile's isolation verdict (CoresExclusive); None when it has none
+    cores_exclusive: bool | None = None
+    # spec.autoscaling envelope: the tuner's decision of this pass (action, rates, capacity)
+    autoscale: dict[str, Any] | None = None
+
+
+@dataclass
+class Pass:
+    """The state of one pass; ``status`` is a private copy, written only if the pass ends."""
+
+    kube: KubeApi
+    config: Config
+    obj: Mapping[str, Any]
+    status: dict[str, Any]
+    result: Result
+    now: datetime.datetime
+    conflicts: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"].get("namespace") or "default")
+
+    @property
+    def generation(self) -> int | None:
+        gen = self.obj["metadata"].get("generation")
+        return gen if isinstance(gen, int) else None
+
+    def emit(self, kind: str, reason: str, message: str) -> None:
+        self.result.events.append((kind, reason, message))
+
+    def cond(self, type_: str, value: bool, reason: str, message: str = "") -> None:
+        self.status["conditions"] = set_condition(
+            self.status.get("conditions"),
+            type_=type_,
+            status=value,
+            reason=reason,
+            message=message,
+            generation=self.generation,
+            now=now_iso(self.now),
+        )
+
+    def seconds_since(self, start: str | None, now: datetime.datetime | None = None) -> float:
+        parsed = parse_time(start)
+        return ((now or self.now) - parsed).total_seconds() if parsed else 0.0
+
+    def conflict(self, kind: str, name: str) -> None:
+        if (kind, name) not in self.conflicts:
+            self.conflicts.append((kind, name))
+
+
+def run_pass(
+    kube: KubeApi,
+    config: Config,
+    plural: str,
+    namespace: str,
+    name: str,
+    *,
+    step: Callable[[Pass], None],
+    now: datetime.datetime | None = None,
+    on_gone: Callable[[], object] | None = None,
+) -> Result:
+    """One pass over the object ``plural/namespace/name``: ``step`` works on a private copy of
+    its status; only when it returns are phase and observedGeneration set and the difference
+    written (an exception propagates and nothing is written). An object gone or being deleted
+    gets ``on_gone`` instead, and the result "gone"."""
+    obj = kube.get(plural, namespace, name)
+    result = Result()
+    if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+        if on_gone is not None:
+            on_gone()
+        result.result = "gone"
+        return result
+    old_status = dict(obj.get("status") or {})
+    p = Pass(
+        kube=kube,
+        config=config,
+        obj=obj,
+        status=copy.deepcopy(old_status),
+        result=result,
+        now=now or datetime.datetime.now(datetime.UTC),
+    )
+    step(p)
+    p.status["phase"] = result.phase
+    if p.generation is not None:
+        p.status["observedGeneration"] = p.generation
+    if p.status != old_status:
+        patch = merge_patch(old_status, p.status)
+        kube.patch(plural, namespace, name, {"status": patch}, subresource="status")
+    return result

@@ -1,0 +1,397 @@
+"""The PackratModel spec in Python: defaults, validation and the keys derived from it.
+
+The CRD (``crds/packratmodel.yaml``) enforces types, bounds and, through CEL, the cross-field
+rules. CEL only runs inside a real API server, and the operator must not trust that a stored
+object passed it (CRD updated later, validation disabled, an emulator in tests), so the same
+rules live here as a pure function: the handlers refuse an invalid spec with a clear
+condition and create nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, TypeGuard
+
+from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from packrat.controller.core.model_source import MODEL_FORMATS, ZOO_MODELS, validate_model
+from packrat.controller.core.overrides import validate_pod
+from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
+from packrat.controller.core.storage import storage_identity
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "MODEL_FORMATS",
+    "PLURAL",
+    "VERSION",
+    "ZOO_MODELS",
+    "initial_batch",
+    "model_digest",
+    "model_identity",
+    "model_name",
+    "profile_key",
+    "serving_hash",
+    "template_hash",
+    "validate_spec",
+    "with_defaults",
+]
+
+
+DEFAULT_IMAGE = "ghcr.io/packrat-operator/serving:0.1.0"
+MAX_NAME_LENGTH = 40
+
+DEFAULTS: dict[str, Any] = {
+    "memory": "4Gi",
+    "replicas": 1,
+    "maxBatchDelayMs": 5,
+    "profiling": {
+        "maxBatch": 32,
+        "precision": 0.02,
+        "timeBudgetSeconds": 600,
+        "timeoutSeconds": 1800,
+        "backoffLimit": 2,
+    },
+    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 10},
+}
+# How the pods round their mean queue depth to a power of two (packrat serve --batch-estimate);
+# the pods' default ("nearest") is left out of pod commands and hashes, so it rolls no pods.
+ESTIMATE_ROUNDINGS = ("floor", "nearest")
+DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit test pins it)
+
+
+def estimate_rounding(spec: Mapping[str, Any]) -> str:
+    """The autoBatch estimate's rounding (the pods' default without autoBatch)."""
+    auto = spec.get("autoBatch")
+    rounding = auto.get("rounding", DEFAULT_ROUNDING) if isinstance(auto, Mapping) else None
+    return str(rounding or DEFAULT_ROUNDING)
+
+
+AUTO_BATCH_DEFAULTS: dict[str, Any] = {
+    "min": 1,
+    "max": 32,
+    "sustainObservations": 3,
+    "minIntervalSeconds": 60,
+    "minGain": 0.05,
+}
+
+# Known fields per object, for rejecting unknown ones (the API server prunes/rejects them).
+_SPEC_FIELDS = {
+    "model",
+    "image",
+    "cpus",
+    "memory",
+    "replicas",
+    "batchSize",
+    "autoBatch",
+    "maxBatchDelayMs",
+    "profiling",
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "switch",
+    "slo",
+    "autoscaling",
+    "pod",
+}
+_PROFILING_FIELDS = {
+    "maxBatch",
+    "threads",
+    "precision",
+    "timeBudgetSeconds",
+    "timeoutSeconds",
+    "backoffLimit",
+    "allowContended",
+    "verify",
+}
+_SWITCH_FIELDS = {"readyTimeoutSeconds", "drainSeconds"}
+_TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+_MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with the CRD's defaults filled in (what a real API server stores)."""
+    out = copy.deepcopy(dict(spec))
+    for key, value in DEFAULTS.items():
+        if isinstance(value, dict):
+            given = out.get(key)
+            if given is None:
+                out[key] = dict(value)
+            elif isinstance(given, Mapping):
+                out[key] = {**value, **given}
+            # anything else stays as given, for validation to report
+        else:
+            out.setdefault(key, value)
+    auto = out.get("autoBatch")
+    if isinstance(auto, Mapping):
+        out["autoBatch"] = {**AUTO_BATCH_DEFAULTS, **auto}
+    with_slo_defaults(out)
+    return out
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_in(
+    errors: list[str], obj: Mapping[str, Any], key: str, *, where: str, lo: int, hi: int
+) -> None:
+    if key not in obj:
+        return
+    value = obj[key]
+    if not _is_int(value) or not lo <= value <= hi:
+        errors.append(f"{where}{key} must be an integer in {lo}..{hi}, got {value!r}")
+
+
+def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], *, where: str) -> None:
+    for key in sorted(set(obj) - known):
+        errors.append(f"{where}{key}: unknown field")
+
+
+def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
+    """Every problem with ``spec`` (after defaulting), as messages; empty when valid.
+
+    Mirrors the CRD: types, bounds, unknown fields and the CEL cross-field rules (exactly one
+    model source, format with uri/volume, batchSize XOR autoBatch, batch within the profiled
+    range, profiled threads within cpus).
+    """
+    errors: list[str] = []
+    if name is not None and (len(name) > MAX_NAME_LENGTH or not _DNS_LABEL_RE.fullmatch(name)):
+        errors.append(
+            f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
+            f"starting with a letter, got {name!r}"
+        )
+    if not isinstance(spec, Mapping):
+        return [*errors, "spec must be an object"]
+    spec = with_defaults(spec)
+    _unknown(errors, spec, _SPEC_FIELDS, where="spec.")
+    if "model" not in spec:
+        errors.append("spec.model is required")
+    else:
+        validate_model(errors, spec["model"])
+    if "cpus" not in spec:
+        errors.append("spec.cpus is required")
+    _int_in(errors, spec, "cpus", where="spec.", lo=1, hi=256)
+    _int_in(errors, spec, "replicas", where="spec.", lo=0, hi=100)
+    _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
+    _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
+    memory = spec.get("memory")
+    if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
+        errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")
+    image = spec.get("image")
+    if image is not None and (not isinstance(image, str) or not image or len(image) > 512):
+        errors.append("spec.image must be a non-empty string")
+
+    profiling = spec["profiling"]
+    if not isinstance(profiling, Mapping):
+        errors.append("spec.profiling must be an object")
+        profiling = {}
+    _unknown(errors, profiling, _PROFILING_FIELDS, where="spec.profiling.")
+    _int_in(errors, profiling, "maxBatch", where="spec.profiling.", lo=1, hi=1024)
+    _int_in(errors, profiling, "timeBudgetSeconds", where="spec.profiling.", lo=1, hi=86400)
+    _int_in(errors, profiling, "timeoutSeconds", where="spec.profiling.", lo=30, hi=172800)
+    _int_in(errors, profiling, "backoffLimit", where="spec.profiling.", lo=0, hi=10)
+    for flag in ("allowContended", "verify"):
+        value = profiling.get(flag)
+        if value is not None and not isinstance(value, bool):
+            errors.append(f"spec.profiling.{flag} must be a boolean, got {value!r}")
+    precision = profiling.get("precision")
+    if (
+        isinstance(precision, bool)
+        or not isinstance(precision, int | float)
+        or not (0 < precision <= 1)
+    ):
+        errors.append(f"spec.profiling.precision must be in (0, 1], got {precision!r}")
+    threads = profiling.get("threads")
+    if threads is not None:
+        if (
+            not isinstance(threads, list)
+            or not threads
+            or not all(_is_int(t) and 1 <= t <= 256 for t in threads)
+        ):
+            errors.append(
+                f"spec.profiling.threads must be a list of integers 1..256, got {threads!r}"
+            )
+        elif len(set(threads)) != len(threads):
+            errors.append("spec.profiling.threads must not repeat a value")
+        elif _is_int(spec.get("cpus")) and any(t > spec["cpus"] for t in threads):
+            errors.append("every profiling.threads entry must be at most cpus")
+
+    has_batch = "batchSize" in spec
+    has_auto = "autoBatch" in spec
+    if has_batch == has_auto and "slo" not in spec:
+        errors.append("exactly one of batchSize and autoBatch must be set")
+    validate_slo(errors, spec)
+    max_batch = profiling.get("maxBatch")
+    if (
+        has_batch
+        and _is_int(spec["batchSize"])
+        and _is_int(max_batch)
+        and spec["batchSize"] > max_batch
+    ):
+        errors.append(
+            f"batchSize {spec['batchSize']} must not exceed profiling.maxBatch {max_batch}"
+        )
+    if has_auto:
+        auto = spec["autoBatch"]
+        if not isinstance(auto, Mapping):
+            errors.append("spec.autoBatch must be an object")
+        else:
+            _unknown(errors, auto, {*AUTO_BATCH_DEFAULTS, "rounding"}, where="spec.autoBatch.")
+            rounding = auto.get("rounding", DEFAULT_ROUNDING)
+            if rounding not in ESTIMATE_ROUNDINGS:
+                errors.append(
+                    f"spec.autoBatch.rounding must be one of {', '.join(ESTIMATE_ROUNDINGS)}, "
+                    f"got {rounding!r}"
+                )
+            _int_in(errors, auto, "min", where="spec.autoBatch.", lo=1, hi=1024)
+            _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
+            _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
+            _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
+            gain = auto.get("minGain")
+            if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
+                errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")
+            lo, hi = auto.get("min"), auto.get("max")
+            if _is_int(lo) and _is_int(hi) and lo > hi:
+                errors.append("autoBatch.min must not exceed autoBatch.max")
+            if _is_int(hi) and _is_int(max_batch) and hi > max_batch:
+                errors.append(f"autoBatch.max {hi} must not exceed profiling.maxBatch {max_batch}")
+
+    switch = spec["switch"]
+    if not isinstance(switch, Mapping):
+        errors.append("spec.switch must be an object")
+    else:
+        _unknown(errors, switch, _SWITCH_FIELDS, where="spec.switch.")
+        _int_in(errors, switch, "readyTimeoutSeconds", where="spec.switch.", lo=5, hi=3600)
+        _int_in(errors, switch, "drainSeconds", where="spec.switch.", lo=0, hi=600)
+
+    selector = spec.get("nodeSelector")
+    if selector is not None and not (
+        isinstance(selector, Mapping) and all(isinstance(v, str) for v in selector.values())
+    ):
+        errors.append("spec.nodeSelector must map strings to strings")
+    tolerations = spec.get("tolerations")
+    if tolerations is not None:
+        if not isinstance(tolerations, list) or not all(
+            isinstance(t, Mapping) for t in tolerations
+        ):
+            errors.append("spec.tolerations must be a list of objects")
+        else:
+            for i, tol in enumerate(tolerations):
+                _unknown(errors, tol, _TOLERATION_FIELDS, where=f"spec.tolerations[{i}].")
+    affinity = spec.get("affinity")
+    if affinity is not None and not isinstance(affinity, Mapping):
+        errors.append("spec.affinity must be an object")
+    validate_pod(errors, spec.get("pod"))
+    return errors
+
+
+# -- derived values ---------------------------------------------------------------------------
+def initial_batch(spec: Mapping[str, Any]) -> int:
+    """The batch size to plan for: the fixed one, or the automatic range's minimum (with an
+    SLO the planner's batch replaces it)."""
+    if "batchSize" in spec:
+        return int(spec["batchSize"])
+    if "autoBatch" not in spec:
+        return 1
+    return int(with_defaults(spec)["autoBatch"]["min"])
+
+
+def model_name(spec: Mapping[str, Any], *, default: str) -> str:
+    """The name in ``/predictions/{name}``."""
+    return str(spec["model"].get("name") or default)
+
+
+def model_identity(model: Mapping[str, Any]) -> str:
+    """A stable description of the model's source, used in the profile key.
+
+    Zoo models are fixed by name (architecture and seed are in the image); a uri or volume
+    model by its location; a storageUri model also by its digest or the store's version of
+    the object, so one replaced under the same URI is re-profiled. A uri or volume file
+    replaced in place is not detected: change the location to re-profile.
+    """
+    if "zoo" in model:
+        return f"zoo:{model['zoo']}"
+    if "uri" in model:
+        return f"uri:{model['uri']}:{model.get('format')}"
+    if "storageUri" in model:
+        return storage_identity(model)
+    volume = model.get("volume", {})
+    source = (
+        f"pvc:{volume['persistentVolumeClaim']['claimName']}"
+        if "persistentVolumeClaim" in volume
+        else f"cm:{volume.get('configMap', {}).get('name')}"
+    )
+    return f"volume:{source}:{volume.get('path')}:{model.get('format')}"
+
+
+def _digest(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_digest(spec: Mapping[str, Any]) -> str:
+    """sha256 of the model identity (labels carry its first 16 hex digits)."""
+    return _digest(model_identity(spec["model"]))
+
+
+def profile_key(spec: Mapping[str, Any], *, image: str) -> str:
+    """The key a profile is reused under: model, image (torch build), T, grid, node selection.
+
+    The CPU model a profile was measured on is only known after profiling; the node selector
+    (and affinity) stand for it here, and the measured CPU model is recorded in the ConfigMap.
+    """
+    spec = with_defaults(spec)
+    profiling = spec["profiling"]
+    threads = profiling.get("threads") or list(range(1, int(spec["cpus"]) + 1))
+    key: dict[str, Any] = {
+        "model": model_identity(spec["model"]),
+        "image": image,
+        "cpus": spec["cpus"],
+        "maxBatch": profiling["maxBatch"],
+        "threads": sorted(threads),
+        "nodeSelector": spec.get("nodeSelector") or {},
+        "affinity": spec.get("affinity") or {},
+    }
+    sample = spec["model"].get("sampleRequest")
+    if sample is not None:  # the profile is measured through the handler with this request
+        key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
+        key["sampleContentType"] = spec["model"].get("sampleContentType")
+    return _digest(key)
+
+
+def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str) -> str:
+    """Hash of everything a slot serves (``status.servingHash``): the plan and every spec
+    field the pods are built from, except the replica count.
+
+    A different hash needs a switch: in place (:mod:`packrat.controller.switch.plan_poster`) when
+    only the
+    plan's layout changed (same :func:`template_hash`), else to the other slot.
+    """
+    spec = with_defaults(spec)
+    return _digest(
+        {
+            "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},
+            "model": spec["model"],
+            "image": image,
+            "memory": spec["memory"],
+            "maxBatchDelayMs": spec["maxBatchDelayMs"],
+            "nodeSelector": spec.get("nodeSelector") or {},
+            "tolerations": spec.get("tolerations") or [],
+            "affinity": spec.get("affinity") or {},
+            **({"pod": spec["pod"]} if spec.get("pod") else {}),
+            **({"rounding": r} if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else {}),
+        }
+    )[:16]
+
+
+def template_hash(spec: Mapping[str, Any], *, cpus: Any, image: str) -> str:
+    """Hash of what the serving pod template is built from: :func:`serving_hash` with the plan
+    reduced to its cores. The plan itself reaches the pods through the slot's plan ConfigMap,
+    so a plan change that keeps the cores leaves the template (and the pods) as they are."""
+    return serving_hash(spec, plan={"cpus": cpus}, image=image)

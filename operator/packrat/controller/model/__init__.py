@@ -1,0 +1,1 @@
+"""One PackratModel's reconcile pass."""

@@ -1,0 +1,384 @@
+"""One reconcile pass for a PackratModel: observe every child, compute what should be, apply
+the differences, then (only then) write status.
+
+Order within a pass: serving repairs first (the Service and the active slot, from the last
+good configuration in status), so nothing that serves ever waits on profiling; then the
+profile, the plan, and the switch to a new plan. Every step is idempotent and all progress
+lives in ``status``, so a pass can be repeated, interrupted or run by a restarted operator.
+An exception (an API error) leaves status exactly as it was: phase, conditions and
+observedGeneration change only when a pass completes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller.api.drift import merge_patch
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import conflict_message, owned_by
+from packrat.controller.core.context import Config, Pass, Result, run_pass
+from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
+from packrat.controller.core.plans import keep_served, status_plan, wire_plan
+from packrat.controller.core.pods import pod_failure
+from packrat.controller.core.slo_spec import spec_reference
+from packrat.controller.core.spec import serving_hash
+from packrat.controller.core.status import get_condition
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning import autoscale as asc
+from packrat.controller.planning.batching import batch_to_plan, observe_batch
+from packrat.controller.planning.provisioning import ProvisionCache, provision_model
+from packrat.controller.profiling import verified
+from packrat.controller.profiling.profile import ensure_profile
+from packrat.controller.profiling.storage_check import resolve_version
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.protection import release_orphans
+from packrat.controller.serving.service import ensure_service
+from packrat.controller.serving.slots import Rendering, ensure_deployment, last_good, scale, steady
+from packrat.controller.switch.active_passive import abort, advance_switch, start_switch
+from packrat.controller.switch.failover import lost_active, release_unneeded
+from packrat.controller.switch.inpod import PodClient, switch_in_pod
+from packrat.controller.switch.plan_poster import switchable
+from packrat.plan.optimizer import PlanError
+
+__all__ = ["Config", "Reconciler", "Result", "merge_patch", "pod_failure"]
+
+logger = logging.getLogger(__name__)
+
+Estimates = ab.EstimateSource
+
+
+@dataclass
+class Children:
+    """Every object a model owns (or would), read at the start of the pass."""
+
+    service: dict[str, Any] | None
+    deployments: dict[str, dict[str, Any] | None]
+    configmap: dict[str, Any] | None
+    jobs: list[dict[str, Any]]
+
+
+def observe(kube: KubeApi, namespace: str, name: str, model: ModelSpec | None) -> Children:
+    deployments = {
+        slot: kube.get("deployments", namespace, m.deployment_name(name, slot)) for slot in m.SLOTS
+    }
+    service = kube.get("services", namespace, name)
+    if model is None:
+        return Children(service, deployments, None, [])
+    configmap = kube.get("configmaps", namespace, m.profile_object_name(name, model.profile_key))
+    labels = {m.LABEL_MODEL: name, "app.kubernetes.io/name": m.PROFILING_APP}
+    jobs = kube.list("jobs", namespace, labels=labels)
+    return Children(service, deployments, configmap, jobs)
+
+
+class Reconciler:
+    """Runs passes for PackratModel objects (one at a time per object: the caller's job)."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        *,
+        config: Config | None = None,
+        estimates: Estimates | None = None,
+        pods: PodClient | None = None,
+    ) -> None:
+        """``pods``: how to reach the serving pods for the in-pod switch (None: every plan
+        change takes the Deployment switch)."""
+        self.kube = kube
+        self.config = config or Config()
+        self.estimates = estimates
+        self.pods = pods
+        self.optimizers = ab.OptimizerCache()
+        self.provisions = ProvisionCache()
+        self.tuners = asc.Tuners()
+
+    def reconcile(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        now: datetime.datetime | None = None,
+        reading: ab.Reading | None = None,
+        arrivals: asc.Arrivals | None = None,
+    ) -> Result:
+        def step(p: Pass) -> None:
+            self._pass(p, reading, arrivals)
+            self._report_conflicts(p)
+
+        return run_pass(
+            self.kube,
+            self.config,
+            "packratmodels",
+            namespace,
+            name,
+            step=step,
+            now=now,
+            # a gone model's held Deployments are let go: no delete hangs on us
+            on_gone=lambda: release_orphans(self.kube, namespace, name, live=None),
+        )
+
+    def release_orphans(self, namespace: str, name: str) -> list[str]:
+        """Let go the serving Deployments of ``name`` that no live model owns (a deleted
+        Deployment seen while no pass of its model runs: the model is gone or being deleted,
+        or a pass created it while the model's delete released the others)."""
+        obj = self.kube.get("packratmodels", namespace, name)
+        if obj is not None and obj.get("metadata", {}).get("deletionTimestamp"):
+            obj = None
+        return release_orphans(self.kube, namespace, name, live=obj)
+
+    # -- the pass ------------------------------------------------------------------------------
+    def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
+        status = p.status
+        try:
+            model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
+            invalid: InvalidSpec | None = None
+        except InvalidSpec as exc:
+            model, invalid = None, exc
+        unavailable = False
+        if model is not None:  # a storageUri model's version (ETag) is part of its identity
+            resolved = resolve_version(p, model)
+            unavailable, model = resolved is None, resolved or model
+        children = observe(self.kube, p.namespace, p.name, model)
+
+        # 1. serving repairs, from the last good configuration, before anything else
+        good = last_good(p, fallback=model.stored_spec() if model else None)
+        replicas = model.replicas if model else int((good.spec if good else {}).get("replicas", 1))
+        if model is not None:
+            replicas = asc.serving_replicas(model, status)
+        active_dep: dict[str, Any] | None = None
+        active_slot = str(status["activeSlot"]) if good is not None else None
+        release_unneeded(p, children.deployments, active=active_slot)
+        if good is not None:
+            active = str(status["activeSlot"])
+            status.setdefault("servingSpec", dict(good.spec))
+            status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
+            deps, svc = children.deployments, children.service
+            if lost_active(p, deps, svc, good=good, replicas=replicas):
+                return  # serving from the deleted slot's pods until the other slot is ready
+            ensure_service(p, svc, slot=active)
+            active_dep = ensure_deployment(
+                p, deps[active], slot=active, rendering=good, replicas=replicas
+            )
+
+        if invalid is not None or model is None:
+            self._invalid(p, invalid.errors if invalid else ["spec unreadable"])
+            return
+        if self._foreign(p, children) or unavailable:
+            return
+
+        # 2. profile
+        profile = ensure_profile(p, model, configmap=children.configmap, jobs=children.jobs)
+        if profile is None:
+            return
+        if model.profile_only and good is None:  # a pipeline's stage before its plan
+            p.result.phase = "Planning"
+            message = "profiled; waiting for the pipeline's plan (packrat.dev/profile-only)"
+            p.cond("Ready", False, "AwaitingPipelinePlan", message)
+            return
+
+        # 3. plan (with an SLO: replicas, CPUs per replica and batch from the provisioning)
+        batch = batch_to_plan(model, status)
+        auto = model.auto
+        max_batch = max(batch, int(auto["max"])) if auto else batch
+        serving_spec = model.stored_spec()
+        if model.serving_cpus is not None:  # a pipeline's stage: its planner chose the size
+            serving_spec["cpus"] = model.serving_cpus
+        prov = None
+        if "slo" in model.spec:
+            prov = provision_model(p, model, profile, self.provisions)
+            if prov is None:
+                return
+            batch = max_batch = prov.batch
+            serving_spec["cpus"] = prov.cpus
+            replicas = asc.serving_replicas(model, status, prov.reference)
+        try:
+            optimizer = self.optimizers.get(
+                profile,
+                digest=str((status.get("profile") or {}).get("digest", "")),
+                cpus=int(serving_spec["cpus"]),
+                max_batch=max_batch,
+            )
+            plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
+        except PlanError as exc:
+            p.result.phase = "Failed"
+            p.result.result = "plan_error"
+            message = f"no plan for cpus={model.cpus} batch={batch}: {exc}"
+            if status.get("message") != message:
+                p.emit("Warning", "PlanFailed", message)
+            status["message"] = message
+            p.cond("Planned", False, "PlanFailed", message)
+            p.cond("Ready", False, "PlanFailed", message)
+            return
+        p.result.plan = wire_plan(plan)
+        p.cond("Planned", True, "Planned", f"plan {plan['label']}")
+        desired = Rendering(
+            spec=serving_spec,
+            plan=plan,
+            serving_hash=serving_hash(serving_spec, plan=wire_plan(plan), image=model.image),
+        )
+
+        # 4. serving slots and the switch
+        if good is None:
+            self._first_deploy(p, children, desired=desired, replicas=replicas)
+            return
+        if self._switching(p, children, model, desired=desired, replicas=replicas):
+            return
+        passive = m.other_slot(str(status["activeSlot"]))
+        scale(p, children.deployments[passive], 0)
+        ref = prov.reference if prov is not None else spec_reference(model.spec)
+        if ref is not None and asc.mode(model) == "envelope":
+            replicas = asc.tune(
+                p, model, ref, arrivals=arrivals, tuners=self.tuners, current=replicas
+            )
+            scale(p, active_dep, replicas)
+            if active_dep is not None:
+                active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
+        steady(p, active_dep, replicas=replicas)
+        verified.publish(status, profile)
+        if "autoscaling" in model.spec:
+            asc.publish_scale(p, replicas)
+        if auto and p.result.phase == "Ready" and "switch" not in status:
+            if reading is None and self.estimates is not None:
+                reading = ab.as_reading(self.estimates(p.namespace, p.name))
+            observe_batch(p, model, reading=reading, optimizer=optimizer, profile=profile)
+
+    def _switching(
+        self,
+        p: Pass,
+        children: Children,
+        model: ModelSpec,
+        *,
+        desired: Rendering,
+        replicas: int,
+    ) -> bool:
+        """Start or advance a switch; True when this pass is done (a switch is under way)."""
+        status = p.status
+        switch = status.get("switch") or {}
+        stage = switch.get("stage")
+        timing = model.spec["switch"]
+        kwargs: dict[str, Any] = {
+            "replicas": replicas,
+            "ready_timeout": float(timing["readyTimeoutSeconds"]),
+            "drain": float(timing["drainSeconds"]),
+        }
+        if stage == "draining":
+            good = last_good(p, fallback=None)
+            assert good is not None
+            ended = advance_switch(p, children.deployments, children.service, target=good, **kwargs)
+            return not ended
+        if stage == "rollout":
+            if switch.get("hash") == desired.serving_hash:
+                ended = advance_switch(
+                    p, children.deployments, children.service, target=desired, **kwargs
+                )
+                return not ended
+            if desired.serving_hash == status.get("servingHash"):
+                abort(p, children.deployments, reason="spec changed back")
+            else:  # superseded by a newer spec: render it into the passive slot instead
+                start_switch(p, children.deployments, target=desired, replicas=replicas)
+                return True
+        if desired.serving_hash != status.get("servingHash"):
+            switch = status.get("switch") or {}
+            given_up = switch.get("stage") == "aborted" and switch.get("hash") == (
+                desired.serving_hash
+            )
+            if not given_up:
+                note = self._in_pod(p, children, model, desired=desired, replicas=replicas)
+                if note is None:
+                    return False  # switched in place: the pass goes on as at rest
+                start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
+                return True
+        elif (status.get("switch") or {}).get("stage") == "aborted":
+            status.pop("switch", None)
+        return False
+
+    def _in_pod(
+        self, p: Pass, children: Children, model: ModelSpec, *, desired: Rendering, replicas: int
+    ) -> str | None:
+        """Switch to ``desired`` inside the active slot's pods when that applies: None when it
+        did, else why not ("" when it does not apply: no event)."""
+        served = last_good(p, fallback=None)
+        if self.pods is None or served is None:
+            return ""
+        if not switchable(
+            served.spec, served.plan, desired.spec, desired.plan, default_image=self.config.image
+        ):
+            return ""
+        active = str(p.status["activeSlot"])
+        why = switch_in_pod(
+            p,
+            active_dep=children.deployments[active],
+            served=served,
+            desired=desired,
+            replicas=replicas,
+            client=self.pods,
+            timeout=float(model.spec["switch"]["readyTimeoutSeconds"]),
+        )
+        if why is not None:
+            p.emit(
+                "Warning", "InPodSwitchFailed", f"in-pod switch not done ({why}); switching slots"
+            )
+        return why
+
+    def _first_deploy(
+        self, p: Pass, children: Children, *, desired: Rendering, replicas: int
+    ) -> None:
+        status = p.status
+        ensure_service(p, children.service, slot="a")
+        dep = ensure_deployment(
+            p, children.deployments["a"], slot="a", rendering=desired, replicas=replicas
+        )
+        status.update(
+            activeSlot="a",
+            servingHash=desired.serving_hash,
+            plan=dict(desired.plan),
+            servingSpec=dict(desired.spec),
+        )
+        status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
+        status["batchSize"] = {
+            **(status.get("batchSize") or {}),
+            "current": desired.plan["batch"],
+        }
+        p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan['label']}")
+        steady(p, dep, replicas=replicas)
+
+    def _invalid(self, p: Pass, errors: list[str]) -> None:
+        p.result.phase = "Failed"
+        p.result.result = "invalid"
+        message = "; ".join(errors)
+        if p.status.get("message") != message:
+            p.emit("Warning", "InvalidSpec", message)
+        p.status["message"] = message
+        p.cond("Ready", False, "InvalidSpec", message)
+
+    def _foreign(self, p: Pass, children: Children) -> bool:
+        """Objects under our names that are not ours: nothing more is done until they go."""
+        uid = p.obj["metadata"].get("uid")
+        found = [("Service", p.name, children.service)] + [
+            ("Deployment", m.deployment_name(p.name, slot), dep)
+            for slot, dep in children.deployments.items()
+        ]
+        for kind, name, obj in found:
+            if obj is not None and not owned_by(obj, name=p.name, uid=uid):
+                p.conflict(kind, name)
+        if not p.conflicts:
+            return False
+        message = conflict_message(p.conflicts)
+        p.result.phase = "Failed"
+        p.result.result = "conflict"
+        p.result.waiting = True  # a foreign object's removal sends us no event: look again
+        p.status["message"] = message
+        p.cond("Ready", False, "OwnershipConflict", message)
+        return True
+
+    def _report_conflicts(self, p: Pass) -> None:
+        previous = get_condition(p.status.get("conditions"), "OwnershipConflict") or {}
+        if p.conflicts:
+            message = conflict_message(p.conflicts)
+            if previous.get("status") != "True" or previous.get("message") != message:
+                p.emit("Warning", "OwnershipConflict", message)
+            p.cond("OwnershipConflict", True, "NotOwned", message)
+        elif previous.get("status") == "True":
+            p.cond("OwnershipConflict", False, "Resolved", "")

@@ -1,0 +1,1 @@
+"""One PackratPipeline's reconcile pass: its spec, children, planning and measured latency."""

@@ -1,0 +1,195 @@
+"""What a PackratPipeline owns, observed and brought to what it should be.
+
+Children: one PackratModel per stage (``<pipeline>-<stage>``), the router's ConfigMap and
+Deployment (``<pipeline>-router``) and the pipeline's Service (``<pipeline>``). Each is
+created when missing and patched back when what the pipeline sets drifted (fields the API
+server defaults or other controllers add are not drift:
+:func:`packrat.controller.api.drift.covers`).
+An object under one of these names that the pipeline does not own (no controller
+ownerReference to this PackratPipeline's uid) is a conflict: never adopted, edited or deleted.
+A stage model of this pipeline whose stage left the spec is deleted (its own children go with
+it, by the garbage collector). With ``spec.autoscaling.mode: external`` a stage model's
+``spec.replicas`` belongs to whoever scales it (an HPA, KEDA) once it serves: the pipeline
+sets it when it creates the model and when its plan first arrives, never after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller.api.drift import covers, merge_patch
+from packrat.controller.api.ownership import owned_by
+from packrat.controller.core.context import Pass
+from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
+from packrat.controller.core.spec import with_defaults
+from packrat.controller.pipeline import manifests as pm
+from packrat.controller.pipeline.spec import PipelineObject
+
+ROUTER_REPLICAS = 2
+
+
+@dataclass(frozen=True, slots=True)
+class StageTarget:
+    """What one stage model should serve."""
+
+    batch: int
+    replicas: int
+    serving_cpus: int | None  # None: no plan yet (the stage model only profiles)
+    autoscaling: Mapping[str, Any] | None = None  # the stage model's spec.autoscaling
+
+    @property
+    def external(self) -> bool:
+        return (self.autoscaling or {}).get("mode") == "external"
+
+
+@dataclass
+class PipelineChildren:
+    """Every object a pipeline owns (or would), read at the start of the pass."""
+
+    models: dict[str, dict[str, Any] | None]  # stage name -> its PackratModel
+    leftovers: list[dict[str, Any]]  # this pipeline's stage models of stages no longer in spec
+    configmap: dict[str, Any] | None
+    deployment: dict[str, Any] | None
+    service: dict[str, Any] | None
+
+
+def observe(p: Pass, pipe: PipelineObject) -> PipelineChildren:
+    kube, ns = p.kube, p.namespace
+    models = {s.name: kube.get("packratmodels", ns, s.model_name) for s in pipe.stages}
+    wanted = {s.model_name for s in pipe.stages}
+    leftovers = [
+        obj
+        for obj in kube.list("packratmodels", ns, labels={pm.LABEL_PIPELINE: pipe.name})
+        if obj["metadata"]["name"] not in wanted
+    ]
+    router = pm.router_name(pipe.name)
+    return PipelineChildren(
+        models=models,
+        leftovers=leftovers,
+        configmap=kube.get("configmaps", ns, router),
+        deployment=kube.get("deployments", ns, router),
+        service=kube.get("services", ns, pipe.name),
+    )
+
+
+def ours(p: Pass, obj: Mapping[str, Any]) -> bool:
+    return owned_by(obj, name=p.name, uid=p.obj["metadata"].get("uid"), kind=pm.PIPELINE_KIND)
+
+
+def find_conflicts(p: Pass, pipe: PipelineObject, children: PipelineChildren) -> None:
+    """Record every object under one of the pipeline's names that is not the pipeline's."""
+    router = pm.router_name(pipe.name)
+    found = [
+        *(("PackratModel", s.model_name, children.models[s.name]) for s in pipe.stages),
+        ("ConfigMap", router, children.configmap),
+        ("Deployment", router, children.deployment),
+        ("Service", pipe.name, children.service),
+    ]
+    for kind, name, obj in found:
+        if obj is not None and not ours(p, obj):
+            p.conflict(kind, name)
+
+
+def remove_leftovers(p: Pass, children: PipelineChildren) -> None:
+    for obj in children.leftovers:
+        if not ours(p, obj):
+            continue  # a label alone does not make it ours
+        name = obj["metadata"]["name"]
+        if p.kube.delete("packratmodels", p.namespace, name):
+            p.emit("Normal", "StageRemoved", f"stage model {name} deleted: its stage left the spec")
+
+
+def ensure_stage(
+    p: Pass,
+    pipe: PipelineObject,
+    stage: str,
+    current: Mapping[str, Any] | None,
+    target: StageTarget,
+) -> bool:
+    """Create or patch one stage model; True when it already matched (nothing written)."""
+    spec = pipe.stage(stage)
+    want = pm.stage_model(
+        p.obj,
+        stage=stage,
+        model=spec.model,
+        batch=target.batch,
+        replicas=target.replicas,
+        serving_cpus=target.serving_cpus,
+        autoscaling=target.autoscaling,
+    )
+    meta = (current or {}).get("metadata") or {}
+    have_notes = meta.get("annotations") or {}
+    if current is not None and target.external and PROFILE_ONLY_ANNOTATION not in have_notes:
+        # serving: its replica count is the external scaler's
+        want["spec"]["replicas"] = (current.get("spec") or {}).get("replicas", target.replicas)
+    if current is None:
+        if p.kube.create("packratmodels", p.namespace, want):
+            p.emit("Normal", "StageCreated", f"stage {stage}: PackratModel {spec.model_name}")
+        return False
+    patch: dict[str, Any] = {}
+    have_spec = current.get("spec") or {}
+    want_spec = with_defaults(want["spec"])
+    if with_defaults(have_spec) != want_spec:
+        patch["spec"] = merge_patch(have_spec, want_spec)
+    want_notes = want["metadata"].get("annotations") or {}
+    notes = {
+        key: want_notes.get(key)  # None removes it
+        for key in (SERVING_CPUS_ANNOTATION, PROFILE_ONLY_ANNOTATION)
+        if have_notes.get(key) != want_notes.get(key)
+    }
+    if notes:
+        patch["metadata"] = {"annotations": notes}
+    if not covers(meta.get("labels") or {}, want["metadata"]["labels"]):
+        patch.setdefault("metadata", {})["labels"] = want["metadata"]["labels"]
+    if not patch:
+        return True
+    p.kube.patch("packratmodels", p.namespace, spec.model_name, patch)
+    return False
+
+
+def ensure_router(p: Pass, children: PipelineChildren, *, image: str) -> dict[str, Any] | None:
+    """The router's ConfigMap, Deployment and the pipeline's Service; the Deployment as
+    observed (None when it was created by this pass)."""
+    ns, name = p.namespace, pm.router_name(p.name)
+    cm = pm.router_configmap(p.obj)
+    if children.configmap is None:
+        p.kube.create("configmaps", ns, cm)
+    elif children.configmap.get("data") != cm["data"] or not _labels_ok(children.configmap, cm):
+        p.kube.patch(
+            "configmaps", ns, name, {"data": cm["data"], "metadata": {"labels": _labels(cm)}}
+        )
+    dep = pm.router_deployment(p.obj, replicas=ROUTER_REPLICAS, image=image)
+    current = children.deployment
+    if current is None:
+        p.kube.create("deployments", ns, dep)
+    elif not covers(current.get("spec") or {}, dep["spec"]) or not _labels_ok(current, dep):
+        p.kube.patch(
+            "deployments", ns, name, {"spec": dep["spec"], "metadata": {"labels": _labels(dep)}}
+        )
+        current = None  # a new template: not ready until its pods are
+    svc = pm.pipeline_service(p.obj)
+    if children.service is None:
+        p.kube.create("services", ns, svc)
+    else:
+        have = children.service.get("spec") or {}
+        patch: dict[str, Any] = {}
+        selector = have.get("selector") or {}
+        if selector != svc["spec"]["selector"]:
+            patch["spec"] = {"selector": merge_patch(selector, svc["spec"]["selector"])}
+        if not covers(have.get("ports"), svc["spec"]["ports"]):
+            patch.setdefault("spec", {})["ports"] = svc["spec"]["ports"]
+        if not _labels_ok(children.service, svc):
+            patch["metadata"] = {"labels": _labels(svc)}
+        if patch:
+            p.kube.patch("services", ns, p.name, patch)
+    return current
+
+
+def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(obj["metadata"]["labels"])
+
+
+def _labels_ok(current: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    return covers((current.get("metadata") or {}).get("labels") or {}, _labels(want))

@@ -1,0 +1,251 @@
+"""The measured end-to-end P99 of a pipeline, from its router pods' latency histograms.
+
+Each router pod exports ``packrat_pipeline_request_duration_seconds`` (every query it
+answered, from receiving it to answering it). The operator reads ``/metrics`` of every ready
+pod the pipeline's Service selects and takes the 99th percentile the way Prometheus'
+``histogram_quantile`` does (linear within the bucket it falls in) over the queries answered
+in a trailing window (``WINDOW_SECONDS``, 5 minutes), for ``status.measuredP99Ms``: the
+buckets' increase over the window, as ``histogram_quantile(0.99, increase(...[5m]))``.
+
+The increase is taken per pod (:class:`LatencyWindow`, pure) from the readings kept in
+memory: against the newest reading at least a window old; for a pod started within the
+window, against zero (all it answered is in the window); for an older pod first read less
+than a window ago, against its first reading (the window is shorter until a whole window has
+been watched; on the first reading such a pod adds nothing). A pod whose counts went down
+was restarted: its counts since then are its increase. Fewer than ``MIN_QUERIES`` queries in
+the window measure nothing (``status.measuredP99Ms`` is removed: it would describe old
+traffic). A router pod's image is the operator's, but its answer is still read as untrusted
+input: at most ``MAX_BYTES``, no redirects, one total deadline for all pods, read before a
+pass, never during one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import math
+import threading
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.status import parse_time
+from packrat.controller.planning.estimates import pod_address, ready_pods
+
+logger = logging.getLogger(__name__)
+
+METRIC = "packrat_pipeline_request_duration_seconds"
+MAX_BYTES = 512 * 1024
+DEADLINE_SECONDS = 2.0
+MIN_QUERIES = 20
+WINDOW_SECONDS = 300.0
+
+Buckets = dict[float, float]  # upper bound (s) -> cumulative count
+
+
+def get_text(url: str, path: str, *, timeout: float, max_bytes: int = MAX_BYTES) -> str | None:
+    """``GET {url}{path}``: the body as text, or None (not plain http, unreachable, slow,
+    not 200, over ``max_bytes``)."""
+    parts = urllib.parse.urlsplit(url.rstrip("/") + path)
+    if parts.scheme != "http" or not parts.hostname:
+        return None
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path)
+        resp = conn.getresponse()
+        if resp.status != 200:
+            return None
+        body = resp.read(max_bytes + 1)
+        return None if len(body) > max_bytes else body.decode("utf-8", "replace")
+    except (OSError, http.client.HTTPException) as exc:
+        logger.debug("no metrics from %s: %s", url, exc)
+        return None
+    finally:
+        conn.close()
+
+
+def parse_buckets(text: str, pipeline: str) -> Buckets | None:
+    """The end-to-end histogram's cumulative buckets for ``pipeline``; None for junk."""
+    out: Buckets = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name != METRIC:
+                continue
+            for sample in family.samples:
+                if sample.name != f"{METRIC}_bucket":
+                    continue
+                if sample.labels.get("pipeline") != pipeline:
+                    continue
+                le, value = float(sample.labels["le"]), float(sample.value)
+                if math.isnan(le) or not math.isfinite(value) or value < 0:
+                    return None
+                out[le] = out.get(le, 0.0) + value
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.debug("unreadable router metrics: %s", exc)
+        return None
+    return out or None
+
+
+def add(total: Buckets, more: Mapping[float, float]) -> None:
+    for le, count in more.items():
+        total[le] = total.get(le, 0.0) + count
+
+
+def quantile(buckets: Mapping[float, float], q: float) -> float | None:
+    """``histogram_quantile(q, buckets)`` in seconds; None when there are no observations.
+    A quantile in the ``+Inf`` bucket is the largest finite bound (as Prometheus)."""
+    bounds = sorted(buckets)
+    if not bounds or not math.isinf(bounds[-1]):
+        return None
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if math.isinf(le):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """The end-to-end latency over the trailing window: its P99 (ms; None below
+    ``MIN_QUERIES`` queries) and how many queries the window holds."""
+
+    p99_ms: float | None
+    queries: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodReading:
+    """One router pod's histogram at one reading; ``started``: the pod's start (epoch s)."""
+
+    buckets: Buckets
+    started: float | None = None
+
+
+def _count(buckets: Mapping[float, float]) -> float:
+    return float(buckets.get(math.inf, 0.0))
+
+
+def increase(now: Mapping[float, float], before: Mapping[float, float] | None) -> Buckets:
+    """Per bucket, what ``now`` adds to ``before`` (all of ``now`` after a reset or with
+    nothing before)."""
+    if before is None or _count(now) < _count(before):
+        return dict(now)
+    return {le: max(0.0, count - before.get(le, 0.0)) for le, count in now.items()}
+
+
+class LatencyWindow:
+    """The buckets' increase over the trailing ``window_s``, from readings (pure: the
+    caller passes the time)."""
+
+    def __init__(self, window_s: float = WINDOW_SECONDS) -> None:
+        self.window_s = window_s
+        self._readings: dict[str, deque[tuple[float, Buckets]]] = {}
+
+    def observe(self, now: float, pods: Mapping[str, PodReading]) -> Buckets:
+        """Record this reading of ``pods`` and return their summed increase over the window."""
+        cutoff = now - self.window_s
+        total: Buckets = {}
+        for gone in set(self._readings) - set(pods):
+            del self._readings[gone]
+        for pod, reading in pods.items():
+            history = self._readings.setdefault(pod, deque())
+            old = [b for t, b in history if t <= cutoff]
+            if old:
+                base: Buckets | None = old[-1]
+            elif reading.started is not None and reading.started >= cutoff:
+                base = None  # started within the window: all of it is in the window
+            else:
+                base = history[0][1] if history else reading.buckets
+            add(total, increase(reading.buckets, base))
+            history.append((now, dict(reading.buckets)))
+            while len(history) > 1 and history[1][0] <= cutoff:
+                history.popleft()  # keep one reading at least a window old
+        return total
+
+
+def measure(total: Mapping[float, float]) -> Measured:
+    count = int(_count(total))
+    if count < MIN_QUERIES:
+        return Measured(None, count)
+    p99 = quantile(total, 0.99)
+    return Measured(None if p99 is None else round(p99 * 1000.0, 3), count)
+
+
+def pod_started(pod: Mapping[str, Any]) -> float | None:
+    status = pod.get("status") or {}
+    meta = pod.get("metadata") or {}
+    when = parse_time(status.get("startTime") or meta.get("creationTimestamp"))
+    return when.timestamp() if when is not None else None
+
+
+class RouterLatency:
+    """Reads every ready router pod's histogram; ``pod_url`` as for the estimates."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        *,
+        pod_url: str,
+        deadline: float = DEADLINE_SECONDS,
+        workers: int = 4,
+        window_s: float = WINDOW_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.pod_url = pod_url
+        self.deadline = deadline
+        self.window_s = window_s
+        self.clock = clock
+        self._windows: dict[str, LatencyWindow] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="router-metrics")
+
+    def __call__(self, namespace: str, name: str) -> Measured | None:
+        """The end-to-end latency over the trailing window, or None when no pod answered
+        (nothing is known: status keeps what it had)."""
+        pods = ready_pods(self.kube, namespace, name)
+        if not pods:
+            return None
+        urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
+        start = time.monotonic()
+        futures = [
+            self._pool.submit(get_text, url, "/metrics", timeout=self.deadline) for url in urls
+        ]
+        done, _ = wait(futures, timeout=max(0.0, self.deadline - (time.monotonic() - start)))
+        readings: dict[str, PodReading] = {}
+        for pod, future in zip(pods, futures, strict=True):
+            text = future.result() if future in done else None
+            buckets = parse_buckets(text, name) if text else None
+            if buckets:
+                key = str((pod.get("metadata") or {}).get("uid") or pod["metadata"]["name"])
+                readings[key] = PodReading(buckets, pod_started(pod))
+        if not readings:
+            return None
+        with self._lock:
+            window = self._windows.setdefault(f"{namespace}/{name}", LatencyWindow(self.window_s))
+            total = window.observe(self.clock(), readings)
+        return measure(total)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._windows.pop(f"{namespace}/{name}", None)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

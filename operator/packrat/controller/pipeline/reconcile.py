@@ -1,0 +1,364 @@
+"""One reconcile pass for a PackratPipeline: observe every child, plan, apply the
+differences, then (only then) write status.
+
+Order within a pass: the router's objects first (they do not depend on the plan), then the
+stage models. Before every stage model has a profile, each is created with the stage's model
+spec at batch 1, 0 replicas and ``packrat.dev/profile-only``: it profiles itself and deploys
+nothing. Once every stage has a profile, the pipeline planner chooses each stage's replicas,
+CPUs per replica and batch for the end-to-end SLO, and the stage models are patched to serve
+that (the first Deployment of each is the planned one; a later plan switches the way a
+PackratModel does). When planning fails later (the trace ConfigMap gone), the last planned
+configuration, kept in ``status.stages``, keeps serving.
+
+With ``spec.autoscaling`` each stage model gets it too: in ``envelope`` mode with its tuner
+reference (the envelope of the arrivals the stage saw in the plan's simulation), so its own
+tuner (:mod:`packrat.controller.planning.autoscale`) scales its replicas from the arrivals its pods
+see; in ``external`` mode its ``spec.replicas`` is left to an HPA or KEDA once it serves.
+Each stage's tuned count and last scaling decision are mirrored into ``status.stages`` and
+each change is an Event on the pipeline.
+
+Level-triggered and idempotent: everything is recomputed from the spec, the children and
+``status`` on every pass. An exception (an API error) leaves status exactly as it was:
+phase, conditions and observedGeneration change only when a pass completes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.api import crd
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import conflict_message
+from packrat.controller.core.context import Config, Pass, Result, run_pass
+from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.status import get_condition
+from packrat.controller.pipeline import children as pc
+from packrat.controller.pipeline import manifests as pm
+from packrat.controller.pipeline.latency import Measured
+from packrat.controller.pipeline.planning import (
+    CannotPlan,
+    PipelinePlans,
+    baselines,
+    plan_pipeline,
+    stage_configs,
+    stage_profile,
+)
+from packrat.controller.pipeline.spec import PipelineObject, StageSpec, parse_pipeline
+from packrat.controller.serving.manifests import PORT
+from packrat.controller.serving.slots import deployment_ready
+
+PLURAL = crd.PIPELINE_PLURAL
+PHASES = ("Pending", "Provisioning", "Serving", "Failed")
+_STAGE_FIELDS = ("replicas", "cpusPerReplica", "batch")
+_KEPT_FIELDS = (*_STAGE_FIELDS, "plan", "tunerReference")
+
+
+def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool:
+    """The stage model serves what the pipeline asked: its status observed its current spec,
+    it is Ready (no switch under way) on the planned CPUs and batch, every replica ready."""
+    if model is None or target.replicas < 1:
+        return False
+    status = model.get("status") or {}
+    generation = (model.get("metadata") or {}).get("generation")
+    if generation is not None and status.get("observedGeneration") != generation:
+        return False
+    if status.get("phase") != "Ready" or status.get("switch"):
+        return False
+    serving = status.get("servingSpec") or {}
+    plan = status.get("plan") or {}
+    if int(serving.get("cpus") or 0) != target.serving_cpus:
+        return False
+    if int(plan.get("batch") or 0) != target.batch:
+        return False
+    replicas = target.replicas
+    if target.autoscaling is not None:  # the count its tuner or scaler chose
+        replicas = int(status.get("replicas") or replicas)
+    return int(status.get("readyReplicas") or 0) >= replicas
+
+
+def stage_autoscaling(
+    pipe: PipelineObject, want: Mapping[str, Any] | None
+) -> dict[str, Any] | None:
+    """The stage model's ``spec.autoscaling``: the pipeline's, with the stage's tuner
+    reference in envelope mode (none before a plan that has one)."""
+    if pipe.autoscaling is None or want is None:
+        return None
+    auto = dict(pipe.autoscaling)
+    if auto["mode"] == "envelope":
+        ref = want.get("tunerReference")
+        if not isinstance(ref, Mapping):
+            return None
+        auto["reference"] = dict(ref)
+    return auto
+
+
+def stage_target(
+    pipe: PipelineObject, stage: StageSpec, want: Mapping[str, Any] | None
+) -> pc.StageTarget:
+    """What the stage model should serve: the plan's configuration (within the stage's
+    current cpus and profiled batches, should the last plan predate a spec change), or,
+    before any plan, batch 1 on no replica (it profiles and deploys nothing)."""
+    if want is None:
+        return pc.StageTarget(batch=1, replicas=0, serving_cpus=None)
+    batch = min(int(want["batch"]), int(stage.model["profiling"]["maxBatch"]))
+    cpus = min(int(want["cpusPerReplica"]), stage.cpus)
+    return pc.StageTarget(
+        batch=batch,
+        replicas=int(want["replicas"]),
+        serving_cpus=cpus,
+        autoscaling=stage_autoscaling(pipe, want),
+    )
+
+
+class PipelineReconciler:
+    """Runs passes for PackratPipeline objects (one at a time per object: the caller's job)."""
+
+    def __init__(self, kube: KubeApi, *, config: Config | None = None) -> None:
+        self.kube = kube
+        self.config = config or Config()
+        self.plans = PipelinePlans()
+
+    def reconcile(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        now: datetime.datetime | None = None,
+        measured: Measured | None = None,
+    ) -> Result:
+        """One pass; ``measured``: the router pods' end-to-end latency over the trailing
+        window, read before it (None: not read, status keeps what it had)."""
+
+        def step(p: Pass) -> None:
+            self._pass(p, measured)
+            self._report_conflicts(p)
+
+        return run_pass(self.kube, self.config, PLURAL, namespace, name, step=step, now=now)
+
+    # -- the pass ------------------------------------------------------------------------------
+    def _pass(self, p: Pass, measured: Measured | None) -> None:
+        try:
+            pipe = parse_pipeline(p.obj)
+        except InvalidSpec as exc:
+            self._fail(p, "invalid", "InvalidSpec", "; ".join(exc.errors))
+            return
+        children = pc.observe(p, pipe)
+        pc.find_conflicts(p, pipe, children)
+        if p.conflicts:
+            self._fail(
+                p,
+                "conflict",
+                "OwnershipConflict",
+                conflict_message(p.conflicts, owner=pm.PIPELINE_KIND),
+            )
+            p.result.waiting = True  # a foreign object's removal sends us no event
+            return
+        p.status.pop("message", None)  # set again below if it still applies
+        pc.remove_leftovers(p, children)
+        router = pc.ensure_router(p, children, image=self.config.image)
+        p.status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": PORT}
+
+        profiles = {}
+        for stage in pipe.stages:
+            found = stage_profile(p, stage, children.models[stage.name], image=self.config.image)
+            if found is not None:
+                profiles[stage.name] = found
+        configs = self._plan(
+            p, pipe, profiles, previous_message=(p.obj.get("status") or {}).get("message")
+        )
+
+        targets: dict[str, pc.StageTarget] = {}
+        settled: dict[str, bool] = {}
+        for stage in pipe.stages:
+            targets[stage.name] = target = stage_target(pipe, stage, configs.get(stage.name))
+            current = children.models[stage.name]
+            settled[stage.name] = pc.ensure_stage(p, pipe, stage.name, current, target)
+        if measured is not None:  # the trailing window's P99, or none with too few queries
+            p.status["measuredQueries"] = measured.queries
+            if measured.p99_ms is not None:
+                p.status["measuredP99Ms"] = measured.p99_ms
+            else:
+                p.status.pop("measuredP99Ms", None)
+        if "measuredP99Ms" in p.status:  # the measured P99, else the simulated one, decides
+            p.status["sloMet"] = bool(p.status["measuredP99Ms"] <= pipe.slo_ms)
+        self._status(
+            p,
+            pipe=pipe,
+            children=children,
+            configs=configs,
+            targets={n: t for n, t in targets.items() if settled[n]},
+            router=router,
+            missing=sorted(s.name for s in pipe.stages if s.name not in profiles),
+        )
+
+    def _plan(
+        self,
+        p: Pass,
+        pipe: PipelineObject,
+        profiles: Mapping[str, Any],
+        *,
+        previous_message: str | None,
+    ) -> dict[str, dict[str, Any]]:
+        """Each stage's planned configuration: this pass's plan when every stage has a
+        profile and planning succeeds, else the last one in status (possibly none)."""
+        previous = {
+            s["name"]: {k: s[k] for k in _KEPT_FIELDS if k in s}
+            for s in p.status.get("stages") or []
+            if all(k in s for k in _STAGE_FIELDS)
+        }
+        if not all(previous.get(s.name) for s in pipe.stages):
+            previous = {}
+        if len(profiles) < len(pipe.stages):
+            return previous
+        try:
+            prov, signature = plan_pipeline(p, pipe, profiles, self.plans)
+        except CannotPlan as exc:
+            message = f"cannot provision the pipeline for its SLO: {exc}"
+            if previous_message != message:
+                p.emit("Warning", exc.reason, message)
+            p.status["message"] = message
+            p.cond("Provisioned", False, exc.reason, message)
+            if not previous:
+                p.result.phase = "Failed"
+                p.result.result = "provision_error"
+            return previous
+        configs = stage_configs(prov)
+        summary = ", ".join(
+            f"{n} {c['replicas']}x{c['cpusPerReplica']} CPUs b{c['batch']}"
+            for n, c in configs.items()
+        )
+        summary += (
+            f": simulated P99 {_ms(prov.best.p99_ms)} ms for SLO {pipe.slo_ms:g} ms, "
+            f"{prov.best.cores} cores"
+        )
+        changed = p.status.get("planSignature") != signature
+        if prov.feasible:
+            if changed:
+                p.emit("Normal", "Provisioned", summary)
+            p.cond("Provisioned", True, "Feasible", summary)
+        else:
+            summary = f"SLO infeasible, serving the lowest simulated P99: {summary}"
+            if changed:
+                p.emit("Warning", "SloInfeasible", summary)
+            p.cond("Provisioned", False, "Infeasible", summary)
+        p.status.update(
+            planSignature=signature,
+            cores=prov.best.cores,
+            simulatedP99Ms=_ms(prov.best.p99_ms),
+            sloMet=bool(prov.best.p99_ms <= pipe.slo_ms),
+            baselines=baselines(prov),
+        )
+        if p.status["simulatedP99Ms"] is None:
+            p.status.pop("simulatedP99Ms")
+        return configs
+
+    def _status(
+        self,
+        p: Pass,
+        *,
+        pipe: PipelineObject,
+        children: pc.PipelineChildren,
+        configs: Mapping[str, Mapping[str, Any]],
+        targets: Mapping[str, pc.StageTarget],
+        router: Mapping[str, Any] | None,
+        missing: list[str],
+    ) -> None:
+        stages, waiting_on = [], []
+        previous = {s.get("name"): s for s in p.status.get("stages") or []}
+        for stage in pipe.stages:
+            model = children.models[stage.name]
+            mstatus = (model or {}).get("status") or {}
+            entry: dict[str, Any] = {"name": stage.name, "model": stage.model_name}
+            entry.update({**previous.get(stage.name, {}), **configs.get(stage.name, {})})
+            entry.update(name=stage.name, model=stage.model_name)
+            entry["phase"] = str(mstatus.get("phase") or "Pending")
+            entry["readyReplicas"] = int(mstatus.get("readyReplicas") or 0)
+            mirror_autoscaling(p, entry, mstatus, tuned=pipe.autoscaling is not None)
+            stages.append(entry)
+            target = targets.get(stage.name)  # absent: patched by this pass
+            if target is None or not stage_ready(model, target):
+                waiting_on.append(stage.name)
+        p.status["stages"] = stages
+        replicas = pc.ROUTER_REPLICAS
+        ready_replicas = int(((router or {}).get("status") or {}).get("readyReplicas") or 0)
+        p.status["router"] = {"replicas": replicas, "readyReplicas": ready_replicas}
+        router_ok = deployment_ready(router, replicas)
+        if p.result.phase == "Failed":
+            p.cond("Ready", False, "ProvisionFailed", p.status.get("message", ""))
+            return
+        was_ready = p.status.get("phase") == "Serving"
+        if not waiting_on and router_ok:
+            message = f"{len(stages)} stages and the router serve at {p.name}.{p.namespace}.svc"
+            p.result.phase = "Serving"
+            if not was_ready:
+                p.emit("Normal", "Ready", message)
+            p.cond("Ready", True, "Serving", message)
+            return
+        p.result.waiting = True
+        if missing:
+            p.result.phase = "Pending"
+            reason, message = "Profiling", f"waiting for the profiles of {', '.join(missing)}"
+            if "Provisioned" not in {c.get("type") for c in p.status.get("conditions") or []}:
+                p.cond("Provisioned", False, "Profiling", message)
+        else:
+            p.result.phase = "Provisioning"
+            parts = [f"stages {', '.join(waiting_on)}"] if waiting_on else []
+            if not router_ok:
+                parts.append(f"router {ready_replicas}/{replicas} ready")
+            reason, message = "Deploying", "waiting for " + " and ".join(parts)
+        p.cond("Ready", False, reason, message)
+
+    # -- failures ------------------------------------------------------------------------------
+    def _fail(self, p: Pass, result: str, reason: str, message: str) -> None:
+        p.result.phase = "Failed"
+        p.result.result = result
+        if p.status.get("message") != message and reason != "OwnershipConflict":
+            p.emit("Warning", reason, message)
+        p.status["message"] = message
+        p.cond("Ready", False, reason, message)
+
+    def _report_conflicts(self, p: Pass) -> None:
+        previous = get_condition(p.status.get("conditions"), "OwnershipConflict") or {}
+        if p.conflicts:
+            message = conflict_message(p.conflicts, owner=pm.PIPELINE_KIND)
+            if previous.get("status") != "True" or previous.get("message") != message:
+                p.emit("Warning", "OwnershipConflict", message)
+            p.cond("OwnershipConflict", True, "NotOwned", message)
+        elif previous.get("status") == "True":
+            p.cond("OwnershipConflict", False, "Resolved", "")
+
+
+def mirror_autoscaling(
+    p: Pass, entry: dict[str, Any], mstatus: Mapping[str, Any], *, tuned: bool
+) -> None:
+    """Copy the stage model's serving count and last scaling decision into the stage's
+    status entry; a new scaling decision is an Event on the pipeline too."""
+    before = entry.pop("autoscaling", None) or {}
+    if not tuned:
+        return
+    scaled = mstatus.get("autoscaling") or {}
+    mirrored: dict[str, Any] = {}
+    if isinstance(mstatus.get("replicas"), int):
+        mirrored["replicas"] = int(mstatus["replicas"])
+    last = scaled.get("lastScale")
+    if isinstance(last, Mapping):
+        mirrored["lastScale"] = {
+            k: last[k] for k in ("time", "action", "replicas", "previous", "reason") if k in last
+        }
+        seen = (before.get("lastScale") or {}).get("time")
+        if seen != last.get("time") and "replicas" in last and "previous" in last:
+            p.emit(
+                "Normal",
+                "StageScaled",
+                f"stage {entry['name']}: {last['previous']} -> {last['replicas']} replicas: "
+                f"{last.get('reason', '')}",
+            )
+    if mirrored:
+        entry["autoscaling"] = mirrored
+
+
+def _ms(value: float) -> float | None:
+    return round(value, 3) if math.isfinite(value) else None

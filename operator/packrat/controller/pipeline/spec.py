@@ -1,0 +1,244 @@
+"""A PackratPipeline read once per pass: validated, defaulted and typed.
+
+The CRD (``crds/packratpipeline.yaml``) enforces types, bounds and the CEL rules, but, as for
+PackratModel, the operator does not trust that a stored object passed them: ``parse_pipeline``
+checks the same rules (and each stage's model spec against the PackratModel rules, with the
+fields the planner sets filled in) and raises ``InvalidSpec`` with every problem found. Every
+later step reads the typed ``PipelineObject``, never the raw object.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
+from packrat.controller.core.spec import validate_spec, with_defaults
+from packrat.controller.pipeline.manifests import stage_model_name
+from packrat.plan.pipeline import DEFAULT_HOP_OVERHEAD_MS, Edge, Pipeline, PipelineError, Stage
+
+MAX_PIPELINE_NAME = 19
+MAX_STAGE_NAME = 20
+MAX_STAGES = 16
+MAX_EDGES = 64
+# a stage's model spec must leave these to the pipeline planner (and its tuner)
+PLANNED_FIELDS = ("batchSize", "autoBatch", "slo", "replicas", "autoscaling")
+SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs", "autoscaling"}
+HOP_FIELD = "hopOverheadMs"
+MAX_HOP_OVERHEAD_MS = 60_000.0
+STAGE_FIELDS = {"name", "model"}
+EDGE_FIELDS = {"from", "to", "fraction"}
+_STAGE_NAME_RE = re.compile(r"^[a-z0-9]$|^[a-z0-9][-a-z0-9]*[a-z0-9]$")
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One stage: its name, its PackratModel's name and the user's model spec (defaulted)."""
+
+    name: str
+    model_name: str
+    model: Mapping[str, Any]
+
+    @property
+    def cpus(self) -> int:
+        return int(self.model["cpus"])
+
+    @property
+    def max_batch_delay_ms(self) -> float:
+        return float(self.model["maxBatchDelayMs"])
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineObject:
+    """One PackratPipeline as a pass sees it."""
+
+    name: str
+    namespace: str
+    uid: str | None
+    generation: int | None
+    stages: tuple[StageSpec, ...]
+    edges: tuple[Edge, ...]
+    slo: Mapping[str, Any]  # defaults filled in (cv, durationSeconds); no hopOverheadMs
+    deadline_ms: float | None
+    body: Mapping[str, Any]  # the stored object, for the manifest builders
+    hop_overhead_ms: float = DEFAULT_HOP_OVERHEAD_MS  # per HTTP hop along a path
+    autoscaling: Mapping[str, Any] | None = None  # spec.autoscaling, defaults filled in
+
+    @property
+    def slo_ms(self) -> float:
+        return float(self.slo["latencyP99Ms"])
+
+    @property
+    def autoscaling_mode(self) -> str | None:
+        return str(self.autoscaling["mode"]) if self.autoscaling is not None else None
+
+    @property
+    def max_cores(self) -> int | None:
+        value = self.slo.get("maxCores")
+        return int(value) if value is not None else None
+
+    def stage(self, name: str) -> StageSpec:
+        return next(s for s in self.stages if s.name == name)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], where: str) -> None:
+    errors.extend(f"{where}{key}: unknown field" for key in sorted(set(obj) - known))
+
+
+def _stage(errors: list[str], i: int, doc: Any, pipeline: str) -> StageSpec | None:
+    where = f"spec.stages[{i}]"
+    if not isinstance(doc, Mapping):
+        errors.append(f"{where} must be an object with name and model")
+        return None
+    _unknown(errors, doc, STAGE_FIELDS, f"{where}.")
+    name = doc.get("name")
+    if not isinstance(name, str) or len(name) > MAX_STAGE_NAME or not _STAGE_NAME_RE.match(name):
+        errors.append(f"{where}.name must be a DNS label of at most {MAX_STAGE_NAME} characters")
+        return None
+    if name == "router":
+        errors.append(f"{where}.name cannot be router (the pipeline's router is <pipeline>-router)")
+        return None
+    model = doc.get("model")
+    if not isinstance(model, Mapping):
+        errors.append(f"{where}.model must be a PackratModel spec")
+        return None
+    planned = [k for k in PLANNED_FIELDS if k in model]
+    if planned:
+        errors.append(
+            f"{where}.model: the pipeline planner chooses a stage's batch and replicas; "
+            f"remove {', '.join(planned)}"
+        )
+        return None
+    child = stage_model_name(pipeline, name)
+    probe = {**copy.deepcopy(dict(model)), "batchSize": 1}  # what the stage model will carry
+    problems = validate_spec(probe, name=child)
+    errors.extend(f"{where}.model: {e}" for e in problems)
+    if problems:
+        return None
+    spec = with_defaults(model)
+    return StageSpec(name=name, model_name=child, model=spec)
+
+
+def _edge(errors: list[str], i: int, doc: Any, names: set[str]) -> Edge | None:
+    where = f"spec.edges[{i}]"
+    if not isinstance(doc, Mapping):
+        errors.append(f"{where} must be an object with from, to and fraction")
+        return None
+    _unknown(errors, doc, EDGE_FIELDS, f"{where}.")
+    src, dst = doc.get("from"), doc.get("to")
+    if not isinstance(src, str) or not isinstance(dst, str):
+        errors.append(f"{where}: from and to must be stage names")
+        return None
+    bad = [end for end in (src, dst) if end not in names]
+    if bad:
+        errors.append(f"{where}: unknown stage {bad[0]!r}")
+        return None
+    fraction = doc.get("fraction", 1.0)
+    if not _number(fraction) or not 0.0 <= float(fraction) <= 1.0:
+        errors.append(f"{where}.fraction must be a number in [0, 1], got {fraction!r}")
+        return None
+    return Edge(src, dst, float(fraction))
+
+
+def parse_pipeline(obj: Mapping[str, Any]) -> PipelineObject:
+    """Validate and type ``obj``; ``InvalidSpec`` for any problem, never another error."""
+    try:
+        return _parse(obj)
+    except InvalidSpec:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        raise InvalidSpec([f"spec could not be read: {type(exc).__name__}: {exc}"[:500]]) from None
+
+
+def _parse(obj: Mapping[str, Any]) -> PipelineObject:
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    errors: list[str] = []
+    if len(name) > MAX_PIPELINE_NAME or not _NAME_RE.fullmatch(name):
+        errors.append(
+            f"metadata.name must be a DNS label of at most {MAX_PIPELINE_NAME} characters "
+            f"starting with a letter (stage models are <pipeline>-<stage>), got {name!r}"
+        )
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise InvalidSpec([*errors, "spec must be an object"])
+    _unknown(errors, spec, SPEC_FIELDS, "spec.")
+    stages_doc = spec.get("stages")
+    stages: list[StageSpec] = []
+    if not isinstance(stages_doc, list) or not 1 <= len(stages_doc) <= MAX_STAGES:
+        errors.append(f"spec.stages must be a list of 1..{MAX_STAGES} stages")
+        stages_doc = []
+    for i, doc in enumerate(stages_doc):
+        stage = _stage(errors, i, doc, name)
+        if stage is not None:
+            stages.append(stage)
+    names = [s.name for s in stages]
+    for dupe in sorted({n for n in names if names.count(n) > 1}):
+        errors.append(f"spec.stages: the name {dupe!r} is used twice")
+    edges_doc = spec.get("edges", [])
+    edges: list[Edge] = []
+    if not isinstance(edges_doc, list) or len(edges_doc) > MAX_EDGES:
+        errors.append(f"spec.edges must be a list of at most {MAX_EDGES} edges")
+        edges_doc = []
+    for i, doc in enumerate(edges_doc):
+        edge = _edge(errors, i, doc, set(names))
+        if edge is not None:
+            edges.append(edge)
+    slo = spec.get("slo")
+    hop: Any = DEFAULT_HOP_OVERHEAD_MS
+    auto: Any = None
+    if not isinstance(slo, Mapping):
+        errors.append("spec.slo must be an object with latencyP99Ms and one of trace, rate")
+        slo = {}
+    else:
+        slo = {**SLO_DEFAULTS, **slo}
+        hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
+        if not _number(hop) or not 0 <= hop <= MAX_HOP_OVERHEAD_MS:
+            errors.append(
+                f"spec.slo.{HOP_FIELD} must be a number of ms in [0, {MAX_HOP_OVERHEAD_MS:g}], "
+                f"got {hop!r}"
+            )
+            hop = DEFAULT_HOP_OVERHEAD_MS
+        auto = spec.get("autoscaling")
+        if isinstance(auto, Mapping):
+            auto = {**AUTOSCALING_DEFAULTS, **auto}
+            if "reference" in auto:
+                errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
+                auto.pop("reference")
+        validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
+    deadline = spec.get("deadlineMs")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, int) or deadline < 1
+    ):
+        errors.append(f"spec.deadlineMs must be a positive integer, got {deadline!r}")
+    if not errors and len(stages) == len(stages_doc) and len(edges) == len(edges_doc):
+        try:  # the DAG's own rules (no cycle, no edge declared twice), on placeholder tables
+            Pipeline([Stage(s.name, {(1, 1): 1.0}) for s in stages], edges)
+        except PipelineError as exc:
+            errors.append(f"spec.edges: {exc}")
+    if errors:
+        raise InvalidSpec(errors)
+    generation = meta.get("generation")
+    return PipelineObject(
+        name=name,
+        namespace=str(meta.get("namespace") or "default"),
+        uid=meta.get("uid"),
+        generation=generation if isinstance(generation, int) else None,
+        stages=tuple(stages),
+        edges=tuple(edges),
+        slo=slo,
+        deadline_ms=float(deadline) if deadline is not None else None,
+        body=obj,
+        hop_overhead_ms=float(hop),
+        autoscaling=auto,
+    )

@@ -1,0 +1,2 @@
+"""What to serve: autoBatch (the pods' batch-size estimates), InferLine's provisioning and tuner in
+a pass."""

@@ -1,0 +1,83 @@
+"""autoBatch in a pass: the batch size to plan for, and recording the pods' estimate and
+the decision (``plan.reconfig``); a new target is switched to by the next pass."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.core.context import Pass
+from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.plans import wire_plan
+from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.planning import autobatch as ab
+from packrat.plan.optimizer import Optimizer, Plan
+from packrat.plan.profile import Profile
+from packrat.plan.reconfig import decide
+
+
+def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
+    """The batch size to plan for: fixed, or the automatic range's target/current/min."""
+    auto = model.auto
+    if auto is None:
+        return model.fixed_batch
+    seen = status.get("batchSize") or {}
+    batch = seen.get("target") or seen.get("current") or auto["min"]
+    return max(int(auto["min"]), min(int(auto["max"]), int(batch)))
+
+
+def observe_batch(
+    p: Pass,
+    model: ModelSpec,
+    *,
+    reading: ab.Reading | None,
+    optimizer: Optimizer,
+    profile: Profile,
+) -> None:
+    assert model.auto is not None
+    status = p.status
+    policy = ab.policy_from_spec(model.auto)
+    annotations = model.annotations
+    seen = dict(status.get("batchSize") or {})
+    pinned, pin_error = ab.parse_pin(annotations)
+    trigger = ab.pending_trigger(annotations, seen)
+    stamp = now_iso(p.now)
+    if reading is not None and reading.combined is not None:
+        seen = ab.record_observation(seen, reading=reading, policy=policy, now=stamp)
+        p.result.observed_batch = seen["observed"]
+    elif pinned is None and trigger is None:
+        return  # nothing new to decide on
+    last: dict[str, Any] = status.get("lastSwitch") or {}
+    last_at = parse_time(last.get("time"))
+    if (
+        pinned is not None
+        and last.get("result") == "Aborted"
+        and last_at is not None
+        and (p.now - last_at).total_seconds() < policy.min_interval_s
+    ):
+        pinned = None  # a pinned switch that aborted is retried after minIntervalSeconds
+    current_plan = Plan.from_dict(wire_plan(status.get("plan") or {}))
+    decision = decide(
+        policy=policy,
+        current_plan=current_plan,
+        table=profile.table(),
+        optimal_latency=optimizer.latency,
+        history=ab.observations(seen),
+        last_switch_at=last_at.timestamp() if last_at else None,
+        now=p.now.timestamp(),
+        pinned=pinned,
+        ignore_interval=trigger is not None,
+    )
+    previous = (seen.get("lastDecision") or {}).get("outcome")
+    seen["lastDecision"] = ab.decision_status(decision, now=stamp, trigger=trigger)
+    if pin_error:
+        seen["lastDecision"]["message"] += f" ({pin_error})"
+    if trigger is not None:
+        seen["reconfigureHandled"] = trigger
+    p.result.decision = decision.outcome.value
+    if decision.switch and decision.target is not None:
+        seen["target"] = decision.target
+        p.emit("Normal", "BatchSizeChanged", decision.message)
+    elif previous != decision.outcome.value and pin_error:
+        p.emit("Warning", "BadAnnotation", pin_error)
+    status["batchSize"] = seen

@@ -1,0 +1,198 @@
+"""Pure builders for the profiling objects a PackratModel owns: the Job that measures its
+profile and the ConfigMap that keeps the result for reuse (dict in, dict out)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.core import storage
+from packrat.controller.core.overrides import apply_pod
+from packrat.controller.core.spec import DEFAULT_IMAGE, with_defaults
+from packrat.controller.serving.manifests import (
+    LABEL_MODEL,
+    LABEL_PROFILE_KEY,
+    PROFILE_DIR,
+    PROFILE_FILE,
+    PROFILING_APP,
+    SAMPLE_REQUEST_ENV,
+    base_env,
+    base_labels,
+    container_security,
+    fetch_init_container,
+    guaranteed_resources,
+    metadata,
+    model_source,
+    pod_security,
+    profile_object_name,
+    scheduling,
+)
+
+
+def verify_batches(spec: Mapping[str, Any]) -> list[int]:
+    """The batch sizes the profiling run verifies plans for (plan vs fat, measured): the
+    fixed batch size, or every power of two autoBatch may choose; none with an SLO (the
+    planner picks the replica size, not the profiled T) or ``profiling.verify: false``."""
+    spec = with_defaults(spec)
+    if spec["profiling"].get("verify") is False or "slo" in spec:
+        return []
+    if isinstance(spec.get("batchSize"), int):
+        return [int(spec["batchSize"])]
+    auto = spec.get("autoBatch")
+    if isinstance(auto, Mapping):
+        lo, hi = int(auto["min"]), int(auto["max"])
+        return [1 << k for k in range(11) if lo <= 1 << k <= hi]
+    return []
+
+
+def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
+    spec = with_defaults(spec)
+    profiling = spec["profiling"]
+    target, _, _ = model_source(spec)
+    cmd = [
+        "packrat",
+        "profile",
+        "--model",
+        target,
+        "--cpus",
+        str(spec["cpus"]),
+        "--max-batch",
+        str(profiling["maxBatch"]),
+        "--precision",
+        str(profiling["precision"]),
+        "--time-budget",
+        str(profiling["timeBudgetSeconds"]),
+        "-o",
+        output,
+    ]
+    if profiling.get("threads"):
+        cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
+    if profiling.get("allowContended"):
+        cmd[-2:-2] = ["--allow-contended"]
+    batches = verify_batches(spec)
+    if batches:
+        cmd[-2:-2] = ["--verify-batches", ",".join(str(b) for b in batches)]
+    if spec["model"].get("sampleRequest") is not None:
+        cmd[-2:-2] = [
+            "--sample-request-env",
+            SAMPLE_REQUEST_ENV,
+            "--sample-content-type",
+            str(spec["model"].get("sampleContentType") or "application/octet-stream"),
+        ]
+    return cmd
+
+
+def profile_env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The profile container's environment: the base one plus the sample request (base64)."""
+    env = base_env()
+    sample = spec["model"].get("sampleRequest")
+    if sample is not None:
+        env.append({"name": SAMPLE_REQUEST_ENV, "value": str(sample)})
+    return env
+
+
+def profiling_job(
+    owner: Mapping[str, Any], *, key: str, image: str | None = None
+) -> dict[str, Any]:
+    """The Job that measures the profile.
+
+    The ``profile`` init container runs ``packrat profile`` on T exclusive cores; the main
+    container ``publish`` prints the finished JSON, so the operator reads the profile from
+    that container's log (the pod needs no API credentials). Both are Guaranteed-sized.
+    """
+    spec = with_defaults(owner["spec"])
+    name = owner["metadata"]["name"]
+    image = spec.get("image") or image or DEFAULT_IMAGE
+    job_name = profile_object_name(name, key)
+    labels = {
+        **base_labels(name, app=PROFILING_APP),
+        LABEL_MODEL: name,
+        LABEL_PROFILE_KEY: key[:16],
+    }
+    _, model_volumes, model_mounts = model_source(spec)
+    output = f"{PROFILE_DIR}/{PROFILE_FILE}"
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "profile", "mountPath": PROFILE_DIR},
+        *model_mounts,
+    ]
+    init: list[dict[str, Any]] = []
+    fetch = fetch_init_container(spec, image=image, expect_version=True)
+    if fetch is not None:
+        init.append(fetch)
+    init.append(
+        {
+            "name": "profile",
+            "image": image,
+            "command": profile_command(spec, output=output),
+            "env": profile_env(spec),
+            "resources": guaranteed_resources(spec),
+            "securityContext": container_security(),
+            "volumeMounts": mounts,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+    )
+    profiling = spec["profiling"]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security(),
+        "initContainers": init,
+        "containers": [
+            {
+                "name": "publish",
+                "image": image,
+                "command": ["cat", output],
+                "resources": guaranteed_resources(spec),
+                "securityContext": container_security(),
+                "volumeMounts": [{"name": "profile", "mountPath": PROFILE_DIR, "readOnly": True}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "profile", "emptyDir": {}},
+            *model_volumes,
+            *storage.credentials_volume(spec["model"])[0],
+        ],
+        **scheduling(spec),
+    }
+    template_meta: dict[str, Any] = {"labels": dict(labels)}
+    apply_pod(template_meta, pod_spec, spec.get("pod"))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(owner, name=job_name, labels=labels),
+        "spec": {
+            "backoffLimit": int(profiling["backoffLimit"]),
+            "activeDeadlineSeconds": int(profiling["timeoutSeconds"]),
+            "ttlSecondsAfterFinished": 86400,
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def profile_configmap(
+    owner: Mapping[str, Any], *, key: str, profile_json: str, cpu_model: str = ""
+) -> dict[str, Any]:
+    """The ConfigMap that stores a measured profile for reuse (keyed by the profile key)."""
+    name = owner["metadata"]["name"]
+    labels = {
+        **base_labels(name, app=PROFILING_APP),
+        LABEL_MODEL: name,
+        LABEL_PROFILE_KEY: key[:16],
+    }
+    meta = metadata(owner, name=profile_object_name(name, key), labels=labels)
+    meta["annotations"] = {
+        "packrat.dev/profile-key": key,
+        "packrat.dev/profile-digest": hashlib.sha256(profile_json.encode()).hexdigest(),
+        "packrat.dev/cpu-model": cpu_model,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta,
+        "data": {PROFILE_FILE: profile_json},
+    }

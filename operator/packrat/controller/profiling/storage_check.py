@@ -1,0 +1,153 @@
+"""Ask the store for a storageUri model's current version (ETag) before profiling.
+
+Runs once per ``Config.storage_check_seconds`` per model (and at once when the URI or the
+Secret changes) for a model without a pinned ``digest``; with a digest the model's identity
+is the digest and the store is never asked by the operator. The version goes into the
+defaulted spec (``model.observedVersion``), so the profile key and the serving hash change
+when the object is replaced under the same URI: the model is re-profiled and the new plan
+rolled out through a slot switch.
+
+A missing object, rejected credentials, a missing Secret or an unreachable store set
+``ModelAvailable=False`` with the reason and a Warning event. Before any version is known
+the model is ``Failed`` and nothing is created; once one is, the model keeps that version
+(its profile and its serving slot) until the store answers again.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from packrat.controller.core.context import Pass
+from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.status import now_iso
+from packrat.controller.core.storage import VERSION_KEY, needs_version_check
+from packrat.runtime.fetch import FetchError, object_version
+
+CONDITION = "ModelAvailable"
+VersionOf = Callable[[str, Mapping[str, str]], str]
+
+
+def _secret_data(p: Pass, name: str) -> dict[str, str]:
+    secret = p.kube.get("secrets", p.namespace, name)
+    if secret is None:
+        raise FetchError("SecretNotFound", f"credentials secret {p.namespace}/{name} not found")
+    out: dict[str, str] = {}
+    for key, value in (secret.get("data") or {}).items():
+        try:
+            out[str(key)] = base64.b64decode(str(value), validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            raise FetchError("AccessDenied", f"secret {name}: key {key} is not base64") from None
+    for key, value in (secret.get("stringData") or {}).items():
+        out.setdefault(str(key), str(value).strip())
+    return out
+
+
+def _fingerprint(uri: str, credentials: Mapping[str, str]) -> str:
+    text = json.dumps([uri, sorted(credentials.items())])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def resolve_version(
+    p: Pass, model: ModelSpec, *, version_of: VersionOf = object_version
+) -> ModelSpec | None:
+    """``model`` with the store's version filled in; None (condition and event set) on failure."""
+    spec_model = model.spec["model"]
+    if not needs_version_check(spec_model):
+        return model
+    uri = str(spec_model["storageUri"])
+    seen = dict(p.status.get("storage") or {})
+    tried: str | None = None
+    try:
+        secret = spec_model.get("credentialsSecret")
+        credentials = _secret_data(p, str(secret["name"])) if secret else {}
+        fingerprint = tried = _fingerprint(uri, credentials)
+        fresh = (
+            seen.get("fingerprint") == fingerprint
+            and seen.get("version")
+            and not seen.get("error")  # after a failure, ask again once its backoff is over
+            and p.seconds_since(seen.get("checkedAt")) < p.config.storage_check_seconds
+        )
+        _backing_off(p, seen, uri=uri, tried=tried)
+        version = str(seen["version"]) if fresh else version_of(uri, credentials)
+    except FetchError as exc:
+        held = isinstance(exc, _HeldError)
+        message = exc.message if held else f"model {uri}: {exc.message}"[:1000]
+        if seen.get("error") != message:
+            p.emit("Warning", exc.reason, message)
+        known = seen.get("version") if seen.get("uri") == uri else None
+        failures = int(seen.get("failures") or 0) + (0 if held else 1)
+        p.status["storage"] = {
+            "uri": uri,
+            **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
+            "error": message,
+            "reason": exc.reason,
+            "failures": failures,
+            **({"tried": tried} if tried else {}),
+            "checkedAt": seen["checkedAt"] if held else now_iso(p.now),
+        }
+        p.cond(CONDITION, False, exc.reason, message)
+        # look again when the backoff ends (the object or the Secret may appear meanwhile)
+        p.result.retry_seconds = _retry_left(p, p.status["storage"])
+        if known:  # the version profiled and served stays in use; nothing is re-profiled
+            return _with_version(model, str(known))
+        p.status["message"] = message
+        p.cond("Ready", False, exc.reason, message)
+        p.result.phase = "Failed"
+        p.result.result = "storage_error"
+        return None
+    if not fresh:
+        previous = seen.get("version")
+        if previous and previous != version and seen.get("uri") == uri:
+            p.emit(
+                "Normal",
+                "ModelChanged",
+                f"{uri} changed (version {previous} -> {version}): re-profiling",
+            )
+        p.status["storage"] = {
+            "uri": uri,
+            "version": version,
+            "fingerprint": fingerprint,
+            "checkedAt": now_iso(p.now),
+        }
+    p.cond(CONDITION, True, "Found", f"{uri} version {version}")
+    return _with_version(model, version)
+
+
+class _HeldError(FetchError):
+    """The last failure, repeated without asking the store: its backoff is not over."""
+
+
+def retry_delay(failures: int, cap: float) -> float:
+    """Seconds before the store is asked again after ``failures`` failures in a row:
+    2, 4, 8, ... up to ``cap`` (the storage check interval), so an outage of the store or a
+    missing Secret costs each model a handful of requests, not one every poll."""
+    return float(min(2.0 ** max(failures, 1), max(cap, 1.0)))
+
+
+def _retry_left(p: Pass, storage: Mapping[str, Any]) -> float:
+    delay = retry_delay(int(storage.get("failures") or 1), p.config.storage_check_seconds)
+    return max(delay - p.seconds_since(storage.get("checkedAt")), 0.5)
+
+
+def _backing_off(p: Pass, seen: Mapping[str, Any], *, uri: str, tried: str | None) -> None:
+    """Raise the last failure again while its backoff runs, unless the URI or the Secret's
+    contents changed since (then the store is asked at once: the user may have fixed it)."""
+    if not seen.get("error") or seen.get("uri") != uri or seen.get("tried") != tried:
+        return
+    delay = retry_delay(int(seen.get("failures") or 1), p.config.storage_check_seconds)
+    if p.seconds_since(seen.get("checkedAt")) < delay:
+        raise _HeldError(str(seen.get("reason") or "Unavailable"), str(seen["error"]))
+
+
+def _with_version(model: ModelSpec, version: str) -> ModelSpec:
+    spec: dict[str, Any] = {
+        **model.spec,
+        "model": {**model.spec["model"], VERSION_KEY: version},
+    }
+    return dataclasses.replace(model, spec=spec)

@@ -1,0 +1,386 @@
+"""Pure builders for the serving objects a PackratModel owns (its slots' Deployments and its
+Service) and the pod parts every owned object shares (dict in, dict out); the profiling Job
+and ConfigMap are in ``profile_manifests``.
+
+Kept free of I/O so each object can be checked offline against the Kubernetes schemas, and so
+the Guaranteed-QoS rule (every container, init containers included, requests == limits with
+integer CPUs) is enforced in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.core import storage
+from packrat.controller.core.overrides import apply_pod
+from packrat.controller.core.spec import (
+    API_VERSION,
+    DEFAULT_IMAGE,
+    DEFAULT_ROUNDING,
+    KIND,
+    estimate_rounding,
+    model_name,
+    with_defaults,
+)
+
+PORT = 8080
+PRESTOP_SECONDS = 5
+RUN_AS_USER = 10001
+SERVING_APP = "packrat-serving"
+PROFILING_APP = "packrat-profiling"
+MANAGER = "packrat-operator"
+LABEL_MODEL = "packrat.dev/model"
+LABEL_SLOT = "packrat.dev/slot"
+LABEL_PROFILE_KEY = "packrat.dev/profile-key"
+LABEL_SERVING_HASH = "packrat.dev/serving-hash"
+# on every serving Deployment: a background delete then leaves its ReplicaSet and pods serving
+# until the operator has a replacement ready and lets it go (see ``protection``)
+FINALIZER_SERVING = "packrat.dev/serving"
+ANNOTATION_PLAN = "packrat.dev/plan"
+# on a slot rendered for a plan it does not serve yet (see ``serving.ensure_deployment``)
+ANNOTATION_PLAN_HASH = "packrat.dev/plan-hash"
+PLAN_ENV = "PACKRAT_PLAN"
+PLAN_KEY = "plan.json"  # the plan's key in a slot's plan ConfigMap
+ADMIN_TOKEN_ENV = "PACKRAT_ADMIN_TOKEN"  # the in-pod switch's bearer token (``--admin-token-env``)
+ADMIN_TOKEN_KEY = "token"  # its key in the model's admin token Secret
+PROFILE_FILE = "profile.json"
+PROFILE_DIR = "/profile"
+SAMPLE_REQUEST_ENV = "PACKRAT_SAMPLE_REQUEST"
+MODEL_DIR = "/models"
+SLOTS = ("a", "b")
+
+
+def other_slot(slot: str) -> str:
+    return "b" if slot == "a" else "a"
+
+
+def deployment_name(name: str, slot: str) -> str:
+    return f"{name}-{slot}"
+
+
+def plan_configmap_name(name: str, slot: str) -> str:
+    """The slot's plan ConfigMap: the plan its pods start on (``PACKRAT_PLAN``)."""
+    return f"{name}-{slot}-plan"
+
+
+def admin_token_name(name: str) -> str:
+    """The model's admin token Secret (the serving pods' ``POST /admin/plan`` bearer token)."""
+    return f"{name}-admin-token"
+
+
+def profile_object_name(name: str, key: str) -> str:
+    """Name of both the profiling Job and the profile ConfigMap for a profile key."""
+    return f"{name}-profile-{key[:8]}"
+
+
+def owner_reference(owner: Mapping[str, Any], *, kind: str = KIND) -> dict[str, Any]:
+    """The controller reference to ``owner``, a Packrat object of ``kind``."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def base_labels(name: str, *, app: str = SERVING_APP) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": app,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": MANAGER,
+    }
+
+
+def metadata(
+    owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str], kind: str = KIND
+) -> dict[str, Any]:
+    """An owned object's metadata: in ``owner``'s namespace, controlled by it."""
+    return {
+        "name": name,
+        "namespace": owner["metadata"].get("namespace", "default"),
+        "labels": dict(labels),
+        "ownerReferences": [owner_reference(owner, kind=kind)],
+    }
+
+
+def scrape_annotations() -> dict[str, str]:
+    """Pod annotations that have Prometheus scrape ``/metrics`` on :data:`PORT`."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(PORT),
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def guaranteed_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """requests == limits, integer CPUs: the pod gets Guaranteed QoS and exclusive cores."""
+    amount = {"cpu": str(int(spec["cpus"])), "memory": str(spec["memory"])}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "fsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if spec.get("nodeSelector"):
+        out["nodeSelector"] = dict(spec["nodeSelector"])
+    if spec.get("tolerations"):
+        out["tolerations"] = [dict(t) for t in spec["tolerations"]]
+    if spec.get("affinity"):
+        out["affinity"] = dict(spec["affinity"])
+    return out
+
+
+def base_env() -> list[dict[str, Any]]:
+    return [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+
+
+def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model."""
+    model = spec["model"]
+    if "zoo" in model:
+        return str(model["zoo"]), [], []
+    suffix = ".mar" if model.get("format") == "mar" else ".pt"
+    if "storageUri" in model:
+        return storage.storage_source(model, model_dir=MODEL_DIR, suffix=suffix)
+    mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+    if "uri" in model:
+        return f"{MODEL_DIR}/model{suffix}", [{"name": "model", "emptyDir": {}}], [mount]
+    volume = model["volume"]
+    if "persistentVolumeClaim" in volume:
+        source: dict[str, Any] = {
+            "persistentVolumeClaim": {
+                "claimName": volume["persistentVolumeClaim"]["claimName"],
+                "readOnly": True,
+            }
+        }
+    else:
+        source = {"configMap": {"name": volume["configMap"]["name"]}}
+    return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
+
+
+def fetch_init_container(
+    spec: Mapping[str, Any], *, image: str, expect_version: bool = False
+) -> dict[str, Any] | None:
+    """For uri and storageUri models: fetch the file into the shared emptyDir (Guaranteed-sized).
+
+    ``expect_version`` (the profiling Job) makes the fetch fail if the object is no longer the
+    version the profile is keyed by.
+    """
+    model = spec["model"]
+    if "storageUri" in model:
+        target, _, model_mounts = model_source(spec)
+        return storage.fetch_container(
+            model,
+            target=target,
+            model_mount=model_mounts[0],
+            base={
+                "image": image,
+                "resources": guaranteed_resources(spec),
+                "securityContext": container_security(),
+                "env": base_env(),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            },
+            expect_version=expect_version,
+        )
+    if "uri" not in model:
+        return None
+    target, _, _ = model_source(spec)
+    return {
+        "name": "fetch-model",
+        "image": image,
+        "command": ["packrat", "fetch", str(model["uri"]), "-o", target],
+        "resources": guaranteed_resources(spec),
+        "securityContext": container_security(),
+        "env": base_env(),
+        "volumeMounts": [
+            {"name": "model", "mountPath": MODEL_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
+    spec = with_defaults(spec)
+    target, _, _ = model_source(spec)
+    return [
+        "packrat",
+        "serve",
+        "--model",
+        target,
+        "--model-name",
+        model_name(spec, default=name),
+        "--plan-env",
+        PLAN_ENV,
+        "--admin-token-env",
+        ADMIN_TOKEN_ENV,
+        "--port",
+        str(PORT),
+        "--host",
+        "0.0.0.0",
+        "--max-batch-delay-ms",
+        str(spec["maxBatchDelayMs"]),
+        *(["--batch-estimate", r] if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else []),
+    ]
+
+
+def serving_deployment(
+    owner: Mapping[str, Any],
+    *,
+    slot: str,
+    serving_hash: str,
+    replicas: int,
+    image: str | None = None,
+    plan_hash: str | None = None,
+) -> dict[str, Any]:
+    """The Deployment of one slot, running ``packrat serve`` on the plan in the slot's plan
+    ConfigMap, with the model's admin token (the in-pod switch). The plan is not in the
+    template: a plan change that keeps the cores switches inside the running pods, and a pod
+    that restarts starts on the ConfigMap's current plan. ``serving_hash`` is the template's
+    (:func:`packrat.controller.core.spec.template_hash`); ``plan_hash``, when given, is a pod
+    annotation that restarts running pods when the plan they must start on changes."""
+    spec = with_defaults(owner["spec"])
+    name = owner["metadata"]["name"]
+    image = spec.get("image") or image or DEFAULT_IMAGE
+    selector = {**base_labels(name), LABEL_SLOT: slot}
+    pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
+    _, model_volumes, model_mounts = model_source(spec)
+    probe_get = {"path": "/ping", "port": "http"}
+    init: list[dict[str, Any]] = []
+    fetch = fetch_init_container(spec, image=image)
+    if fetch is not None:
+        init.append(fetch)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # the switch's drain happens before a slot is scaled down (the operator waits), so
+        # the grace period covers only the preStop delay and in-flight requests: switch
+        # timings stay out of the template, and changing them needs no switch
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + 30,
+        "securityContext": pod_security(),
+        "containers": [
+            {
+                "name": "serve",
+                "image": image,
+                "command": serve_command(spec, name=name),
+                "env": [
+                    *base_env(),
+                    _env_from(
+                        PLAN_ENV, "configMapKeyRef", plan_configmap_name(name, slot), PLAN_KEY
+                    ),
+                    _env_from(
+                        ADMIN_TOKEN_ENV, "secretKeyRef", admin_token_name(name), ADMIN_TOKEN_KEY
+                    ),
+                ],
+                "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+                "resources": guaranteed_resources(spec),
+                "securityContext": container_security(),
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *model_mounts],
+                "startupProbe": {
+                    "httpGet": probe_get,
+                    "periodSeconds": 2,
+                    "failureThreshold": 300,
+                    "timeoutSeconds": 2,
+                },
+                "readinessProbe": {
+                    "httpGet": probe_get,
+                    "periodSeconds": 2,
+                    "failureThreshold": 2,
+                    "timeoutSeconds": 2,
+                },
+                # liveness is /healthz: /ping is 503 while a worker restarts or the pod drains,
+                # which must take the pod out of the Service, not get it killed
+                "livenessProbe": {
+                    "httpGet": {"path": "/healthz", "port": "http"},
+                    "periodSeconds": 10,
+                    "failureThreshold": 6,
+                    "timeoutSeconds": 5,
+                },
+                # keep serving until every endpoint list dropped this pod, then drain
+                "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            *model_volumes,
+            *storage.credentials_volume(spec["model"])[0],
+        ],
+        **scheduling(spec),
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    template_meta: dict[str, Any] = {
+        "labels": dict(pod_labels),
+        "annotations": scrape_annotations(),
+    }
+    if plan_hash is not None:
+        template_meta["annotations"][ANNOTATION_PLAN_HASH] = plan_hash
+    apply_pod(template_meta, pod_spec, spec.get("pod"))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            **metadata(owner, name=deployment_name(name, slot), labels=pod_labels),
+            "finalizers": [FINALIZER_SERVING],
+        },
+        "spec": {
+            "replicas": int(replicas),
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def _env_from(name: str, source: str, obj: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {source: {"name": obj, "key": key}}}
+
+
+def service(owner: Mapping[str, Any], *, slot: str) -> dict[str, Any]:
+    """The Service clients use; its selector includes the active slot."""
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(owner, name=name, labels={**base_labels(name), LABEL_MODEL: name}),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": service_selector(name, slot=slot),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def service_selector(name: str, *, slot: str) -> dict[str, str]:
+    return {**base_labels(name), LABEL_SLOT: slot}

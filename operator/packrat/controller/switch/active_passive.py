@@ -1,0 +1,234 @@
+"""The active-passive switch: render into the passive slot, wait until ready, move the
+Service, drain, retire the old slot; abort (keeping the active slot) when it is not ready
+in time. All progress lives in ``status.switch``, so any pass (or a restarted operator)
+continues where the last one stopped."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.core.context import Pass
+from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.service import ensure_service
+from packrat.controller.serving.slots import Rendering, deployment_ready, ensure_deployment, scale
+
+Children = Mapping[str, Mapping[str, Any] | None]
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+# spec fields the serving template is built from besides the plan (see ``serving_hash``)
+_TEMPLATE_FIELDS = (
+    *("image", "model", "memory", "maxBatchDelayMs"),
+    *("nodeSelector", "tolerations", "affinity"),
+)
+
+
+def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """What differs between the served spec and the new one in the template's fields
+    (scalars with both values, structures by name only: a message stays short)."""
+    out: list[str] = []
+    for key in _TEMPLATE_FIELDS:
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+            out.append(f"{key} changed")
+        else:
+            out.append(f"{key} {str(a)[:64]} -> {str(b)[:64]}")
+    return out
+
+
+def start_switch(
+    p: Pass, deployments: Children, *, target: Rendering, replicas: int, note: str = ""
+) -> None:
+    """Render ``target`` into the passive slot and start waiting for it (``note``: why the
+    plan change is not switched in place, when it could have been)."""
+    status = p.status
+    active = str(status["activeSlot"])
+    slot = m.other_slot(active)
+    old_plan = status.get("plan") or {}
+    plan = dict(target.plan)
+    reason = f"plan {old_plan.get('label')} -> {plan['label']}"
+    changes = _changed(status.get("servingSpec") or {}, target.spec)
+    if old_plan.get("batch") != plan["batch"]:
+        changes.insert(0, f"batch {old_plan.get('batch')} -> {plan['batch']}")
+    if changes:
+        reason += f" ({', '.join(changes)})"
+    if note:
+        reason += f"; in-pod switch failed: {note}"
+    ensure_deployment(p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas)
+    status["switch"] = {
+        "stage": "rollout",
+        "fromSlot": active,
+        "targetSlot": slot,
+        "hash": target.serving_hash,
+        "plan": plan,
+        "spec": dict(target.spec),
+        "reason": reason,
+        "startedAt": now_iso(p.now),
+    }
+    status["batchSize"] = {
+        **(status.get("batchSize") or {}),
+        "current": old_plan.get("batch"),
+        "target": plan["batch"],
+    }
+    message = f"switching to slot {slot}: {reason}"
+    status["message"] = message
+    p.emit("Normal", "SwitchStarted", message)
+    p.cond("Reconfiguring", True, "SwitchStarted", message)
+    p.result.phase = "Reconfiguring"
+    p.result.waiting = True
+
+
+def advance_switch(
+    p: Pass,
+    deployments: Children,
+    service: Mapping[str, Any] | None,
+    *,
+    target: Rendering,
+    replicas: int,
+    ready_timeout: float,
+    drain: float,
+) -> bool:
+    """One step of a switch under way; True when it ended (done or aborted)."""
+    status = p.status
+    switch = dict(status["switch"])
+    slot, source = switch["targetSlot"], switch["fromSlot"]
+    p.result.phase = "Reconfiguring"
+    p.result.waiting = True
+    elapsed = p.seconds_since(switch.get("startedAt"))
+    if switch["stage"] == "rollout":
+        dep = ensure_deployment(
+            p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas
+        )
+        if deployment_ready(dep, replicas) and not p.conflicts:
+            switch["readySeconds"] = round(elapsed, 3)
+            ensure_service(p, service, slot=slot)
+            switch["switchedSeconds"] = round(p.seconds_since(switch["startedAt"], _now()), 3)
+            switch["stage"] = "draining"
+            switch["drainUntil"] = now_iso(p.now + datetime.timedelta(seconds=drain))
+            status["switch"] = switch
+            status.update(
+                activeSlot=slot,
+                servingHash=switch["hash"],
+                plan=switch["plan"],
+                servingSpec=switch.get("spec") or dict(target.spec),
+            )
+            message = f"service moved to slot {slot}; draining slot {source} for {drain:.0f}s"
+            status["message"] = message
+            p.emit("Normal", "ServiceSwitched", message)
+            p.cond("Reconfiguring", True, "Draining", message)
+            return False
+        if elapsed > ready_timeout:
+            abort(p, deployments, reason=f"slot {slot} not ready within {ready_timeout:.0f}s")
+            return True
+        ready = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
+        status["message"] = (
+            f"switching to slot {slot}: {ready}/{replicas} ready after {elapsed:.0f}s"
+        )
+        status["switch"] = switch
+        return False
+    # draining: the Service already selects the target; wait, then retire the old slot
+    drain_until = parse_time(switch.get("drainUntil"))
+    if drain_until is not None and p.now < drain_until:
+        return False
+    scale(p, deployments.get(source), 0)
+    _finish(p, switch, source=source, slot=slot, elapsed=elapsed)
+    return True
+
+
+def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed: float) -> None:
+    status = p.status
+    timeline = {
+        "passiveReadySeconds": float(switch.get("readySeconds", 0.0)),
+        "selectorSwitchSeconds": float(switch.get("switchedSeconds", 0.0)),
+        "oldSlotScaledDownSeconds": round(elapsed, 3),
+    }
+    status["lastSwitch"] = {
+        "time": now_iso(p.now),
+        "reason": switch.get("reason", ""),
+        "result": "Succeeded",
+        "mode": "Deployment",
+        "fromSlot": source,
+        "toSlot": slot,
+        "plan": str(switch["plan"].get("label", "")),
+        "timeline": timeline,
+    }
+    status.pop("switch", None)
+    before = (status.get("batchSize") or {}).get("current")
+    status["batchSize"] = {
+        **(status.get("batchSize") or {}),
+        "current": switch["plan"].get("batch"),
+    }
+    status["batchSize"].pop("target", None)
+    status["switchHistory"] = ab.append_history(
+        status.get("switchHistory"),
+        {
+            **{k: v for k, v in status["lastSwitch"].items() if k != "timeline"},
+            "fromBatch": before,
+            "toBatch": switch["plan"].get("batch"),
+            "seconds": timeline["selectorSwitchSeconds"],
+        },
+    )
+    p.result.switch_result = "succeeded"
+    p.result.switch_seconds = timeline["selectorSwitchSeconds"]
+    message = f"switch to slot {slot} done ({switch.get('reason', '')})"
+    p.emit("Normal", "SwitchCompleted", message)
+    p.cond("Reconfiguring", False, "SwitchCompleted", message)
+
+
+def end_switch(p: Pass, *, reason: str) -> None:
+    """End a switch under way now, the target slot left as it is (the active slot's Deployment
+    was deleted: ``failover`` takes the target slot over). A rollout is aborted (its spec
+    never served); a drain is complete (the Service already selects the new slot)."""
+    switch = dict(p.status.get("switch") or {})
+    if switch.get("stage") == "rollout":
+        abort(p, {}, reason=reason)
+    elif switch.get("stage") == "draining":
+        elapsed = p.seconds_since(switch.get("startedAt"))
+        _finish(p, switch, source=switch["fromSlot"], slot=switch["targetSlot"], elapsed=elapsed)
+
+
+def abort(p: Pass, deployments: Children, *, reason: str) -> None:
+    """Give a rollout up: the target slot (if in ``deployments``) is scaled down."""
+    status = p.status
+    switch = dict(status.get("switch") or {})
+    slot = switch.get("targetSlot", m.other_slot(str(status.get("activeSlot"))))
+    scale(p, deployments.get(slot), 0)
+    status["switch"] = {
+        "stage": "aborted",
+        "hash": switch.get("hash"),
+        "targetSlot": slot,
+        "reason": reason,
+    }
+    status["lastSwitch"] = {
+        "time": now_iso(p.now),
+        "reason": f"{switch.get('reason', '')}: {reason}",
+        "result": "Aborted",
+        "mode": "Deployment",
+        "fromSlot": str(status["activeSlot"]),
+        "toSlot": slot,
+        "plan": str((switch.get("plan") or {}).get("label", "")),
+    }
+    p.result.switch_result = "aborted"
+    status["switchHistory"] = ab.append_history(
+        status.get("switchHistory"),
+        {
+            **status["lastSwitch"],
+            "fromBatch": (status.get("batchSize") or {}).get("current"),
+            "toBatch": (switch.get("plan") or {}).get("batch"),
+        },
+    )
+    status["batchSize"] = {
+        k: v for k, v in (status.get("batchSize") or {}).items() if k != "target"
+    }
+    message = f"switch aborted ({reason}); still serving slot {status['activeSlot']}"
+    p.emit("Warning", "SwitchAborted", message)
+    p.cond("Reconfiguring", False, "SwitchAborted", message)

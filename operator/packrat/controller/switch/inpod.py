@@ -1,0 +1,158 @@
+"""The in-pod switch inside a reconcile pass: a plan change that keeps the pods' cores, model,
+image and everything else their template is built from is applied in the running pods of the
+active slot; anything else, or an in-pod switch that does not succeed on every pod, takes the
+active-passive Deployment switch (:mod:`packrat.controller.switch.active_passive`).
+
+One pass does it all, in this order, so that every step is idempotent and a pass that stops
+anywhere (an API error, an operator restart) is repeated from the start by the next one:
+
+1. the active slot's Deployment is ready (every wanted pod of the current template), and the
+   model's admin token can be read;
+2. the slot's plan ConfigMap gets the new plan, so a pod that starts from now on starts on it;
+3. the slot's pods are listed (after 2: a pod not listed started on the new plan); every one
+   must be ready, at least ``replicas`` of them;
+4. the new plan is posted to every one at once (bounded by the switch's ready timeout); a pod
+   that already serves it answers 200 at once, so a repeated pass only moves the pods that
+   have not moved yet;
+5. every pod answered 200: ``status`` records the new plan (``servingHash``, ``plan``,
+   ``servingSpec``, ``lastSwitch`` with ``mode: InPod``, ``switchHistory``).
+
+When 1, 3 or 4 fails, the ConfigMap gets the served plan back and the caller starts the
+Deployment switch, saying why in a Warning event (``InPodSwitchFailed``) and in the switch's
+reason. Pods that did switch before another one failed serve the new plan until the slot is
+retired by that switch (both plans are valid for the same cores).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from packrat.controller.core.context import Pass
+from packrat.controller.core.status import now_iso
+from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning.estimates import pod_address
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.pod_config import ensure_plan, ensure_token
+from packrat.controller.serving.slots import Rendering, deployment_ready
+from packrat.controller.switch.plan_poster import PodAnswer
+
+MODE_INPOD = "InPod"
+MODE_DEPLOYMENT = "Deployment"
+
+
+class Poster(Protocol):
+    def __call__(
+        self, urls: Sequence[str], plan: Mapping[str, Any], *, token: str, timeout: float
+    ) -> list[PodAnswer]: ...
+
+
+@dataclass(frozen=True)
+class PodClient:
+    """How the operator reaches a serving pod: ``pod_url`` is a template with ``{ip}``,
+    ``{pod}`` and ``{namespace}``; ``post`` sends a plan to several pods at once."""
+
+    pod_url: str
+    post: Poster
+
+
+def slot_pods(pods: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """(the ready pods, the names of the others) among a slot's pods; terminating pods are
+    leaving and count as neither."""
+    alive = [pod for pod in pods if not (pod.get("metadata") or {}).get("deletionTimestamp")]
+    ready = [pod for pod in alive if ab.pod_ready(pod)]
+    others = [str(pod["metadata"]["name"]) for pod in alive if not ab.pod_ready(pod)]
+    return ready, others
+
+
+def failures(names: Sequence[str], answers: Sequence[PodAnswer]) -> list[str]:
+    """``pod: status message`` for every pod that did not answer 200."""
+    return [
+        f"{name}: {answer.status or 'unreachable'} {answer.message}".strip()
+        for name, answer in zip(names, answers, strict=True)
+        if not answer.ok
+    ]
+
+
+def switch_in_pod(
+    p: Pass,
+    *,
+    active_dep: Mapping[str, Any] | None,
+    served: Rendering,
+    desired: Rendering,
+    replicas: int,
+    client: PodClient,
+    timeout: float,
+) -> str | None:
+    """Switch the active slot's pods to ``desired`` in place: None when every pod serves it
+    (and ``status`` says so), else why not (the served plan is back in the ConfigMap)."""
+    slot = str(p.status["activeSlot"])
+    if not deployment_ready(active_dep, replicas):
+        return f"slot {slot} is not ready"
+    token = ensure_token(p)
+    if token is None:
+        return f"no admin token in Secret {m.admin_token_name(p.name)}"
+    ensure_plan(p, slot=slot, plan=desired.plan)
+    listed = p.kube.list("pods", p.namespace, labels=m.service_selector(p.name, slot=slot))
+    ready, others = slot_pods(listed)
+    why: str | None = None
+    if others or len(ready) < replicas:
+        why = f"{len(ready)}/{max(replicas, len(ready) + len(others))} pods of slot {slot} ready"
+    else:
+        urls = [pod_address(client.pod_url, p.namespace, pod) for pod in ready]
+        names = [str(pod["metadata"]["name"]) for pod in ready]
+        start = time.monotonic()
+        answers = client.post(urls, desired.plan, token=token, timeout=timeout)
+        failed = failures(names, answers)
+        if failed:
+            why = f"{len(failed)}/{len(names)} pods did not switch ({'; '.join(failed)[:400]})"
+        else:
+            record(
+                p, served=served, desired=desired, pods=len(names), seconds=time.monotonic() - start
+            )
+            return None
+    ensure_plan(p, slot=slot, plan=served.plan)
+    return why
+
+
+def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds: float) -> None:
+    """``status`` after a successful in-pod switch."""
+    status = p.status
+    slot = str(status["activeSlot"])
+    old, new = served.plan, desired.plan
+    reason = f"plan {old.get('label')} -> {new.get('label')}"
+    if old.get("batch") != new.get("batch"):
+        reason += f" (batch {old.get('batch')} -> {new.get('batch')})"
+    status.update(servingHash=desired.serving_hash, plan=dict(new), servingSpec=dict(desired.spec))
+    status.pop("switch", None)  # an aborted Deployment switch to an older spec
+    seconds = round(seconds, 3)
+    status["lastSwitch"] = {
+        "time": now_iso(p.now),
+        "reason": reason,
+        "result": "Succeeded",
+        "mode": MODE_INPOD,
+        "fromSlot": slot,
+        "toSlot": slot,
+        "plan": str(new.get("label", "")),
+        "timeline": {"inPodSeconds": seconds},
+    }
+    status["switchHistory"] = ab.append_history(
+        status.get("switchHistory"),
+        {
+            **{k: v for k, v in status["lastSwitch"].items() if k != "timeline"},
+            "fromBatch": old.get("batch"),
+            "toBatch": new.get("batch"),
+            "seconds": seconds,
+        },
+    )
+    batch = {**(status.get("batchSize") or {}), "current": new.get("batch")}
+    batch.pop("target", None)
+    status["batchSize"] = batch
+    p.result.switch_result = "succeeded"
+    p.result.switch_seconds = seconds
+    message = f"switched in place on slot {slot}, {pods} pods, in {seconds:.1f}s: {reason}"
+    status["message"] = message
+    p.emit("Normal", "SwitchCompleted", message)
+    p.cond("Reconfiguring", False, "SwitchedInPod", message)

@@ -1,0 +1,385 @@
+"""The serving pod's one public port: TorchServe's inference API in front of the thin instances.
+
+Clients see one model (``POST /predictions/{model}``); behind it every plan instance is its
+own TorchServe registration. The dispatcher sends each request to the instance with the least
+outstanding work relative to its batch size (:mod:`packrat.serve.dispatcher.routing`), passes
+bodies,
+content types and status codes through unchanged, and keeps at most two batches outstanding
+per instance, so the rest waits here, in a bounded FIFO queue: beyond ``queue_limit`` waiting
+requests it answers 503 with ``Retry-After`` instead of growing without bound.
+
+Admission comes before the body is read: a request whose ``Content-Length`` exceeds
+``max_body_bytes`` (default 6 MiB, below TorchServe's own 6.5 MB limit) is answered 413 at
+once, and one that would not fit the queue, or would take the bytes buffered across all
+requests past ``max_buffered_bytes``, is answered 503; only then is the body read, within
+``body_timeout_s`` (408 beyond). A body refused (413, 408, broken) is not read further, nor
+discarded byte by byte: its connection stops reading and closes after the answer. A client
+that disconnects while its request waits (or while its body is read) is dropped from the
+queue before it reaches a worker and counted in ``packrat_requests_cancelled_total``, not as
+an answer; once forwarded, a request runs to completion (its slot stays taken until
+TorchServe answers) and is counted cancelled too. When TorchServe is gone
+(:meth:`Dispatcher.fail`), every queued request and every new one is answered 503 at once.
+
+An in-pod plan switch (:mod:`packrat.serve.pod.inpod`) hands the dispatcher a new, warmed set of
+instances with :meth:`Dispatcher.swap`; new requests go to the new set while the old one
+finishes its own (:mod:`packrat.serve.dispatcher.swap`).
+
+Liveness (``GET /healthz``) is 200 unless TorchServe is gone. Readiness (``GET /ping``) is
+owned by whoever watches the instances (see :mod:`packrat.serve.pod.health`): it marks instances
+up only after they loaded and answered a warm-up batch, and down while their worker
+restarts. These and the other read-only endpoints are in :mod:`packrat.serve.dispatcher.endpoints`.
+During a drain the listener is closed by the owner; requests that still arrive on open
+connections are served and answered with ``Connection: close``.
+
+The batch-size estimator (:mod:`packrat.serve.dispatcher.sampler`) samples the outstanding requests
+(queued + in flight) every few milliseconds while there are any, and exports Packrat's
+estimate as a gauge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from packrat.plan.estimator import SERVING_ROUNDING, BatchSizeEstimator
+from packrat.serve.config import InstanceSpec
+from packrat.serve.dispatcher.arrivals import ArrivalLog
+from packrat.serve.dispatcher.connections import (
+    BodyTooLargeError,
+    ConnectionLimits,
+    GuardedAppRunner,
+    disconnected,
+    read_body,
+    refuse_body,
+    shield,
+)
+from packrat.serve.dispatcher.endpoints import read_only_routes
+from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.sampler import EstimatorSampler
+from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.dispatcher.swap import SwapMixin
+from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
+
+__all__ = ["BackendGoneError", "Dispatcher", "QueueFullError"]
+
+log = logging.getLogger(__name__)
+
+# TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
+DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
+DEFAULT_MAX_BUFFERED_BYTES = 128 * 1024 * 1024
+
+
+class Dispatcher(SwapMixin):
+    """Routes, queues, sheds and measures prediction requests for one model's instances."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        instances: Sequence[InstanceSpec],
+        backend_url: str,
+        queue_limit: int = 1024,
+        queue_timeout_s: float = 60.0,
+        retry_after_s: int = 1,
+        estimator_interval_s: float = 0.005,
+        estimator_window: int = 200,
+        estimator_rounding: str = SERVING_ROUNDING,
+        metrics: ServeMetrics | None = None,
+        status: Callable[[], Mapping[str, Any]] | None = None,
+        alive: Callable[[], bool] | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
+        body_timeout_s: float = 30.0,
+        routes: Sequence[web.RouteDef] = (),
+    ) -> None:
+        if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
+            raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
+        self.model = model
+        self.instances = list(instances)
+        self.upstream = Upstream(backend_url)
+        self._retiring: list[Slots] = []  # old sets still finishing after a swap
+        self.slots = Slots(
+            [inst.batch for inst in self.instances],
+            queue_limit=queue_limit,
+            queue_timeout_s=queue_timeout_s,
+            on_change=self._gauges,
+        )
+        self.retry_after_s = retry_after_s
+        self.max_body_bytes = max_body_bytes
+        self.max_buffered_bytes = max_buffered_bytes
+        self.body_timeout_s = body_timeout_s
+        self.buffered_bytes = 0
+        self.metrics = metrics or ServeMetrics()
+        self.estimator = BatchSizeEstimator(window=estimator_window, rounding=estimator_rounding)
+        self.sampler = EstimatorSampler(
+            self.estimator,
+            pending=lambda: self.pending,
+            interval_s=estimator_interval_s,
+            metrics=self.metrics,
+            model=model,
+        )
+        self.arrivals = ArrivalLog()
+        self.draining = False
+        self._routes = [*read_only_routes(self, status=status, alive=alive), *routes]
+        m = self.metrics
+        m.queue_limit.labels(model).set(queue_limit)
+        self._label_instances()
+        m.ready.labels(model).set(0)
+        m.max_buffered_bytes.labels(model).set(max_buffered_bytes)
+        # Labelled children looked up once: the request path runs for every request.
+        # Gauges of what changes on every request are read at scrape time, not set per change
+        # (a gauge set takes a lock; the request path is the dispatcher's hot loop).
+        m.queue_depth.labels(model).set_function(lambda: sum(s.queued for s in self._every()))
+        m.in_flight.labels(model).set_function(lambda: sum(s.in_flight for s in self._every()))
+        m.buffered_bytes.labels(model).set_function(lambda: self.buffered_bytes)
+        self._duration = m.request_duration.labels(model)
+        self._by_code: dict[str, Any] = {}
+        # The series alerts take rate() of exist at 0 from the start: a counter first scraped
+        # at its value after a burst of 503s shows no increase, so the shed alert would miss it.
+        for code in ("200", "503"):
+            self._by_code[code] = m.requests.labels(model, code)
+        m.errors.labels(model, "503", "dispatcher")
+
+    def _label_instances(self) -> None:
+        m, model = self.metrics, self.model
+        m.planned_batch.labels(model).set(sum(self.slots.batches))
+        for inst in self.instances:
+            m.instance_up.labels(model, inst.name).set(0)
+        self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def runner(self, limits: ConnectionLimits | None = None, **kwargs: Any) -> web.AppRunner:
+        """An app runner with the connection cap and deadlines, and handler cancellation on
+        (a client that disconnects cancels its handler, so its queued request is dropped)."""
+        closed = self.metrics.connections_closed
+        kwargs.setdefault("access_log", None)
+        return GuardedAppRunner(
+            self.app(),
+            limits=limits or ConnectionLimits(),
+            on_event=lambda reason: closed.labels(reason).inc(),
+            handler_cancellation=True,
+            **kwargs,
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/predictions/{model}", self.handle_predict)
+        app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
+        app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        await self.start()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        self.sampler.start()
+
+    async def close(self) -> None:
+        await self.sampler.close()
+        await self.upstream.close()
+
+    # -- state the owner drives -----------------------------------------------------------------
+    @property
+    def backend_url(self) -> str:
+        """TorchServe's inference API; the owner sets it again when TorchServe moved ports."""
+        return self.upstream.base_url
+
+    @backend_url.setter
+    def backend_url(self, url: str) -> None:
+        self.upstream.base_url = url.rstrip("/")
+
+    def set_up(self, index: int, up: bool) -> None:
+        if self.slots.up[index] != up:
+            log.info("instance %s is %s", self.instances[index].name, "up" if up else "down")
+        self.metrics.instance_up.labels(self.model, self.instances[index].name).set(int(up))
+        self.slots.set_up(index, up and not self.slots.failed)
+        self._update_ready()
+
+    @property
+    def up(self) -> list[bool]:
+        return list(self.slots.up)
+
+    @property
+    def failed(self) -> str | None:
+        return self.slots.failed
+
+    @property
+    def ready(self) -> bool:
+        s = self.slots
+        return bool(self.instances) and all(s.up) and not self.draining and not s.failed
+
+    def fail(self, reason: str) -> None:
+        """TorchServe is gone: every queued request and every new one gets a 503 at once."""
+        for old in self._retiring:
+            old.fail(reason)
+        self.slots.fail(reason)
+        for inst in self.instances:
+            self.metrics.instance_up.labels(self.model, inst.name).set(0)
+        self._update_ready()
+
+    def _update_ready(self) -> None:
+        self.metrics.ready.labels(self.model).set(int(self.ready))
+
+    def begin_drain(self) -> None:
+        self.draining = True
+        self._update_ready()
+
+    @property
+    def pending(self) -> int:
+        """Outstanding requests: queued here plus in flight to TorchServe (old sets too)."""
+        return self.slots.pending + sum(s.pending for s in self._retiring)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until nothing is outstanding; False when ``timeout_s`` passed first."""
+        deadline = time.monotonic() + timeout_s
+        for slots in [*self._retiring, self.slots]:
+            if not await slots.wait_idle(max(0.0, deadline - time.monotonic())):
+                return False
+        return True
+
+    def _every(self) -> list[Slots]:
+        return [self.slots, *self._retiring]
+
+    def _gauges(self) -> None:
+        """After every change of the slots: the estimator samples while work is outstanding."""
+        if self.slots.pending or any(s.pending for s in self._retiring):
+            self.sampler.wake()
+
+    # -- HTTP handlers --------------------------------------------------------------------------
+    async def handle_predict(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        if name != self.model:
+            return error_response(404, f"Model not found: {name}")
+        start = time.perf_counter()
+        self.arrivals.record()
+        # Admission, before a byte of the body is read.
+        if self.failed:
+            return self._shed(error_response(503, "the model server is gone"), start)
+        length = request.content_length
+        if length is not None and length > self.max_body_bytes:
+            return self._refuse(request, self._too_large(length), start)
+        if not self.slots.admissible():
+            return self._shed(error_response(503, "queue full", **self._retry()), start)
+        reserve = length if length is not None else self.max_body_bytes
+        if self.buffered_bytes + reserve > self.max_buffered_bytes:
+            return self._shed(
+                error_response(503, "too many request bodies buffered", **self._retry()), start
+            )
+        self.buffered_bytes += reserve
+        stage = "reading"
+        try:
+            try:
+                if request.content.is_eof():  # all here already (a small body): no deadline
+                    body = await read_body(request, length, self.max_body_bytes)
+                else:
+                    async with asyncio.timeout(self.body_timeout_s):  # no task, unlike wait_for
+                        body = await read_body(request, length, self.max_body_bytes)
+            except TimeoutError:
+                msg = "request body not received in time"
+                return self._refuse(request, error_response(408, msg), start)
+            except BodyTooLargeError:
+                return self._refuse(request, self._too_large(None), start)
+            except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                msg = f"request body incomplete: {exc}"
+                return self._refuse(request, error_response(400, msg), start)
+            stage = "queued"
+            # This request stays with the set it was admitted to, even across a swap.
+            slots, instances, counters = self.slots, self.instances, self._per_instance
+            try:
+                index = await slots.acquire()
+            except QueueFullError:
+                return self._shed(error_response(503, "queue full", **self._retry()), start)
+            except TimeoutError:
+                msg = "no instance took the request in time"
+                return self._shed(error_response(503, msg, **self._retry()), start)
+            except BackendGoneError:
+                return self._shed(error_response(503, "the model server is gone"), start)
+            stage = "in_flight"
+            counters[index].inc()
+            headers = passthrough(request.headers.items())
+            # Once forwarded, the request runs to completion even if its client leaves: the
+            # worker has it, and its slot must stay taken until TorchServe answers.
+            shield(request, True)
+            try:
+                response = await self._forward_then_release(
+                    slots, index, instances[index], headers=headers, query=request.query, body=body
+                )
+            finally:
+                shield(request, False)
+            if disconnected(request):  # answered, but nobody to answer: not a 200
+                self.metrics.cancelled.labels(self.model, stage).inc()
+                return response
+        except asyncio.CancelledError:
+            self.metrics.cancelled.labels(self.model, stage).inc()
+            raise
+        finally:
+            self.buffered_bytes -= reserve
+        if self.draining:
+            response.headers["Connection"] = "close"
+            response.force_close()
+        return self._count(response, start, source="torchserve")
+
+    def _too_large(self, length: int | None) -> web.Response:
+        got = f"{length} bytes" if length is not None else "a longer body"
+        return error_response(
+            413, f"request body too large: {got}, at most {self.max_body_bytes} bytes"
+        )
+
+    def _retry(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+    def _shed(self, response: web.Response, start: float) -> web.Response:
+        """An answer the dispatcher gives itself."""
+        return self._count(response, start, source="dispatcher")
+
+    def _refuse(self, request: web.Request, response: web.Response, start: float) -> web.Response:
+        """An answer without reading (the rest of) the body: the connection stops reading
+        at
+        once and closes after the answer
+        (:func:`~packrat.serve.dispatcher.connections.refuse_body`)."""
+        response.force_close()
+        refuse_body(request)
+        return self._count(response, start, source="dispatcher")
+
+    async def _forward_then_release(
+        self,
+        slots: Slots,
+        index: int,
+        inst: InstanceSpec,
+        *,
+        headers: dict[str, str],
+        query: Mapping[str, str],
+        body: bytes,
+    ) -> web.Response:
+        forwarded = time.perf_counter()
+        try:
+            return await self.upstream.forward(inst.name, headers, query, body)
+        finally:
+            slots.release(index)
+            self.metrics.instance_duration.labels(self.model, inst.name).observe(
+                time.perf_counter() - forwarded
+            )
+
+    def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
+        m = self.metrics
+        code = str(response.status)
+        self._duration.observe(time.perf_counter() - start)
+        counter = self._by_code.get(code)
+        if counter is None:
+            counter = self._by_code[code] = m.requests.labels(self.model, code)
+        counter.inc()
+        if response.status >= 400:
+            m.errors.labels(self.model, code, source).inc()
+        return response

@@ -1,0 +1,80 @@
+"""The dispatcher's read-only endpoints: ``/ping`` (readiness), ``/healthz`` (liveness),
+``/metrics`` (Prometheus), ``/status`` (plan, queue, estimate) and ``/arrivals`` (the arrival
+log the operator's tuner reads). They answer from :class:`~packrat.serve.dispatcher.app.Dispatcher`
+state and change none of it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from packrat.serve.dispatcher.arrivals import DEFAULT_LIMIT
+from packrat.serve.dispatcher.upstream import error_response
+
+if TYPE_CHECKING:
+    from packrat.serve.dispatcher.app import Dispatcher
+
+__all__ = ["read_only_routes"]
+
+
+def read_only_routes(
+    d: Dispatcher,
+    *,
+    status: Callable[[], Mapping[str, Any]] | None,
+    alive: Callable[[], bool] | None,
+) -> list[web.RouteDef]:
+    """The routes, answering from ``d``; ``status`` adds the owner's document to ``/status``,
+    ``alive`` says whether TorchServe is still there (``None``: always)."""
+
+    async def handle_ping(_request: web.Request) -> web.Response:
+        if d.ready:
+            return web.json_response({"status": "Healthy"})
+        return web.json_response({"status": "Unhealthy"}, status=503)
+
+    async def handle_healthz(_request: web.Request) -> web.Response:
+        """Liveness, unlike readiness: 200 while the pod can recover by itself (instances
+        loading, a worker restarting, draining); 503 only when TorchServe itself is gone."""
+        if alive is None or alive():
+            return web.json_response({"status": "Alive"})
+        return web.json_response({"status": "Dead"}, status=503)
+
+    async def handle_metrics(_request: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(d.metrics.registry))
+        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        response.charset = "utf-8"
+        return response
+
+    async def handle_status(_request: web.Request) -> web.Response:
+        doc: dict[str, Any] = dict(status()) if status else {}
+        doc.setdefault("ready", d.ready)
+        doc["draining"] = d.draining
+        doc["outstanding"] = {"in_flight": d.slots.in_flight, "queued": d.slots.queued}
+        doc["batch_size_estimate"] = {
+            "estimate": d.estimator.estimate,
+            "ewma": d.estimator.ewma,
+            "samples": d.estimator.samples,
+        }
+        return web.json_response(doc)
+
+    async def handle_arrivals(request: web.Request) -> web.Response:
+        """The arrival log after ``?after=`` (seconds since the epoch; default: all of it)."""
+        try:
+            after = float(request.query.get("after", "0"))
+            limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
+        except ValueError:
+            return error_response(400, "after must be a number of seconds, limit an integer")
+        if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
+            return error_response(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
+        return web.json_response(d.arrivals.after(after, limit=limit))
+
+    return [
+        web.get("/ping", handle_ping),
+        web.get("/healthz", handle_healthz),
+        web.get("/metrics", handle_metrics),
+        web.get("/status", handle_status),
+        web.get("/arrivals", handle_arrivals),
+    ]

@@ -1,0 +1,70 @@
+"""The dispatcher's batch-size estimator sampling loop (Packrat's estimator,
+:class:`~packrat.plan.estimator.BatchSizeEstimator`): the outstanding requests (queued + in
+flight) every few milliseconds while there are any, exported as gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from packrat.plan.estimator import BatchSizeEstimator
+from packrat.serve.dispatcher.metrics import ServeMetrics
+
+__all__ = ["EstimatorSampler"]
+
+
+class EstimatorSampler:
+    """Feeds ``estimator`` the count ``pending()`` returns, every ``interval_s`` while it is
+    not zero; :meth:`wake` says something became outstanding."""
+
+    def __init__(
+        self,
+        estimator: BatchSizeEstimator,
+        *,
+        pending: Callable[[], int],
+        interval_s: float,
+        metrics: ServeMetrics,
+        model: str,
+    ) -> None:
+        self.estimator = estimator
+        self.interval_s = interval_s
+        self._pending = pending
+        self._metrics = metrics
+        self._model = model
+        self._task: asyncio.Task[None] | None = None
+        self._busy = asyncio.Event()  # set while anything is outstanding: the loop runs
+
+    def wake(self) -> None:
+        self._busy.set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        """Idle samples (nothing outstanding) are skipped: they say nothing about the size of
+        the batches that arrive, and between closed-loop bursts of exactly B they would pull
+        the average just below B, which floors to B/2. While idle the loop sleeps until a
+        request arrives (no 5 ms tick on an idle pod).
+        """
+        m = self._metrics
+        estimate = m.batch_size_estimate.labels(self._model)
+        ewma = m.outstanding_ewma.labels(self._model)
+        while True:
+            depth = self._pending()
+            if depth > 0:
+                self.estimator.observe(depth)
+            estimate.set(self.estimator.estimate)
+            ewma.set(self.estimator.ewma)
+            if depth == 0:
+                self._busy.clear()
+                await self._busy.wait()
+            await asyncio.sleep(self.interval_s)

@@ -1,0 +1,402 @@
+"""One serving pod, end to end: cpuset -> core sets -> TorchServe instances -> dispatcher.
+
+``packrat serve`` calls :func:`serve`. Order matters for readiness: the dispatcher listens
+first (so ``/ping`` answers "not ready" while models load), then TorchServe starts on
+loopback, every instance is registered (one worker each, its batch size, the max batch
+delay), warmed with one batch, and only then marked up. A monitor
+(:mod:`packrat.serve.pod.health`) keeps polling TorchServe's management API: an instance whose
+worker is not READY is marked down, and a worker with a new pid (TorchServe restarted it) is
+warmed again before it is marked up, so ``/ping`` reflects worker restarts. The monitor also
+pings TorchServe's frontend (short timeout) and reads each worker's state from ``/proc`` (a
+stopped, SIGSTOPped, or zombie worker is down), so readiness fails within a few seconds of
+either one no longer answering. When TorchServe itself is gone, every queued request is
+answered 503 at once and the pod exits with status 1 within seconds, so Kubernetes restarts
+it. SIGTERM or SIGINT: stop listening, finish what is in flight (at most ``drain_seconds``;
+after an optional ``drain_grace_seconds`` during which it still accepts connections but
+reports not ready), stop TorchServe, return 0.
+
+``/status`` reports the plan, the estimates, the queue and each instance's health; never
+process ids or internal addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import signal
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from packrat.plan.estimator import SERVING_ROUNDING
+from packrat.plan.optimizer import Plan
+from packrat.serve.config import (
+    JVM_ARGS,
+    InstanceSpec,
+    ServeConfigError,
+    check_fits,
+    plan_instances,
+    registration_query,
+    status_document,
+    worker_settings,
+)
+from packrat.serve.dispatcher.app import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_BUFFERED_BYTES,
+    Dispatcher,
+)
+from packrat.serve.dispatcher.connections import ConnectionLimits
+from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.pod.health import (
+    Health,
+    TorchServeGoneError,
+    check_instances,
+    monitor,
+    process_runnable,
+    warm,
+)
+from packrat.serve.pod.inpod import InPodSwitch, admin_routes
+from packrat.serve.torchserve.archive import ModelArchive, build_archive, default_model_name
+from packrat.serve.torchserve.handler import CONFIG_ENV
+from packrat.serve.torchserve.process import TorchServe
+from packrat.serve.zygote.process import ZygoteProcess
+from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
+
+__all__ = [
+    "PodServer",
+    "ServeOptions",
+    "TorchServeGoneError",
+    "process_runnable",
+    "resolve_cores",
+    "sample_body",
+    "serve",
+    "wait_ready",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeOptions:
+    """Everything ``packrat serve`` is told."""
+
+    model: str
+    plan: Plan
+    model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    max_batch_delay_ms: int = 5
+    queue_limit: int = 1024
+    drain_seconds: float = 30.0
+    drain_grace_seconds: float = 0.0  # keep accepting (not ready) this long after SIGTERM
+    workdir: Path | None = None
+    cpus: Sequence[int] | None = None  # default: this process's cpuset
+    warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
+    health_interval_s: float = 0.5
+    health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
+    estimator_interval_s: float = 0.005
+    estimator_rounding: str = SERVING_ROUNDING  # or "floor" (packrat.plan.estimator)
+    shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
+    body_timeout_s: float = 30.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
+    admin_token: str | None = None  # enables POST /admin/plan (the in-pod switch)
+    zygote: bool = (
+        True  # workers forked from one process that imported torch (packrat.serve.zygote.zygote)
+    )
+    jvm_args: tuple[str, ...] = JVM_ARGS  # TorchServe's JVM flags
+    zygote_process: ZygoteProcess | None = None  # already started for this workdir (prestart)
+    owns_workdir: bool = False  # remove ``workdir`` after a clean exit (the caller made it)
+
+
+def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
+    """This process's cpus and one disjoint core set per plan instance (or a clear error)."""
+    from packrat.runtime.cpus import CoreAssignmentError, allowed_cpus, assign_cores
+
+    available = sorted(cpus) if cpus is not None else allowed_cpus()
+    check_fits(plan, cpus=available)
+    try:
+        cores = assign_cores([t for t, _ in plan.expand()], cpus=available)
+    except CoreAssignmentError as exc:
+        raise ServeConfigError(str(exc)) from None
+    return available, cores
+
+
+def sample_body(archive: ModelArchive, spec: str) -> bytes | None:
+    """One request body for warm-up, raw bytes, made without torch where it can be."""
+    if archive.inputs is None:
+        return None
+    from packrat.serve.codec import example_body, warmup_body
+
+    body = warmup_body(archive.inputs)
+    return body if body is not None else example_body(spec)
+
+
+class PodServer:
+    """The running pod: owns the work directory, TorchServe and the dispatcher."""
+
+    def __init__(self, opts: ServeOptions) -> None:
+        self.opts = opts
+        self.name = opts.model_name or default_model_name(opts.model)
+        self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
+        self.instances: list[InstanceSpec] = plan_instances(opts.plan, model=self.name, cores=cores)
+        self._own_workdir = opts.workdir is None or opts.owns_workdir
+        self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
+        self.health = {inst.name: Health() for inst in self.instances}
+        self.metrics = ServeMetrics()
+        self.torchserve: TorchServe | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.warmup: bytes | None = opts.warmup_body
+        self.port: int | None = None
+        self.mar: str | None = None  # the archive's name in TorchServe's model store
+        given = opts.zygote_process if opts.zygote else None
+        if given is not None and (given.workdir != self.workdir or given.model != opts.model):
+            raise ServeConfigError("the prestarted zygote is for another work directory or model")
+        self.weights = (  # a model file is hashed once: by whoever names the weight file first
+            given.weights
+            if given is not None
+            else shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
+        )
+        self.generation = 0  # bumped by each in-pod plan switch
+        self.lock = asyncio.Lock()  # held while the instances are checked or swapped
+        self.switcher = InPodSwitch(self)
+        self.zygote = (
+            given or ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+            if opts.zygote
+            else None
+        )
+        self._stop = asyncio.Event()
+
+    def status(self) -> dict[str, Any]:
+        d = self.dispatcher
+        doc = status_document(
+            plan=self.opts.plan,
+            model=self.name,
+            instances=self.instances,
+            cpus=self.cpus,
+            estimate=d.estimator.estimate if d else 1,
+            ewma=d.estimator.ewma if d else 0.0,
+            ready=bool(d and d.ready),
+            health={k: v.to_dict() for k, v in self.health.items()},
+        )
+        return doc
+
+    def write_settings(self, instances: Sequence[InstanceSpec]) -> None:
+        """The workers' settings file (cores per instance, the weight file), atomically."""
+        doc = worker_settings(instances)
+        if self.weights is not None:
+            doc["weights"] = str(self.weights)
+        path = self.workdir / "packrat-workers.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(path)
+
+    def registration(self, inst: InstanceSpec) -> dict[str, str]:
+        assert self.torchserve is not None and self.mar is not None
+        return registration_query(
+            inst, mar=self.mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
+        )
+
+    def adopt(
+        self, plan: Plan, instances: Sequence[InstanceSpec], pids: Sequence[int], *, generation: int
+    ) -> None:
+        """After an in-pod switch: ``instances`` (warmed, workers ``pids``) serve ``plan``."""
+        self.opts.plan = plan
+        self.instances = list(instances)
+        self.generation = generation
+        self.health = {
+            inst.name: Health(up=True, pid=pid, warmed_pid=pid, status="READY")
+            for inst, pid in zip(instances, pids, strict=True)
+        }
+
+    def _alive(self) -> bool:
+        ts = self.torchserve
+        return ts is None or ts.proc is None or ts.running  # not started yet counts as alive
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        opts = self.opts
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        settings = self.workdir / "packrat-workers.json"
+        self.write_settings(self.instances)
+        worker_python = self.zygote.start() if self.zygote is not None else None
+        self.torchserve = TorchServe(
+            workdir=self.workdir,
+            env={CONFIG_ENV: str(settings)},
+            port_base=opts.torchserve_port_base,
+            worker_python=worker_python,
+            jvm_args=opts.jvm_args,
+        )
+        dispatcher = Dispatcher(
+            model=self.name,
+            instances=self.instances,
+            backend_url=self.torchserve.inference_url,
+            queue_limit=opts.queue_limit,
+            metrics=self.metrics,
+            status=self.status,
+            estimator_interval_s=opts.estimator_interval_s,
+            estimator_rounding=opts.estimator_rounding,
+            alive=self._alive,
+            max_body_bytes=opts.max_body_bytes,
+            max_buffered_bytes=opts.max_buffered_bytes,
+            body_timeout_s=opts.body_timeout_s,
+            routes=admin_routes(self.switcher, opts.admin_token),
+        )
+        self.dispatcher = dispatcher
+        runner = dispatcher.runner(opts.limits, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, opts.host, opts.port, shutdown_timeout=opts.drain_seconds)
+        await site.start()
+        addresses = runner.addresses
+        self.port = int(addresses[0][1]) if addresses else opts.port
+        log.info(
+            "packrat serve: %s plan %s on cpus %s, listening on http://%s:%d",
+            self.name,
+            opts.plan.label,
+            ",".join(map(str, self.cpus)),
+            opts.host,
+            self.port,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        monitor: asyncio.Task[None] | None = None
+        stop_wait = asyncio.create_task(self._stop.wait())
+        code = 0
+        try:
+            starting = asyncio.create_task(self._start_backend())
+            done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if starting in done:
+                starting.result()  # raises a startup error
+                log.info("packrat serve: every instance is loaded and warmed; ready")
+                monitor = asyncio.create_task(self._monitor())
+                done, _ = await asyncio.wait(
+                    {monitor, stop_wait}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if monitor in done:
+                    try:
+                        monitor.result()
+                    except TorchServeGoneError as exc:
+                        log.error("packrat serve: %s", exc)
+                        code = 1
+                        return code  # no drain: nothing can be served any more
+            else:
+                starting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await starting
+            stop_wait.cancel()
+            log.info("packrat serve: draining (%d outstanding)", dispatcher.pending)
+            dispatcher.begin_drain()
+            if opts.drain_grace_seconds > 0:
+                # Endpoints and load balancers notice a terminating pod late: keep serving,
+                # reporting not-ready, until they have stopped sending new connections.
+                await asyncio.sleep(opts.drain_grace_seconds)
+            await site.stop()
+            if not await dispatcher.wait_idle(opts.drain_seconds):
+                log.warning(
+                    "packrat serve: %d requests still outstanding after the drain",
+                    dispatcher.pending,
+                )
+        except Exception:
+            code = 1
+            raise
+        finally:
+            stop_wait.cancel()
+            await self.switcher.close()
+            if monitor is not None:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await monitor
+            await runner.cleanup()
+            await self.torchserve.stop()
+            if self.zygote is not None:
+                await self.zygote.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.remove_signal_handler(sig)
+            if self._own_workdir and code == 0:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        log.info("packrat serve: stopped")
+        return code
+
+    async def _start_backend(self) -> None:
+        assert self.torchserve is not None
+
+        async def prepare() -> ModelArchive:
+            archive = await asyncio.to_thread(
+                build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
+            )
+            if self.warmup is None:
+                self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+            if self.zygote is None and self.weights is not None:
+                await ensure_weights(self.opts.model, self.weights)  # the zygote writes its own
+            return archive
+
+        # The archive and the weight file are made while the JVM starts.
+        archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
+        log.info("packrat serve: TorchServe is up and the archive is built")
+        assert self.dispatcher is not None
+        self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
+        self.mar = self.torchserve.add_archive(archive.path)
+        # Registration starts while the zygote may still be preparing: TorchServe unpacks the
+        # archive and starts each worker's launcher, which waits for the zygote. A zygote that
+        # fails ends the start (and the registrations waiting on it) with its own error.
+        try:
+            async with asyncio.TaskGroup() as group:
+                if self.zygote is not None:
+                    group.create_task(self._zygote_ready())
+                for inst in self.instances:
+                    group.create_task(self.torchserve.register(self.registration(inst)))
+        except ExceptionGroup as failed:  # the first failure, as a plain error for the CLI
+            raise failed.exceptions[0] from None
+        async with self.lock:
+            await self._check_instances(initial=True)
+
+    async def _zygote_ready(self) -> None:
+        assert self.zygote is not None
+        await self.zygote.wait_ready()
+        log.info("packrat serve: the zygote is ready")
+
+    async def _monitor(self) -> None:
+        await monitor(self)
+
+    async def _check_instances(self, *, initial: bool) -> None:
+        await check_instances(self, initial=initial)
+
+    async def warm(self, inst: InstanceSpec) -> None:
+        """One full batch straight to the instance (:func:`packrat.serve.pod.health.warm`)."""
+        await warm(self, inst)
+
+
+async def serve(opts: ServeOptions) -> int:
+    """Run one serving pod until SIGTERM/SIGINT; 0 after a clean drain."""
+    server = PodServer(opts)
+    return await server.run()
+
+
+async def wait_ready(url: str, *, timeout_s: float) -> bool:
+    """Poll ``url``/ping until it answers 200 (for tests, benchmarks and the operator)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                async with session.get(f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    if r.status == 200:
+                        return True
+            except (TimeoutError, aiohttp.ClientError):
+                pass
+            await asyncio.sleep(0.2)
+    return False

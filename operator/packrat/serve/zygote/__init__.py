@@ -1,0 +1,1 @@
+"""The zygote: one process that imported torch and mapped the weights, forking workers."""

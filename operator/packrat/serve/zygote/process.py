@@ -1,0 +1,119 @@
+"""The pod's side of the zygote: start it, write the "python" TorchServe runs, stop it.
+
+:class:`ZygoteProcess` starts ``python -m packrat.serve.zygote.zygote`` (it imports torch and maps
+the weights while TorchServe's JVM starts) and writes a two-line shell script that
+TorchServe is given as its workers' interpreter: it runs
+:mod:`packrat.serve.torchserve.worker_launcher` without site-packages, which asks the zygote for a
+forked worker (or runs the real interpreter when the zygote cannot be reached).
+
+The zygote is the longest part of a pod's start (importing torch, writing the weight
+file), so ``packrat serve`` starts it first, before it imports the serving stack
+(:func:`prestart`; this module and its imports stay light for that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from packrat.serve.torchserve import worker_launcher
+from packrat.serve.zygote.shared_weights import shared_weights_file
+
+SUBDIR = "zygote"
+
+
+class ZygoteStartError(RuntimeError):
+    """The zygote exited, or took too long, before it could fork workers."""
+
+
+class ZygoteProcess:
+    """One zygote for one pod."""
+
+    def __init__(self, workdir: Path, *, model: str, weights: Path | None) -> None:
+        self.workdir = workdir
+        self.dir = workdir / SUBDIR
+        self.socket = self.dir / "zygote.sock"
+        self.python = self.dir / "python"
+        self.model = model
+        self.weights = weights
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def write_launcher(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        real = shlex.quote(sys.executable)
+        script = shlex.quote(str(Path(worker_launcher.__file__).resolve()))
+        sock = shlex.quote(str(self.socket))
+        self.python.write_text(f'#!/bin/sh\nexec {real} -S -E {script} {real} {sock} "$@"\n')
+        self.python.chmod(0o700)
+        return self.python
+
+    def start(self) -> Path:
+        """Start the zygote (once); returns the interpreter path to hand to TorchServe."""
+        if self.proc is not None:
+            return self.python
+        path = self.write_launcher()
+        self.socket.unlink(missing_ok=True)  # a previous run's: wait_ready waits for ours
+        args = [sys.executable, "-m", "packrat.serve.zygote.zygote", str(self.socket)]
+        if self.weights is not None:
+            args += ["--model", self.model, "--weights", str(self.weights)]
+        with (self.dir / "zygote.log").open("wb") as log:
+            self.proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its workers never share the pod's process group
+            )
+        return path
+
+    def log_tail(self, lines: int = 3) -> str:
+        """The log's last lines, on one line (the zygote's own message is the last)."""
+        try:
+            text = (self.dir / "zygote.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
+
+    async def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Until the zygote listens (it has written the weight file and built the model), or
+        a :class:`ZygoteStartError` with its log when it exits first."""
+        deadline = time.monotonic() + timeout_s
+        while not self.socket.exists():
+            proc = self.proc
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                raise ZygoteStartError(f"the zygote exited ({code}): {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise ZygoteStartError(f"the zygote was not ready after {timeout_s:.0f} s")
+            await asyncio.sleep(0.05)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        await asyncio.to_thread(self.stop_now, timeout_s)
+
+    def stop_now(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; its workers die with it (PDEATHSIG)."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+
+def prestart(model: str, workdir: Path, *, shared_weights: bool = True) -> ZygoteProcess:
+    """Start a pod's zygote now, for :class:`packrat.serve.pod.server.ServeOptions`
+    ``zygote_process``
+    (``packrat serve`` calls it before importing the serving stack)."""
+    weights = shared_weights_file(model, workdir, enabled=shared_weights)
+    zygote = ZygoteProcess(workdir, model=model, weights=weights)
+    zygote.start()
+    return zygote

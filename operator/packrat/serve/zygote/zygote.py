@@ -1,0 +1,234 @@
+"""The pod's zygote: one process that imported torch and mapped the weights, forking workers.
+
+Every TorchServe worker is its own Python process, and most of what one holds privately is
+not the weights but the runtime: the interpreter's objects for torch and TorchServe's
+modules and the relocated data of libtorch, rebuilt in every process. Started once per pod,
+the zygote imports all of it, builds the model with its weights mapped from the pod's one
+file (:mod:`packrat.runtime.weights`), and then forks a worker for each launcher that asks
+(:mod:`packrat.serve.torchserve.worker_launcher`, which TorchServe runs as its "python"). A forked
+worker shares those pages copy-on-write with the zygote and its siblings, and starts without
+importing anything: it only pins itself and serves. When the pod's weight file is not there
+yet, the zygote builds the model, writes the file and maps its own tensors from it: one
+torch import and one build on the pod's start path, not two of each (a separate writer),
+on cores the JVM needs too.
+
+No intra-op thread pool may exist when the zygote forks (a forked OpenMP pool would hang):
+it builds the model, when it must, with one thread, so that no pool is started, and checks
+that; each worker sets its own threads after the fork, as before.
+``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import runpy
+import selectors
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+_MAX_REQUEST = 1 << 20
+
+
+class ZygoteError(RuntimeError):
+    """The zygote could not prepare the workers' model."""
+
+
+class _Restart(Exception):  # noqa: N818 (a control-flow signal, not an error)
+    """Writing the weight file started threads: start afresh (the file is there now)."""
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def preload(model: str | None, weights: Path | None) -> None:
+    """Import what every worker imports; write the pod's weight file unless it is there, and
+    build the model on it once. Each step's time goes to the zygote's log."""
+    start = time.monotonic()
+    import torch
+    import ts.model_service_worker
+    import ts.service
+    import ts.torch_handler.base_handler  # noqa: F401
+
+    from packrat.serve import codec  # noqa: F401
+    from packrat.serve.torchserve import handler
+
+    _note("imported torch and TorchServe's worker", start)
+    if model is None or weights is None:
+        return
+    start = time.monotonic()
+    if weights.is_file():
+        handler.preload_model(model, weights)
+        _note(f"mapped {weights.name}", start)
+        return
+    from packrat.runtime.weights import export_mapped
+
+    # Building the model runs torch operations, which must not leave a thread pool for the
+    # forks to inherit: with one thread, at::parallel_for runs inline and starts none (each
+    # worker sets its own threads after the fork). Checked, not assumed: if threads appeared
+    # anyway, the zygote starts afresh and finds the file written.
+    before, threads = _threads(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        built = export_mapped(model, weights)
+    except Exception as exc:  # any failure: the pod's one clear error
+        raise ZygoteError(f"cannot write {weights.name}: {type(exc).__name__}: {exc}") from None
+    finally:
+        torch.set_num_threads(threads)  # the default again; a pool starts only when used
+    if _threads() > before:
+        raise _Restart
+    handler.preload_model(model, weights, built=built)
+    _note(f"built the model, wrote and mapped {weights.name}", start)
+
+
+def _note(what: str, start: float) -> None:
+    print(f"packrat zygote: {what} in {time.monotonic() - start:.2f} s", flush=True)
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
+    head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_REQUEST, 3)
+    size = int.from_bytes(head[:4], "big")
+    body = head[4:]
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("launcher went away")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+def _child(request: dict[str, object], fds: Sequence[int], listener: socket.socket) -> None:
+    """In the forked worker: become the process TorchServe launched, then run its script."""
+    code = 1
+    try:
+        listener.close()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        env = {str(k): str(v) for k, v in dict(request["env"]).items()}  # type: ignore[call-overload]
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(str(request["cwd"]))
+        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [p for p in extra if p not in sys.path]
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
+        sys.argv = argv
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # a worker that fails must still exit, never return
+        logging.basicConfig(stream=sys.stderr)
+        logging.exception("zygote worker failed")
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve(path: Path) -> int:
+    """Fork a worker per launcher connection until SIGTERM; kill a worker whose launcher
+    went away; report each worker's exit status to its launcher."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}  # worker pid -> its launcher's connection
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping:
+        for key, _ in sel.select(timeout=0.2):
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _recv_request(conn)
+                except (OSError, ValueError, ConnectionError):
+                    conn.close()
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    _child(request, fds, listener)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                sel.register(conn, selectors.EVENT_READ, pid)
+            else:  # a launcher's socket is readable: it closed, so its worker must go
+                pid = key.data
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        while children:  # reap
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            done = children.pop(pid, None)
+            if done is not None:
+                conn = done
+                sel.unregister(conn)
+                with contextlib.suppress(OSError):
+                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                conn.close()
+    for pid, conn in children.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        conn.close()
+    listener.close()
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m packrat.serve.zygote.zygote")
+    parser.add_argument("socket", type=Path)
+    parser.add_argument("--model")
+    parser.add_argument("--weights", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        preload(args.model, args.weights)
+    except ZygoteError as exc:
+        print(f"packrat zygote: {exc}", file=sys.stderr)
+        return 2
+    except _Restart:
+        print("packrat zygote: threads started while writing the weights; restarting", flush=True)
+        argv = list(sys.argv[1:] if argv is None else argv)
+        os.execv(sys.executable, [sys.executable, "-m", "packrat.serve.zygote.zygote", *argv])
+    return serve(args.socket)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
