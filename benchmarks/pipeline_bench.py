@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packrat.plan.pipeline_baselines import coarse_baselines
-from packrat.plan.pipeline_provision import provision_pipeline
-from packrat.plan.pipeline_search import PipelinePlanner
-from packrat.plan.pipeline_spec import load_pipeline_spec
+from packrat.plan.pipeline.baselines import coarse_baselines
+from packrat.plan.pipeline.provision import provision_pipeline
+from packrat.plan.pipeline.search import PipelinePlanner
+from packrat.plan.pipeline.spec import load_pipeline_spec
 from packrat.plan.traces import gamma_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,8 +46,8 @@ from seeding import MeasuredProfiles, seed_profile  # noqa: E402
 
 from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
-from packrat.plan.pipeline import DEFAULT_HOP_OVERHEAD_MS, Pipeline, Stage  # noqa: E402
-from packrat.plan.pipeline_search import PipelinePlanner  # noqa: E402
+from packrat.plan.pipeline.search import PipelinePlanner  # noqa: E402
+from packrat.plan.pipeline.simulate import DEFAULT_HOP_OVERHEAD_MS, Pipeline, Stage  # noqa: E402
 from packrat.plan.profile import Profile, load_profile  # noqa: E402
 from packrat.plan.provision import Config, SimSettings  # noqa: E402
 from packrat.plan.traces import gamma_trace  # noqa: E402

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from packrat.plan.pipeline import Edge, Pipeline, Stage
-from packrat.plan.pipeline_search import PipelinePlanner, exhaustive
+from packrat.plan.pipeline.search import PipelinePlanner, exhaustive
+from packrat.plan.pipeline.simulate import Edge, Pipeline, Stage
 from packrat.plan.profile import load_profile
 from packrat.plan.provision import SimSettings
 from packrat.plan.traces import gamma_trace

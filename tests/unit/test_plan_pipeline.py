@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packrat.plan.des import simulate
-from packrat.plan.pipeline import (
+from packrat.plan.pipeline.simulate import (
     Edge,
     Pipeline,
     PipelineError,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packrat.plan.pipeline import Edge, Pipeline, Stage
-from packrat.plan.pipeline_provision import provision_pipeline
-from packrat.plan.pipeline_search import PipelinePlanner, exhaustive
+from packrat.plan.pipeline.provision import provision_pipeline
+from packrat.plan.pipeline.search import PipelinePlanner, exhaustive
+from packrat.plan.pipeline.simulate import Edge, Pipeline, Stage
 from packrat.plan.provision import ProvisionError, SimSettings
 from packrat.plan.traces import gamma_trace
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from dispatcher_support import _serve, all_up, run, stack
 from prometheus_client.parser import text_string_to_metric_families
 
-from packrat.plan.pipeline import Edge, PipelineError
+from packrat.plan.pipeline.simulate import Edge, PipelineError
 from packrat.serve.router import DEADLINE_HEADER, PATH_HEADER, Router, RouterConfig
 
 

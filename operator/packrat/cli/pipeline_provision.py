@@ -20,9 +20,9 @@ from packrat.cli.provision import (
     trace_from_args,
     trace_line,
 )
-from packrat.plan.pipeline import Pipeline, PipelineError
-from packrat.plan.pipeline_provision import PipelineProvision, provision_pipeline
-from packrat.plan.pipeline_spec import load_pipeline_spec
+from packrat.plan.pipeline.provision import PipelineProvision, provision_pipeline
+from packrat.plan.pipeline.simulate import Pipeline, PipelineError
+from packrat.plan.pipeline.spec import load_pipeline_spec
 from packrat.plan.provision import ProvisionError
 from packrat.plan.traces import TraceError
 

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from aiohttp import web
 
-    from packrat.plan.pipeline import PipelineError
+    from packrat.plan.pipeline.simulate import PipelineError
     from packrat.serve.router import Router, parse_router_config
 
     if not 0 < args.port < 65536:

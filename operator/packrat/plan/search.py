@@ -2,7 +2,7 @@
 
 :func:`fewest_feasible` is the replica-count search of both
 (:meth:`packrat.plan.provision.Planner.fewest_replicas`,
-:meth:`packrat.plan.pipeline_search.PipelinePlanner.fewest_replicas`); :func:`finite` is
+:meth:`packrat.plan.pipeline.search.PipelinePlanner.fewest_replicas`); :func:`finite` is
 how both write a P99 into JSON.
 """
 

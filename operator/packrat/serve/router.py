@@ -3,7 +3,7 @@
 ``POST /predictions/{pipeline}`` takes the client's body to the root stages; each stage's
 answer is the next stage's input (a join gets ``{"parent": answer, ...}`` as JSON). Which
 edges a query takes is drawn per query from the edges' fractions, as the planner's
-simulation assumes (:mod:`packrat.plan.pipeline`); stages not on the drawn path are never
+simulation assumes (:mod:`packrat.plan.pipeline.simulate`); stages not on the drawn path are never
 called. The answer is the output of the last stage on the path (several last stages: a JSON
 object by stage), with ``X-Packrat-Path`` listing the stages that answered.
 
@@ -37,7 +37,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from packrat.plan.pipeline import Edge, PipelineError, topological_order
+from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
 from packrat.serve.dispatcher.metrics import MetricSet
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"

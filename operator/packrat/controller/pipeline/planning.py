@@ -3,7 +3,7 @@
 Each stage model profiles itself (``spec.cpus`` cores, its own Job and ConfigMap); the
 pipeline reads a stage's profile once the stage model's status names a ConfigMap for the
 profile key its spec implies, owned by that stage model. When every stage has one, the
-pipeline planner (:func:`packrat.plan.pipeline_provision.provision_pipeline`, the one
+pipeline planner (:func:`packrat.plan.pipeline.provision.provision_pipeline`, the one
 ``packrat provision --pipeline`` runs) simulates the DAG on the sample trace and chooses
 every stage's replicas, CPUs per replica and batch. Its answer is cached by everything it
 depends on (profile digests, replica limits, edges, trace, SLO, core budget, batch delay,
@@ -11,9 +11,9 @@ hop overhead), since one search simulates dozens of configurations; the search i
 so an operator restarted with the same inputs plans the same configuration.
 
 Every HTTP hop costs ``spec.slo.hopOverheadMs`` in the simulation (the client's hop to the
-router and each stage's call: :mod:`packrat.plan.pipeline`). Each stage's tuner reference is
-what its pods are planned to see: the envelope of the arrivals that stage saw in the
-simulation of the chosen configuration, and one of its replicas' capacity.
+router and each stage's call: :mod:`packrat.plan.pipeline.simulate`). Each stage's tuner
+reference is what its pods are planned to see: the envelope of the arrivals that stage saw in
+the simulation of the chosen configuration, and one of its replicas' capacity.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from packrat.controller.planning.provisioning import (
 )
 from packrat.controller.serving import manifests as m
 from packrat.plan.envelope import window_sizes
-from packrat.plan.pipeline import Pipeline, Stage
-from packrat.plan.pipeline_provision import PipelineProvision, provision_pipeline
+from packrat.plan.pipeline.provision import PipelineProvision, provision_pipeline
+from packrat.plan.pipeline.simulate import Pipeline, Stage
 from packrat.plan.profile import Profile, ProfileError, parse_profile
 from packrat.plan.provision import SimSettings
 

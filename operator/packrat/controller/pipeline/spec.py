@@ -20,7 +20,13 @@ from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.core.spec import validate_spec, with_defaults
 from packrat.controller.pipeline.manifests import stage_model_name
-from packrat.plan.pipeline import DEFAULT_HOP_OVERHEAD_MS, Edge, Pipeline, PipelineError, Stage
+from packrat.plan.pipeline.simulate import (
+    DEFAULT_HOP_OVERHEAD_MS,
+    Edge,
+    Pipeline,
+    PipelineError,
+    Stage,
+)
 
 MAX_PIPELINE_NAME = 19
 MAX_STAGE_NAME = 20

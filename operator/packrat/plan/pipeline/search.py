@@ -3,7 +3,7 @@
 A configuration gives every stage a :class:`~packrat.plan.provision.Config` (cores per
 replica, serving batch, replicas); each replica runs Packrat's plan for its cores and batch;
 the cost is the total of cores over all stages; it is feasible when the simulated
-end-to-end P99 on the sample trace (:mod:`packrat.plan.pipeline`) is at most the SLO and no
+end-to-end P99 on the sample trace (:mod:`packrat.plan.pipeline.simulate`) is at most the SLO and no
 stage runs above ``max_utilization`` (default 0.9) of its capacity at the trace's mean rate.
 The headroom is not InferLine's: without it the search lands on stages at 99.9% utilization
 that meet the SLO on the sample trace and miss it on the next trace of the same process
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packrat.plan.des import nearest_rank
-from packrat.plan.pipeline import Pipeline, PipelineResult, PipelineSim, StageRun
+from packrat.plan.pipeline.simulate import Pipeline, PipelineResult, PipelineSim, StageRun
 from packrat.plan.provision import Config, Planner, ProvisionError, SimSettings, check_request
 from packrat.plan.search import fewest_feasible, finite
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packrat.plan.pipeline import Edge, Pipeline, PipelineError, Stage
+from packrat.plan.pipeline.simulate import Edge, Pipeline, PipelineError, Stage
 from packrat.plan.profile import ProfileError, load_profile
 
 MAX_STAGES = 64

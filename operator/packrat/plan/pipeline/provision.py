@@ -1,8 +1,8 @@
 """Provisioning a pipeline for one end-to-end P99 SLO at the fewest cores: the answer.
 
-:func:`provision_pipeline` runs InferLine's search (:mod:`packrat.plan.pipeline_search`)
+:func:`provision_pipeline` runs InferLine's search (:mod:`packrat.plan.pipeline.search`)
 on a sample trace, computes each stage's Packrat plan for its chosen cores and batch, and
-adds the coarse-grained baselines (:mod:`packrat.plan.pipeline_baselines`); what
+adds the coarse-grained baselines (:mod:`packrat.plan.pipeline.baselines`); what
 ``packrat provision --pipeline`` prints. For each stage's tuner it also keeps what the plan
 was simulated on: the arrivals that stage saw on the sample trace (seconds, sorted) and the
 queries per second one of its replicas sustains at best.
@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from packrat.plan.optimizer import Optimizer
-from packrat.plan.pipeline import Pipeline
-from packrat.plan.pipeline_baselines import coarse_baselines
-from packrat.plan.pipeline_search import PipelineEvaluation, PipelinePlanner
+from packrat.plan.pipeline.baselines import coarse_baselines
+from packrat.plan.pipeline.search import PipelineEvaluation, PipelinePlanner
+from packrat.plan.pipeline.simulate import Pipeline
 from packrat.plan.provision import SimSettings, trace_summary
 from packrat.plan.search import finite
 

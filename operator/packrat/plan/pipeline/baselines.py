@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from packrat.plan.des import nearest_rank
-from packrat.plan.pipeline import PipelineSim, StageRun
-from packrat.plan.pipeline_search import Configs, PipelinePlanner
+from packrat.plan.pipeline.search import Configs, PipelinePlanner
+from packrat.plan.pipeline.simulate import PipelineSim, StageRun
 from packrat.plan.provision import Config
 from packrat.plan.search import finite
 from packrat.plan.traces import peak_rate

@@ -1,0 +1,1 @@
+"""Pipelines of models (InferLine): the DAG file, its simulation, the search and the baselines."""
