@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
+# No bytecode compiled at install: pip would compile all of torch (about 100 s of CPU on a busy
+# 2-core machine, against 15 s for the install itself); Python writes what it imports on first use.
+PIP_INSTALL := $(PIP) install --no-compile
 
 .PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs profiling-jobs
 
@@ -13,9 +16,8 @@ venv: $(STAMP)
 # torch first and explicitly: the CPU build 2.13.0 (a looser spec may pull a multi-GB CUDA build).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --upgrade pip
-	$(PIP) install torch==2.13.0 numpy==2.4.6
-	$(PIP) install -e '.[serve,operator,storage,dev]'
+	$(PIP_INSTALL) torch==2.13.0 numpy==2.4.6
+	$(PIP_INSTALL) -e '.[serve,operator,storage,dev]'
 	$(BIN)/python -m packrat.serve.torchserve.jvm write-archive || echo "no CDS archive: TorchServe starts without it"
 	touch $(STAMP)
 
@@ -51,10 +53,18 @@ actionlint-tools:
 # moto's S3 server in its own virtualenv (.venv/moto; see tests/integration/requirements-s3.txt)
 # for the storageUri tests; where that fails those tests skip and say why.
 s3-tools: venv
-	@test -x $(VENV)/moto/bin/moto_server || { $(PYTHON) -m venv $(VENV)/moto && $(VENV)/moto/bin/python -m pip --disable-pip-version-check -q install -r tests/integration/requirements-s3.txt; } || echo "make s3-tools: moto not installed; tests/integration/test_storage_s3.py will skip" >&2
+	@test -x $(VENV)/moto/bin/moto_server || { $(PYTHON) -m venv $(VENV)/moto && $(VENV)/moto/bin/python -m pip --disable-pip-version-check -q install --no-compile -r tests/integration/requirements-s3.txt; } || echo "make s3-tools: moto not installed; tests/integration/test_storage_s3.py will skip" >&2
 
-# The README's test command: lint, types, layering, then the whole suite.
-test: lint typecheck layers prometheus-tools actionlint-tools s3-tools
+# The README's test command: lint, types and layering beside the whole suite (the checks are
+# single-threaded and mostly wait on nothing, so they overlap the suite's first minute; any
+# failure still fails the run).
+.PHONY: checks suite
+test: venv
+	@$(MAKE) --no-print-directory -j3 checks suite
+
+checks: lint typecheck layers
+
+suite: prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests -q
 
 bench-optimizer: venv
