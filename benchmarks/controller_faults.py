@@ -249,7 +249,7 @@ def scale_one(n: int, *, window: float, resync: float, workdir: Path) -> dict[st
             model = parse(obj, default_image=TEST_IMAGE)
             api.create(
                 "configmaps",
-                pm.profile_configmap(model.body(), key=model.profile_key, profile_json=profile),
+                pm.profile_configmap(model, profile_json=profile),
             )
 
         def all_ready() -> bool:

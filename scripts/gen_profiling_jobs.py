@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from packrat.controller.core.spec import profile_key
+from packrat.controller.core.model import parse
 from packrat.controller.profiling import manifests as m
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def render(name: str) -> str:
     what, spec = JOBS[name]
     stem = name.removesuffix(".yaml")
     owner = {"metadata": {"name": stem, "namespace": "default"}, "spec": spec}
-    job = m.profiling_job(owner, key=profile_key(spec, image=IMAGE), image=IMAGE)
+    job = m.profiling_job(parse(owner, default_image=IMAGE))
     job["metadata"].pop("ownerReferences")
     job["metadata"].pop("namespace")  # kubectl's current namespace
     header = HEADER.format(what=what, name=name, job=job["metadata"]["name"], cpus=spec["cpus"])

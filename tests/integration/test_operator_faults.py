@@ -17,7 +17,7 @@ from models import tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
 from packrat.controller.api.drift import merge_patch
-from packrat.controller.core.spec import template_hash
+from packrat.controller.core.model import stored
 
 # the session's profile may be measured in ``serving`` first (minutes on a loaded machine)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -177,7 +177,7 @@ def test_fault1_active_deleted_in_the_foreground(serving: OperatorCluster) -> No
     # the pods' hash label is the template's (the plan's cores, not the plan: the slot's plan
     # ConfigMap holds that), of the last good configuration
     spec, plan = before["servingSpec"], before["plan"]
-    pod_hash = template_hash(spec, cpus=plan["cpus"], image=spec.get("image") or TEST_IMAGE)
+    pod_hash = stored({"name": NAME}, spec, image=TEST_IMAGE).template_hash(plan["cpus"])
     assert _template(cluster, dep_name)["metadata"]["labels"]["packrat.dev/serving-hash"] == (
         pod_hash
     )

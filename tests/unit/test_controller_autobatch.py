@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
-from packrat.controller.core.spec import AUTO_BATCH_DEFAULTS
+from packrat.controller.core.model import AutoBatch, model_spec
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import estimates
@@ -25,12 +25,18 @@ AUTO: dict[str, Any] = {
 }
 
 
+def _auto(auto: dict[str, Any]) -> AutoBatch:
+    typed = model_spec({"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": auto}).auto
+    assert typed is not None
+    return typed
+
+
 # -- pure glue ------------------------------------------------------------------------------------
 def test_policy_from_spec_maps_every_field() -> None:
-    policy = ab.policy_from_spec(AUTO)
+    policy = ab.policy_from_spec(_auto(AUTO))
     assert (policy.min_batch, policy.max_batch, policy.sustain) == (1, 8, 2)
     assert (policy.min_interval_s, policy.min_gain) == (60.0, 0.05)
-    assert ab.policy_from_spec(AUTO_BATCH_DEFAULTS).min_gain == 0.05  # default 5 %
+    assert ab.policy_from_spec(_auto({})).min_gain == 0.05  # default 5 %
 
 
 @pytest.mark.parametrize(
@@ -70,7 +76,7 @@ def test_as_reading_normalises_sources() -> None:
 
 
 def test_record_observation_keeps_the_last_sustain_readings() -> None:
-    policy = ab.policy_from_spec({**AUTO, "sustainObservations": 3})
+    policy = ab.policy_from_spec(_auto({**AUTO, "sustainObservations": 3}))
     seen: dict[str, Any] = {"current": 2, "streak": 3}
     for i, batch in enumerate([1, 8, 32, 4]):
         now = f"2026-01-01T00:00:0{i}Z"

@@ -9,7 +9,8 @@ from typing import Any
 
 from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 
-from packrat.controller.core.spec import DEFAULT_IMAGE, template_hash
+from packrat.controller.core.model import model_spec
+from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import get_condition
 from packrat.controller.core.wakeups import Wakeups
 from packrat.controller.model.reconcile import Reconciler
@@ -44,7 +45,7 @@ def _renders(kube: FakeKube, slot: str, status: dict[str, Any]) -> bool:
     """The slot's Deployment and plan ConfigMap are rendered from ``status``'s served spec
     and plan (the pod template's hash has the plan's cores, the ConfigMap the plan)."""
     spec, plan = status["servingSpec"], status["plan"]
-    want = template_hash(spec, cpus=plan["cpus"], image=spec.get("image") or DEFAULT_IMAGE)
+    want = model_spec(spec, image=spec.get("image") or DEFAULT_IMAGE).template_hash(plan["cpus"])
     label = _dep(kube, f"tiny-{slot}")["metadata"]["labels"]["packrat.dev/serving-hash"]
     cm = kube.get("configmaps", NS, f"tiny-{slot}-plan")
     assert cm is not None

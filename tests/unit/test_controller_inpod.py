@@ -11,12 +11,21 @@ from typing import Any
 
 import pytest
 
-from packrat.controller.switch.plan_poster import plan_request, post_plan, switchable
+from packrat.controller.core.model import model_spec
+from packrat.controller.switch.plan_poster import plan_request, post_plan
+from packrat.controller.switch.plan_poster import switchable as _switchable
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import parse_plan
 
 SPEC: dict[str, Any] = {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8}
 IMAGE = "ghcr.io/x/packrat:1"
+
+
+def switchable(
+    a: dict[str, Any], plan_a: dict[str, Any], b: dict[str, Any], plan_b: dict[str, Any]
+) -> bool:
+    typed = [model_spec(spec, image=IMAGE) for spec in (a, b)]
+    return _switchable(typed[0], plan_a, typed[1], plan_b)
 
 
 def _plan(count: int, threads: int, batch: int, cpus: int = 4) -> dict[str, Any]:
@@ -32,7 +41,7 @@ def _plan(count: int, threads: int, batch: int, cpus: int = 4) -> dict[str, Any]
 
 def test_a_batch_change_on_the_same_cores_switches_in_the_pod() -> None:
     spec16 = {**SPEC, "batchSize": 16}
-    assert switchable(SPEC, _plan(2, 2, 4), spec16, _plan(4, 1, 4), default_image=IMAGE)
+    assert switchable(SPEC, _plan(2, 2, 4), spec16, _plan(4, 1, 4))
 
 
 @pytest.mark.parametrize(
@@ -48,18 +57,16 @@ def test_a_batch_change_on_the_same_cores_switches_in_the_pod() -> None:
 def test_everything_else_keeps_the_deployment_switch(
     desired_spec: dict[str, Any], desired_plan: dict[str, Any], why: str
 ) -> None:
-    assert not switchable(SPEC, _plan(2, 2, 4), desired_spec, desired_plan, default_image=IMAGE), (
-        why
-    )
+    assert not switchable(SPEC, _plan(2, 2, 4), desired_spec, desired_plan), why
 
 
 def test_another_image_keeps_the_deployment_switch() -> None:
     current, desired = _plan(2, 2, 4), _plan(4, 1, 2)
-    assert switchable(SPEC, current, SPEC, desired, default_image=IMAGE)
+    assert switchable(SPEC, current, SPEC, desired)
     other = {**SPEC, "image": "other:2"}
-    assert not switchable(SPEC, current, other, desired, default_image=IMAGE)
+    assert not switchable(SPEC, current, other, desired)
     same = {**SPEC, "image": IMAGE}  # the default, spelled out: the same pods
-    assert switchable(SPEC, current, same, desired, default_image=IMAGE)
+    assert switchable(SPEC, current, same, desired)
 
 
 def test_the_request_is_a_plan_the_pod_parses() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from packrat.controller.core.model import model_spec
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.isolation import cores_exclusive
@@ -42,9 +43,9 @@ def test_no_record_is_unknown() -> None:
 
 def test_allow_contended_reaches_the_profile_command() -> None:
     spec: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
-    assert "--allow-contended" not in pm.profile_command(spec, output="/p/x")
+    assert "--allow-contended" not in pm.profile_command(model_spec(spec), output="/p/x")
     allowed = {**spec, "profiling": {"allowContended": True}}
-    cmd = pm.profile_command(allowed, output="/p/x")
+    cmd = pm.profile_command(model_spec(allowed), output="/p/x")
     assert "--allow-contended" in cmd and cmd[-2:] == ["-o", "/p/x"]
     assert validate_spec(allowed) == []
     assert validate_spec({**spec, "profiling": {"allowContended": "yes"}})

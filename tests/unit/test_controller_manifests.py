@@ -7,6 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from packrat.controller.core.model import parse
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.serving import manifests as m
 
@@ -25,7 +26,11 @@ OWNER: dict[str, Any] = {
 }
 URI_OWNER: dict[str, Any] = {
     **OWNER,
-    "spec": {"model": {"uri": "https://h/m.mar", "format": "mar"}, "cpus": 2, "batchSize": 4},
+    "spec": {
+        "model": {"uri": "https://h/m.mar", "format": "mar", "sampleRequest": "eA=="},
+        "cpus": 2,
+        "batchSize": 4,
+    },
 }
 PVC_OWNER: dict[str, Any] = {
     **OWNER,
@@ -49,9 +54,9 @@ VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 
 def _objects(owner: dict[str, Any]) -> list[dict[str, Any]]:
     return [
-        pm.profiling_job(owner, key="abcdef0123456789"),
-        pm.profile_configmap(owner, key="abcdef0123456789", profile_json="{}", cpu_model="x"),
-        m.serving_deployment(owner, slot="a", serving_hash="h1", replicas=2),
+        pm.profiling_job(parse(owner)),
+        pm.profile_configmap(parse(owner), profile_json="{}", cpu_model="x"),
+        m.serving_deployment(parse(owner), slot="a", serving_hash="h1", replicas=2),
         m.service(owner, slot="b"),
     ]
 
@@ -95,7 +100,7 @@ def test_pods_are_guaranteed_and_locked_down(owner: dict[str, Any]) -> None:
 
 
 def test_deployment_serves_plan_with_probes() -> None:
-    dep = m.serving_deployment(OWNER, slot="b", serving_hash="h1", replicas=3)
+    dep = m.serving_deployment(parse(OWNER), slot="b", serving_hash="h1", replicas=3)
     assert dep["metadata"]["name"] == "tiny-b"
     assert dep["spec"]["replicas"] == 3
     tpl = dep["spec"]["template"]
@@ -129,8 +134,9 @@ def test_deployment_serves_plan_with_probes() -> None:
 
 
 def test_job_profiles_and_publishes() -> None:
-    job = pm.profiling_job(OWNER, key="abcdef0123456789")
-    assert job["metadata"]["name"] == "tiny-profile-abcdef01"
+    typed = parse(OWNER)
+    job = pm.profiling_job(typed)
+    assert job["metadata"]["name"] == f"tiny-profile-{typed.profile_key[:8]}"
     spec = job["spec"]
     assert spec["backoffLimit"] == 2 and spec["activeDeadlineSeconds"] == 1800
     init = spec["template"]["spec"]["initContainers"][-1]

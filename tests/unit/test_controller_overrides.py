@@ -7,7 +7,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from packrat.controller.core.spec import serving_hash, validate_spec
+from packrat.controller.core.model import model_spec, parse
+from packrat.controller.core.spec import validate_spec
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.serving import manifests as m
 
@@ -46,8 +47,8 @@ def owner(pod: Any) -> dict[str, Any]:
 
 def _pods() -> list[tuple[dict[str, Any], dict[str, Any]]]:
     body = owner(POD)
-    job = pm.profiling_job(body, key="k" * 16)
-    dep = m.serving_deployment(body, slot="a", serving_hash="h", replicas=1)
+    job = pm.profiling_job(parse(body))
+    dep = m.serving_deployment(parse(body), slot="a", serving_hash="h", replicas=1)
     for obj in (job, dep):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
     return [(o["spec"]["template"]["metadata"], o["spec"]["template"]["spec"]) for o in (job, dep)]
@@ -74,7 +75,9 @@ def test_overrides_change_the_serving_hash() -> None:
     plain = owner(None)["spec"]
     plain.pop("pod")
     with_pod = owner(POD)["spec"]
-    assert serving_hash(plain, plan=PLAN, image="i") != serving_hash(with_pod, plan=PLAN, image="i")
+    assert model_spec(plain, image="i").serving_hash(PLAN) != model_spec(
+        with_pod, image="i"
+    ).serving_hash(PLAN)
 
 
 @pytest.mark.parametrize(

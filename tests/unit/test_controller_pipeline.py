@@ -16,7 +16,7 @@ from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
 from packrat.controller.api.kube import KubeError
 from packrat.controller.core.context import Config
-from packrat.controller.core.model import SERVING_CPUS_ANNOTATION
+from packrat.controller.core.model import SERVING_CPUS_ANNOTATION, parse
 from packrat.controller.core.status import get_condition
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pipeline.reconcile import PipelineReconciler
@@ -84,7 +84,10 @@ class Cluster:
         obj = self.obj("packratmodels", model)
         key = ((obj.get("status") or {}).get("profile") or {}).get("key")
         if key:
-            cm = profile_configmap(obj, key=key, profile_json=_profile_json(), cpu_model="Test")
+            assert parse(obj, default_image="img").profile_key == key
+            cm = profile_configmap(
+                parse(obj, default_image="img"), profile_json=_profile_json(), cpu_model="Test"
+            )
             self.kube.create("configmaps", NS, cm)
 
     def settle(self, rounds: int = 12) -> dict[str, Any]:
@@ -336,8 +339,12 @@ def test_model_serving_cpus_annotation() -> None:
     rec.reconcile(NS, "m", now=T0)
     obj = kube.get("packratmodels", NS, "m")
     assert obj is not None
-    key = obj["status"]["profile"]["key"]
-    kube.create("configmaps", NS, profile_configmap(obj, key=key, profile_json=_profile_json()))
+    assert parse(obj, default_image="img").profile_key == obj["status"]["profile"]["key"]
+    kube.create(
+        "configmaps",
+        NS,
+        profile_configmap(parse(obj, default_image="img"), profile_json=_profile_json()),
+    )
     rec.reconcile(NS, "m", now=T0)
     obj = kube.get("packratmodels", NS, "m")
     assert obj is not None

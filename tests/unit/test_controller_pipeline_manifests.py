@@ -19,6 +19,7 @@ from packrat.controller.pipeline.manifests import (
     router_configmap,
     router_deployment,
 )
+from packrat.controller.pipeline.spec import PipelineObject, parse_pipeline
 from packrat.serve.router import parse_router_config
 
 EXAMPLE = load_yaml_docs(EXAMPLES_DIR / "pipelines" / "cascade.yaml")[0]
@@ -30,14 +31,18 @@ def owner() -> dict[str, Any]:
     return out
 
 
+def pipe() -> PipelineObject:
+    return parse_pipeline(owner())
+
+
 @pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
 def test_the_objects_are_valid_kubernetes(version: str) -> None:
-    for obj in (router_configmap(owner()), router_deployment(owner()), pipeline_service(owner())):
+    for obj in (router_configmap(pipe()), router_deployment(pipe()), pipeline_service(pipe())):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
 def test_the_router_config_is_what_packrat_route_reads() -> None:
-    text = router_configmap(owner())["data"][CONFIG_KEY]
+    text = router_configmap(pipe())["data"][CONFIG_KEY]
     config = parse_router_config(yaml.safe_load(text))
     assert config.pipeline == "cascade"
     assert config.stages == {
@@ -51,12 +56,14 @@ def test_the_router_config_is_what_packrat_route_reads() -> None:
 def test_the_deadline_defaults_to_ten_times_the_slo() -> None:
     o = owner()
     del o["spec"]["deadlineMs"]
-    config = parse_router_config(yaml.safe_load(router_configmap(o)["data"][CONFIG_KEY]))
+    config = parse_router_config(
+        yaml.safe_load(router_configmap(parse_pipeline(o))["data"][CONFIG_KEY])
+    )
     assert config.deadline_ms == 8000.0
 
 
 def test_the_router_pod_is_unprivileged_bounded_and_runs_packrat_route() -> None:
-    dep = router_deployment(owner())
+    dep = router_deployment(pipe())
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert check_packrat_argv(c["command"][1:]) == "route"
@@ -72,7 +79,7 @@ def test_the_router_pod_is_unprivileged_bounded_and_runs_packrat_route() -> None
 
 
 def test_everything_is_owned_by_the_pipeline_and_the_service_selects_the_router() -> None:
-    cm, dep, svc = router_configmap(owner()), router_deployment(owner()), pipeline_service(owner())
+    cm, dep, svc = router_configmap(pipe()), router_deployment(pipe()), pipeline_service(pipe())
     for obj in (cm, dep, svc):
         (ref,) = obj["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"]) == ("PackratPipeline", "cascade", "uid-7")
@@ -85,10 +92,10 @@ def test_everything_is_owned_by_the_pipeline_and_the_service_selects_the_router(
 
 
 def test_a_changed_dag_rolls_the_router() -> None:
-    before = router_deployment(owner())["spec"]["template"]["metadata"]["labels"]
+    before = router_deployment(pipe())["spec"]["template"]["metadata"]["labels"]
     o = owner()
     o["spec"]["edges"][0]["fraction"] = 0.5
-    after = router_deployment(o)["spec"]["template"]["metadata"]["labels"]
+    after = router_deployment(parse_pipeline(o))["spec"]["template"]["metadata"]["labels"]
     assert before[LABEL_CONFIG_HASH] != after[LABEL_CONFIG_HASH]
-    same = router_deployment(owner())["spec"]["template"]["metadata"]["labels"]
+    same = router_deployment(pipe())["spec"]["template"]["metadata"]["labels"]
     assert same[LABEL_CONFIG_HASH] == before[LABEL_CONFIG_HASH]

@@ -194,7 +194,12 @@ def test_a_models_own_tuner_reference(
 def test_the_operator_reads_arrivals_for_a_model_with_its_own_reference() -> None:
     """The daemon samples the pods' arrivals (every intervalSeconds) for a tuner from a
     reference as for one from an SLO; not for external mode, nor during a switch."""
-    from packrat.controller.handlers import _tuner_interval
+    from packrat.controller.handlers import OperatorOptions, typed
+    from packrat.controller.handlers import _tuner_interval as interval
+
+    def _tuner_interval(body: dict[str, Any]) -> float | None:
+        body = {"metadata": {"name": "m"}, **body}
+        return interval(typed(body, OperatorOptions()), body)
 
     ref = {**REF, "ratesPerSecond": [1.0, 2.0, 3.0]}
     spec = {**STAGE_MODEL, "batchSize": 1, "autoscaling": {"intervalSeconds": 3, "reference": ref}}

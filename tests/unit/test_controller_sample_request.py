@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from packrat.controller.core.spec import profile_key, validate_spec
+from packrat.controller.core.model import model_spec, parse
+from packrat.controller.core.spec import validate_spec
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.serving import manifests as m
 
@@ -33,7 +34,7 @@ def _profile_container(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_job_profiles_through_the_handler_with_the_sample() -> None:
-    container = _profile_container(pm.profiling_job(MAR_OWNER, key="k" * 16))
+    container = _profile_container(pm.profiling_job(parse(MAR_OWNER)))
     cmd = container["command"]
     assert cmd[cmd.index("--sample-request-env") + 1] == m.SAMPLE_REQUEST_ENV
     assert cmd[cmd.index("--sample-content-type") + 1] == "application/json"
@@ -45,7 +46,7 @@ def test_the_job_profiles_through_the_handler_with_the_sample() -> None:
 
 def test_a_zoo_model_without_sample_profiles_the_bare_model() -> None:
     owner = {**MAR_OWNER, "spec": {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4}}
-    container = _profile_container(pm.profiling_job(owner, key="k" * 16))
+    container = _profile_container(pm.profiling_job(parse(owner)))
     assert "--sample-request-env" not in container["command"]
     assert m.SAMPLE_REQUEST_ENV not in {e["name"] for e in container["env"]}
 
@@ -61,5 +62,5 @@ def test_a_mar_needs_a_sample_request() -> None:
 def test_a_changed_sample_request_re_profiles() -> None:
     spec = MAR_OWNER["spec"]
     other = {**spec, "model": {**spec["model"], "sampleRequest": base64.b64encode(b"y").decode()}}
-    assert profile_key(spec, image="i") != profile_key(other, image="i")
-    assert profile_key(spec, image="i") == profile_key(dict(spec), image="i")
+    assert model_spec(spec, image="i").profile_key != model_spec(other, image="i").profile_key
+    assert model_spec(spec, image="i").profile_key == model_spec(dict(spec), image="i").profile_key

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat.controller.core.spec import serving_hash, template_hash, with_defaults
+from packrat.controller.core.model import ModelSpec, model_spec
 from packrat.controller.serving import manifests as m
 
 PLANS = [
@@ -53,9 +53,12 @@ specs = st.fixed_dictionaries(
 )
 
 
+def _typed(spec: dict[str, Any]) -> ModelSpec:
+    return model_spec(spec, name="f", namespace="ns", uid="u")
+
+
 def _template(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
-    owner = {"metadata": {"name": "f", "namespace": "ns", "uid": "u"}, "spec": spec}
-    dep = m.serving_deployment(owner, slot="a", serving_hash="-", replicas=1)
+    dep = m.serving_deployment(_typed(spec), slot="a", serving_hash="-", replicas=1)
     template: dict[str, Any] = copy.deepcopy(dep["spec"]["template"])
     return template
 
@@ -65,26 +68,22 @@ def _template(spec: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
 def test_hash_moves_with_the_template_only(
     a: dict[str, Any], b: dict[str, Any], plan_a: dict[str, Any], plan_b: dict[str, Any]
 ) -> None:
-    same_hash = template_hash(a, cpus=plan_a["cpus"], image=a["image"]) == template_hash(
-        b, cpus=plan_b["cpus"], image=b["image"]
-    )
+    same_hash = _typed(a).template_hash(plan_a["cpus"]) == _typed(b).template_hash(plan_b["cpus"])
     same_template = _template(a, plan_a) == _template(b, plan_b)
     assert same_hash == same_template
     if plan_a != plan_b:  # the plan itself is in the serving hash only
-        assert serving_hash(a, plan=plan_a, image=a["image"]) != serving_hash(
-            b, plan=plan_b, image=b["image"]
-        )
+        assert _typed(a).serving_hash(plan_a) != _typed(b).serving_hash(plan_b)
 
 
 def test_a_plan_change_on_the_same_cores_keeps_the_template() -> None:
-    spec = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    spec = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
     assert _template(spec, PLANS[0]) == _template(spec, PLANS[1])
-    assert template_hash(spec, cpus=2, image="i") != template_hash(spec, cpus=4, image="i")
+    assert _typed(spec).template_hash(2) != _typed(spec).template_hash(4)
 
 
 def test_switch_timings_leave_template_and_hash() -> None:
-    base = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    base = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
     other = {**base, "switch": {"readyTimeoutSeconds": 8, "drainSeconds": 600}}
     plan = PLANS[0]
     assert _template(base, plan) == _template(other, plan)
-    assert serving_hash(base, plan=plan, image="i") == serving_hash(other, plan=plan, image="i")
+    assert _typed(base).serving_hash(plan) == _typed(other).serving_hash(plan)

@@ -6,13 +6,8 @@ from typing import Any
 
 import pytest
 
-from packrat.controller.core.spec import (
-    initial_batch,
-    profile_key,
-    serving_hash,
-    validate_spec,
-    with_defaults,
-)
+from packrat.controller.core.model import AutoBatch, model_spec
+from packrat.controller.core.spec import read_spec, validate_spec
 
 GOOD: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4}
 
@@ -74,23 +69,50 @@ def test_name_length_checked() -> None:
 
 
 def test_defaults_and_batch() -> None:
-    spec = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"max": 8}})
+    spec, errors = read_spec({"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"max": 8}})
+    assert errors == []
     assert spec["replicas"] == 1
     assert spec["profiling"]["maxBatch"] == 32
     assert spec["autoBatch"]["min"] == 1
-    assert initial_batch(spec) == 1
-    assert initial_batch(GOOD) == 4
+    assert model_spec(spec).fixed_batch == 1
+    assert model_spec(GOOD).fixed_batch == 4
+
+
+def test_the_typed_spec_has_every_option_typed_and_is_read_only() -> None:
+    typed = model_spec(
+        {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"max": 8, "rounding": "floor"}},
+        image="img:1",
+    )
+    assert typed.auto == AutoBatch(
+        min=1,
+        max=8,
+        sustain_observations=3,
+        min_interval_seconds=60.0,
+        min_gain=0.05,
+        rounding="floor",
+    )
+    assert typed.profiling.max_batch == 32 and typed.profiling.threads is None
+    assert typed.switch.ready_timeout_seconds == 300.0 and typed.switch.drain_seconds == 10.0
+    assert (typed.cpus, typed.memory, typed.replicas, typed.batch_size) == (2, "4Gi", 1, None)
+    assert typed.image == "img:1" and "image" not in typed.spec  # resolved once, not stored
+    assert typed.stored_spec()["image"] == "img:1"
+    with pytest.raises(TypeError):
+        typed.spec["cpus"] = 4  # type: ignore[index]
+    with pytest.raises(TypeError):
+        typed.source["zoo"] = "resnet50"  # type: ignore[index]
+    served = typed.on_cpus(1)
+    assert served.cpus == 1 and typed.cpus == 2 and served.profile_key != typed.profile_key
 
 
 def test_profile_key_ignores_batch_but_not_cpus() -> None:
-    a = profile_key(GOOD, image="img")
-    assert profile_key({**GOOD, "batchSize": 8, "replicas": 3}, image="img") == a
-    assert profile_key({**GOOD, "cpus": 4}, image="img") != a
-    assert profile_key(GOOD, image="img2") != a
+    a = model_spec(GOOD, image="img").profile_key
+    assert model_spec({**GOOD, "batchSize": 8, "replicas": 3}, image="img").profile_key == a
+    assert model_spec({**GOOD, "cpus": 4}, image="img").profile_key != a
+    assert model_spec(GOOD, image="img2").profile_key != a
 
 
 def test_serving_hash_ignores_replicas() -> None:
     plan = {"cpus": 2, "batch": 4, "instances": [{"threads": 1, "batch": 2, "count": 2}]}
-    h = serving_hash(GOOD, plan=plan, image="i")
-    assert serving_hash({**GOOD, "replicas": 5}, plan=plan, image="i") == h
-    assert serving_hash(GOOD, plan={**plan, "batch": 8}, image="i") != h
+    h = model_spec(GOOD, image="i").serving_hash(plan)
+    assert model_spec({**GOOD, "replicas": 5}, image="i").serving_hash(plan) == h
+    assert model_spec(GOOD, image="i").serving_hash({**plan, "batch": 8}) != h

@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 
 from packrat.controller.core.context import Config, Pass, Result
-from packrat.controller.core.model import parse
-from packrat.controller.core.spec import profile_key, serving_hash, validate_spec
+from packrat.controller.core.model import model_spec, parse
+from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.storage import CREDENTIALS_DIR, VERSION_KEY
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.storage_check import CONDITION, resolve_version, retry_delay
@@ -92,9 +92,10 @@ def _init(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
-    body = owner({**S3, VERSION_KEY: "etag-1"})
-    job = pm.profiling_job(body, key="k" * 16)
-    dep = m.serving_deployment(body, slot="a", serving_hash="h", replicas=1)
+    typed = parse(owner(S3))
+    typed = typed.with_spec(model={**S3, VERSION_KEY: "etag-1"})  # as the storage check does
+    job = pm.profiling_job(typed)
+    dep = m.serving_deployment(typed, slot="a", serving_hash="h", replicas=1)
     for obj, expect_version in ((job, True), (dep, False)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
         pod = obj["spec"]["template"]["spec"]
@@ -129,13 +130,13 @@ def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
 
 
 def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
-    job = pm.profiling_job(owner({**S3, "digest": DIGEST}), key="k" * 16)
+    job = pm.profiling_job(parse(owner({**S3, "digest": DIGEST})))
     fetch = _init(job)[0]
     assert fetch["command"][-2:] == ["--digest", DIGEST]
     assert "--expect-version" not in fetch["command"]
 
     pvc = {"storageUri": "pvc://claim/dir/r.pt", "format": "torchscript"}
-    dep = m.serving_deployment(owner(pvc), slot="a", serving_hash="h", replicas=1)
+    dep = m.serving_deployment(parse(owner(pvc)), slot="a", serving_hash="h", replicas=1)
     pod = dep["spec"]["template"]["spec"]
     assert "initContainers" not in pod  # no digest: nothing to run
     assert {
@@ -143,7 +144,7 @@ def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
         "persistentVolumeClaim": {"claimName": "claim", "readOnly": True},
     } in pod["volumes"]
     assert pod["containers"][0]["command"][3] == m.MODEL_DIR + "/dir/r.pt"
-    verified = pm.profiling_job(owner({**pvc, "digest": DIGEST}), key="k" * 16)
+    verified = pm.profiling_job(parse(owner({**pvc, "digest": DIGEST})))
     check = _init(verified)[0]
     assert check["command"] == [
         "packrat",
@@ -158,8 +159,9 @@ def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
 
 def test_version_and_digest_are_part_of_the_profile_key_and_serving_hash() -> None:
     def keys(model: dict[str, Any]) -> tuple[str, str]:
-        spec = owner(model)["spec"]
-        return profile_key(spec, image="i"), serving_hash(spec, plan=PLAN, image="i")
+        plain = {k: v for k, v in model.items() if k != VERSION_KEY}
+        typed = model_spec(owner(plain)["spec"], image="i").with_spec(model=model)
+        return typed.profile_key, typed.serving_hash(PLAN)
 
     base = keys({**S3, VERSION_KEY: "e1"})
     changed = keys({**S3, VERSION_KEY: "e2"})

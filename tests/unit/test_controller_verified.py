@@ -10,6 +10,7 @@ import pytest
 from test_controller_reconcile import NS, T0, _profile_json, _setup
 
 from packrat.bench.verify import format_verification, with_verification
+from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import status_plan
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.profiling import manifests as pm
@@ -52,8 +53,8 @@ def test_the_profiling_run_verifies_the_batches_the_model_may_serve(
     extra: dict[str, Any], batches: list[int]
 ) -> None:
     spec = {**BASE, **extra}
-    assert pm.verify_batches(spec) == batches
-    cmd = pm.profile_command(spec, output="/p/x")
+    assert pm.verify_batches(model_spec(spec)) == batches
+    cmd = pm.profile_command(model_spec(spec), output="/p/x")
     assert cmd[-2:] == ["-o", "/p/x"]
     if batches:
         at = cmd.index("--verify-batches")

@@ -128,9 +128,10 @@ def test_example_objects_the_operator_builds_are_valid_and_guaranteed(
     profile_manifests = pytest.importorskip("packrat.controller.profiling.manifests")
     owner = {**copy.deepcopy(model), "metadata": {**model["metadata"], "uid": "uid-1"}}
     owner["metadata"].setdefault("namespace", "models")
+    typed = pytest.importorskip("packrat.controller.core.model").parse(owner)
     built = [
-        profile_manifests.profiling_job(owner, key="0123456789abcdef" * 4),
-        manifests.serving_deployment(owner, slot="a", serving_hash="f" * 16, replicas=1),
+        profile_manifests.profiling_job(typed),
+        manifests.serving_deployment(typed, slot="a", serving_hash="f" * 16, replicas=1),
         manifests.service(owner, slot="a"),
     ]
     for obj in built:

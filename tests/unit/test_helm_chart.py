@@ -301,7 +301,8 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
         "metadata": {"name": "resnet50", "namespace": "models-a", "uid": "u-1"},
         "spec": {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8},
     }
-    deployment = manifests.serving_deployment(owner, slot="a", serving_hash="h" * 16, replicas=1)
+    typed = pytest.importorskip("packrat.controller.core.model").parse(owner)
+    deployment = manifests.serving_deployment(typed, slot="a", serving_hash="h" * 16, replicas=1)
     template = deployment["spec"]["template"]
     pmon = _one(rendered["monitors"], "PodMonitor")
     selector = pmon["spec"]["selector"]["matchLabels"]

@@ -245,7 +245,11 @@ def _owner(model: dict[str, Any], **spec: Any) -> dict[str, Any]:
 
 MODELS: dict[str, dict[str, Any]] = {
     "zoo": {"zoo": "resnet50"},
-    "uri": {"uri": "https://models.example.com/resnet.mar", "format": "mar"},
+    "uri": {
+        "uri": "https://models.example.com/resnet.mar",
+        "format": "mar",
+        "sampleRequest": "eA==",
+    },
     "volume": {
         "volume": {"persistentVolumeClaim": {"claimName": "models"}, "path": "r/resnet.pt"},
         "format": "torchscript",
@@ -257,9 +261,10 @@ PLAN = SAMPLE_PLAN
 def controller_workloads() -> Iterator[dict[str, Any]]:
     manifests = pytest.importorskip("packrat.controller.serving.manifests")
     profile_manifests = pytest.importorskip("packrat.controller.profiling.manifests")
+    parse = pytest.importorskip("packrat.controller.core.model").parse
     for model in MODELS.values():
-        owner = _owner(model, profiling={"threads": [1, 2, 4]})
-        yield profile_manifests.profiling_job(owner, key="k" * 64)
+        owner = parse(_owner(model, profiling={"threads": [1, 2, 4]}))
+        yield profile_manifests.profiling_job(owner)
         yield manifests.serving_deployment(owner, slot="b", serving_hash="h" * 16, replicas=2)
 
 

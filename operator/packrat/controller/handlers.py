@@ -26,6 +26,7 @@ import kopf
 
 from packrat.controller.api.kube import Kube, KubeApi
 from packrat.controller.core import metrics
+from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.spec import GROUP, PLURAL, VERSION
 from packrat.controller.core.storage import needs_version_check
 from packrat.controller.core.wakeups import Wakeups, run_passes
@@ -125,10 +126,21 @@ def _publish(body: kopf.Body, result: Result) -> None:
             logger.exception("could not post event %s", reason)
 
 
-def _wants_estimates(body: Mapping[str, Any]) -> bool:
+def typed(body: Mapping[str, Any], options: OperatorOptions) -> ModelSpec | None:
+    """The model's typed spec (None when invalid: its pass says why)."""
+    try:
+        return parse(body, default_image=options.config.image)
+    except InvalidSpec:
+        return None
+
+
+def _wants_estimates(model: ModelSpec | None, body: Mapping[str, Any]) -> bool:
     status = body.get("status") or {}
-    return bool((body.get("spec") or {}).get("autoBatch")) and (
-        status.get("phase") == "Ready" and not status.get("switch")
+    return (
+        model is not None
+        and model.auto is not None
+        and status.get("phase") == "Ready"
+        and not status.get("switch")
     )
 
 
@@ -161,13 +173,12 @@ def next_delay(
     return delay
 
 
-def _tuner_interval(body: Mapping[str, Any]) -> float | None:
+def _tuner_interval(model: ModelSpec | None, body: Mapping[str, Any]) -> float | None:
     """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
-    spec = body.get("spec") or {}
-    auto = spec.get("autoscaling")
-    if not isinstance(auto, Mapping):
+    auto = model.autoscaling if model is not None else None
+    if model is None or auto is None:
         return None
-    if "slo" not in spec and not isinstance(auto.get("reference"), Mapping):
+    if model.slo is None and not isinstance(auto.get("reference"), Mapping):
         return None  # nothing to tune from
     if auto.get("mode", "envelope") != "envelope":
         return None
@@ -279,8 +290,9 @@ def build_registry(
         loop = asyncio.get_running_loop()
 
         async def one_pass() -> float | None:
-            tuning = _tuner_interval(body)
-            estimating = _wants_estimates(body)
+            model = typed(body, options)
+            tuning = _tuner_interval(model, body)
+            estimating = _wants_estimates(model, body)
             result = await loop.run_in_executor(
                 pool, run_pass, namespace, name, estimating, tuning is not None
             )
@@ -291,13 +303,12 @@ def build_registry(
             _publish(body, result)
             # keyed on the spec, not the status: the body's status is still the one from
             # before this pass (its own write arrives later as a watch event)
-            spec = body.get("spec") or {}
             return next_delay(
                 options,
                 waiting=result.waiting,
-                wants_estimates=bool(spec.get("autoBatch")),
+                wants_estimates=model is not None and model.auto is not None,
                 tuning=tuning,
-                checks_store=needs_version_check(spec.get("model") or {}),
+                checks_store=model is not None and needs_version_check(model.source),
                 retry=result.retry_seconds,
             )
 

@@ -22,8 +22,9 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from harness import OperatorCluster, wait_for
+from harness import TEST_IMAGE, OperatorCluster, wait_for
 
+from packrat.controller.core.model import parse
 from packrat.controller.profiling.manifests import profile_configmap
 from packrat.plan.profile import Profile, load_profile, parse_profile
 
@@ -108,9 +109,9 @@ def seed_profile(
     )
     text = profile.to_json()
     parse_profile(text, origin="seeded profile")  # what the operator will read back
-    body = profile_configmap(
-        cluster.model(name), key=str(key), profile_json=text, cpu_model=profile.meta.cpu_model
-    )
+    model = parse(cluster.model(name), default_image=TEST_IMAGE)
+    assert model.profile_key == key, "the operator keys profiles as the typed spec does"
+    body = profile_configmap(model, profile_json=text, cpu_model=profile.meta.cpu_model)
     cm_name = str(body["metadata"]["name"])
     if cluster.api.get("configmaps", cm_name) is None:
         cluster.api.create("configmaps", body)

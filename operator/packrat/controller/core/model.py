@@ -1,4 +1,4 @@
-"""A PackratModel read once per pass: validated, defaulted, image resolved, keys derived.
+"""A PackratModel read once per pass: validated, defaulted, image resolved, typed, keys derived.
 
 A pipeline's stage model also carries ``packrat.dev/serving-cpus``, set by its
 PackratPipeline: the CPUs per replica the pipeline planner chose. The model is profiled on
@@ -8,26 +8,32 @@ replica size needs no second profile. Until the pipeline has planned every stage
 model also carries ``packrat.dev/profile-only: "true"``: it profiles itself but deploys
 nothing, so its first Deployment is the planned one (no switch away from a placeholder).
 
-``parse`` turns the stored object into a frozen ``ModelSpec`` or raises ``InvalidSpec``
-with every problem found, whatever the input's shape (the operator must not trust that a
-stored object passed the CRD: validation may be off, the CRD older, or the API an
-emulator). Every later step reads the spec from here, never from the raw object.
+``parse`` turns the stored object into a frozen, typed ``ModelSpec`` or raises
+``InvalidSpec`` with every problem found, whatever the input's shape (the operator must not
+trust that a stored object passed the CRD: validation may be off, the CRD older, or the API
+an emulator). ``stored`` types a spec kept in status (``status.servingSpec``, the last good
+configuration) the same way. Both go through the one defaulter
+(:func:`packrat.controller.core.spec.read_spec`) and resolve the image once; every builder
+and step takes the ``ModelSpec`` and never re-reads or re-defaults the raw object. Each
+option is typed once, here.
 """
 
 from __future__ import annotations
 
-import copy
+import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from packrat.controller.core.spec import (
     API_VERSION,
+    DEFAULT_IMAGE,
+    DEFAULT_ROUNDING,
     KIND,
-    initial_batch,
-    profile_key,
-    validate_spec,
-    with_defaults,
+    digest,
+    model_identity,
+    read_spec,
 )
 
 SERVING_CPUS_ANNOTATION = "packrat.dev/serving-cpus"
@@ -42,9 +48,64 @@ class InvalidSpec(Exception):  # noqa: N818 (the condition reason users see)
         self.errors = errors
 
 
+@dataclass(frozen=True, slots=True)
+class Profiling:
+    """``spec.profiling``, defaulted."""
+
+    max_batch: int
+    threads: tuple[int, ...] | None
+    precision: float
+    time_budget_seconds: int
+    timeout_seconds: int
+    backoff_limit: int
+    allow_contended: bool
+    verify: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AutoBatch:
+    """``spec.autoBatch``, defaulted."""
+
+    min: int
+    max: int
+    sustain_observations: int
+    min_interval_seconds: float
+    min_gain: float
+    rounding: str
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchTiming:
+    """``spec.switch``, defaulted."""
+
+    ready_timeout_seconds: float
+    drain_seconds: float
+
+
+def _frozen(value: Any) -> Any:
+    """A read-only view of JSON-like data (every mapping a ``MappingProxyType``); builders
+    copy what they put into manifests (:func:`thaw`)."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_frozen(v) for v in value]
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Plain, mutable JSON data from a (partly) frozen view (for manifests and status)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """One PackratModel as a pass sees it (the spec with defaults and the image filled in)."""
+    """One PackratModel as a pass sees it: the spec with defaults, the image resolved, every
+    option typed. ``spec`` is the defaulted spec as given (read-only; ``image`` only when the
+    user set one): what hashes and the pipeline's stage models are built from."""
 
     name: str
     namespace: str
@@ -52,16 +113,21 @@ class ModelSpec:
     generation: int | None
     spec: Mapping[str, Any]
     image: str
-    annotations: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str]
+    # every option, typed once (from ``spec``, by ``_options``)
+    cpus: int
+    memory: str
+    replicas: int
+    batch_size: int | None
+    auto: AutoBatch | None
+    max_batch_delay_ms: int
+    profiling: Profiling
+    switch: SwitchTiming
+    source: Mapping[str, Any]  # spec.model
+    slo: Mapping[str, Any] | None
+    autoscaling: Mapping[str, Any] | None
 
-    @property
-    def replicas(self) -> int:
-        return int(self.spec["replicas"])
-
-    @property
-    def cpus(self) -> int:
-        return int(self.spec["cpus"])
-
+    # -- derived ---------------------------------------------------------------------------
     @property
     def serving_cpus(self) -> int | None:
         """CPUs per serving replica set by the owning pipeline, if any (at most ``cpus``)."""
@@ -74,68 +140,243 @@ class ModelSpec:
         return self.annotations.get(PROFILE_ONLY_ANNOTATION) == "true"
 
     @property
-    def auto(self) -> Mapping[str, Any] | None:
-        auto = self.spec.get("autoBatch")
-        return auto if isinstance(auto, Mapping) else None
+    def fixed_batch(self) -> int:
+        """The batch size to plan for: the fixed one, or the automatic range's minimum (with
+        an SLO the planner's batch replaces it)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return self.auto.min if self.auto is not None else 1
 
     @property
-    def fixed_batch(self) -> int:
-        return initial_batch(self.spec)
+    def rounding(self) -> str:
+        """The autoBatch estimate's rounding (the pods' default without autoBatch)."""
+        return self.auto.rounding if self.auto is not None else DEFAULT_ROUNDING
+
+    @property
+    def model_name(self) -> str:
+        """The name in ``/predictions/{name}``."""
+        return str(self.source.get("name") or self.name)
 
     @property
     def profile_key(self) -> str:
-        return profile_key(self.spec, image=self.image)
+        """The key a profile is reused under: model, image (torch build), T, grid, node
+        selection. The CPU model a profile was measured on is only known after profiling; the
+        node selector (and affinity) stand for it here, and the measured CPU model is recorded
+        in the ConfigMap."""
+        threads = self.profiling.threads or tuple(range(1, self.cpus + 1))
+        key: dict[str, Any] = {
+            "model": model_identity(self.source),
+            "image": self.image,
+            "cpus": self.cpus,
+            "maxBatch": self.profiling.max_batch,
+            "threads": sorted(threads),
+            "nodeSelector": thaw(self.spec.get("nodeSelector") or {}),
+            "affinity": thaw(self.spec.get("affinity") or {}),
+        }
+        sample = self.source.get("sampleRequest")
+        if sample is not None:  # the profile is measured through the handler with this request
+            key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
+            key["sampleContentType"] = self.source.get("sampleContentType")
+        return digest(key)
 
-    def body(self, spec: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The owner object the manifest builders take (``spec`` defaults to this one's)."""
+    def serving_hash(self, plan: Mapping[str, Any]) -> str:
+        """Hash of everything a slot serves (``status.servingHash``): the plan (its cores,
+        batch and instances) and every spec field the pods are built from, except the replica
+        count. A different hash needs a switch: in place
+        (:mod:`packrat.controller.switch.plan_poster`) when only the plan's layout changed
+        (same :meth:`template_hash`), else to the other slot."""
+        spec = self.spec
+        return digest(
+            {
+                "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},
+                "model": thaw(self.source),
+                "image": self.image,
+                "memory": self.memory,
+                "maxBatchDelayMs": self.max_batch_delay_ms,
+                "nodeSelector": thaw(spec.get("nodeSelector") or {}),
+                "tolerations": thaw(spec.get("tolerations") or []),
+                "affinity": thaw(spec.get("affinity") or {}),
+                **({"pod": thaw(spec["pod"])} if spec.get("pod") else {}),
+                **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
+            }
+        )[:16]
+
+    def template_hash(self, cpus: Any) -> str:
+        """Hash of what the serving pod template is built from: :meth:`serving_hash` with the
+        plan reduced to its cores. The plan itself reaches the pods through the slot's plan
+        ConfigMap, so a plan change that keeps the cores leaves the template (and the pods) as
+        they are."""
+        return self.serving_hash({"cpus": cpus})
+
+    # -- variants and forms ------------------------------------------------------------------
+    def with_spec(self, **changes: Any) -> ModelSpec:
+        """This model with top-level spec fields replaced (values already valid and defaulted:
+        the planner's CPUs, the store's version of the model)."""
+        return _make(_meta(self), {**thaw(self.spec), **changes}, image=self.image)
+
+    def on_cpus(self, cpus: int) -> ModelSpec:
+        """This model served on ``cpus`` CPUs per replica (the planner's replica size)."""
+        return self if cpus == self.cpus else self.with_spec(cpus=cpus)
+
+    def owner(self) -> dict[str, Any]:
+        """The owner object the manifest builders reference (name, namespace, uid)."""
         return {
             "apiVersion": API_VERSION,
             "kind": KIND,
             "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid or ""},
-            "spec": copy.deepcopy(dict(spec if spec is not None else self.spec)),
         }
 
     def stored_spec(self) -> dict[str, Any]:
         """The spec as kept in ``status.servingSpec`` (last good), image resolved."""
-        return copy.deepcopy(dict(self.spec))
+        return {**thaw(self.spec), "image": self.image}
+
+    def body(self) -> dict[str, Any]:
+        """The whole object (owner metadata and the stored spec), as plain data."""
+        return {**self.owner(), "spec": self.stored_spec()}
 
 
-def parse(obj: Mapping[str, Any], *, default_image: str) -> ModelSpec:
-    """Validate and default ``obj``'s spec; ``InvalidSpec`` for any problem, never another error."""
-    meta = obj.get("metadata") or {}
-    name = str(meta.get("name", ""))
-    raw = obj.get("spec")
-    try:
-        errors = validate_spec(raw, name=name)
-    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
-        errors = [f"spec could not be read: {type(exc).__name__}: {exc}"[:500]]
-    annotations = dict(meta.get("annotations") or {})
-    serving = annotations.get(SERVING_CPUS_ANNOTATION)
-    if serving is not None and not errors:
-        cpus = int(raw["cpus"]) if isinstance(raw, Mapping) else 0
-        if not (
-            isinstance(serving, str)
-            and serving.isascii()
-            and serving.isdigit()
-            and 1 <= int(serving) <= cpus
-        ):
-            errors.append(
-                f"annotation {SERVING_CPUS_ANNOTATION} must be an integer in 1..spec.cpus "
-                f"({cpus}), got {serving!r}"
+def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option of a defaulted, valid ``spec``, typed."""
+    prof = spec["profiling"]
+    auto = spec.get("autoBatch")
+    switch = spec["switch"]
+    threads = prof.get("threads")
+    slo, autoscaling = spec.get("slo"), spec.get("autoscaling")
+    return {
+        "cpus": int(spec["cpus"]),
+        "memory": str(spec["memory"]),
+        "replicas": int(spec["replicas"]),
+        "batch_size": int(spec["batchSize"]) if "batchSize" in spec else None,
+        "auto": (
+            AutoBatch(
+                min=int(auto["min"]),
+                max=int(auto["max"]),
+                sustain_observations=int(auto["sustainObservations"]),
+                min_interval_seconds=float(auto["minIntervalSeconds"]),
+                min_gain=float(auto["minGain"]),
+                rounding=str(auto.get("rounding") or DEFAULT_ROUNDING),
             )
-    if errors:
-        raise InvalidSpec(errors)
-    assert isinstance(raw, Mapping)
-    spec = with_defaults(raw)
-    image = str(spec.get("image") or default_image)
-    spec["image"] = image
+            if isinstance(auto, Mapping)
+            else None
+        ),
+        "max_batch_delay_ms": int(spec["maxBatchDelayMs"]),
+        "profiling": Profiling(
+            max_batch=int(prof["maxBatch"]),
+            threads=tuple(int(t) for t in threads) if threads else None,
+            precision=float(prof["precision"]),
+            time_budget_seconds=int(prof["timeBudgetSeconds"]),
+            timeout_seconds=int(prof["timeoutSeconds"]),
+            backoff_limit=int(prof["backoffLimit"]),
+            allow_contended=bool(prof.get("allowContended")),
+            verify=prof.get("verify") is not False,
+        ),
+        "switch": SwitchTiming(
+            ready_timeout_seconds=float(switch["readyTimeoutSeconds"]),
+            drain_seconds=float(switch["drainSeconds"]),
+        ),
+        "source": spec["model"],
+        "slo": slo if isinstance(slo, Mapping) else None,
+        "autoscaling": autoscaling if isinstance(autoscaling, Mapping) else None,
+    }
+
+
+def _make(
+    meta: Mapping[str, Any], spec: Mapping[str, Any], *, image: str, name: str | None = None
+) -> ModelSpec:
     generation = meta.get("generation")
+    frozen = _frozen(spec)
     return ModelSpec(
-        name=name,
+        name=name if name is not None else str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),
         uid=meta.get("uid"),
         generation=int(generation) if isinstance(generation, int) else None,
-        spec=spec,
+        spec=frozen,
         image=image,
-        annotations=annotations,
+        annotations=MappingProxyType(dict(meta.get("annotations") or {})),
+        **_options(frozen),
     )
+
+
+def _meta(model: ModelSpec) -> dict[str, Any]:
+    return {
+        "name": model.name,
+        "namespace": model.namespace,
+        "uid": model.uid,
+        "generation": model.generation,
+        "annotations": model.annotations,
+    }
+
+
+def read(
+    raw: Any, *, default_image: str, meta: Mapping[str, Any] | None = None, name: str | None = None
+) -> tuple[ModelSpec | None, list[str]]:
+    """(the typed spec, []) or (None, every problem) for a raw spec; ``meta``: the object's
+    metadata (name, namespace, uid, generation, annotations); ``name`` checks it as the
+    object's name."""
+    try:
+        spec, errors = read_spec(raw, name=name)
+    except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
+        return None, [f"spec could not be read: {type(exc).__name__}: {exc}"[:500]]
+    if errors:
+        return None, errors
+    image = str(spec.pop("image", None) or default_image)
+    if raw.get("image"):
+        spec["image"] = image  # as given
+    return _make(meta or {"name": name or ""}, spec, image=image, name=name), []
+
+
+def parse(obj: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> ModelSpec:
+    """Validate, default and type ``obj``'s spec; ``InvalidSpec`` for any problem, never
+    another error."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    model, errors = read(obj.get("spec"), default_image=default_image, meta=meta, name=name)
+    annotations = dict(meta.get("annotations") or {})
+    serving = annotations.get(SERVING_CPUS_ANNOTATION)
+    if (
+        serving is not None
+        and model is not None
+        and not (
+            isinstance(serving, str)
+            and serving.isascii()
+            and serving.isdigit()
+            and 1 <= int(serving) <= model.cpus
+        )
+    ):
+        errors.append(
+            f"annotation {SERVING_CPUS_ANNOTATION} must be an integer in 1..spec.cpus "
+            f"({model.cpus}), got {serving!r}"
+        )
+    if errors or model is None:
+        raise InvalidSpec(errors or ["spec unreadable"])
+    return model
+
+
+def stored(
+    like: ModelSpec | Mapping[str, Any], spec: Mapping[str, Any], *, image: str
+) -> ModelSpec:
+    """A spec kept in status (``status.servingSpec``: valid when it was stored, image
+    resolved) typed for the object ``like`` (a ModelSpec or the object's metadata);
+    ``image`` is the fallback when it names none (older operators)."""
+    defaulted, _ = read_spec(spec)
+    resolved = str(defaulted.get("image") or image)
+    return _make(_meta(like) if isinstance(like, ModelSpec) else like, defaulted, image=resolved)
+
+
+def model_spec(
+    spec: Mapping[str, Any],
+    *,
+    name: str = "m",
+    namespace: str = "default",
+    uid: str | None = None,
+    image: str = DEFAULT_IMAGE,
+    annotations: Mapping[str, str] | None = None,
+) -> ModelSpec:
+    """``parse`` for a spec on its own (scripts, benchmarks, tests): the object is made up
+    from ``name``, ``namespace``, ``uid`` and ``annotations``; ``InvalidSpec`` when invalid."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid is not None:
+        meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return parse({"metadata": meta, "spec": spec}, default_image=image)

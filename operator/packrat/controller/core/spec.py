@@ -30,15 +30,12 @@ __all__ = [
     "PLURAL",
     "VERSION",
     "ZOO_MODELS",
-    "initial_batch",
+    "digest",
     "model_digest",
     "model_identity",
     "model_name",
-    "profile_key",
-    "serving_hash",
-    "template_hash",
+    "read_spec",
     "validate_spec",
-    "with_defaults",
 ]
 
 
@@ -62,13 +59,6 @@ DEFAULTS: dict[str, Any] = {
 # the pods' default ("nearest") is left out of pod commands and hashes, so it rolls no pods.
 ESTIMATE_ROUNDINGS = ("floor", "nearest")
 DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit test pins it)
-
-
-def estimate_rounding(spec: Mapping[str, Any]) -> str:
-    """The autoBatch estimate's rounding (the pods' default without autoBatch)."""
-    auto = spec.get("autoBatch")
-    rounding = auto.get("rounding", DEFAULT_ROUNDING) if isinstance(auto, Mapping) else None
-    return str(rounding or DEFAULT_ROUNDING)
 
 
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
@@ -114,8 +104,9 @@ _MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The spec with the CRD's defaults filled in (what a real API server stores)."""
+def _with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The spec with the CRD's defaults filled in (what a real API server stores); only
+    :func:`read_spec` calls it."""
     out = copy.deepcopy(dict(spec))
     for key, value in DEFAULTS.items():
         if isinstance(value, dict):
@@ -153,8 +144,10 @@ def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], *, wher
         errors.append(f"{where}{key}: unknown field")
 
 
-def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
-    """Every problem with ``spec`` (after defaulting), as messages; empty when valid.
+def read_spec(raw: Any, *, name: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The one defaulter: ``raw`` with the CRD's defaults filled in, and every problem with
+    it as messages (empty when valid). :mod:`packrat.controller.core.model` types the result;
+    nothing else defaults a spec.
 
     Mirrors the CRD: types, bounds, unknown fields and the CEL cross-field rules (exactly one
     model source, format with uri/volume, batchSize XOR autoBatch, batch within the profiled
@@ -166,9 +159,19 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
             f"metadata.name must be a DNS label of at most {MAX_NAME_LENGTH} characters "
             f"starting with a letter, got {name!r}"
         )
-    if not isinstance(spec, Mapping):
-        return [*errors, "spec must be an object"]
-    spec = with_defaults(spec)
+    if not isinstance(raw, Mapping):
+        return {}, [*errors, "spec must be an object"]
+    spec = _with_defaults(raw)
+    _check(errors, spec)
+    return spec, errors
+
+
+def validate_spec(raw: Any, *, name: str | None = None) -> list[str]:
+    """Every problem with ``raw`` (after defaulting), as messages; empty when valid."""
+    return read_spec(raw, name=name)[1]
+
+
+def _check(errors: list[str], spec: dict[str, Any]) -> None:
     _unknown(errors, spec, _SPEC_FIELDS, where="spec.")
     if "model" not in spec:
         errors.append("spec.model is required")
@@ -288,20 +291,9 @@ def validate_spec(spec: Any, *, name: str | None = None) -> list[str]:
     if affinity is not None and not isinstance(affinity, Mapping):
         errors.append("spec.affinity must be an object")
     validate_pod(errors, spec.get("pod"))
-    return errors
 
 
-# -- derived values ---------------------------------------------------------------------------
-def initial_batch(spec: Mapping[str, Any]) -> int:
-    """The batch size to plan for: the fixed one, or the automatic range's minimum (with an
-    SLO the planner's batch replaces it)."""
-    if "batchSize" in spec:
-        return int(spec["batchSize"])
-    if "autoBatch" not in spec:
-        return 1
-    return int(with_defaults(spec)["autoBatch"]["min"])
-
-
+# -- derived values (typed ones are on ModelSpec, :mod:`packrat.controller.core.model`) --------
 def model_name(spec: Mapping[str, Any], *, default: str) -> str:
     """The name in ``/predictions/{name}``."""
     return str(spec["model"].get("name") or default)
@@ -330,68 +322,12 @@ def model_identity(model: Mapping[str, Any]) -> str:
     return f"volume:{source}:{volume.get('path')}:{model.get('format')}"
 
 
-def _digest(data: Any) -> str:
+def digest(data: Any) -> str:
+    """sha256 of ``data``'s canonical JSON."""
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def model_digest(spec: Mapping[str, Any]) -> str:
     """sha256 of the model identity (labels carry its first 16 hex digits)."""
-    return _digest(model_identity(spec["model"]))
-
-
-def profile_key(spec: Mapping[str, Any], *, image: str) -> str:
-    """The key a profile is reused under: model, image (torch build), T, grid, node selection.
-
-    The CPU model a profile was measured on is only known after profiling; the node selector
-    (and affinity) stand for it here, and the measured CPU model is recorded in the ConfigMap.
-    """
-    spec = with_defaults(spec)
-    profiling = spec["profiling"]
-    threads = profiling.get("threads") or list(range(1, int(spec["cpus"]) + 1))
-    key: dict[str, Any] = {
-        "model": model_identity(spec["model"]),
-        "image": image,
-        "cpus": spec["cpus"],
-        "maxBatch": profiling["maxBatch"],
-        "threads": sorted(threads),
-        "nodeSelector": spec.get("nodeSelector") or {},
-        "affinity": spec.get("affinity") or {},
-    }
-    sample = spec["model"].get("sampleRequest")
-    if sample is not None:  # the profile is measured through the handler with this request
-        key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
-        key["sampleContentType"] = spec["model"].get("sampleContentType")
-    return _digest(key)
-
-
-def serving_hash(spec: Mapping[str, Any], *, plan: Mapping[str, Any], image: str) -> str:
-    """Hash of everything a slot serves (``status.servingHash``): the plan and every spec
-    field the pods are built from, except the replica count.
-
-    A different hash needs a switch: in place (:mod:`packrat.controller.switch.plan_poster`) when
-    only the
-    plan's layout changed (same :func:`template_hash`), else to the other slot.
-    """
-    spec = with_defaults(spec)
-    return _digest(
-        {
-            "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},
-            "model": spec["model"],
-            "image": image,
-            "memory": spec["memory"],
-            "maxBatchDelayMs": spec["maxBatchDelayMs"],
-            "nodeSelector": spec.get("nodeSelector") or {},
-            "tolerations": spec.get("tolerations") or [],
-            "affinity": spec.get("affinity") or {},
-            **({"pod": spec["pod"]} if spec.get("pod") else {}),
-            **({"rounding": r} if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else {}),
-        }
-    )[:16]
-
-
-def template_hash(spec: Mapping[str, Any], *, cpus: Any, image: str) -> str:
-    """Hash of what the serving pod template is built from: :func:`serving_hash` with the plan
-    reduced to its cores. The plan itself reaches the pods through the slot's plan ConfigMap,
-    so a plan change that keeps the cores leaves the template (and the pods) as they are."""
-    return serving_hash(spec, plan={"cpus": cpus}, image=image)
+    return digest(model_identity(spec["model"]))

@@ -24,7 +24,6 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.plans import keep_served, status_plan, wire_plan
 from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.slo_spec import spec_reference
-from packrat.controller.core.spec import serving_hash
 from packrat.controller.core.status import get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
@@ -143,8 +142,8 @@ class Reconciler:
         children = observe(self.kube, p.namespace, p.name, model)
 
         # 1. serving repairs, from the last good configuration, before anything else
-        good = last_good(p, fallback=model.stored_spec() if model else None)
-        replicas = model.replicas if model else int((good.spec if good else {}).get("replicas", 1))
+        good = last_good(p, fallback=model)
+        replicas = model.replicas if model else (good.spec.replicas if good else 1)
         if model is not None:
             replicas = asc.serving_replicas(model, status)
         active_dep: dict[str, Any] | None = None
@@ -152,7 +151,7 @@ class Reconciler:
         release_unneeded(p, children.deployments, active=active_slot)
         if good is not None:
             active = str(status["activeSlot"])
-            status.setdefault("servingSpec", dict(good.spec))
+            status.setdefault("servingSpec", good.spec.stored_spec())
             status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
             deps, svc = children.deployments, children.service
             if lost_active(p, deps, svc, good=good, replicas=replicas):
@@ -181,23 +180,23 @@ class Reconciler:
         # 3. plan (with an SLO: replicas, CPUs per replica and batch from the provisioning)
         batch = batch_to_plan(model, status)
         auto = model.auto
-        max_batch = max(batch, int(auto["max"])) if auto else batch
-        serving_spec = model.stored_spec()
+        max_batch = max(batch, auto.max) if auto else batch
+        serving = model
         if model.serving_cpus is not None:  # a pipeline's stage: its planner chose the size
-            serving_spec["cpus"] = model.serving_cpus
+            serving = model.on_cpus(model.serving_cpus)
         prov = None
-        if "slo" in model.spec:
+        if model.slo is not None:
             prov = provision_model(p, model, profile, self.provisions)
             if prov is None:
                 return
             batch = max_batch = prov.batch
-            serving_spec["cpus"] = prov.cpus
+            serving = model.on_cpus(prov.cpus)
             replicas = asc.serving_replicas(model, status, prov.reference)
         try:
             optimizer = self.optimizers.get(
                 profile,
                 digest=str((status.get("profile") or {}).get("digest", "")),
-                cpus=int(serving_spec["cpus"]),
+                cpus=serving.cpus,
                 max_batch=max_batch,
             )
             plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
@@ -214,9 +213,7 @@ class Reconciler:
         p.result.plan = wire_plan(plan)
         p.cond("Planned", True, "Planned", f"plan {plan['label']}")
         desired = Rendering(
-            spec=serving_spec,
-            plan=plan,
-            serving_hash=serving_hash(serving_spec, plan=wire_plan(plan), image=model.image),
+            spec=serving, plan=plan, serving_hash=serving.serving_hash(wire_plan(plan))
         )
 
         # 4. serving slots and the switch
@@ -237,7 +234,7 @@ class Reconciler:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
         verified.publish(status, profile)
-        if "autoscaling" in model.spec:
+        if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
         if auto and p.result.phase == "Ready" and "switch" not in status:
             if reading is None and self.estimates is not None:
@@ -257,11 +254,10 @@ class Reconciler:
         status = p.status
         switch = status.get("switch") or {}
         stage = switch.get("stage")
-        timing = model.spec["switch"]
         kwargs: dict[str, Any] = {
             "replicas": replicas,
-            "ready_timeout": float(timing["readyTimeoutSeconds"]),
-            "drain": float(timing["drainSeconds"]),
+            "ready_timeout": model.switch.ready_timeout_seconds,
+            "drain": model.switch.drain_seconds,
         }
         if stage == "draining":
             good = last_good(p, fallback=None)
@@ -302,9 +298,7 @@ class Reconciler:
         served = last_good(p, fallback=None)
         if self.pods is None or served is None:
             return ""
-        if not switchable(
-            served.spec, served.plan, desired.spec, desired.plan, default_image=self.config.image
-        ):
+        if not switchable(served.spec, served.plan, desired.spec, desired.plan):
             return ""
         active = str(p.status["activeSlot"])
         why = switch_in_pod(
@@ -314,7 +308,7 @@ class Reconciler:
             desired=desired,
             replicas=replicas,
             client=self.pods,
-            timeout=float(model.spec["switch"]["readyTimeoutSeconds"]),
+            timeout=model.switch.ready_timeout_seconds,
         )
         if why is not None:
             p.emit(
@@ -334,7 +328,7 @@ class Reconciler:
             activeSlot="a",
             servingHash=desired.serving_hash,
             plan=dict(desired.plan),
-            servingSpec=dict(desired.spec),
+            servingSpec=desired.spec.stored_spec(),
         )
         status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
         status["batchSize"] = {

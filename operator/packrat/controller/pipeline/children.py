@@ -23,7 +23,7 @@ from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Pass
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
-from packrat.controller.core.spec import with_defaults
+from packrat.controller.core.spec import read_spec
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.spec import PipelineObject
 
@@ -111,9 +111,9 @@ def ensure_stage(
     """Create or patch one stage model; True when it already matched (nothing written)."""
     spec = pipe.stage(stage)
     want = pm.stage_model(
-        p.obj,
+        pipe.owner(),
         stage=stage,
-        model=spec.model,
+        model=spec.model.spec,
         batch=target.batch,
         replicas=target.replicas,
         serving_cpus=target.serving_cpus,
@@ -130,8 +130,8 @@ def ensure_stage(
         return False
     patch: dict[str, Any] = {}
     have_spec = current.get("spec") or {}
-    want_spec = with_defaults(want["spec"])
-    if with_defaults(have_spec) != want_spec:
+    want_spec = read_spec(want["spec"])[0]
+    if read_spec(have_spec)[0] != want_spec:
         patch["spec"] = merge_patch(have_spec, want_spec)
     want_notes = want["metadata"].get("annotations") or {}
     notes = {
@@ -149,18 +149,20 @@ def ensure_stage(
     return False
 
 
-def ensure_router(p: Pass, children: PipelineChildren, *, image: str) -> dict[str, Any] | None:
+def ensure_router(
+    p: Pass, pipe: PipelineObject, children: PipelineChildren, *, image: str
+) -> dict[str, Any] | None:
     """The router's ConfigMap, Deployment and the pipeline's Service; the Deployment as
     observed (None when it was created by this pass)."""
     ns, name = p.namespace, pm.router_name(p.name)
-    cm = pm.router_configmap(p.obj)
+    cm = pm.router_configmap(pipe)
     if children.configmap is None:
         p.kube.create("configmaps", ns, cm)
     elif children.configmap.get("data") != cm["data"] or not _labels_ok(children.configmap, cm):
         p.kube.patch(
             "configmaps", ns, name, {"data": cm["data"], "metadata": {"labels": _labels(cm)}}
         )
-    dep = pm.router_deployment(p.obj, replicas=ROUTER_REPLICAS, image=image)
+    dep = pm.router_deployment(pipe, replicas=ROUTER_REPLICAS, image=image)
     current = children.deployment
     if current is None:
         p.kube.create("deployments", ns, dep)
@@ -169,7 +171,7 @@ def ensure_router(p: Pass, children: PipelineChildren, *, image: str) -> dict[st
             "deployments", ns, name, {"spec": dep["spec"], "metadata": {"labels": _labels(dep)}}
         )
         current = None  # a new template: not ready until its pods are
-    svc = pm.pipeline_service(p.obj)
+    svc = pm.pipeline_service(pipe)
     if children.service is None:
         p.kube.create("services", ns, svc)
     else:

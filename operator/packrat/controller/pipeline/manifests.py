@@ -14,13 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from packrat.controller.api import crd
-from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
-from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE, KIND, model_name
+from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION, thaw
+from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE, KIND
 from packrat.controller.serving.manifests import (
     MANAGER,
     PORT,
@@ -32,6 +32,9 @@ from packrat.controller.serving.manifests import (
     pod_security,
     scrape_annotations,
 )
+
+if TYPE_CHECKING:
+    from packrat.controller.pipeline.spec import PipelineObject
 
 PIPELINE_KIND = crd.PIPELINE_KIND
 ROUTER_APP = "packrat-router"
@@ -90,40 +93,34 @@ def stage_model(
         meta["annotations"] = {SERVING_CPUS_ANNOTATION: str(int(serving_cpus))}
     else:
         meta["annotations"] = {PROFILE_ONLY_ANNOTATION: "true"}
-    spec = json.loads(json.dumps(dict(model)))
+    spec = json.loads(json.dumps(thaw(model)))
     spec["batchSize"] = int(batch)
     spec["replicas"] = int(replicas)
     if autoscaling is not None:
-        spec["autoscaling"] = json.loads(json.dumps(dict(autoscaling)))
+        spec["autoscaling"] = json.loads(json.dumps(thaw(autoscaling)))
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
 
 
-def router_config(owner: Mapping[str, Any]) -> dict[str, Any]:
+def router_config(pipe: PipelineObject) -> dict[str, Any]:
     """The router's config document (:func:`packrat.serve.router.parse_router_config`)."""
-    name = owner["metadata"]["name"]
-    namespace = owner["metadata"].get("namespace", "default")
-    spec = owner["spec"]
+    name, namespace = pipe.name, pipe.namespace
     stages = {}
-    for stage in spec["stages"]:
-        child = stage_model_name(name, stage["name"])
-        target = model_name(stage["model"], default=child)
-        stages[stage["name"]] = f"http://{child}.{namespace}.svc:{PORT}/predictions/{target}"
-    deadline = spec.get("deadlineMs") or DEFAULT_DEADLINE_FACTOR * spec["slo"]["latencyP99Ms"]
+    for stage in pipe.stages:
+        child, target = stage.model_name, stage.model.model_name
+        stages[stage.name] = f"http://{child}.{namespace}.svc:{PORT}/predictions/{target}"
+    deadline = pipe.deadline_ms or DEFAULT_DEADLINE_FACTOR * pipe.slo_ms
     return {
         "pipeline": name,
         "stages": stages,
-        "edges": [
-            {"from": e["from"], "to": e["to"], "fraction": float(e.get("fraction", 1.0))}
-            for e in spec.get("edges", [])
-        ],
+        "edges": [{"from": e.src, "to": e.dst, "fraction": float(e.fraction)} for e in pipe.edges],
         "deadlineMs": float(deadline),
         "maxDeadlineMs": float(max(deadline, 60_000.0)),
     }
 
 
-def router_configmap(owner: Mapping[str, Any]) -> dict[str, Any]:
-    name = owner["metadata"]["name"]
-    text = yaml.safe_dump(router_config(owner), sort_keys=True)
+def router_configmap(pipe: PipelineObject) -> dict[str, Any]:
+    owner, name = pipe.owner(), pipe.name
+    text = yaml.safe_dump(router_config(pipe), sort_keys=True)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -138,17 +135,17 @@ def config_hash(configmap: Mapping[str, Any]) -> str:
 
 
 def router_deployment(
-    owner: Mapping[str, Any], *, replicas: int = 2, image: str | None = None
+    pipe: PipelineObject, *, replicas: int = 2, image: str = DEFAULT_IMAGE
 ) -> dict[str, Any]:
     """``packrat route`` behind the pipeline's Service; two replicas by default (the router
     is stateless; one is a single point of failure for every stage)."""
-    name = owner["metadata"]["name"]
+    owner, name = pipe.owner(), pipe.name
     labels = _labels(name)
-    cm = router_configmap(owner)
+    cm = router_configmap(pipe)
     probe = {"httpGet": {"path": "/ping", "port": "http"}, "periodSeconds": 5, "timeoutSeconds": 2}
     container = {
         "name": "route",
-        "image": image or DEFAULT_IMAGE,
+        "image": image,
         "command": [
             "packrat",
             "route",
@@ -198,9 +195,9 @@ def router_deployment(
     }
 
 
-def pipeline_service(owner: Mapping[str, Any]) -> dict[str, Any]:
+def pipeline_service(pipe: PipelineObject) -> dict[str, Any]:
     """The one Service clients use: ``POST /predictions/<pipeline>`` on port 8080."""
-    name = owner["metadata"]["name"]
+    owner, name = pipe.owner(), pipe.name
     return {
         "apiVersion": "v1",
         "kind": "Service",

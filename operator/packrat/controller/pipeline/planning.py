@@ -27,7 +27,6 @@ from typing import Any
 
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Pass
-from packrat.controller.core.spec import profile_key
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec
 from packrat.controller.planning.provisioning import (
     MIN_WINDOW_S,
@@ -60,13 +59,13 @@ class StageProfile:
 
 
 def stage_profile(
-    p: Pass, stage: StageSpec, child: Mapping[str, Any] | None, *, image: str
+    p: Pass, stage: StageSpec, child: Mapping[str, Any] | None
 ) -> StageProfile | None:
     """The stage model's profile for its current spec, or None while it has none yet."""
     if child is None:
         return None
     pstatus = (child.get("status") or {}).get("profile") or {}
-    key = profile_key(stage.model, image=str(stage.model.get("image") or image))
+    key = stage.model.profile_key
     cm_name = pstatus.get("configMap")
     if pstatus.get("key") != key or not cm_name:
         return None

@@ -103,7 +103,7 @@ def stage_target(
     before any plan, batch 1 on no replica (it profiles and deploys nothing)."""
     if want is None:
         return pc.StageTarget(batch=1, replicas=0, serving_cpus=None)
-    batch = min(int(want["batch"]), int(stage.model["profiling"]["maxBatch"]))
+    batch = min(int(want["batch"]), stage.model.profiling.max_batch)
     cpus = min(int(want["cpusPerReplica"]), stage.cpus)
     return pc.StageTarget(
         batch=batch,
@@ -141,7 +141,7 @@ class PipelineReconciler:
     # -- the pass ------------------------------------------------------------------------------
     def _pass(self, p: Pass, measured: Measured | None) -> None:
         try:
-            pipe = parse_pipeline(p.obj)
+            pipe = parse_pipeline(p.obj, default_image=self.config.image)
         except InvalidSpec as exc:
             self._fail(p, "invalid", "InvalidSpec", "; ".join(exc.errors))
             return
@@ -158,12 +158,12 @@ class PipelineReconciler:
             return
         p.status.pop("message", None)  # set again below if it still applies
         pc.remove_leftovers(p, children)
-        router = pc.ensure_router(p, children, image=self.config.image)
+        router = pc.ensure_router(p, pipe, children, image=self.config.image)
         p.status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": PORT}
 
         profiles = {}
         for stage in pipe.stages:
-            found = stage_profile(p, stage, children.models[stage.name], image=self.config.image)
+            found = stage_profile(p, stage, children.models[stage.name])
             if found is not None:
                 profiles[stage.name] = found
         configs = self._plan(

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.model import InvalidSpec, ModelSpec, read
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
-from packrat.controller.core.spec import validate_spec, with_defaults
+from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE
 from packrat.controller.pipeline.manifests import stage_model_name
 from packrat.plan.pipeline.simulate import (
     DEFAULT_HOP_OVERHEAD_MS,
@@ -45,19 +45,20 @@ _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 @dataclass(frozen=True, slots=True)
 class StageSpec:
-    """One stage: its name, its PackratModel's name and the user's model spec (defaulted)."""
+    """One stage: its name, its PackratModel's name and the user's model spec, typed as its
+    stage model will carry it (batch 1 until the planner chooses one)."""
 
     name: str
     model_name: str
-    model: Mapping[str, Any]
+    model: ModelSpec
 
     @property
     def cpus(self) -> int:
-        return int(self.model["cpus"])
+        return self.model.cpus
 
     @property
     def max_batch_delay_ms(self) -> float:
-        return float(self.model["maxBatchDelayMs"])
+        return float(self.model.max_batch_delay_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,6 @@ class PipelineObject:
     edges: tuple[Edge, ...]
     slo: Mapping[str, Any]  # defaults filled in (cv, durationSeconds); no hopOverheadMs
     deadline_ms: float | None
-    body: Mapping[str, Any]  # the stored object, for the manifest builders
     hop_overhead_ms: float = DEFAULT_HOP_OVERHEAD_MS  # per HTTP hop along a path
     autoscaling: Mapping[str, Any] | None = None  # spec.autoscaling, defaults filled in
 
@@ -92,6 +92,14 @@ class PipelineObject:
     def stage(self, name: str) -> StageSpec:
         return next(s for s in self.stages if s.name == name)
 
+    def owner(self) -> dict[str, Any]:
+        """The owner object the manifest builders reference (name, namespace, uid)."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "PackratPipeline",
+            "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid or ""},
+        }
+
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
@@ -101,7 +109,9 @@ def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], where: 
     errors.extend(f"{where}{key}: unknown field" for key in sorted(set(obj) - known))
 
 
-def _stage(errors: list[str], i: int, doc: Any, pipeline: str) -> StageSpec | None:
+def _stage(
+    errors: list[str], i: int, doc: Any, pipeline: str, *, namespace: str, default_image: str
+) -> StageSpec | None:
     where = f"spec.stages[{i}]"
     if not isinstance(doc, Mapping):
         errors.append(f"{where} must be an object with name and model")
@@ -127,12 +137,12 @@ def _stage(errors: list[str], i: int, doc: Any, pipeline: str) -> StageSpec | No
         return None
     child = stage_model_name(pipeline, name)
     probe = {**copy.deepcopy(dict(model)), "batchSize": 1}  # what the stage model will carry
-    problems = validate_spec(probe, name=child)
+    meta = {"name": child, "namespace": namespace}
+    typed, problems = read(probe, default_image=default_image, meta=meta, name=child)
     errors.extend(f"{where}.model: {e}" for e in problems)
-    if problems:
+    if typed is None:
         return None
-    spec = with_defaults(model)
-    return StageSpec(name=name, model_name=child, model=spec)
+    return StageSpec(name=name, model_name=child, model=typed)
 
 
 def _edge(errors: list[str], i: int, doc: Any, names: set[str]) -> Edge | None:
@@ -156,19 +166,21 @@ def _edge(errors: list[str], i: int, doc: Any, names: set[str]) -> Edge | None:
     return Edge(src, dst, float(fraction))
 
 
-def parse_pipeline(obj: Mapping[str, Any]) -> PipelineObject:
-    """Validate and type ``obj``; ``InvalidSpec`` for any problem, never another error."""
+def parse_pipeline(obj: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> PipelineObject:
+    """Validate and type ``obj``; ``InvalidSpec`` for any problem, never another error.
+    ``default_image``: what a stage model without ``image`` runs (the operator's)."""
     try:
-        return _parse(obj)
+        return _parse(obj, default_image=default_image)
     except InvalidSpec:
         raise
     except (TypeError, ValueError, KeyError, AttributeError, RecursionError) as exc:
         raise InvalidSpec([f"spec could not be read: {type(exc).__name__}: {exc}"[:500]]) from None
 
 
-def _parse(obj: Mapping[str, Any]) -> PipelineObject:
+def _parse(obj: Mapping[str, Any], *, default_image: str) -> PipelineObject:
     meta = obj.get("metadata") or {}
     name = str(meta.get("name", ""))
+    namespace = str(meta.get("namespace") or "default")
     errors: list[str] = []
     if len(name) > MAX_PIPELINE_NAME or not _NAME_RE.fullmatch(name):
         errors.append(
@@ -185,7 +197,7 @@ def _parse(obj: Mapping[str, Any]) -> PipelineObject:
         errors.append(f"spec.stages must be a list of 1..{MAX_STAGES} stages")
         stages_doc = []
     for i, doc in enumerate(stages_doc):
-        stage = _stage(errors, i, doc, name)
+        stage = _stage(errors, i, doc, name, namespace=namespace, default_image=default_image)
         if stage is not None:
             stages.append(stage)
     names = [s.name for s in stages]
@@ -237,14 +249,13 @@ def _parse(obj: Mapping[str, Any]) -> PipelineObject:
     generation = meta.get("generation")
     return PipelineObject(
         name=name,
-        namespace=str(meta.get("namespace") or "default"),
+        namespace=namespace,
         uid=meta.get("uid"),
         generation=generation if isinstance(generation, int) else None,
         stages=tuple(stages),
         edges=tuple(edges),
         slo=slo,
         deadline_ms=float(deadline) if deadline is not None else None,
-        body=obj,
         hop_overhead_ms=float(hop),
         autoscaling=auto,
     )

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.model import AutoBatch
 from packrat.controller.core.status import parse_time
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import Profile
@@ -56,14 +57,14 @@ def as_reading(value: Reading | int | Sequence[int] | None) -> Reading | None:
     return Reading(tuple(int(v) for v in value), "pods")
 
 
-def policy_from_spec(auto: Mapping[str, Any]) -> Policy:
-    """The decision policy of a (defaulted) ``spec.autoBatch``."""
+def policy_from_spec(auto: AutoBatch) -> Policy:
+    """The decision policy of a model's ``spec.autoBatch``."""
     return Policy(
-        min_batch=int(auto["min"]),
-        max_batch=int(auto["max"]),
-        sustain=int(auto["sustainObservations"]),
-        min_interval_s=float(auto["minIntervalSeconds"]),
-        min_gain=float(auto["minGain"]),
+        min_batch=auto.min,
+        max_batch=auto.max,
+        sustain=auto.sustain_observations,
+        min_interval_s=auto.min_interval_seconds,
+        min_gain=auto.min_gain,
     )
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.context import Pass
-from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.status import now_iso
 from packrat.controller.serving import manifests as m
@@ -45,18 +45,18 @@ class Arrivals:
 
 
 def mode(model: ModelSpec) -> str | None:
-    auto = model.spec.get("autoscaling")
-    return str(auto["mode"]) if isinstance(auto, Mapping) else None
+    auto = model.autoscaling
+    return str(auto["mode"]) if auto is not None else None
 
 
 def tuned(model: ModelSpec) -> bool:
     """Whether the replica count is the operator's (an SLO, or a tuner reference)."""
-    return "slo" in model.spec or spec_reference(model.spec) is not None
+    return model.slo is not None or spec_reference(model.spec) is not None
 
 
 def _clamp(model: ModelSpec, n: int) -> int:
-    auto = model.spec.get("autoscaling")
-    if not isinstance(auto, Mapping):
+    auto = model.autoscaling
+    if auto is None:
         return max(1, min(100, n))
     return max(int(auto["minReplicas"]), min(int(auto["maxReplicas"]), n))
 
@@ -94,8 +94,9 @@ class Tuners:
 
     def get(self, model: ModelSpec, ref: TunerReference, current: int) -> Tuner:
         key = f"{model.namespace}/{model.name}"
-        auto = model.spec["autoscaling"]
-        signature = f"{ref.signature}:{sorted(auto.items())}"
+        auto = model.autoscaling
+        assert auto is not None
+        signature = f"{ref.signature}:{sorted(thaw(auto).items())}"
         with self._lock:
             found = self._items.get(key)
             if found is not None and found[0] == signature:

@@ -22,8 +22,8 @@ def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
     if auto is None:
         return model.fixed_batch
     seen = status.get("batchSize") or {}
-    batch = seen.get("target") or seen.get("current") or auto["min"]
-    return max(int(auto["min"]), min(int(auto["max"]), int(batch)))
+    batch = seen.get("target") or seen.get("current") or auto.min
+    return max(auto.min, min(auto.max, int(batch)))
 
 
 def observe_batch(

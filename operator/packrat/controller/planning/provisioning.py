@@ -216,7 +216,8 @@ def provision_model(
 ) -> Provisioned | None:
     """The provisioned configuration for ``model``'s SLO, status and condition updated; None
     (condition, event, phase Failed) when the sample trace cannot be read or planned."""
-    slo = model.spec["slo"]
+    slo = model.slo
+    assert slo is not None
     try:
         trace, source = sample_trace(p, slo)
     except TraceUnavailable as exc:
@@ -230,7 +231,7 @@ def provision_model(
         "slo": float(slo["latencyP99Ms"]),
         "maxCores": slo.get("maxCores"),
         "cpus": model.cpus,
-        "delay": model.spec["maxBatchDelayMs"],
+        "delay": model.max_batch_delay_ms,
     }
     signature = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     found = cache.get(signature)
@@ -243,7 +244,7 @@ def provision_model(
                 slo_ms=float(slo["latencyP99Ms"]),
                 max_cpus=model.cpus,
                 max_cores=slo.get("maxCores"),
-                max_batch_delay_ms=float(model.spec["maxBatchDelayMs"]),
+                max_batch_delay_ms=float(model.max_batch_delay_ms),
                 signature=signature,
             )
         except ValueError as exc:  # ProvisionError, PlanError, SimulationError: the profile

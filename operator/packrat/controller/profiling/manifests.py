@@ -4,12 +4,11 @@ profile and the ConfigMap that keeps the result for reuse (dict in, dict out).""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core import storage
+from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.overrides import apply_pod
-from packrat.controller.core.spec import DEFAULT_IMAGE, with_defaults
 from packrat.controller.serving.manifests import (
     LABEL_MODEL,
     LABEL_PROFILE_KEY,
@@ -30,25 +29,22 @@ from packrat.controller.serving.manifests import (
 )
 
 
-def verify_batches(spec: Mapping[str, Any]) -> list[int]:
+def verify_batches(spec: ModelSpec) -> list[int]:
     """The batch sizes the profiling run verifies plans for (plan vs fat, measured): the
     fixed batch size, or every power of two autoBatch may choose; none with an SLO (the
     planner picks the replica size, not the profiled T) or ``profiling.verify: false``."""
-    spec = with_defaults(spec)
-    if spec["profiling"].get("verify") is False or "slo" in spec:
+    if not spec.profiling.verify or spec.slo is not None:
         return []
-    if isinstance(spec.get("batchSize"), int):
-        return [int(spec["batchSize"])]
-    auto = spec.get("autoBatch")
-    if isinstance(auto, Mapping):
-        lo, hi = int(auto["min"]), int(auto["max"])
+    if spec.batch_size is not None:
+        return [spec.batch_size]
+    if spec.auto is not None:
+        lo, hi = spec.auto.min, spec.auto.max
         return [1 << k for k in range(11) if lo <= 1 << k <= hi]
     return []
 
 
-def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
-    spec = with_defaults(spec)
-    profiling = spec["profiling"]
+def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
+    profiling = spec.profiling
     target, _, _ = model_source(spec)
     cmd = [
         "packrat",
@@ -56,54 +52,50 @@ def profile_command(spec: Mapping[str, Any], *, output: str) -> list[str]:
         "--model",
         target,
         "--cpus",
-        str(spec["cpus"]),
+        str(spec.cpus),
         "--max-batch",
-        str(profiling["maxBatch"]),
+        str(profiling.max_batch),
         "--precision",
-        str(profiling["precision"]),
+        str(spec.spec["profiling"]["precision"]),  # as given: 0.02, or 1 (an int)
         "--time-budget",
-        str(profiling["timeBudgetSeconds"]),
+        str(profiling.time_budget_seconds),
         "-o",
         output,
     ]
-    if profiling.get("threads"):
-        cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling["threads"]))]
-    if profiling.get("allowContended"):
+    if profiling.threads:
+        cmd[8:8] = ["--threads", ",".join(str(t) for t in sorted(profiling.threads))]
+    if profiling.allow_contended:
         cmd[-2:-2] = ["--allow-contended"]
     batches = verify_batches(spec)
     if batches:
         cmd[-2:-2] = ["--verify-batches", ",".join(str(b) for b in batches)]
-    if spec["model"].get("sampleRequest") is not None:
+    if spec.source.get("sampleRequest") is not None:
         cmd[-2:-2] = [
             "--sample-request-env",
             SAMPLE_REQUEST_ENV,
             "--sample-content-type",
-            str(spec["model"].get("sampleContentType") or "application/octet-stream"),
+            str(spec.source.get("sampleContentType") or "application/octet-stream"),
         ]
     return cmd
 
 
-def profile_env(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+def profile_env(spec: ModelSpec) -> list[dict[str, Any]]:
     """The profile container's environment: the base one plus the sample request (base64)."""
     env = base_env()
-    sample = spec["model"].get("sampleRequest")
+    sample = spec.source.get("sampleRequest")
     if sample is not None:
         env.append({"name": SAMPLE_REQUEST_ENV, "value": str(sample)})
     return env
 
 
-def profiling_job(
-    owner: Mapping[str, Any], *, key: str, image: str | None = None
-) -> dict[str, Any]:
+def profiling_job(spec: ModelSpec) -> dict[str, Any]:
     """The Job that measures the profile.
 
     The ``profile`` init container runs ``packrat profile`` on T exclusive cores; the main
     container ``publish`` prints the finished JSON, so the operator reads the profile from
     that container's log (the pod needs no API credentials). Both are Guaranteed-sized.
     """
-    spec = with_defaults(owner["spec"])
-    name = owner["metadata"]["name"]
-    image = spec.get("image") or image or DEFAULT_IMAGE
+    owner, name, image, key = spec.owner(), spec.name, spec.image, spec.profile_key
     job_name = profile_object_name(name, key)
     labels = {
         **base_labels(name, app=PROFILING_APP),
@@ -118,7 +110,7 @@ def profiling_job(
         *model_mounts,
     ]
     init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec, image=image, expect_version=True)
+    fetch = fetch_init_container(spec, expect_version=True)
     if fetch is not None:
         init.append(fetch)
     init.append(
@@ -133,7 +125,7 @@ def profiling_job(
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
     )
-    profiling = spec["profiling"]
+    profiling = spec.profiling
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -155,30 +147,28 @@ def profiling_job(
             {"name": "tmp", "emptyDir": {}},
             {"name": "profile", "emptyDir": {}},
             *model_volumes,
-            *storage.credentials_volume(spec["model"])[0],
+            *storage.credentials_volume(thaw(spec.source))[0],
         ],
         **scheduling(spec),
     }
     template_meta: dict[str, Any] = {"labels": dict(labels)}
-    apply_pod(template_meta, pod_spec, spec.get("pod"))
+    apply_pod(template_meta, pod_spec, thaw(spec.spec.get("pod")))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(owner, name=job_name, labels=labels),
         "spec": {
-            "backoffLimit": int(profiling["backoffLimit"]),
-            "activeDeadlineSeconds": int(profiling["timeoutSeconds"]),
+            "backoffLimit": profiling.backoff_limit,
+            "activeDeadlineSeconds": profiling.timeout_seconds,
             "ttlSecondsAfterFinished": 86400,
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 
 
-def profile_configmap(
-    owner: Mapping[str, Any], *, key: str, profile_json: str, cpu_model: str = ""
-) -> dict[str, Any]:
+def profile_configmap(spec: ModelSpec, *, profile_json: str, cpu_model: str = "") -> dict[str, Any]:
     """The ConfigMap that stores a measured profile for reuse (keyed by the profile key)."""
-    name = owner["metadata"]["name"]
+    owner, name, key = spec.owner(), spec.name, spec.profile_key
     labels = {
         **base_labels(name, app=PROFILING_APP),
         LABEL_MODEL: name,

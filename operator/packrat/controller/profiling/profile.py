@@ -144,9 +144,7 @@ def _start_job(
     if retry_at is not None and p.now < retry_at:
         p.result.result = "waiting"
         return None
-    created = p.kube.create(
-        "jobs", model.namespace, pm.profiling_job(model.body(), key=key, image=model.image)
-    )
+    created = p.kube.create("jobs", model.namespace, pm.profiling_job(model))
     pstatus.update(job=obj_name, startedAt=now_iso(p.now))
     for stale in ("retryAt", "stuck"):
         pstatus.pop(stale, None)
@@ -198,10 +196,7 @@ def _follow_job(
             failure = f"profile unreadable: {exc}"
         else:
             cm_body = pm.profile_configmap(
-                model.body(),
-                key=model.profile_key,
-                profile_json=profile.to_json(),
-                cpu_model=profile.meta.cpu_model,
+                model, profile_json=profile.to_json(), cpu_model=profile.meta.cpu_model
             )
             p.kube.create("configmaps", p.namespace, cm_body)
             _delete_job(p, obj_name, pods)

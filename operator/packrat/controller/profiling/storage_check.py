@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from packrat.controller.core.context import Pass
-from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.status import now_iso
 from packrat.controller.core.storage import VERSION_KEY, needs_version_check
 from packrat.runtime.fetch import FetchError, object_version
@@ -57,7 +56,7 @@ def resolve_version(
     p: Pass, model: ModelSpec, *, version_of: VersionOf = object_version
 ) -> ModelSpec | None:
     """``model`` with the store's version filled in; None (condition and event set) on failure."""
-    spec_model = model.spec["model"]
+    spec_model = thaw(model.source)
     if not needs_version_check(spec_model):
         return model
     uri = str(spec_model["storageUri"])
@@ -146,8 +145,4 @@ def _backing_off(p: Pass, seen: Mapping[str, Any], *, uri: str, tried: str | Non
 
 
 def _with_version(model: ModelSpec, version: str) -> ModelSpec:
-    spec: dict[str, Any] = {
-        **model.spec,
-        "model": {**model.spec["model"], VERSION_KEY: version},
-    }
-    return dataclasses.replace(model, spec=spec)
+    return model.with_spec(model={**thaw(model.source), VERSION_KEY: version})

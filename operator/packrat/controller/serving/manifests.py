@@ -13,16 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core import storage
+from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.overrides import apply_pod
-from packrat.controller.core.spec import (
-    API_VERSION,
-    DEFAULT_IMAGE,
-    DEFAULT_ROUNDING,
-    KIND,
-    estimate_rounding,
-    model_name,
-    with_defaults,
-)
+from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
 
 PORT = 8080
 PRESTOP_SECONDS = 5
@@ -116,9 +109,9 @@ def scrape_annotations() -> dict[str, str]:
     }
 
 
-def guaranteed_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+def guaranteed_resources(model: ModelSpec) -> dict[str, Any]:
     """requests == limits, integer CPUs: the pod gets Guaranteed QoS and exclusive cores."""
-    amount = {"cpu": str(int(spec["cpus"])), "memory": str(spec["memory"])}
+    amount = {"cpu": str(model.cpus), "memory": model.memory}
     return {"requests": dict(amount), "limits": dict(amount)}
 
 
@@ -142,7 +135,8 @@ def pod_security() -> dict[str, Any]:
     }
 
 
-def scheduling(spec: Mapping[str, Any]) -> dict[str, Any]:
+def scheduling(model: ModelSpec) -> dict[str, Any]:
+    spec = thaw(model.spec)
     out: dict[str, Any] = {}
     if spec.get("nodeSelector"):
         out["nodeSelector"] = dict(spec["nodeSelector"])
@@ -161,9 +155,9 @@ def base_env() -> list[dict[str, Any]]:
     ]
 
 
-def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+def model_source(spec: ModelSpec) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model."""
-    model = spec["model"]
+    model = thaw(spec.source)
     if "zoo" in model:
         return str(model["zoo"]), [], []
     suffix = ".mar" if model.get("format") == "mar" else ".pt"
@@ -185,15 +179,14 @@ def model_source(spec: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]], li
     return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
 
 
-def fetch_init_container(
-    spec: Mapping[str, Any], *, image: str, expect_version: bool = False
-) -> dict[str, Any] | None:
+def fetch_init_container(spec: ModelSpec, *, expect_version: bool = False) -> dict[str, Any] | None:
     """For uri and storageUri models: fetch the file into the shared emptyDir (Guaranteed-sized).
 
     ``expect_version`` (the profiling Job) makes the fetch fail if the object is no longer the
     version the profile is keyed by.
     """
-    model = spec["model"]
+    model = thaw(spec.source)
+    image = spec.image
     if "storageUri" in model:
         target, _, model_mounts = model_source(spec)
         return storage.fetch_container(
@@ -227,8 +220,7 @@ def fetch_init_container(
     }
 
 
-def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
-    spec = with_defaults(spec)
+def serve_command(spec: ModelSpec) -> list[str]:
     target, _, _ = model_source(spec)
     return [
         "packrat",
@@ -236,7 +228,7 @@ def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
         "--model",
         target,
         "--model-name",
-        model_name(spec, default=name),
+        spec.model_name,
         "--plan-env",
         PLAN_ENV,
         "--admin-token-env",
@@ -246,35 +238,35 @@ def serve_command(spec: Mapping[str, Any], *, name: str) -> list[str]:
         "--host",
         "0.0.0.0",
         "--max-batch-delay-ms",
-        str(spec["maxBatchDelayMs"]),
-        *(["--batch-estimate", r] if (r := estimate_rounding(spec)) != DEFAULT_ROUNDING else []),
+        str(spec.max_batch_delay_ms),
+        *(["--batch-estimate", r] if (r := spec.rounding) != DEFAULT_ROUNDING else []),
     ]
 
 
 def serving_deployment(
-    owner: Mapping[str, Any],
+    spec: ModelSpec,
     *,
     slot: str,
     serving_hash: str,
     replicas: int,
-    image: str | None = None,
     plan_hash: str | None = None,
 ) -> dict[str, Any]:
     """The Deployment of one slot, running ``packrat serve`` on the plan in the slot's plan
     ConfigMap, with the model's admin token (the in-pod switch). The plan is not in the
     template: a plan change that keeps the cores switches inside the running pods, and a pod
     that restarts starts on the ConfigMap's current plan. ``serving_hash`` is the template's
-    (:func:`packrat.controller.core.spec.template_hash`); ``plan_hash``, when given, is a pod
-    annotation that restarts running pods when the plan they must start on changes."""
-    spec = with_defaults(owner["spec"])
-    name = owner["metadata"]["name"]
-    image = spec.get("image") or image or DEFAULT_IMAGE
+    (:meth:`packrat.controller.core.model.ModelSpec.template_hash`); ``plan_hash``, when
+    given, is a pod annotation that restarts running pods when the plan they must start on
+    changes."""
+    owner = spec.owner()
+    name = spec.name
+    image = spec.image
     selector = {**base_labels(name), LABEL_SLOT: slot}
     pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
     _, model_volumes, model_mounts = model_source(spec)
     probe_get = {"path": "/ping", "port": "http"}
     init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec, image=image)
+    fetch = fetch_init_container(spec)
     if fetch is not None:
         init.append(fetch)
     pod_spec: dict[str, Any] = {
@@ -289,7 +281,7 @@ def serving_deployment(
             {
                 "name": "serve",
                 "image": image,
-                "command": serve_command(spec, name=name),
+                "command": serve_command(spec),
                 "env": [
                     *base_env(),
                     _env_from(
@@ -331,7 +323,7 @@ def serving_deployment(
         "volumes": [
             {"name": "tmp", "emptyDir": {}},
             *model_volumes,
-            *storage.credentials_volume(spec["model"])[0],
+            *storage.credentials_volume(thaw(spec.source))[0],
         ],
         **scheduling(spec),
     }
@@ -343,7 +335,7 @@ def serving_deployment(
     }
     if plan_hash is not None:
         template_meta["annotations"][ANNOTATION_PLAN_HASH] = plan_hash
-    apply_pod(template_meta, pod_spec, spec.get("pod"))
+    apply_pod(template_meta, pod_spec, thaw(spec.spec.get("pod")))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

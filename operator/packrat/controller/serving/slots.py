@@ -15,8 +15,8 @@ from typing import Any
 from packrat.controller.api.drift import covers
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Pass
+from packrat.controller.core.model import ModelSpec, stored
 from packrat.controller.core.plans import layout
-from packrat.controller.core.spec import template_hash
 from packrat.controller.core.status import Facts, derive_phase
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import ensure_plan, ensure_token
@@ -30,17 +30,18 @@ _REMOVABLE = ("initContainers", "nodeSelector", "tolerations", "affinity")
 class Rendering:
     """What a slot's Deployment is built from."""
 
-    spec: Mapping[str, Any]
+    spec: ModelSpec
     plan: Mapping[str, Any]  # status form (camelCase)
     serving_hash: str  # of the spec and the whole plan (``status.servingHash``)
 
 
-def last_good(p: Pass, *, fallback: Mapping[str, Any] | None) -> Rendering | None:
+def last_good(p: Pass, *, fallback: ModelSpec | None) -> Rendering | None:
     """The configuration the active slot serves (None before the first deploy)."""
     status = p.status
     if not status.get("activeSlot") or not status.get("servingHash"):
         return None
-    spec = status.get("servingSpec") or fallback
+    kept = status.get("servingSpec")
+    spec = stored(p.obj["metadata"], kept, image=p.config.image) if kept else fallback
     if spec is None:
         return None
     return Rendering(spec=spec, plan=status.get("plan") or {}, serving_hash=status["servingHash"])
@@ -67,20 +68,15 @@ def deployment_ready(dep: Mapping[str, Any] | None, replicas: int) -> bool:
     return ready >= replicas and updated >= replicas and total <= updated
 
 
-def _owner(p: Pass, spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {"metadata": dict(p.obj["metadata"]), "spec": dict(spec)}
-
-
 def plan_hash(plan: Mapping[str, Any]) -> str:
     """A short hash of what a plan makes the pods do (not its estimates)."""
     return hashlib.sha256(repr(layout(plan)).encode()).hexdigest()[:16]
 
 
-def pod_template_hash(p: Pass, rendering: Rendering) -> str:
+def pod_template_hash(rendering: Rendering) -> str:
     """The hash of the slot's pod template (the plan's cores, not the plan): on the pods'
     ``packrat.dev/serving-hash`` label."""
-    image = str(rendering.spec.get("image") or p.config.image)
-    return template_hash(rendering.spec, cpus=rendering.plan.get("cpus"), image=image)
+    return rendering.spec.template_hash(rendering.plan.get("cpus"))
 
 
 def ensure_deployment(
@@ -104,13 +100,12 @@ def ensure_deployment(
     Returns the Deployment as it now is (None when it is not ours)."""
     ensure_token(p)
     ensure_plan(p, slot=slot, plan=rendering.plan)
-    pod_hash = pod_template_hash(p, rendering)
+    pod_hash = pod_template_hash(rendering)
     want = m.serving_deployment(
-        _owner(p, rendering.spec),
+        rendering.spec,
         slot=slot,
         serving_hash=pod_hash,
         replicas=replicas,
-        image=p.config.image,
         plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]

@@ -56,7 +56,7 @@ def start_switch(
     old_plan = status.get("plan") or {}
     plan = dict(target.plan)
     reason = f"plan {old_plan.get('label')} -> {plan['label']}"
-    changes = _changed(status.get("servingSpec") or {}, target.spec)
+    changes = _changed(status.get("servingSpec") or {}, target.spec.stored_spec())
     if old_plan.get("batch") != plan["batch"]:
         changes.insert(0, f"batch {old_plan.get('batch')} -> {plan['batch']}")
     if changes:
@@ -70,7 +70,7 @@ def start_switch(
         "targetSlot": slot,
         "hash": target.serving_hash,
         "plan": plan,
-        "spec": dict(target.spec),
+        "spec": target.spec.stored_spec(),
         "reason": reason,
         "startedAt": now_iso(p.now),
     }
@@ -119,7 +119,7 @@ def advance_switch(
                 activeSlot=slot,
                 servingHash=switch["hash"],
                 plan=switch["plan"],
-                servingSpec=switch.get("spec") or dict(target.spec),
+                servingSpec=switch.get("spec") or target.spec.stored_spec(),
             )
             message = f"service moved to slot {slot}; draining slot {source} for {drain:.0f}s"
             status["message"] = message

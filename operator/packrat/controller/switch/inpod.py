@@ -125,7 +125,9 @@ def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds
     reason = f"plan {old.get('label')} -> {new.get('label')}"
     if old.get("batch") != new.get("batch"):
         reason += f" (batch {old.get('batch')} -> {new.get('batch')})"
-    status.update(servingHash=desired.serving_hash, plan=dict(new), servingSpec=dict(desired.spec))
+    status.update(
+        servingHash=desired.serving_hash, plan=dict(new), servingSpec=desired.spec.stored_spec()
+    )
     status.pop("switch", None)  # an aborted Deployment switch to an older spec
     seconds = round(seconds, 3)
     status["lastSwitch"] = {

@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.plans import wire_plan
-from packrat.controller.core.spec import template_hash
 
 logger = logging.getLogger(__name__)
 
@@ -40,27 +40,20 @@ def _pod_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def switchable(
-    current_spec: Mapping[str, Any],
+    current_spec: ModelSpec,
     current_plan: Mapping[str, Any],
-    desired_spec: Mapping[str, Any],
+    desired_spec: ModelSpec,
     desired_plan: Mapping[str, Any],
-    *,
-    default_image: str,
 ) -> bool:
     """Whether going from the current plan to the desired one can happen inside the pods:
     the plans differ, their cores do not, and nothing else the pods are built from does
-    (model, image, resources, TorchServe settings, scheduling). ``default_image`` is what a
-    spec without ``image`` runs."""
+    (model, image, resources, TorchServe settings, scheduling)."""
     if _pod_plan(current_plan) == _pod_plan(desired_plan):
         return False
     if current_plan.get("cpus") != desired_plan.get("cpus"):
         return False
     cpus = desired_plan.get("cpus")
-
-    def built_from(spec: Mapping[str, Any]) -> str:
-        return template_hash(spec, cpus=cpus, image=str(spec.get("image") or default_image))
-
-    return built_from(current_spec) == built_from(desired_spec)
+    return current_spec.template_hash(cpus) == desired_spec.template_hash(cpus)
 
 
 def plan_request(plan: Mapping[str, Any], *, token: str) -> tuple[bytes, dict[str, str]]:
