@@ -10,9 +10,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from packrat.controller.core.context import Config, Pass, Result
+from packrat.controller.core.context import Config, ModelPass, Pass, Result
 from packrat.controller.core.model import model_spec, parse
 from packrat.controller.core.spec import validate_spec
+from packrat.controller.core.status import ModelStatus
 from packrat.controller.core.storage import CREDENTIALS_DIR, VERSION_KEY
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.storage_check import CONDITION, resolve_version, retry_delay
@@ -186,7 +187,7 @@ NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 SECRET = {"data": {"AWS_ACCESS_KEY_ID": "YWtpZA==", "AWS_SECRET_ACCESS_KEY": "c2VjcmV0"}}
 
 
-def _pass(kube: FakeKube, status: dict[str, Any], now: datetime.datetime = NOW) -> Pass:
+def _pass(kube: FakeKube, status: ModelStatus, now: datetime.datetime = NOW) -> ModelPass:
     return Pass(
         kube=kube,  # type: ignore[arg-type]
         config=Config(storage_check_seconds=300),
@@ -206,7 +207,7 @@ def test_version_check_reads_the_secret_and_caches_the_etag() -> None:
         return "etag-1"
 
     model = parse(owner(S3), default_image="img")
-    status: dict[str, Any] = {}
+    status = ModelStatus()
     resolved = resolve_version(_pass(kube, status), model, version_of=version_of)
     assert resolved is not None and resolved.spec["model"][VERSION_KEY] == "etag-1"
     assert asked == [{"AWS_ACCESS_KEY_ID": "akid", "AWS_SECRET_ACCESS_KEY": "secret"}]
@@ -237,13 +238,13 @@ def test_version_check_failures_set_a_condition_and_a_warning(
         assert error is not None
         raise error
 
-    status: dict[str, Any] = {}
+    status = ModelStatus()
     p = _pass(FakeKube(secrets), status)
     assert resolve_version(p, parse(owner(S3), default_image="img"), version_of=version_of) is None
     cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
     assert cond["status"] == "False" and cond["reason"] == reason
     assert p.result.events[0][:2] == ("Warning", reason)
-    assert p.result.phase == "Failed" and p.result.retry_seconds is not None
+    assert p.status.phase == "Failed" and p.result.retry_seconds is not None
     # the same failure on the next pass is not announced again
     p2 = _pass(FakeKube(secrets), status)
     resolve_version(p2, parse(owner(S3), default_image="img"), version_of=version_of)
@@ -257,14 +258,14 @@ def test_pinned_digest_never_asks_the_store() -> None:
     def version_of(uri: str, creds: Mapping[str, str]) -> str:
         raise AssertionError("the store was asked")
 
-    assert resolve_version(_pass(kube, {}), model, version_of=version_of) is model
+    assert resolve_version(_pass(kube, ModelStatus()), model, version_of=version_of) is model
     assert kube.gets == []
 
 
 def test_a_failed_recheck_keeps_the_known_version_serving() -> None:
     kube = FakeKube({("secrets", "s3-creds"): SECRET})
     model = parse(owner(S3), default_image="img")
-    status: dict[str, Any] = {}
+    status = ModelStatus()
     resolve_version(_pass(kube, status), model, version_of=lambda u, c: "etag-1")
 
     def outage(uri: str, creds: Mapping[str, str]) -> str:
@@ -273,7 +274,7 @@ def test_a_failed_recheck_keeps_the_known_version_serving() -> None:
     p = _pass(kube, status, NOW + datetime.timedelta(seconds=400))
     kept = resolve_version(p, model, version_of=outage)
     assert kept is not None and kept.spec["model"][VERSION_KEY] == "etag-1"
-    assert p.result.phase != "Failed" and p.result.events[0][:2] == ("Warning", "Unreachable")
+    assert p.status.phase != "Failed" and p.result.events[0][:2] == ("Warning", "Unreachable")
     cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
     assert cond["status"] == "False" and cond["reason"] == "Unreachable"
     assert not any(c["type"] == "Ready" for c in status["conditions"])
@@ -297,7 +298,7 @@ def test_an_outage_is_asked_again_with_backoff_not_every_pass() -> None:
         asked.append(1.0)
         raise FetchError("Unreachable", "connection refused")
 
-    status: dict[str, Any] = {}
+    status = ModelStatus()
     t = 0.0
     delays = []
     for _ in range(6):  # passes at the delays the failures ask for, and one in between each
@@ -321,7 +322,7 @@ def test_an_outage_is_asked_again_with_backoff_not_every_pass() -> None:
 def test_new_credentials_are_tried_at_once_despite_the_backoff() -> None:
     kube = FakeKube({("secrets", "s3-creds"): SECRET})
     model = parse(owner(S3), default_image="img")
-    status: dict[str, Any] = {}
+    status = ModelStatus()
 
     def denied(uri: str, creds: Mapping[str, str]) -> str:
         raise FetchError("AccessDenied", "bad key")

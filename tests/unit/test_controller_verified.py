@@ -13,6 +13,7 @@ from packrat.bench.verify import format_verification, with_verification
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import status_plan
 from packrat.controller.core.spec import validate_spec
+from packrat.controller.core.status import ModelStatus
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.verified import measured, publish
 from packrat.plan.optimizer import Optimizer
@@ -109,7 +110,7 @@ def test_a_non_positive_or_non_numeric_speedup_is_ignored(speedup: Any) -> None:
 
 def test_publish_drops_a_stale_measurement() -> None:
     profile = _profile()
-    status: dict[str, Any] = {"plan": {"cpus": 2, "batch": 1}, "measured": {"speedup": "9x"}}
+    status = ModelStatus({"plan": {"cpus": 2, "batch": 1}, "measured": {"speedup": "9x"}})
     publish(status, profile)
     assert "measured" not in status
 

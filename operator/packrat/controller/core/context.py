@@ -3,16 +3,23 @@ being built and what the pass did (``Result``), with the helpers every step uses
 
 from __future__ import annotations
 
-import copy
 import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.core.spec import DEFAULT_IMAGE
-from packrat.controller.core.status import now_iso, parse_time, set_condition
+from packrat.controller.core.status import (
+    ModelStatus,
+    PipelineStatus,
+    Status,
+    now_iso,
+    parse_time,
+)
+
+S = TypeVar("S", bound=Status)
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,13 @@ class Result:
 
 
 @dataclass
-class Pass:
+class Pass(Generic[S]):
     """The state of one pass; ``status`` is a private copy, written only if the pass ends."""
 
     kube: KubeApi
     config: Config
     obj: Mapping[str, Any]
-    status: dict[str, Any]
+    status: S
     result: Result
     now: datetime.datetime
     conflicts: list[tuple[str, str]] = field(default_factory=list)
@@ -85,14 +92,8 @@ class Pass:
         self.result.events.append((kind, reason, message))
 
     def cond(self, type_: str, value: bool, reason: str, message: str = "") -> None:
-        self.status["conditions"] = set_condition(
-            self.status.get("conditions"),
-            type_=type_,
-            status=value,
-            reason=reason,
-            message=message,
-            generation=self.generation,
-            now=now_iso(self.now),
+        self.status.set_condition(
+            type_, value, reason, message, generation=self.generation, now=now_iso(self.now)
         )
 
     def seconds_since(self, start: str | None, now: datetime.datetime | None = None) -> float:
@@ -104,6 +105,10 @@ class Pass:
             self.conflicts.append((kind, name))
 
 
+ModelPass = Pass[ModelStatus]
+PipelinePass = Pass[PipelineStatus]
+
+
 def run_pass(
     kube: KubeApi,
     config: Config,
@@ -111,14 +116,16 @@ def run_pass(
     namespace: str,
     name: str,
     *,
-    step: Callable[[Pass], None],
+    status: Callable[[Mapping[str, Any]], S],
+    step: Callable[[Pass[S]], None],
     now: datetime.datetime | None = None,
     on_gone: Callable[[], object] | None = None,
 ) -> Result:
     """One pass over the object ``plural/namespace/name``: ``step`` works on a private copy of
-    its status; only when it returns are phase and observedGeneration set and the difference
-    written (an exception propagates and nothing is written). An object gone or being deleted
-    gets ``on_gone`` instead, and the result "gone"."""
+    its status (``status`` makes it from the stored one); only when it returns are phase (the
+    status's phase machine) and observedGeneration set and the difference written (an
+    exception propagates and nothing is written). An object gone or being deleted gets
+    ``on_gone`` instead, and the result "gone"."""
     obj = kube.get(plural, namespace, name)
     result = Result()
     if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
@@ -131,15 +138,29 @@ def run_pass(
         kube=kube,
         config=config,
         obj=obj,
-        status=copy.deepcopy(old_status),
+        status=status(old_status),
         result=result,
         now=now or datetime.datetime.now(datetime.UTC),
     )
     step(p)
-    p.status["phase"] = result.phase
-    if p.generation is not None:
-        p.status["observedGeneration"] = p.generation
-    if p.status != old_status:
-        patch = merge_patch(old_status, p.status)
+    result.phase = p.status.finish(p.generation)
+    new_status = p.status.to_dict()
+    if new_status != old_status:
+        patch = merge_patch(old_status, new_status)
         kube.patch(plural, namespace, name, {"status": patch}, subresource="status")
     return result
+
+
+def report_provisioned(p: Pass[Any], *, feasible: bool, changed: bool, summary: str) -> None:
+    """The ``Provisioned`` condition of a provisioning (a model's SLO or a pipeline's): True
+    when the SLO is met by the chosen configuration, else False (``Infeasible``: the lowest
+    simulated P99 is served); an event when the provisioning changed."""
+    if feasible:
+        if changed:
+            p.emit("Normal", "Provisioned", summary)
+        p.cond("Provisioned", True, "Feasible", summary)
+        return
+    message = f"SLO infeasible, serving the lowest simulated P99: {summary}"
+    if changed:
+        p.emit("Warning", "SloInfeasible", message)
+    p.cond("Provisioned", False, "Infeasible", message)

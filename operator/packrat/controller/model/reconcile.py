@@ -19,12 +19,13 @@ from typing import Any
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message, owned_by
-from packrat.controller.core.context import Config, Pass, Result, run_pass
+from packrat.controller.core.context import Config, Result, run_pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.plans import keep_served, status_plan, wire_plan
 from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.slo_spec import spec_reference
-from packrat.controller.core.status import get_condition
+from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
 from packrat.controller.planning.batching import batch_to_plan, observe_batch
@@ -112,6 +113,7 @@ class Reconciler:
             "packratmodels",
             namespace,
             name,
+            status=ModelStatus,
             step=step,
             now=now,
             # a gone model's held Deployments are let go: no delete hangs on us
@@ -151,8 +153,8 @@ class Reconciler:
         release_unneeded(p, children.deployments, active=active_slot)
         if good is not None:
             active = str(status["activeSlot"])
-            status.setdefault("servingSpec", good.spec.stored_spec())
-            status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
+            status.keep_serving_spec(good.spec.stored_spec())
+            status.set_endpoint(p.name, p.namespace, m.PORT)
             deps, svc = children.deployments, children.service
             if lost_active(p, deps, svc, good=good, replicas=replicas):
                 return  # serving from the deleted slot's pods until the other slot is ready
@@ -172,7 +174,7 @@ class Reconciler:
         if profile is None:
             return
         if model.profile_only and good is None:  # a pipeline's stage before its plan
-            p.result.phase = "Planning"
+            status.awaiting_plan()
             message = "profiled; waiting for the pipeline's plan (packrat.dev/profile-only)"
             p.cond("Ready", False, "AwaitingPipelinePlan", message)
             return
@@ -201,12 +203,12 @@ class Reconciler:
             )
             plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
         except PlanError as exc:
-            p.result.phase = "Failed"
+            status.failed()
             p.result.result = "plan_error"
             message = f"no plan for cpus={model.cpus} batch={batch}: {exc}"
             if status.get("message") != message:
                 p.emit("Warning", "PlanFailed", message)
-            status["message"] = message
+            status.set_message(message)
             p.cond("Planned", False, "PlanFailed", message)
             p.cond("Ready", False, "PlanFailed", message)
             return
@@ -236,7 +238,7 @@ class Reconciler:
         verified.publish(status, profile)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
-        if auto and p.result.phase == "Ready" and "switch" not in status:
+        if auto and status.phase == "Ready" and "switch" not in status:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))
             observe_batch(p, model, reading=reading, optimizer=optimizer, profile=profile)
@@ -287,7 +289,7 @@ class Reconciler:
                 start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
                 return True
         elif (status.get("switch") or {}).get("stage") == "aborted":
-            status.pop("switch", None)
+            status.set_switch(None)
         return False
 
     def _in_pod(
@@ -324,27 +326,24 @@ class Reconciler:
         dep = ensure_deployment(
             p, children.deployments["a"], slot="a", rendering=desired, replicas=replicas
         )
-        status.update(
-            activeSlot="a",
-            servingHash=desired.serving_hash,
-            plan=dict(desired.plan),
-            servingSpec=desired.spec.stored_spec(),
+        status.set_serving(
+            slot="a",
+            serving_hash=desired.serving_hash,
+            plan=desired.plan,
+            serving_spec=desired.spec.stored_spec(),
         )
-        status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": m.PORT}
-        status["batchSize"] = {
-            **(status.get("batchSize") or {}),
-            "current": desired.plan["batch"],
-        }
+        status.set_endpoint(p.name, p.namespace, m.PORT)
+        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan["batch"]})
         p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan['label']}")
         steady(p, dep, replicas=replicas)
 
     def _invalid(self, p: Pass, errors: list[str]) -> None:
-        p.result.phase = "Failed"
+        p.status.failed(invalid=True)
         p.result.result = "invalid"
         message = "; ".join(errors)
         if p.status.get("message") != message:
             p.emit("Warning", "InvalidSpec", message)
-        p.status["message"] = message
+        p.status.set_message(message)
         p.cond("Ready", False, "InvalidSpec", message)
 
     def _foreign(self, p: Pass, children: Children) -> bool:
@@ -360,10 +359,10 @@ class Reconciler:
         if not p.conflicts:
             return False
         message = conflict_message(p.conflicts)
-        p.result.phase = "Failed"
+        p.status.failed()
         p.result.result = "conflict"
         p.result.waiting = True  # a foreign object's removal sends us no event: look again
-        p.status["message"] = message
+        p.status.set_message(message)
         p.cond("Ready", False, "OwnershipConflict", message)
         return True
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
 from packrat.controller.core.spec import read_spec
 from packrat.controller.pipeline import manifests as pm

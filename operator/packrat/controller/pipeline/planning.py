@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec
 from packrat.controller.planning.provisioning import (
     MIN_WINDOW_S,

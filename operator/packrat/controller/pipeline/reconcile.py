@@ -32,9 +32,10 @@ from typing import Any
 from packrat.controller.api import crd
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message
-from packrat.controller.core.context import Config, Pass, Result, run_pass
+from packrat.controller.core.context import Config, Result, report_provisioned, run_pass
+from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import get_condition
+from packrat.controller.core.status import PipelineStatus, get_condition
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.latency import Measured
@@ -136,7 +137,16 @@ class PipelineReconciler:
             self._pass(p, measured)
             self._report_conflicts(p)
 
-        return run_pass(self.kube, self.config, PLURAL, namespace, name, step=step, now=now)
+        return run_pass(
+            self.kube,
+            self.config,
+            PLURAL,
+            namespace,
+            name,
+            status=PipelineStatus,
+            step=step,
+            now=now,
+        )
 
     # -- the pass ------------------------------------------------------------------------------
     def _pass(self, p: Pass, measured: Measured | None) -> None:
@@ -156,10 +166,10 @@ class PipelineReconciler:
             )
             p.result.waiting = True  # a foreign object's removal sends us no event
             return
-        p.status.pop("message", None)  # set again below if it still applies
+        p.status.set_message(None)  # set again below if it still applies
         pc.remove_leftovers(p, children)
         router = pc.ensure_router(p, pipe, children, image=self.config.image)
-        p.status["endpoint"] = {"service": f"{p.name}.{p.namespace}.svc", "port": PORT}
+        p.status.set_endpoint(p.name, p.namespace, PORT)
 
         profiles = {}
         for stage in pipe.stages:
@@ -177,13 +187,8 @@ class PipelineReconciler:
             current = children.models[stage.name]
             settled[stage.name] = pc.ensure_stage(p, pipe, stage.name, current, target)
         if measured is not None:  # the trailing window's P99, or none with too few queries
-            p.status["measuredQueries"] = measured.queries
-            if measured.p99_ms is not None:
-                p.status["measuredP99Ms"] = measured.p99_ms
-            else:
-                p.status.pop("measuredP99Ms", None)
-        if "measuredP99Ms" in p.status:  # the measured P99, else the simulated one, decides
-            p.status["sloMet"] = bool(p.status["measuredP99Ms"] <= pipe.slo_ms)
+            p.status.set_measured(measured.queries, measured.p99_ms)
+        p.status.judge_slo(pipe.slo_ms)  # the measured P99, else the simulated one, decides
         self._status(
             p,
             pipe=pipe,
@@ -219,10 +224,10 @@ class PipelineReconciler:
             message = f"cannot provision the pipeline for its SLO: {exc}"
             if previous_message != message:
                 p.emit("Warning", exc.reason, message)
-            p.status["message"] = message
+            p.status.set_message(message)
             p.cond("Provisioned", False, exc.reason, message)
             if not previous:
-                p.result.phase = "Failed"
+                p.status.failed()
                 p.result.result = "provision_error"
             return previous
         configs = stage_configs(prov)
@@ -235,24 +240,14 @@ class PipelineReconciler:
             f"{prov.best.cores} cores"
         )
         changed = p.status.get("planSignature") != signature
-        if prov.feasible:
-            if changed:
-                p.emit("Normal", "Provisioned", summary)
-            p.cond("Provisioned", True, "Feasible", summary)
-        else:
-            summary = f"SLO infeasible, serving the lowest simulated P99: {summary}"
-            if changed:
-                p.emit("Warning", "SloInfeasible", summary)
-            p.cond("Provisioned", False, "Infeasible", summary)
-        p.status.update(
-            planSignature=signature,
+        report_provisioned(p, feasible=prov.feasible, changed=changed, summary=summary)
+        p.status.set_plan(
+            signature=signature,
             cores=prov.best.cores,
-            simulatedP99Ms=_ms(prov.best.p99_ms),
-            sloMet=bool(prov.best.p99_ms <= pipe.slo_ms),
+            simulated_p99_ms=_ms(prov.best.p99_ms),
+            slo_met=bool(prov.best.p99_ms <= pipe.slo_ms),
             baselines=baselines(prov),
         )
-        if p.status["simulatedP99Ms"] is None:
-            p.status.pop("simulatedP99Ms")
         return configs
 
     def _status(
@@ -281,30 +276,30 @@ class PipelineReconciler:
             target = targets.get(stage.name)  # absent: patched by this pass
             if target is None or not stage_ready(model, target):
                 waiting_on.append(stage.name)
-        p.status["stages"] = stages
+        p.status.set_stages(stages)
         replicas = pc.ROUTER_REPLICAS
         ready_replicas = int(((router or {}).get("status") or {}).get("readyReplicas") or 0)
-        p.status["router"] = {"replicas": replicas, "readyReplicas": ready_replicas}
+        p.status.set_router(replicas, ready_replicas)
         router_ok = deployment_ready(router, replicas)
-        if p.result.phase == "Failed":
+        if p.status.phase == "Failed":
             p.cond("Ready", False, "ProvisionFailed", p.status.get("message", ""))
             return
         was_ready = p.status.get("phase") == "Serving"
         if not waiting_on and router_ok:
             message = f"{len(stages)} stages and the router serve at {p.name}.{p.namespace}.svc"
-            p.result.phase = "Serving"
+            p.status.serving()
             if not was_ready:
                 p.emit("Normal", "Ready", message)
             p.cond("Ready", True, "Serving", message)
             return
         p.result.waiting = True
         if missing:
-            p.result.phase = "Pending"
+            p.status.waiting(missing_profiles=True)
             reason, message = "Profiling", f"waiting for the profiles of {', '.join(missing)}"
             if "Provisioned" not in {c.get("type") for c in p.status.get("conditions") or []}:
                 p.cond("Provisioned", False, "Profiling", message)
         else:
-            p.result.phase = "Provisioning"
+            p.status.waiting(missing_profiles=False)
             parts = [f"stages {', '.join(waiting_on)}"] if waiting_on else []
             if not router_ok:
                 parts.append(f"router {ready_replicas}/{replicas} ready")
@@ -313,11 +308,11 @@ class PipelineReconciler:
 
     # -- failures ------------------------------------------------------------------------------
     def _fail(self, p: Pass, result: str, reason: str, message: str) -> None:
-        p.result.phase = "Failed"
+        p.status.failed()
         p.result.result = result
         if p.status.get("message") != message and reason != "OwnershipConflict":
             p.emit("Warning", reason, message)
-        p.status["message"] = message
+        p.status.set_message(message)
         p.cond("Ready", False, reason, message)
 
     def _report_conflicts(self, p: Pass) -> None:

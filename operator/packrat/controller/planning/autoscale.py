@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.status import now_iso
@@ -149,7 +149,7 @@ def tune(
     )
     if arrivals is None:
         scaled["replicas"] = tuner.replicas
-        status["autoscaling"] = scaled
+        status.set_autoscaling(scaled)
         return tuner.replicas
     tuner.observe(arrivals.times)
     decision = tuner.decide(p.now.timestamp())
@@ -169,7 +169,7 @@ def tune(
     }
     if decision.replicas != decision.previous:  # kept until the next change (HPA: lastScaleTime)
         scaled["lastScale"] = dict(scaled["lastDecision"])
-    status["autoscaling"] = scaled
+    status.set_autoscaling(scaled)
     p.result.autoscale = {
         "action": decision.action,
         "replicas": decision.replicas,
@@ -187,5 +187,4 @@ def publish_scale(p: Pass, replicas: int) -> None:
     """``status.replicas`` and ``status.selector``, what the scale subresource reports to an
     HPA or KEDA (the active slot's pods)."""
     selector = m.service_selector(p.name, slot=str(p.status["activeSlot"]))
-    p.status["replicas"] = replicas
-    p.status["selector"] = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+    p.status.set_scale(replicas, ",".join(f"{k}={v}" for k, v in sorted(selector.items())))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.plans import wire_plan
 from packrat.controller.core.status import now_iso, parse_time
@@ -80,4 +80,4 @@ def observe_batch(
         p.emit("Normal", "BatchSizeChanged", decision.message)
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)
-    status["batchSize"] = seen
+    status.set_batch_size(seen)

@@ -23,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.context import Pass as AnyPass
+from packrat.controller.core.context import report_provisioned
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.slo_spec import TunerReference
 from packrat.plan.envelope import envelope, window_sizes
@@ -103,7 +105,7 @@ def _round(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 3)
 
 
-def sample_trace(p: Pass, slo: Mapping[str, Any]) -> tuple[np.ndarray, str]:
+def sample_trace(p: AnyPass[Any], slo: Mapping[str, Any]) -> tuple[np.ndarray, str]:
     """The sample arrivals and a digest of where they came from (``TraceUnavailable``)."""
     ref = slo.get("trace")
     if ref is None:
@@ -256,33 +258,25 @@ def provision_model(
 
 
 def _cannot_plan(p: Pass, reason: str, message: str) -> None:
-    p.result.phase = "Failed"
+    p.status.failed()
     p.result.result = "provision_error"
     message = f"cannot provision for the SLO: {message}"
     if p.status.get("message") != message:
         p.emit("Warning", reason, message)
-    p.status["message"] = message
+    p.status.set_message(message)
     p.cond("Provisioned", False, reason, message)
     p.cond("Ready", False, reason, message)
 
 
 def _record(p: Pass, prov: Provisioned) -> None:
     previous = p.status.get("provisioning") or {}
-    p.status["provisioning"] = {**prov.status(), "measuredP99Ms": previous.get("measuredP99Ms")}
-    if p.status["provisioning"]["measuredP99Ms"] is None:
-        p.status["provisioning"].pop("measuredP99Ms")
+    kept = {"measuredP99Ms": m} if (m := previous.get("measuredP99Ms")) is not None else {}
+    provisioning = {k: v for k, v in prov.status().items() if k != "measuredP99Ms"}
+    p.status.set_provisioning({**provisioning, **kept})
     summary = (
         f"{prov.replicas} x {prov.cpus} CPUs, batch {prov.batch} ({prov.plan.label}): "
         f"simulated P99 {_round(prov.p99_ms)} ms for SLO {prov.slo_ms:g} ms, "
         f"{prov.cores} cores"
     )
     changed = previous.get("signature") != prov.signature
-    if prov.feasible:
-        if changed:
-            p.emit("Normal", "Provisioned", summary)
-        p.cond("Provisioned", True, "Feasible", summary)
-    else:
-        message = f"SLO infeasible, serving the lowest simulated P99: {summary}"
-        if changed:
-            p.emit("Warning", "SloInfeasible", message)
-        p.cond("Provisioned", False, "Infeasible", message)
+    report_provisioned(p, feasible=prov.feasible, changed=changed, summary=summary)

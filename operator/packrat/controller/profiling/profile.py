@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.pods import job_state, pod_failure, unschedulable
 from packrat.controller.core.status import now_iso, parse_time
@@ -74,8 +74,8 @@ def ensure_profile(
         p.conflict("ConfigMap", obj_name)
         configmap = None
         drop_superseded(p, jobs, keep=None)
-        status["profile"] = pstatus
-        p.result.phase = "Failed"
+        status.set_profile(pstatus)
+        status.failed()
         p.result.result = "conflict"
         return None
     if configmap is not None:
@@ -95,7 +95,7 @@ def ensure_profile(
         )
         for stale in ("job", "retryAt", "lastFailure", "attempts", "stuck"):
             pstatus.pop(stale, None)
-        status["profile"] = pstatus
+        status.set_profile(pstatus)
         p.cond("Profiled", True, "Profiled", f"profile in configmap {obj_name}")
         exclusive, reason, message = cores_exclusive(profile)
         if exclusive is not None:
@@ -107,11 +107,11 @@ def ensure_profile(
     job = next((j for j in jobs if j["metadata"]["name"] == obj_name and _ours(p, j)), None)
     if job is None and any(j["metadata"]["name"] == obj_name for j in jobs):
         p.conflict("Job", obj_name)
-        status["profile"] = pstatus
-        p.result.phase = "Failed"
+        status.set_profile(pstatus)
+        status.failed()
         p.result.result = "conflict"
         return None
-    status["profile"] = pstatus
+    status.set_profile(pstatus)
     if job is None:
         return _start_job(p, model, pstatus, obj_name=obj_name, key=key)
     return _follow_job(p, model, pstatus, job=job, obj_name=obj_name)
@@ -127,18 +127,20 @@ def _start_job(
         # the user changed the spec after giving up: try again from scratch
         for stale in ("attempts", "failedGeneration", "retryAt"):
             pstatus.pop(stale, None)
+        status.set_profile(pstatus)
         attempts = 0
     if attempts >= p.config.max_profile_attempts:
         if model.generation is not None:
             pstatus["failedGeneration"] = model.generation
-        p.result.phase = "Failed"
+        status.set_profile(pstatus)
+        status.failed()
         p.result.result = "profiling_failed"
         message = f"profiling failed {attempts} times; last: {pstatus.get('lastFailure', '?')}"
-        status["message"] = message
+        status.set_message(message)
         p.cond("Profiled", False, "ProfilingFailed", message)
         p.cond("Ready", False, "ProfilingFailed", message)
         return None
-    p.result.phase = "Profiling"
+    status.profiling()
     p.result.waiting = True
     retry_at = parse_time(pstatus.get("retryAt"))
     if retry_at is not None and p.now < retry_at:
@@ -148,8 +150,9 @@ def _start_job(
     pstatus.update(job=obj_name, startedAt=now_iso(p.now))
     for stale in ("retryAt", "stuck"):
         pstatus.pop(stale, None)
+    status.set_profile(pstatus)
     message = f"profiling job {obj_name} started (attempt {attempts + 1})"
-    status["message"] = message
+    status.set_message(message)
     if created:
         p.emit("Normal", "ProfilingStarted", message)
     p.cond("Profiled", False, "Profiling", message)
@@ -171,11 +174,11 @@ def _follow_job(
     p: Pass, model: ModelSpec, pstatus: dict[str, Any], *, job: Mapping[str, Any], obj_name: str
 ) -> Profile | None:
     status = p.status
-    p.result.phase = "Profiling"
+    status.profiling()
     p.result.waiting = True
     state = job_state(job)
     pods = _job_pods(p, job, obj_name)
-    status.pop("profiling", None)  # progress is shown while the Job runs, below
+    status.set_profiling_progress(None)  # progress is shown while the Job runs, below
     failure: str | None = None
     if state == "succeeded":
         text = None
@@ -216,13 +219,13 @@ def _follow_job(
         stuck = _stuck(p, pods)
         if stuck is None or stuck[1] is None:
             p.result.profiling_progress = _progress(p, pods)
-            if p.result.profiling_progress is not None:
-                status["profiling"] = {"progress": p.result.profiling_progress}
+            status.set_profiling_progress(p.result.profiling_progress)
             message = f"profiling job {obj_name} running" + (f": {stuck[0]}" if stuck else "")
             if stuck and pstatus.get("stuck") != stuck[0]:
                 p.emit("Warning", "ProfilingStuck", message[:1000])
                 pstatus["stuck"] = stuck[0]
-            status["message"] = message[:2000]
+                status.set_profile(pstatus)
+            status.set_message(message[:2000])
             p.cond("Profiled", False, "ProfilingStuck" if stuck else "Profiling", message[:2000])
             return None
         failure = stuck[1]
@@ -302,12 +305,16 @@ def _failed_attempt(
     )
     for stale in ("job", "stuck"):
         pstatus.pop(stale, None)
+    status.set_profile(pstatus)
     p.result.result = "profiling_failed"
     final = attempts >= p.config.max_profile_attempts
     message = f"profiling attempt {attempts} failed: {failure}" + (
         "" if final else f"; retrying in {delay:.0f}s"
     )
-    status["message"] = message[:2000]
+    status.set_message(message[:2000])
     p.emit("Warning", "ProfilingFailed", message[:1000])
     p.cond("Profiled", False, "ProfilingFailed" if final else "ProfilingRetry", message[:2000])
-    p.result.phase = "Failed" if final else "Profiling"
+    if final:
+        status.failed()
+    else:
+        status.profiling()

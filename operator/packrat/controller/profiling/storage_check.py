@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.status import now_iso
 from packrat.controller.core.storage import VERSION_KEY, needs_version_check
@@ -81,7 +81,7 @@ def resolve_version(
             p.emit("Warning", exc.reason, message)
         known = seen.get("version") if seen.get("uri") == uri else None
         failures = int(seen.get("failures") or 0) + (0 if held else 1)
-        p.status["storage"] = {
+        storage = {
             "uri": uri,
             **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
             "error": message,
@@ -90,14 +90,15 @@ def resolve_version(
             **({"tried": tried} if tried else {}),
             "checkedAt": seen["checkedAt"] if held else now_iso(p.now),
         }
+        p.status.set_storage(storage)
         p.cond(CONDITION, False, exc.reason, message)
         # look again when the backoff ends (the object or the Secret may appear meanwhile)
-        p.result.retry_seconds = _retry_left(p, p.status["storage"])
+        p.result.retry_seconds = _retry_left(p, storage)
         if known:  # the version profiled and served stays in use; nothing is re-profiled
             return _with_version(model, str(known))
-        p.status["message"] = message
+        p.status.set_message(message)
         p.cond("Ready", False, exc.reason, message)
-        p.result.phase = "Failed"
+        p.status.failed()
         p.result.result = "storage_error"
         return None
     if not fresh:
@@ -108,12 +109,14 @@ def resolve_version(
                 "ModelChanged",
                 f"{uri} changed (version {previous} -> {version}): re-profiling",
             )
-        p.status["storage"] = {
-            "uri": uri,
-            "version": version,
-            "fingerprint": fingerprint,
-            "checkedAt": now_iso(p.now),
-        }
+        p.status.set_storage(
+            {
+                "uri": uri,
+                "version": version,
+                "fingerprint": fingerprint,
+                "checkedAt": now_iso(p.now),
+            }
+        )
     p.cond(CONDITION, True, "Found", f"{uri} version {version}")
     return _with_version(model, version)
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.plans import layout
+from packrat.controller.core.status import ModelStatus
 from packrat.plan.profile import VERIFIED_KEY, Profile
 
 
@@ -58,10 +59,6 @@ def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[st
     return None
 
 
-def publish(status: dict[str, Any], profile: Profile | None) -> None:
+def publish(status: ModelStatus, profile: Profile | None) -> None:
     """Set ``status.measured`` for the served plan, or drop a stale one."""
-    found = measured(status.get("plan"), profile)
-    if found is None:
-        status.pop("measured", None)
-    else:
-        status["measured"] = found
+    status.set_measured(measured(status.get("plan"), profile))

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.plans import wire_plan
 from packrat.controller.serving import manifests as m
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.serving import manifests as m
 
 

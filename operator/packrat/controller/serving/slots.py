@@ -14,10 +14,9 @@ from typing import Any
 
 from packrat.controller.api.drift import covers
 from packrat.controller.api.ownership import conflict_message, owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, stored
 from packrat.controller.core.plans import layout
-from packrat.controller.core.status import Facts, derive_phase
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import ensure_plan, ensure_token
 from packrat.controller.serving.protection import protect_patch, release, terminating
@@ -179,19 +178,14 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
     slot = str(status["activeSlot"])
     label = (status.get("plan") or {}).get("label")
     ready_replicas = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
-    status["readyReplicas"] = ready_replicas
+    status.set_ready_replicas(ready_replicas)
     ready = deployment_ready(dep, replicas) and not p.conflicts
     was_ready = status.get("phase") == "Ready"
-    p.result.phase = derive_phase(
-        Facts(
-            profiled=True,
-            planned=True,
-            deployed=True,
-            ready_replicas=ready_replicas if ready else min(ready_replicas, replicas - 1),
-            replicas=replicas,
-        )
+    phase = status.serving(
+        ready_replicas=ready_replicas if ready else min(ready_replicas, replicas - 1),
+        replicas=replicas,
     )
-    if p.result.phase == "Ready":
+    if phase == "Ready":
         message = f"serving plan {label} on slot {slot}, {ready_replicas}/{replicas} ready"
         if not was_ready:
             p.emit("Normal", "Ready", message)
@@ -207,7 +201,7 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
         p.cond("Ready", False, reason, message)
         if was_ready:
             p.cond("Degraded", True, reason, message)
-    status["message"] = message
+    status.set_message(message)
     if "switch" not in status and not any(
         c.get("type") == "Reconfiguring" for c in status.get("conditions") or []
     ):

@@ -9,7 +9,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.status import now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.serving import manifests as m
@@ -64,26 +64,24 @@ def start_switch(
     if note:
         reason += f"; in-pod switch failed: {note}"
     ensure_deployment(p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas)
-    status["switch"] = {
-        "stage": "rollout",
-        "fromSlot": active,
-        "targetSlot": slot,
-        "hash": target.serving_hash,
-        "plan": plan,
-        "spec": target.spec.stored_spec(),
-        "reason": reason,
-        "startedAt": now_iso(p.now),
-    }
-    status["batchSize"] = {
-        **(status.get("batchSize") or {}),
-        "current": old_plan.get("batch"),
-        "target": plan["batch"],
-    }
+    status.set_switch(
+        {
+            "stage": "rollout",
+            "fromSlot": active,
+            "targetSlot": slot,
+            "hash": target.serving_hash,
+            "plan": plan,
+            "spec": target.spec.stored_spec(),
+            "reason": reason,
+            "startedAt": now_iso(p.now),
+        }
+    )
+    status.batch_switching(current=old_plan.get("batch"), target=plan["batch"])
     message = f"switching to slot {slot}: {reason}"
-    status["message"] = message
+    status.set_message(message)
     p.emit("Normal", "SwitchStarted", message)
     p.cond("Reconfiguring", True, "SwitchStarted", message)
-    p.result.phase = "Reconfiguring"
+    status.switching()
     p.result.waiting = True
 
 
@@ -101,7 +99,7 @@ def advance_switch(
     status = p.status
     switch = dict(status["switch"])
     slot, source = switch["targetSlot"], switch["fromSlot"]
-    p.result.phase = "Reconfiguring"
+    status.switching()
     p.result.waiting = True
     elapsed = p.seconds_since(switch.get("startedAt"))
     if switch["stage"] == "rollout":
@@ -114,15 +112,15 @@ def advance_switch(
             switch["switchedSeconds"] = round(p.seconds_since(switch["startedAt"], _now()), 3)
             switch["stage"] = "draining"
             switch["drainUntil"] = now_iso(p.now + datetime.timedelta(seconds=drain))
-            status["switch"] = switch
-            status.update(
-                activeSlot=slot,
-                servingHash=switch["hash"],
+            status.set_switch(switch)
+            status.set_serving(
+                slot=slot,
+                serving_hash=switch["hash"],
                 plan=switch["plan"],
-                servingSpec=switch.get("spec") or target.spec.stored_spec(),
+                serving_spec=switch.get("spec") or target.spec.stored_spec(),
             )
             message = f"service moved to slot {slot}; draining slot {source} for {drain:.0f}s"
-            status["message"] = message
+            status.set_message(message)
             p.emit("Normal", "ServiceSwitched", message)
             p.cond("Reconfiguring", True, "Draining", message)
             return False
@@ -130,10 +128,10 @@ def advance_switch(
             abort(p, deployments, reason=f"slot {slot} not ready within {ready_timeout:.0f}s")
             return True
         ready = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
-        status["message"] = (
+        status.set_message(
             f"switching to slot {slot}: {ready}/{replicas} ready after {elapsed:.0f}s"
         )
-        status["switch"] = switch
+        status.set_switch(switch)
         return False
     # draining: the Service already selects the target; wait, then retire the old slot
     drain_until = parse_time(switch.get("drainUntil"))
@@ -151,7 +149,7 @@ def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed:
         "selectorSwitchSeconds": float(switch.get("switchedSeconds", 0.0)),
         "oldSlotScaledDownSeconds": round(elapsed, 3),
     }
-    status["lastSwitch"] = {
+    last = {
         "time": now_iso(p.now),
         "reason": switch.get("reason", ""),
         "result": "Succeeded",
@@ -161,21 +159,18 @@ def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed:
         "plan": str(switch["plan"].get("label", "")),
         "timeline": timeline,
     }
-    status.pop("switch", None)
+    status.set_switch(None)
     before = (status.get("batchSize") or {}).get("current")
-    status["batchSize"] = {
-        **(status.get("batchSize") or {}),
-        "current": switch["plan"].get("batch"),
-    }
-    status["batchSize"].pop("target", None)
-    status["switchHistory"] = ab.append_history(
-        status.get("switchHistory"),
+    status.batch_settled(switch["plan"].get("batch"))
+    status.record_switch(
+        last,
         {
-            **{k: v for k, v in status["lastSwitch"].items() if k != "timeline"},
+            **{k: v for k, v in last.items() if k != "timeline"},
             "fromBatch": before,
             "toBatch": switch["plan"].get("batch"),
             "seconds": timeline["selectorSwitchSeconds"],
         },
+        limit=ab.HISTORY_LIMIT,
     )
     p.result.switch_result = "succeeded"
     p.result.switch_seconds = timeline["selectorSwitchSeconds"]
@@ -202,13 +197,10 @@ def abort(p: Pass, deployments: Children, *, reason: str) -> None:
     switch = dict(status.get("switch") or {})
     slot = switch.get("targetSlot", m.other_slot(str(status.get("activeSlot"))))
     scale(p, deployments.get(slot), 0)
-    status["switch"] = {
-        "stage": "aborted",
-        "hash": switch.get("hash"),
-        "targetSlot": slot,
-        "reason": reason,
-    }
-    status["lastSwitch"] = {
+    status.set_switch(
+        {"stage": "aborted", "hash": switch.get("hash"), "targetSlot": slot, "reason": reason}
+    )
+    last = {
         "time": now_iso(p.now),
         "reason": f"{switch.get('reason', '')}: {reason}",
         "result": "Aborted",
@@ -218,17 +210,16 @@ def abort(p: Pass, deployments: Children, *, reason: str) -> None:
         "plan": str((switch.get("plan") or {}).get("label", "")),
     }
     p.result.switch_result = "aborted"
-    status["switchHistory"] = ab.append_history(
-        status.get("switchHistory"),
+    status.record_switch(
+        last,
         {
-            **status["lastSwitch"],
+            **last,
             "fromBatch": (status.get("batchSize") or {}).get("current"),
             "toBatch": (switch.get("plan") or {}).get("batch"),
         },
+        limit=ab.HISTORY_LIMIT,
     )
-    status["batchSize"] = {
-        k: v for k, v in (status.get("batchSize") or {}).items() if k != "target"
-    }
+    status.batch_target_dropped()
     message = f"switch aborted ({reason}); still serving slot {status['activeSlot']}"
     p.emit("Warning", "SwitchAborted", message)
     p.cond("Reconfiguring", False, "SwitchAborted", message)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.status import get_condition
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.protection import pods_going, protected, release, terminating
@@ -80,7 +80,7 @@ def lost_active(
         steady(p, None, replicas=replicas)
         p.cond("Ready", False, REASON, message)
         p.cond("Degraded", True, REASON, message)
-        status["message"] = message
+        status.set_message(message)
         return True
     previous = get_condition(status.get("conditions"), "Reconfiguring") or {}
     target = m.other_slot(active)
@@ -97,12 +97,12 @@ def lost_active(
         )
         if previous.get("reason") != REASON:
             p.emit("Warning", REASON, message)
-        p.result.phase = "Reconfiguring"
+        status.switching()
         p.cond("Reconfiguring", True, REASON, message)
-        status["message"] = message
+        status.set_message(message)
         return True
     ensure_service(p, service, slot=target)
-    status["activeSlot"] = target
+    status.set_active_slot(target)
     assert dep is not None
     release(p.kube, p.namespace, dep)
     message = f"service moved to slot {target} (last good plan {label}); slot {active} let go"

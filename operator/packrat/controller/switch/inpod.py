@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from packrat.controller.core.context import Pass
+from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.status import now_iso
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.estimates import pod_address
@@ -125,12 +125,15 @@ def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds
     reason = f"plan {old.get('label')} -> {new.get('label')}"
     if old.get("batch") != new.get("batch"):
         reason += f" (batch {old.get('batch')} -> {new.get('batch')})"
-    status.update(
-        servingHash=desired.serving_hash, plan=dict(new), servingSpec=desired.spec.stored_spec()
+    status.set_serving(
+        slot=slot,
+        serving_hash=desired.serving_hash,
+        plan=new,
+        serving_spec=desired.spec.stored_spec(),
     )
-    status.pop("switch", None)  # an aborted Deployment switch to an older spec
+    status.set_switch(None)  # an aborted Deployment switch to an older spec
     seconds = round(seconds, 3)
-    status["lastSwitch"] = {
+    last = {
         "time": now_iso(p.now),
         "reason": reason,
         "result": "Succeeded",
@@ -140,21 +143,20 @@ def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds
         "plan": str(new.get("label", "")),
         "timeline": {"inPodSeconds": seconds},
     }
-    status["switchHistory"] = ab.append_history(
-        status.get("switchHistory"),
+    status.record_switch(
+        last,
         {
-            **{k: v for k, v in status["lastSwitch"].items() if k != "timeline"},
+            **{k: v for k, v in last.items() if k != "timeline"},
             "fromBatch": old.get("batch"),
             "toBatch": new.get("batch"),
             "seconds": seconds,
         },
+        limit=ab.HISTORY_LIMIT,
     )
-    batch = {**(status.get("batchSize") or {}), "current": new.get("batch")}
-    batch.pop("target", None)
-    status["batchSize"] = batch
+    status.batch_settled(new.get("batch"))
     p.result.switch_result = "succeeded"
     p.result.switch_seconds = seconds
     message = f"switched in place on slot {slot}, {pods} pods, in {seconds:.1f}s: {reason}"
-    status["message"] = message
+    status.set_message(message)
     p.emit("Normal", "SwitchCompleted", message)
     p.cond("Reconfiguring", False, "SwitchedInPod", message)
