@@ -140,11 +140,8 @@ def test_fault8_hostile_pod_status_is_bounded(setup: tuple[Api, Kube, Pods]) -> 
     reader = EstimateReader(
         kube, pod_url="http://{ip}:{pod}", service_url="http://127.0.0.1:1/{service}"
     )
-    try:
-        reading = reader(NAMESPACE, "m")
-        stalled_still_waiting = not pods.release.is_set()
-    finally:
-        reader.close()
+    reading = reader(NAMESPACE, "m")
+    stalled_still_waiting = not pods.release.is_set()
     assert stalled_still_waiting  # the reader did not wait for the stalled pod
     assert reading == Reading((4,), "pods")  # only the well-behaved pod counts
     assert pods.redirect_hits == 0  # the redirect was not followed

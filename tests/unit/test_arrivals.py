@@ -144,7 +144,6 @@ def test_reader_merges_two_real_dispatchers_and_reads_each_arrival_once() -> Non
             assert third is not None and len(third.times) == 1  # only what is new
             kube.pods = [_pod("gone", 9)]
             assert await loop.run_in_executor(None, reader, "ns", "m") is None
-            reader.close()
 
     run(body)
 

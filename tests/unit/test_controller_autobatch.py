@@ -4,11 +4,13 @@ the reconcile pass driving ``plan.reconfig`` end to end against an in-memory API
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Any
 
 import pytest
 from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
+from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import AutoBatch, model_spec
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.planning import autobatch as ab
@@ -179,16 +181,27 @@ def test_estimate_reader_reads_every_ready_pod_the_service_selects(
     answers = {"http://10.0.0.1:8080": 8, "http://10.0.0.2:8080": 4, "http://svc/m": 2}
     asked: list[str] = []
 
-    def fake_fetch(url: str, *, timeout: float) -> int | None:
-        asked.append(url)
-        return answers.get(url)
+    class Fanout:
+        def get(
+            self, owner: str, urls: list[str], *, deadline: float, max_bytes: int
+        ) -> list[Answer]:
+            asked.extend(urls)
+            docs = [answers.get(url.removesuffix("/status")) for url in urls]
+            return [
+                Answer(200, json.dumps({"batch_size_estimate": {"estimate": d}}).encode())
+                if d is not None
+                else Answer(0, error="unreachable")
+                for d in docs
+            ]
 
-    monkeypatch.setattr(estimates, "fetch_estimate", fake_fetch)
     reader = estimates.EstimateReader(
-        kube, pod_url="http://{ip}:8080", service_url="http://svc/{service}"
+        kube,
+        pod_url="http://{ip}:8080",
+        service_url="http://svc/{service}",
+        fanout=Fanout(),  # type: ignore[arg-type]
     )
     assert reader(NS, "m") == ab.Reading((8, 4), "pods")
-    assert sorted(asked) == ["http://10.0.0.1:8080", "http://10.0.0.2:8080"]
+    assert sorted(asked) == ["http://10.0.0.1:8080/status", "http://10.0.0.2:8080/status"]
     # no ready pods listed: one reading through the Service
     for pod in ("m-a-1", "m-a-2"):
         kube.delete("pods", NS, pod)

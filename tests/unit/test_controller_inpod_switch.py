@@ -103,7 +103,13 @@ class FakePods:
         self.calls: list[tuple[list[str], dict[str, Any], str, float]] = []
 
     def __call__(
-        self, urls: Sequence[str], plan: Mapping[str, Any], *, token: str, timeout: float
+        self,
+        urls: Sequence[str],
+        plan: Mapping[str, Any],
+        *,
+        token: str,
+        timeout: float,
+        owner: str = "",
     ) -> list[PodAnswer]:
         self.calls.append((list(urls), dict(plan), token, timeout))
         out = []

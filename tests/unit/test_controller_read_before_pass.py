@@ -3,6 +3,7 @@ Service and lists its ready pods once per pass, for both the estimates and the a
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from test_controller_reconcile import NS, FakeKube
 
+from packrat.controller.core.fanout import Answer
 from packrat.controller.handlers import read_before_pass
 from packrat.controller.planning import arrivals, estimates
 from packrat.controller.planning import autobatch as ab
@@ -52,27 +54,52 @@ def _model(kube: CountingKube) -> None:
         )
 
 
+class FakeFanout:
+    """The pods' answers by address (``estimates``: what ``/status`` says)."""
+
+    def __init__(self) -> None:
+        self.estimates = {"http://10.0.0.1": 8, "http://10.0.0.2": 4}
+
+    def get(self, owner: str, urls: list[str], *, deadline: float, max_bytes: int) -> list[Answer]:
+        out = []
+        for url in urls:
+            base = url.partition("/status")[0]
+            if url.endswith("/status") and base in self.estimates:
+                doc: Any = {"batch_size_estimate": {"estimate": self.estimates[base]}}
+            elif "/arrivals" in url:
+                base = url.partition("/arrivals")[0]
+                doc = {"base": 0.0, "offsets_ms": [self.estimates[base] * 100]}
+            else:
+                out.append(Answer(0, error="unreachable"))
+                continue
+            out.append(Answer(200, json.dumps(doc).encode()))
+        return out
+
+
+@pytest.fixture
+def fanout() -> FakeFanout:
+    return FakeFanout()
+
+
 @pytest.fixture
 def readers(
-    monkeypatch: pytest.MonkeyPatch,
+    fanout: FakeFanout,
 ) -> Iterator[tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader]]:
-    answers = {"http://10.0.0.1": 8, "http://10.0.0.2": 4}
-
-    def fetch_estimate(url: str, *, timeout: float) -> int | None:
-        return answers.get(url)
-
-    def fetch_arrivals(url: str, *, after: float, timeout: float) -> list[float] | None:
-        return [answers[url] / 10]
-
-    monkeypatch.setattr(estimates, "fetch_estimate", fetch_estimate)
-    monkeypatch.setattr(arrivals, "fetch_arrivals", fetch_arrivals)
     kube = CountingKube()
     _model(kube)
-    est = estimates.EstimateReader(kube, pod_url="http://{ip}", service_url="http://svc/{service}")
-    arr = arrivals.ArrivalReader(kube, pod_url="http://{ip}", clock=lambda: 0.0)
+    est = estimates.EstimateReader(
+        kube,
+        pod_url="http://{ip}",
+        service_url="http://svc/{service}",
+        fanout=fanout,  # type: ignore[arg-type]
+    )
+    arr = arrivals.ArrivalReader(
+        kube,
+        pod_url="http://{ip}",
+        clock=lambda: 0.0,
+        fanout=fanout,  # type: ignore[arg-type]
+    )
     yield kube, est, arr
-    est.close()
-    arr.close()
 
 
 def test_both_readers_share_one_service_read_and_one_pod_listing(
@@ -112,12 +139,12 @@ def test_nothing_wanted_reads_nothing(
 
 def test_no_ready_pod_shared_estimates_go_through_the_service(
     readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
-    monkeypatch: pytest.MonkeyPatch,
+    fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
     for i in (1, 2):
         kube.delete("pods", NS, f"m-a-{i}")
-    monkeypatch.setattr(estimates, "fetch_estimate", lambda url, *, timeout: 2)
+    fanout.estimates["http://svc/m"] = 2
     reading, seen = read_before_pass(est, arr, NS, "m", want_estimates=True, want_arrivals=True)
     assert reading == ab.Reading((2,), "service")
     assert seen is None

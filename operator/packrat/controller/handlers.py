@@ -26,6 +26,7 @@ import kopf
 
 from packrat.controller.api.kube import Kube, KubeApi
 from packrat.controller.core import metrics
+from packrat.controller.core.fanout import shared_fanout
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.spec import GROUP, PLURAL, VERSION
 from packrat.controller.core.storage import needs_version_check
@@ -227,14 +228,16 @@ def build_registry(
     def parts() -> tuple[Reconciler, EstimateReader, ArrivalReader]:
         if "r" not in state:
             api = kube or Kube()
-            pods = PodClient(options.pod_url, PlanPoster()) if options.inpod_switch else None
+            fanout = shared_fanout()  # every read from and post to a pod, one pool
+            poster = PlanPoster(fanout)
+            pods = PodClient(options.pod_url, poster) if options.inpod_switch else None
             state["r"] = Reconciler(api, config=options.config, pods=pods)
             state["e"] = EstimateReader(
-                api, pod_url=options.pod_url, service_url=options.serving_url
+                api, pod_url=options.pod_url, service_url=options.serving_url, fanout=fanout
             )
-            state["a"] = ArrivalReader(api, pod_url=options.pod_url)
+            state["a"] = ArrivalReader(api, pod_url=options.pod_url, fanout=fanout)
             state["p"] = PipelineReconciler(api, config=options.config)
-            state["l"] = RouterLatency(api, pod_url=options.pod_url)
+            state["l"] = RouterLatency(api, pod_url=options.pod_url, fanout=fanout)
         return state["r"], state["e"], state["a"]
 
     def pipelines() -> PipelineReconciler:

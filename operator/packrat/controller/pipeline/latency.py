@@ -16,26 +16,25 @@ was restarted: its counts since then are its increase. Fewer than ``MIN_QUERIES`
 the window measure nothing (``status.measuredP99Ms`` is removed: it would describe old
 traffic). A router pod's image is the operator's, but its answer is still read as untrusted
 input: at most ``MAX_BYTES``, no redirects, one total deadline for all pods, read before a
-pass, never during one.
+pass, never during one, through the operator's one pod client
+(:class:`packrat.controller.core.fanout.PodFanout`).
 """
 
 from __future__ import annotations
 
-import http.client
 import logging
 import math
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.fanout import PodFanout, shared_fanout
 from packrat.controller.core.status import parse_time
 from packrat.controller.planning.estimates import pod_address, ready_pods
 
@@ -48,27 +47,6 @@ MIN_QUERIES = 20
 WINDOW_SECONDS = 300.0
 
 Buckets = dict[float, float]  # upper bound (s) -> cumulative count
-
-
-def get_text(url: str, path: str, *, timeout: float, max_bytes: int = MAX_BYTES) -> str | None:
-    """``GET {url}{path}``: the body as text, or None (not plain http, unreachable, slow,
-    not 200, over ``max_bytes``)."""
-    parts = urllib.parse.urlsplit(url.rstrip("/") + path)
-    if parts.scheme != "http" or not parts.hostname:
-        return None
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    try:
-        conn.request("GET", parts.path)
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return None
-        body = resp.read(max_bytes + 1)
-        return None if len(body) > max_bytes else body.decode("utf-8", "replace")
-    except (OSError, http.client.HTTPException) as exc:
-        logger.debug("no metrics from %s: %s", url, exc)
-        return None
-    finally:
-        conn.close()
 
 
 def parse_buckets(text: str, pipeline: str) -> Buckets | None:
@@ -204,18 +182,18 @@ class RouterLatency:
         *,
         pod_url: str,
         deadline: float = DEADLINE_SECONDS,
-        workers: int = 4,
+        fanout: PodFanout | None = None,
         window_s: float = WINDOW_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
         self.pod_url = pod_url
         self.deadline = deadline
+        self.fanout = fanout or shared_fanout()
         self.window_s = window_s
         self.clock = clock
         self._windows: dict[str, LatencyWindow] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="router-metrics")
 
     def __call__(self, namespace: str, name: str) -> Measured | None:
         """The end-to-end latency over the trailing window, or None when no pod answered
@@ -223,15 +201,13 @@ class RouterLatency:
         pods = ready_pods(self.kube, namespace, name)
         if not pods:
             return None
-        urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
-        start = time.monotonic()
-        futures = [
-            self._pool.submit(get_text, url, "/metrics", timeout=self.deadline) for url in urls
-        ]
-        done, _ = wait(futures, timeout=max(0.0, self.deadline - (time.monotonic() - start)))
+        urls = [pod_address(self.pod_url, namespace, pod).rstrip("/") + "/metrics" for pod in pods]
+        answers = self.fanout.get(
+            f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES
+        )
         readings: dict[str, PodReading] = {}
-        for pod, future in zip(pods, futures, strict=True):
-            text = future.result() if future in done else None
+        for pod, answer in zip(pods, answers, strict=True):
+            text = answer.body.decode("utf-8", "replace") if answer.ok else None
             buckets = parse_buckets(text, name) if text else None
             if buckets:
                 key = str((pod.get("metadata") or {}).get("uid") or pod["metadata"]["name"])
@@ -246,6 +222,3 @@ class RouterLatency:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._windows.pop(f"{namespace}/{name}", None)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,11 +1,15 @@
 """Reading the arrivals the serving pods saw (``GET /arrivals``), for the tuner, safely.
 
-Like the batch-size estimates, a pod's answer is untrusted input: at most ``MAX_BYTES`` are
-read, redirects are not followed, every pod is read concurrently under one ``deadline``, and
-the reading happens before a pass. The reader keeps, per pod, the newest timestamp it has
-seen and asks only for what came after (in memory: a restarted operator starts from "now",
-since older arrivals say nothing about the load to come). A pod that does not answer is
-skipped; when none answers the reading is None and the tuner decides nothing.
+Like the batch-size estimates, a pod's answer is untrusted input, read through the operator's
+one pod client (:class:`packrat.controller.core.fanout.PodFanout`: a total deadline, at most
+``MAX_BYTES``, no redirects, a pool one model cannot monopolise), every pod concurrently
+under one ``deadline``; a document that is not an object with a finite ``base`` and a list of
+finite offsets (at most ``MAX_OFFSETS``; ``Infinity`` and 400-digit numbers are not) is no
+reading from that pod. The reading happens before a pass. The reader keeps, per pod, the
+newest timestamp it has seen and asks only for what came after (in memory: a restarted
+operator starts from "now", since older arrivals say nothing about the load to come). A pod
+that does not answer is skipped; when none answers the reading is None and the tuner decides
+nothing.
 """
 
 from __future__ import annotations
@@ -15,12 +19,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, TypeGuard
 
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.fanout import PodFanout, read_json, shared_fanout
 from packrat.controller.planning.autoscale import Arrivals
-from packrat.controller.planning.estimates import get_json, pod_address, ready_pods
+from packrat.controller.planning.estimates import pod_address, ready_pods
 
 logger = logging.getLogger(__name__)
 
@@ -28,26 +32,35 @@ MAX_BYTES = 2 * 1024 * 1024
 DEADLINE_SECONDS = 2.0
 
 
+MAX_OFFSETS = 200_000
+
+
+def _finite(value: Any) -> TypeGuard[int | float]:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) < 1e15
+    )
+
+
 def parse_arrivals(doc: Any) -> list[float] | None:
-    """Timestamps from a pod's ``/arrivals`` document; None when it is not one."""
-    try:
-        base = float(doc["base"])
-        offsets = doc["offsets_ms"]
-        if not isinstance(offsets, list) or not math.isfinite(base):
-            return None
-        times = [base + float(o) / 1000.0 for o in offsets]
-    except (KeyError, TypeError, ValueError):
+    """Timestamps from a pod's ``/arrivals`` document; None when it is not one (not an
+    object, a base or an offset that is not a finite number, too many offsets)."""
+    if not isinstance(doc, dict):
         return None
-    if not all(math.isfinite(t) for t in times):
+    base, offsets = doc.get("base"), doc.get("offsets_ms")
+    if not _finite(base) or not isinstance(offsets, list) or len(offsets) > MAX_OFFSETS:
         return None
-    return times
+    if not all(_finite(o) for o in offsets):
+        return None
+    start = float(base)
+    times = [start + float(o) / 1000.0 for o in offsets]
+    return times if all(math.isfinite(t) for t in times) else None
 
 
-def fetch_arrivals(url: str, *, after: float, timeout: float) -> list[float] | None:
-    """``GET {url}/arrivals?after=``: the timestamps, or None (unreachable, large, junk)."""
-    path = f"/arrivals?after={after:.6f}"
-    doc = get_json(url, path, timeout=timeout, max_bytes=MAX_BYTES, what="arrivals")
-    return None if doc is None else parse_arrivals(doc)
+def _path(after: float) -> str:
+    return f"/arrivals?after={after:.6f}"
 
 
 class ArrivalReader:
@@ -59,16 +72,16 @@ class ArrivalReader:
         *,
         pod_url: str,
         deadline: float = DEADLINE_SECONDS,
-        workers: int = 8,
+        fanout: PodFanout | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.kube = kube
         self.pod_url = pod_url
         self.deadline = deadline
+        self.fanout = fanout or shared_fanout()
         self.clock = clock
         self._cursors: dict[tuple[str, str, str], float] = {}
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="arrivals")
 
     def __call__(
         self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
@@ -79,26 +92,27 @@ class ArrivalReader:
         if not pods:
             return None
         now = self.clock()
-        jobs = []
+        keys, urls = [], []
         for pod in pods:
             key = (namespace, name, str(pod["metadata"]["name"]))
             with self._lock:
                 after = self._cursors.setdefault(key, now)
-            url = pod_address(self.pod_url, namespace, pod)
-            jobs.append(
-                (key, self._pool.submit(fetch_arrivals, url, after=after, timeout=self.deadline))
-            )
-        done, _ = wait([f for _, f in jobs], timeout=self.deadline)
+            keys.append(key)
+            urls.append(f"{pod_address(self.pod_url, namespace, pod).rstrip('/')}{_path(after)}")
+        answers = self.fanout.get(
+            f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES
+        )
         merged: list[float] = []
         answered = 0
-        for key, future in jobs:
-            times = future.result() if future in done else None
+        for key, answer in zip(keys, answers, strict=True):
+            times = parse_arrivals(read_json(answer))
             if times is None:
                 continue
             answered += 1
             if times:
                 with self._lock:
-                    self._cursors[key] = max(self._cursors.get(key, 0.0), times[-1])
+                    newest = max(times)
+                    self._cursors[key] = max(self._cursors.get(key, 0.0), newest)
                 merged.extend(times)
         self._forget_gone(namespace, name, {str(p["metadata"]["name"]) for p in pods})
         if not answered:
@@ -111,6 +125,3 @@ class ArrivalReader:
             for key in [k for k in self._cursors if k[:2] == (namespace, name)]:
                 if key[2] not in alive:
                     del self._cursors[key]
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

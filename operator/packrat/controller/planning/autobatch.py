@@ -175,13 +175,21 @@ class OptimizerCache:
 
 
 # -- reading the estimates (I/O) ---------------------------------------------------------------
+MAX_ESTIMATE = 1 << 16
+"""The largest batch-size estimate taken from a pod (queue depths beyond are not batches)."""
+
+
 def parse_estimate(doc: Any) -> int | None:
-    """The batch-size estimate in a serving pod's ``/status`` document."""
-    try:
-        value = int(doc["batch_size_estimate"]["estimate"])
-    except (KeyError, TypeError, ValueError):
+    """The batch-size estimate in a serving pod's ``/status`` document, validated like user
+    input: an integer (or an integral number) in 1..``MAX_ESTIMATE``, else None."""
+    section = doc.get("batch_size_estimate") if isinstance(doc, Mapping) else None
+    value = section.get("estimate") if isinstance(section, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return value if value >= 1 else None
+    if isinstance(value, float) and not (value.is_integer() and abs(value) <= MAX_ESTIMATE):
+        return None
+    number = int(value)
+    return number if 1 <= number <= MAX_ESTIMATE else None
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

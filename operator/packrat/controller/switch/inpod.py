@@ -45,7 +45,13 @@ MODE_DEPLOYMENT = "Deployment"
 
 class Poster(Protocol):
     def __call__(
-        self, urls: Sequence[str], plan: Mapping[str, Any], *, token: str, timeout: float
+        self,
+        urls: Sequence[str],
+        plan: Mapping[str, Any],
+        *,
+        token: str,
+        timeout: float,
+        owner: str = "",
     ) -> list[PodAnswer]: ...
 
 
@@ -104,7 +110,8 @@ def switch_in_pod(
         urls = [pod_address(client.pod_url, p.namespace, pod) for pod in ready]
         names = [str(pod["metadata"]["name"]) for pod in ready]
         start = time.monotonic()
-        answers = client.post(urls, desired.plan, token=token, timeout=timeout)
+        owner = f"{p.namespace}/{p.name}"
+        answers = client.post(urls, desired.plan, token=token, timeout=timeout, owner=owner)
         failed = failures(names, answers)
         if failed:
             why = f"{len(failed)}/{len(names)} pods did not switch ({'; '.join(failed)[:400]})"

@@ -8,23 +8,22 @@ Anything else keeps the active-passive Deployment switch
 
 :func:`switchable` decides that, purely. :func:`post_plan` asks one pod, with the bearer
 token the pod was started with, and reads its answer as untrusted input (bounded, no
-redirects), as :mod:`packrat.controller.planning.estimates` does; :class:`PlanPoster` asks every pod
-of a slot at once. The request is idempotent: a pod that already serves the plan answers 200
+redirects, one total deadline) through the operator's one pod client, as
+:mod:`packrat.controller.planning.estimates` does; :class:`PlanPoster` asks every pod of a slot
+at once. The request is idempotent: a pod that already serves the plan answers 200
 at once (``switched: false``), so a pass that finds some pods switched and others not simply
 asks them all again. The pass that uses these is :mod:`packrat.controller.switch.inpod`.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
-import urllib.parse
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.plans import wire_plan
 
@@ -32,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 PATH = "/admin/plan"
 MAX_BYTES = 8 * 1024
+# the whole post to a slot's pods: an in-pod switch takes well under a second (see
+# docs/measurements.md); a pod that takes longer is switched by the Deployment switch
+MAX_DEADLINE_SECONDS = 30.0
 PLAN_KEYS = ("cpus", "batch", "instances")
 
 
@@ -71,45 +73,49 @@ class PodAnswer:
     message: str
 
 
-def post_plan(url: str, plan: Mapping[str, Any], *, token: str, timeout: float) -> PodAnswer:
-    """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
-    ``plan`` in place; never raises."""
-    parts = urllib.parse.urlsplit(url.rstrip("/") + PATH)
-    if parts.scheme != "http" or not parts.hostname:
-        return PodAnswer(ok=False, status=0, message=f"not a plain http address: {url}"[:300])
-    body, headers = plan_request(plan, token=token)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    try:
-        conn.request("POST", parts.path, body=body, headers=headers)
-        resp = conn.getresponse()
-        raw = resp.read(MAX_BYTES + 1)
-        try:
-            doc = json.loads(raw[:MAX_BYTES]) if len(raw) <= MAX_BYTES else {}
-        except (ValueError, RecursionError):
-            doc = {}
-        message = str(doc.get("message") or doc.get("plan") or "")[:300]
-        return PodAnswer(ok=resp.status == 200, status=resp.status, message=message)
-    except (OSError, http.client.HTTPException) as exc:
-        logger.debug("in-pod switch: %s unreachable: %s", url, exc)
-        return PodAnswer(ok=False, status=0, message=f"unreachable: {exc}"[:300])
-    finally:
-        conn.close()
+def pod_answer(answer: Answer) -> PodAnswer:
+    """A pod's answer to the plan, read as untrusted input: its status, and a short message
+    from a JSON object's ``message`` or ``plan`` (anything else, a list included: none)."""
+    if answer.status == 0:
+        return PodAnswer(ok=False, status=0, message=f"unreachable: {answer.error}"[:300])
+    doc = read_json(answer, any_status=True)
+    message = ""
+    if isinstance(doc, dict):
+        text = doc.get("message") or doc.get("plan") or ""
+        message = text[:300] if isinstance(text, str) else ""
+    return PodAnswer(ok=answer.status == 200, status=answer.status, message=message)
 
 
 class PlanPoster:
-    """Posts a plan to several pods at once (one thread each, at most ``workers``)."""
+    """Posts a plan to every pod of a slot at once, through the operator's one pod client;
+    the whole post is bounded by ``timeout`` (at most ``MAX_DEADLINE_SECONDS``)."""
 
-    def __init__(self, *, workers: int = 8) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="inpod")
+    def __init__(self, fanout: PodFanout | None = None) -> None:
+        self.fanout = fanout or shared_fanout()
 
     def __call__(
-        self, urls: Sequence[str], plan: Mapping[str, Any], *, token: str, timeout: float
+        self,
+        urls: Sequence[str],
+        plan: Mapping[str, Any],
+        *,
+        token: str,
+        timeout: float,
+        owner: str = "",
     ) -> list[PodAnswer]:
         """Every pod's answer, in the order of ``urls``."""
-        futures = [
-            self._pool.submit(post_plan, url, plan, token=token, timeout=timeout) for url in urls
-        ]
-        return [f.result() for f in futures]
+        body, headers = plan_request(plan, token=token)
+        answers = self.fanout.post(
+            owner,
+            [url.rstrip("/") + PATH for url in urls],
+            body,
+            headers,
+            deadline=min(timeout, MAX_DEADLINE_SECONDS),
+            max_bytes=MAX_BYTES,
+        )
+        return [pod_answer(answer) for answer in answers]
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+
+def post_plan(url: str, plan: Mapping[str, Any], *, token: str, timeout: float) -> PodAnswer:
+    """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
+    ``plan`` in place; never raises."""
+    return PlanPoster()([url], plan, token=token, timeout=timeout)[0]
