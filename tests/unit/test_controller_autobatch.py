@@ -116,15 +116,15 @@ def test_switch_history_is_bounded() -> None:
 def test_optimizer_cache_solves_once_per_key() -> None:
     profile = parse_profile(_profile_json(), origin="test")
     cache = ab.OptimizerCache(size=2)
-    first = cache.get(profile, digest="d1", cpus=2, max_batch=8)
-    assert cache.get(profile, digest="d1", cpus=2, max_batch=8) is first
+    first = cache.optimizer(profile, digest="d1", cpus=2, max_batch=8)
+    assert cache.optimizer(profile, digest="d1", cpus=2, max_batch=8) is first
     assert cache.misses == 1
-    cache.get(profile, digest="d2", cpus=2, max_batch=8)
-    assert cache.get(profile, digest="d1", cpus=2, max_batch=8) is first  # now most recent
-    cache.get(profile, digest="d1", cpus=2, max_batch=4)  # evicts d2 (least recent)
+    cache.optimizer(profile, digest="d2", cpus=2, max_batch=8)
+    assert cache.optimizer(profile, digest="d1", cpus=2, max_batch=8) is first  # now most recent
+    cache.optimizer(profile, digest="d1", cpus=2, max_batch=4)  # evicts d2 (least recent)
     assert cache.misses == 3
-    assert cache.get(profile, digest="d1", cpus=2, max_batch=8) is first
-    cache.get(profile, digest="d2", cpus=2, max_batch=8)
+    assert cache.optimizer(profile, digest="d1", cpus=2, max_batch=8) is first
+    cache.optimizer(profile, digest="d2", cpus=2, max_batch=8)
     assert cache.misses == 4
 
 

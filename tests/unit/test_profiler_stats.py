@@ -90,8 +90,9 @@ def test_progress_eta_and_lines() -> None:
     progress.step("skipped")  # not timed: does not change the per-step estimate
     assert progress.eta() == pytest.approx(4.0)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 4  # per step: the bar, then the same as a record (data)
     assert "1/4" in lines[0] and "ETA 0:06" in lines[0] and lines[0].endswith("a")
+    assert lines[1].startswith("packrat-progress ") and '"etaSeconds": 6' in lines[1]
     assert format_duration(3725) == "1:02:05"
     assert format_duration(float("inf")) == "?"
     assert bar(1, 2, width=4) == "[##..]"

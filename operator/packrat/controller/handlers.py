@@ -30,7 +30,7 @@ from packrat.controller.core.fanout import shared_fanout
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.spec import GROUP, PLURAL, VERSION
 from packrat.controller.core.storage import needs_version_check
-from packrat.controller.core.wakeups import Wakeups, run_passes
+from packrat.controller.core.wakeups import Wakeups, register_daemon
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.reconcile import PipelineReconciler
@@ -284,57 +284,45 @@ def build_registry(
     def login(**kwargs: Any) -> Any:
         return kopf.login_via_client(**kwargs)
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0, registry=registry)
-    async def model_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        meta = body.get("metadata", {})
-        namespace, name = meta.get("namespace", "default"), meta["name"]
-        key = f"{namespace}/{name}"
-        event = wakeups.get(key)
+    async def one_pass(body: kopf.Body, namespace: str, name: str) -> float | None:
+        model = typed(body, options)
+        tuning = _tuner_interval(model, body)
+        estimating = _wants_estimates(model, body)
         loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(
+            pool, run_pass, namespace, name, estimating, tuning is not None
+        )
+        if result.result == "gone":
+            metrics.forget_model(namespace, name)
+            parts()[0].tuners.forget(namespace, name)
+            return None
+        _publish(body, result)
+        # keyed on the spec, not the status: the body's status is still the one from
+        # before this pass (its own write arrives later as a watch event)
+        return next_delay(
+            options,
+            waiting=result.waiting,
+            wants_estimates=model is not None and model.auto is not None,
+            tuning=tuning,
+            checks_store=model is not None and needs_version_check(model.source),
+            retry=result.retry_seconds,
+        )
 
-        async def one_pass() -> float | None:
-            model = typed(body, options)
-            tuning = _tuner_interval(model, body)
-            estimating = _wants_estimates(model, body)
-            result = await loop.run_in_executor(
-                pool, run_pass, namespace, name, estimating, tuning is not None
-            )
-            if result.result == "gone":
-                metrics.forget_model(namespace, name)
-                parts()[0].tuners.forget(namespace, name)
-                return None
-            _publish(body, result)
-            # keyed on the spec, not the status: the body's status is still the one from
-            # before this pass (its own write arrives later as a watch event)
-            return next_delay(
-                options,
-                waiting=result.waiting,
-                wants_estimates=model is not None and model.auto is not None,
-                tuning=tuning,
-                checks_store=model is not None and needs_version_check(model.source),
-                retry=result.retry_seconds,
-            )
+    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
+        metrics.record_error(namespace, name, type(exc).__name__)
+        logger.warning(
+            "reconcile of %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
+        )
 
-        def on_error(exc: Exception, failures: int) -> None:
-            metrics.record_error(namespace, name, type(exc).__name__)
-            logger.warning("reconcile of %s failed (%s), retrying: %s", key, failures, exc)
-
-        try:
-            await run_passes(
-                stopped, event, one_pass, backoff_s=options.poll_seconds, on_error=on_error
-            )
-        finally:
-            wakeups.drop(key)
-
-    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def updated(meta: kopf.Meta, **_: Any) -> None:
-        wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
-
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="wake-on-generation", registry=registry)
-    async def model_event(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
-        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
-        if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
-            wakeups.wake(key)
+    register_daemon(
+        registry,
+        PLURAL,
+        wakeups=wakeups,
+        one_pass=one_pass,
+        on_error=on_error,
+        backoff_s=options.poll_seconds,
+        ids=("model_daemon", "updated", "wake-on-generation"),
+    )
 
     wake_pipeline = register_pipelines(
         registry, options, pool=pool, reconciler=pipelines, latency=latency, wakeups=Wakeups()

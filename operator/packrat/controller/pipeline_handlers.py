@@ -25,7 +25,7 @@ import kopf
 from packrat.controller.core.context import Result
 from packrat.controller.core.spec import GROUP, VERSION
 from packrat.controller.core.spec import PLURAL as MODELS
-from packrat.controller.core.wakeups import Wakeups, run_passes
+from packrat.controller.core.wakeups import Wakeups, register_daemon
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.manifests import LABEL_PIPELINE
 from packrat.controller.pipeline.reconcile import PLURAL, PipelineReconciler
@@ -74,49 +74,36 @@ def register_pipelines(
         if key is not None:
             wakeups.wake(key)
 
-    @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=1.0, registry=registry)
-    async def pipeline_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        meta = body.get("metadata", {})
-        namespace, name = meta.get("namespace", "default"), meta["name"]
-        key = f"{namespace}/{name}"
-        event = wakeups.get(key)
-        loop = asyncio.get_running_loop()
+    async def one_pass(body: kopf.Body, namespace: str, name: str) -> float | None:
+        serving = (body.get("status") or {}).get("phase") == "Serving"
 
-        async def one_pass() -> float | None:
-            serving = (body.get("status") or {}).get("phase") == "Serving"
+        def run_pass() -> Result:
+            # the routers' histograms are read before the pass, never during it
+            measured = latency()(namespace, name) if serving else None
+            return reconciler().reconcile(namespace, name, measured=measured)
 
-            def run_pass() -> Result:
-                # the routers' histograms are read before the pass, never during it
-                measured = latency()(namespace, name) if serving else None
-                return reconciler().reconcile(namespace, name, measured=measured)
+        result = await asyncio.get_running_loop().run_in_executor(pool, run_pass)
+        if result.result == "gone":
+            latency().forget(namespace, name)
+            return None
+        _post_events(body, result)
+        delay = options.poll_seconds if result.waiting else options.resync_seconds
+        return min(delay, MEASURE_SECONDS) if result.phase == "Serving" else delay
 
-            result = await loop.run_in_executor(pool, run_pass)
-            if result.result == "gone":
-                latency().forget(namespace, name)
-                return None
-            _post_events(body, result)
-            delay = options.poll_seconds if result.waiting else options.resync_seconds
-            return min(delay, MEASURE_SECONDS) if result.phase == "Serving" else delay
+    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
+        logger.warning(
+            "reconcile of pipeline %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
+        )
 
-        def on_error(exc: Exception, failures: int) -> None:
-            logger.warning("reconcile of pipeline %s failed (%s), retrying: %s", key, failures, exc)
-
-        try:
-            await run_passes(
-                stopped, event, one_pass, backoff_s=options.poll_seconds, on_error=on_error
-            )
-        finally:
-            wakeups.drop(key)
-
-    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry)
-    async def pipeline_updated(meta: kopf.Meta, **_: Any) -> None:
-        wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
-
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="pipeline-wake-on-generation", registry=registry)
-    async def pipeline_event(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
-        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
-        if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
-            wakeups.wake(key)
+    register_daemon(
+        registry,
+        PLURAL,
+        wakeups=wakeups,
+        one_pass=one_pass,
+        on_error=on_error,
+        backoff_s=options.poll_seconds,
+        ids=("pipeline_daemon", "pipeline_updated", "pipeline-wake-on-generation"),
+    )
 
     @kopf.on.event(
         GROUP,

@@ -368,3 +368,70 @@ def parse_profile(text: str, *, origin: str) -> Profile:
         return profile_from_dict(data, origin=origin)
     model = Path(origin).stem
     return profile_from_csv(text, origin=origin, meta=ProfileMeta(model=model, source=origin))
+
+
+# -- the profiler's progress record ------------------------------------------------------------
+PROGRESS_PREFIX = "packrat-progress "
+"""Starts the one log line per measured point that carries the profiler's progress as data."""
+MAX_PROGRESS_POINTS = 1_000_000
+MAX_PROGRESS_SECONDS = 10_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRecord:
+    """How far a profiling run got: points done of ``total``, seconds elapsed and left (None
+    while unknown). The profiler prints it as a log line (:meth:`to_line`); the operator reads
+    the last one back (:func:`progress_from_line`) for ``status.profiling.progress``."""
+
+    done: int
+    total: int
+    elapsed_seconds: int | None
+    eta_seconds: int | None
+
+    def to_status(self) -> dict[str, Any]:
+        """As ``status.profiling.progress`` (camelCase)."""
+        return {
+            "done": self.done,
+            "total": self.total,
+            "etaSeconds": self.eta_seconds,
+            "elapsedSeconds": self.elapsed_seconds,
+        }
+
+    def to_line(self) -> str:
+        return PROGRESS_PREFIX + json.dumps(self.to_status(), sort_keys=True)
+
+
+def _seconds(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if 0 <= value <= MAX_PROGRESS_SECONDS else None
+    return None
+
+
+def progress_from_line(line: str) -> ProgressRecord | None:
+    """The record on a log line, validated (the pod's log is untrusted): None for any other
+    line, or for one whose values are not bounded integers with ``done <= total``."""
+    if not line.startswith(PROGRESS_PREFIX) or len(line) > 1000:
+        return None
+    try:
+        doc = json.loads(line[len(PROGRESS_PREFIX) :], parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    done, total = doc.get("done"), doc.get("total")
+    if isinstance(done, bool) or isinstance(total, bool):
+        return None
+    if not (isinstance(done, int) and isinstance(total, int)):
+        return None
+    if not 0 <= done <= total <= MAX_PROGRESS_POINTS or total == 0:
+        return None
+    return ProgressRecord(
+        done=done,
+        total=total,
+        elapsed_seconds=_seconds(doc.get("elapsedSeconds")),
+        eta_seconds=_seconds(doc.get("etaSeconds")),
+    )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)

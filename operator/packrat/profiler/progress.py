@@ -1,7 +1,9 @@
 """A plain-text progress bar with ETA on stderr (no dependencies).
 
 On a terminal the bar redraws in place; in a pod's log (not a tty) it prints one line per
-step, so ``kubectl logs`` of a profiling Job shows how far it got and how long is left.
+step, so ``kubectl logs`` of a profiling Job shows how far it got and how long is left, and
+after it the same as data (:class:`packrat.plan.profile.ProgressRecord`, one JSON line), which
+the operator reads back for ``status.profiling.progress``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
-from packrat.plan.profile import ProfilePoint
+from packrat.plan.profile import ProfilePoint, ProgressRecord
 
 if TYPE_CHECKING:
     from packrat.profiler.profiler import ProfileSettings
@@ -77,10 +79,11 @@ class Progress:
         self, message: str, *, cap: float | None = None, estimate: float | None = None
     ) -> None:
         elapsed = time.monotonic() - self.started
+        eta = self.eta(cap=cap, estimate=estimate)
         line = (
             f"{self.label} {bar(self.done, self.total)} {self.done}/{self.total} "
             f"elapsed {format_duration(elapsed)} "
-            f"ETA {format_duration(self.eta(cap=cap, estimate=estimate))}  "
+            f"ETA {format_duration(eta)}  "
             f"{message}"
         )
         if self._tty:
@@ -89,7 +92,17 @@ class Progress:
                 self.stream.write("\n")
         else:
             self.stream.write(line + "\n")
+            self.stream.write(self.record(elapsed, eta).to_line() + "\n")
         self.stream.flush()
+
+    def record(self, elapsed: float, eta: float) -> ProgressRecord:
+        """This progress as data (for the operator: ``status.profiling.progress``)."""
+        return ProgressRecord(
+            done=self.done,
+            total=self.total,
+            elapsed_seconds=max(0, round(elapsed)),
+            eta_seconds=max(0, round(eta)) if math.isfinite(eta) else None,
+        )
 
     def finish(self, message: str = "") -> None:
         if self._tty and self.done < self.total:

@@ -1,5 +1,6 @@
 """Which model's daemon a watch event wakes, when a re-listed child is no news, and the
-daemon's loop of passes (:func:`run_passes`, shared by PackratModels and PackratPipelines)."""
+daemon's loop of passes (:func:`run_passes`) and the wiring around it
+(:func:`register_daemon`), shared by PackratModels and PackratPipelines."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+import kopf
+
+from packrat.controller.api.crd import GROUP, VERSION
 
 MAX_BACKOFF_SECONDS = 60.0
 
@@ -104,3 +109,52 @@ async def run_passes(
                 return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=delay)
+
+
+OnePass = Callable[[kopf.Body, str, str], Awaitable[float | None]]
+"""(the object's body, namespace, name) -> seconds until the next pass, None when gone."""
+
+
+def register_daemon(
+    registry: kopf.OperatorRegistry,
+    plural: str,
+    *,
+    wakeups: Wakeups,
+    one_pass: OnePass,
+    on_error: Callable[[str, str, Exception, int], None],
+    backoff_s: float,
+    ids: tuple[str, str, str],
+) -> None:
+    """The wiring every Packrat custom resource gets: one daemon per object running its
+    passes (:func:`run_passes`, woken through ``wakeups``), and the object's own update and
+    watch events waking it (a new generation not observed yet). ``ids``: the kopf handler ids
+    of the daemon, the update handler and the event handler (kept stable across releases:
+    kopf keys its progress annotations by them)."""
+    daemon_id, update_id, event_id = ids
+
+    @kopf.daemon(GROUP, VERSION, plural, id=daemon_id, cancellation_timeout=1.0, registry=registry)
+    async def daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace", "default"), meta["name"]
+        key = f"{namespace}/{name}"
+        event = wakeups.get(key)
+        try:
+            await run_passes(
+                stopped,
+                event,
+                lambda: one_pass(body, namespace, name),
+                backoff_s=backoff_s,
+                on_error=lambda exc, failures: on_error(namespace, name, exc, failures),
+            )
+        finally:
+            wakeups.drop(key)
+
+    @kopf.on.update(GROUP, VERSION, plural, id=update_id, registry=registry)
+    async def updated(meta: kopf.Meta, **_: Any) -> None:
+        wakeups.wake(f"{meta.get('namespace', 'default')}/{meta['name']}")
+
+    @kopf.on.event(GROUP, VERSION, plural, id=event_id, registry=registry)
+    async def own_event(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
+        key = f"{meta.get('namespace', 'default')}/{meta['name']}"
+        if kwargs.get("type") != "DELETED" and wakeups.unobserved(key, body):
+            wakeups.wake(key)

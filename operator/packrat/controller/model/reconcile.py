@@ -195,7 +195,7 @@ class Reconciler:
             serving = model.on_cpus(prov.cpus)
             replicas = asc.serving_replicas(model, status, prov.reference)
         try:
-            optimizer = self.optimizers.get(
+            optimizer = self.optimizers.optimizer(
                 profile,
                 digest=str((status.get("profile") or {}).get("digest", "")),
                 cpus=serving.cpus,

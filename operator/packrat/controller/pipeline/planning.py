@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
+from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec
 from packrat.controller.planning.provisioning import (
@@ -91,24 +91,8 @@ def stage_cpus(stage: StageSpec, profile: Profile) -> int:
     return min(stage.cpus, top)
 
 
-class PipelinePlans:
-    """Planner answers by signature, least recent out."""
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._items: OrderedDict[str, PipelineProvision] = OrderedDict()
-        self.misses = 0
-
-    def get(self, signature: str) -> PipelineProvision | None:
-        found = self._items.get(signature)
-        if found is not None:
-            self._items.move_to_end(signature)
-        return found
-
-    def put(self, signature: str, value: PipelineProvision) -> None:
-        self._items[signature] = value
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+PipelinePlans = Lru[str, PipelineProvision]
+"""Planner answers by signature, least recent out."""
 
 
 def plan_pipeline(

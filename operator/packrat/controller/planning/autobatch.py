@@ -11,11 +11,11 @@ the estimate a serving pod reports (``estimates`` reads them).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.cache import Lru
 from packrat.controller.core.model import AutoBatch
 from packrat.controller.core.status import parse_time
 from packrat.plan.optimizer import Optimizer
@@ -152,26 +152,14 @@ def append_history(
     return out[-limit:]
 
 
-class OptimizerCache:
+class OptimizerCache(Lru[tuple[str, int, int], Optimizer]):
     """Optimizers by (profile digest, cpus, max batch): the DP is solved once per key."""
 
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._items: OrderedDict[tuple[str, int, int], Optimizer] = OrderedDict()
-        self.misses = 0
-
-    def get(self, profile: Profile, *, digest: str, cpus: int, max_batch: int) -> Optimizer:
-        key = (digest, cpus, max_batch)
-        optimizer = self._items.get(key)
-        if optimizer is None:
-            self.misses += 1
-            optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max_batch)
-            self._items[key] = optimizer
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        else:
-            self._items.move_to_end(key)
-        return optimizer
+    def optimizer(self, profile: Profile, *, digest: str, cpus: int, max_batch: int) -> Optimizer:
+        return self.get_or_make(
+            (digest, cpus, max_batch),
+            lambda: Optimizer.for_profile(profile, cpus=cpus, max_batch=max_batch),
+        )
 
 
 # -- reading the estimates (I/O) ---------------------------------------------------------------

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.context import Pass as AnyPass
 from packrat.controller.core.context import report_provisioned
@@ -193,24 +193,8 @@ def planned_envelope(trace: np.ndarray, windows: list[float]) -> list[float]:
     return [float(r) for r in rates]
 
 
-class ProvisionCache:
-    """Planner answers by signature (profile digest, trace, SLO, limits), least recent out."""
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._items: OrderedDict[str, Provisioned] = OrderedDict()
-        self.misses = 0
-
-    def get(self, signature: str) -> Provisioned | None:
-        found = self._items.get(signature)
-        if found is not None:
-            self._items.move_to_end(signature)
-        return found
-
-    def put(self, value: Provisioned) -> None:
-        self._items[value.signature] = value
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+ProvisionCache = Lru[str, Provisioned]
+"""Planner answers by signature (profile digest, trace, SLO, limits), least recent out."""
 
 
 def provision_model(
@@ -238,7 +222,7 @@ def provision_model(
     signature = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     found = cache.get(signature)
     if found is None:
-        cache.misses += 1
+        cache.misses += 1  # (not get_or_make: a planning error is not cached)
         try:
             found = plan_for_slo(
                 profile.table(),
@@ -252,7 +236,7 @@ def provision_model(
         except ValueError as exc:  # ProvisionError, PlanError, SimulationError: the profile
             _cannot_plan(p, "ProvisionFailed", str(exc))
             return None
-        cache.put(found)
+        cache.put(signature, found)
     _record(p, found)
     return found
 
