@@ -115,6 +115,48 @@ def test_operator_rejects_invalid_spec(cluster: OperatorCluster) -> None:
     )
 
 
+def test_operator_watches_only_its_own_children(cluster: OperatorCluster) -> None:
+    """Every child watch asks the API server for our labels only (issue 29 item 4): unrelated
+    ConfigMaps reach the operator not at all, one of ours does."""
+    emulator = cluster.emulator.emulator
+    assert emulator is not None
+    ours = "app.kubernetes.io/managed-by=packrat-operator"
+    want = {
+        "deployments": ours,
+        "services": ours,
+        "jobs": ours,
+        "configmaps": ours,
+        "pods": "app.kubernetes.io/name=packrat-profiling",
+    }
+
+    def selectors() -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for path, asked in emulator.watch_selectors.items():
+            found.setdefault(path.rsplit("/", 1)[-1], set()).update(asked)
+        return found
+
+    wait_for(lambda: set(want) <= set(selectors()), timeout=SLOW, what="the operator's watches")
+    assert {plural: selectors()[plural] for plural in want} == {p: {s} for p, s in want.items()}
+
+    def seen() -> int:
+        return sum(
+            n
+            for (path, agent), n in emulator.watch_events.items()
+            if path.endswith("/configmaps") and agent != "Python-urllib"
+        )
+
+    before = seen()
+    for i in range(20):
+        cluster.api.create("configmaps", {"metadata": {"name": f"unrelated-{i}"}, "data": {}})
+    labels = {"app.kubernetes.io/managed-by": "packrat-operator"}
+    cluster.api.create("configmaps", {"metadata": {"name": "ours-probe", "labels": labels}})
+    # events arrive in order: once ours is seen, the unrelated ones would have been too
+    wait_for(lambda: seen() > before, timeout=SLOW, what="our ConfigMap's watch event")
+    assert seen() == before + 1
+    for name in ["ours-probe", *(f"unrelated-{i}" for i in range(20))]:
+        cluster.api.delete("configmaps", name)
+
+
 def test_operator_profiles_retries_and_serves(cluster: OperatorCluster, served: Served) -> None:
     # what the first pass did, recorded when the model first became Ready
     failures = [e for e in served.events if e.get("reason") == "ProfilingFailed"]

@@ -57,6 +57,11 @@ CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
 )
 
 
+def label_selector(labels: Mapping[str, str]) -> str:
+    """``labels`` as a Kubernetes equality-based label selector (``k=v,k2=v2``)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
 @dataclass(frozen=True)
 class OperatorOptions:
     """Settings of one operator process."""
@@ -276,6 +281,12 @@ def build_registry(
         if not logging.getLogger().isEnabledFor(logging.DEBUG):
             logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
+        # watch only what is ours: the API server filters the children's watch streams by
+        # label (kopf's ``labels=`` on a handler filters in the operator, after every object
+        # of the kind in the cluster has been sent and parsed), so the operator's memory and
+        # watch traffic grow with Packrat's objects, not with the cluster's
+        for api_version, plural, labels in CHILD_WATCHES:
+            settings.watching.label_selectors[api_version, plural] = label_selector(labels)
         settings.scanning.disabled = not options.scanning
         # a deleted model's daemon is cancelled at once, so the finalizer goes promptly
         settings.background.cancellation_polling = 1.0

@@ -7,7 +7,10 @@ test agent recorded, and declares the resources (kmock does not add a POSTed CRD
 kmock itself honours finalizers on every resource (a DELETE only sets ``deletionTimestamp``
 while any is left; the object goes when a patch removes the last); this layer adds foreground
 deletion, the ``resourceVersion`` precondition of a patch and the refusal of new finalizers on
-an object being deleted (``_admit``).
+an object being deleted (``_admit``), and label selectors on lists and watch streams
+(``labelSelector``: ``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``; a real
+API server filters there, and the operator asks it to), counting the watch events each
+client was sent (``watch_events``).
 It runs on its own event loop in a background thread; ``Api`` is a small blocking client for
 the tests and the agent.
 """
@@ -18,11 +21,12 @@ import asyncio
 import datetime
 import itertools
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +61,55 @@ PATHS = {
 }
 
 
+_SET_RE = re.compile(r"^\s*([^\s!=]+)\s+(in|notin)\s+\(([^)]*)\)\s*$")
+
+
+def _split_selector(text: str) -> list[str]:
+    """The requirements of a selector: commas separate them, except inside ``( )``."""
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p.strip() for p in [*parts, current] if p.strip()]
+
+
+def label_matcher(selector: str | None) -> Callable[[Mapping[str, Any]], bool]:
+    """A test of an object's labels against a Kubernetes label selector."""
+    reqs: list[tuple[str, str, frozenset[str]]] = []  # (operator, key, values)
+    for req in _split_selector(selector or ""):
+        found = _SET_RE.match(req)
+        if found:
+            values = frozenset(v.strip() for v in found[3].split(","))
+            reqs.append((found[2], found[1], values))
+        elif "!=" in req:
+            key, value = (x.strip() for x in req.split("!=", 1))
+            reqs.append(("!=", key, frozenset({value})))
+        elif "=" in req:
+            key, value = (x.strip() for x in req.replace("==", "=").split("=", 1))
+            reqs.append(("=", key, frozenset({value})))
+        elif req.startswith("!"):
+            reqs.append(("absent", req[1:].strip(), frozenset()))
+        else:
+            reqs.append(("present", req, frozenset()))
+
+    def holds(op: str, key: str, values: frozenset[str], labels: Mapping[str, str]) -> bool:
+        if op in ("=", "in"):
+            return labels.get(key) in values
+        if op in ("!=", "notin"):
+            return labels.get(key) not in values
+        return (key in labels) == (op == "present")
+
+    def matches(obj: Mapping[str, Any]) -> bool:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return all(holds(op, key, values, labels) for op, key, values in reqs)
+
+    return matches
+
+
 class CompatEmulator(kmock.KubernetesEmulator):
     """kmock plus the metadata a real API server maintains, and pod logs.
 
@@ -77,6 +130,9 @@ class CompatEmulator(kmock.KubernetesEmulator):
         self.faults: list[list[Any]] = []  # [method, path part, times left, status]
         self.requests_failed = 0
         self.request_counts: dict[tuple[str, str, bool, str], int] = {}
+        # watch events sent, by (resource path, client); the selectors each watch asked for
+        self.watch_events: dict[tuple[str, str], int] = {}
+        self.watch_selectors: dict[str, set[str]] = {}
         self._in_flight: set[int] = set()
         self._versions = itertools.count(1)
         for key, (kind, subresources) in RESOURCES.items():
@@ -171,6 +227,28 @@ class CompatEmulator(kmock.KubernetesEmulator):
                         generation = int(current.get("metadata", {}).get("generation") or 1)
                         meta["generation"] = generation + 1
         return await super()._handle(request)
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        payload = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector and isinstance(payload, dict):
+            matches = label_matcher(selector)
+            payload = {**payload, "items": [o for o in payload["items"] if matches(o)]}
+        return payload
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
+        selector = request.params.get("labelSelector")
+        matches = label_matcher(selector)
+        path = "/".join(x for x in str(request.url.path).split("/") if x)
+        agent = str(request.headers.get("User-Agent", "")).split("/", maxsplit=1)[0]
+        self.watch_selectors.setdefault(path, set()).add(selector or "")
+        async for event in super()._serve_watch(request):
+            if isinstance(event, dict):
+                if not matches(event.get("object") or {}):
+                    continue
+                key = (path, agent)
+                self.watch_events[key] = self.watch_events.get(key, 0) + 1
+            yield event
 
     def _admit(self, request: rendering.Request) -> aiohttp.web.StreamResponse | None:
         """What the API server does on its own before kmock stores anything: a DELETE in the
