@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
+from conftest import NS, T0, FakeKube, profile_json
 from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import AutoBatch, model_spec
 from packrat.controller.model.reconcile import Config, Reconciler, Result
@@ -114,7 +114,7 @@ def test_switch_history_is_bounded() -> None:
 
 
 def test_optimizer_cache_solves_once_per_key() -> None:
-    profile = parse_profile(_profile_json(), origin="test")
+    profile = parse_profile(profile_json(), origin="test")
     cache = ab.OptimizerCache(size=2)
     first = cache.optimizer(profile, digest="d1", cpus=2, max_batch=8)
     assert cache.optimizer(profile, digest="d1", cpus=2, max_batch=8) is first
@@ -242,7 +242,7 @@ def _auto_model(**auto: Any) -> tuple[FakeKube, Reconciler, Feed]:
     feed = Feed()
     rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
     rec.reconcile(NS, "tiny", now=T0)
-    kube.finish_job(ok=True, log=_profile_json())
+    kube.finish_job(ok=True, log=profile_json())
     rec.reconcile(NS, "tiny", now=T0)
     kube.make_ready("tiny-a")
     assert rec.reconcile(NS, "tiny", now=T0).phase == "Ready"

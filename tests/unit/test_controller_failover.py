@@ -7,8 +7,7 @@ import datetime
 import json
 from typing import Any
 
-from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
-
+from conftest import NS, T0, FakeKube, ready_model, set_spec
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import get_condition
@@ -54,9 +53,9 @@ def _renders(kube: FakeKube, slot: str, status: dict[str, Any]) -> bool:
 
 def _failing_switch() -> tuple[FakeKube, Reconciler, str]:
     """A served model (slot a) whose switch to a spec that fits no node is under way."""
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     good = kube.prm()["status"]["servingHash"]
-    _set_spec(kube, batchSize=8, memory="2Ti")
+    set_spec(kube, batchSize=8, memory="2Ti")
     rec.reconcile(NS, "tiny", now=T0)
     assert kube.prm()["status"]["switch"]["stage"] == "rollout"
     assert _memory(kube, "tiny-b") == "2Ti"
@@ -64,12 +63,12 @@ def _failing_switch() -> tuple[FakeKube, Reconciler, str]:
 
 
 def test_serving_deployments_carry_the_finalizer() -> None:
-    kube, _ = _ready_model()
+    kube, _ = ready_model()
     assert _dep(kube, "tiny-a")["metadata"]["finalizers"] == [FIN]
 
 
 def test_a_deployment_made_without_the_finalizer_gets_it() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["finalizers"] = ["other.io/x"]
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["resourceVersion"] = "7"
     rec.reconcile(NS, "tiny", now=T0)
@@ -128,8 +127,8 @@ def test_the_held_deployment_is_never_patched() -> None:
 
 
 def test_active_deleted_while_draining_completes_the_switch_and_fails_over() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     kube.make_ready("tiny-b")
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
@@ -173,7 +172,7 @@ def test_active_deleted_in_the_foreground_is_recreated_at_once() -> None:
 
 
 def test_active_deleted_without_the_finalizer_is_recreated_once_gone() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["finalizers"] = ["other.io/x"]
     kube.delete("deployments", NS, "tiny-a")
     rec.reconcile(NS, "tiny", now=T0)  # not held by us: left to go, never re-protected
@@ -185,8 +184,8 @@ def test_active_deleted_without_the_finalizer_is_recreated_once_gone() -> None:
 
 
 def test_a_deleted_passive_slot_is_let_go_at_once() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)  # the switch renders slot b
     kube.delete("deployments", NS, "tiny-b")
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
@@ -212,7 +211,7 @@ def test_both_slots_deleted_the_passive_goes_first_then_takes_over() -> None:
 
 
 def test_selector_replacement_lets_the_old_object_go() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     dep = kube.objects[("deployments", NS, "tiny-a")]
     dep["spec"]["selector"] = {"matchLabels": {"old": "x"}}
     rec.reconcile(NS, "tiny", now=T0)
@@ -222,8 +221,8 @@ def test_selector_replacement_lets_the_old_object_go() -> None:
 
 
 def test_a_model_being_deleted_lets_every_deployment_go() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     kube.objects[("packratmodels", NS, "tiny")]["metadata"]["deletionTimestamp"] = "now"
     assert rec.reconcile(NS, "tiny", now=T0).result == "gone"
@@ -236,7 +235,7 @@ def test_a_model_being_deleted_lets_every_deployment_go() -> None:
 
 
 def test_a_gone_model_lets_its_held_deployments_go() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     kube.delete("packratmodels", NS, "tiny")
     kube.delete("deployments", NS, "tiny-a")  # the garbage collector's delete
     assert protection.terminating(_dep(kube, "tiny-a"))
@@ -245,7 +244,7 @@ def test_a_gone_model_lets_its_held_deployments_go() -> None:
 
 
 def test_release_orphans_spares_what_a_live_model_owns() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     leftover = _dep(kube, "tiny-a")
     leftover["metadata"]["name"] = "tiny-x"
     leftover["metadata"]["ownerReferences"][0]["uid"] = "old-uid"

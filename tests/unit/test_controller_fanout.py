@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, FakeKube
 
+from conftest import NS, FakeKube
 from packrat.controller.core.fanout import Answer, PodFanout, read_json
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals

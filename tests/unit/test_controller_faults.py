@@ -7,16 +7,16 @@ import datetime
 from typing import Any
 
 import pytest
-from test_controller_reconcile import (
+
+from conftest import (
     NS,
     T0,
     FakeKube,
-    _profile_json,
-    _ready_model,
-    _set_spec,
-    _setup,
+    profile_json,
+    ready_model,
+    set_spec,
+    setup_model,
 )
-
 from packrat.controller.api.drift import covers, quantity
 from packrat.controller.core.model import InvalidSpec, parse
 from packrat.controller.core.pods import unschedulable
@@ -36,16 +36,16 @@ def _memory(kube: FakeKube, dep: str) -> str:
 
 
 def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     good = kube.prm()["status"]["servingHash"]
-    _set_spec(kube, batchSize=8, memory="2Ti")
+    set_spec(kube, batchSize=8, memory="2Ti")
     rec.reconcile(NS, "tiny", now=T0)
     reason = kube.prm()["status"]["switch"]["reason"]
     assert "memory 4Gi -> 2Ti" in reason and "batch 4 -> 8" in reason
     later = T0 + datetime.timedelta(seconds=61)
     assert rec.reconcile(NS, "tiny", now=later).switch_result == "aborted"
     # the last good spec again, with other switch timings: nothing to switch to
-    _set_spec(kube, batchSize=4, memory=None, switch={"readyTimeoutSeconds": 9, "drainSeconds": 0})
+    set_spec(kube, batchSize=4, memory=None, switch={"readyTimeoutSeconds": 9, "drainSeconds": 0})
     res = rec.reconcile(NS, "tiny", now=later)
     status = kube.prm()["status"]
     assert "switch" not in status and res.phase == "Ready"
@@ -56,11 +56,11 @@ def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
 
 
 def test_reprofile_with_the_same_layout_keeps_the_served_plan() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     before = kube.prm()["status"]
     kube.delete("configmaps", NS, before["profile"]["configMap"])  # lost: re-profile
     rec.reconcile(NS, "tiny", now=T0)
-    measured = parse_profile(_profile_json(), origin="test")
+    measured = parse_profile(profile_json(), origin="test")
     slower = measured.with_points(
         dataclasses.replace(pt, latency_ms=pt.latency_ms * 1.25) for pt in measured.points
     )
@@ -76,7 +76,7 @@ def test_reprofile_with_the_same_layout_keeps_the_served_plan() -> None:
 
 
 def test_api_error_leaves_status_as_it_was() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     before = kube.prm()["status"]
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -89,7 +89,7 @@ def test_api_error_leaves_status_as_it_was() -> None:
 
 
 def test_foreign_service_is_a_conflict_never_adopted() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     theirs = {"metadata": {"name": "tiny"}, "spec": {"selector": {"app": "web"}}}
     kube.create("services", NS, theirs)
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -106,7 +106,7 @@ def test_foreign_service_is_a_conflict_never_adopted() -> None:
 
 
 def test_extra_selector_key_removed_and_drifted_template_put_back() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     kube.patch("services", NS, "tiny", {"spec": {"selector": {"extra": "x"}}})
     dep = kube.get("deployments", NS, "tiny-a")
     assert dep is not None
@@ -129,17 +129,17 @@ def test_extra_selector_key_removed_and_drifted_template_put_back() -> None:
 
 
 def test_superseded_profiling_job_is_deleted() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     rec.reconcile(NS, "tiny", now=T0)
     (first,) = kube.of("jobs")
-    _set_spec(kube, profiling={"maxBatch": 4})
+    set_spec(kube, profiling={"maxBatch": 4})
     rec.reconcile(NS, "tiny", now=T0)
     (second,) = kube.of("jobs")
     assert second != first
 
 
 def test_unschedulable_profiling_pod_reported_then_failed_after_grace() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     rec.reconcile(NS, "tiny", now=T0)
     (job,) = kube.of("jobs")
     kube.objects[("pods", NS, f"{job}-x")] = {

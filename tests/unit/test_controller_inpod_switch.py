@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, FakeKube, _ready_model, _set_spec
 
+from conftest import NS, T0, FakeKube, ready_model, set_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import admin_token_secret, plan_configmap, secret_token
@@ -120,7 +120,7 @@ class FakePods:
 
 
 def _served(pods: FakePods, *names: str) -> tuple[FakeKube, Reconciler]:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     for name in names:
         kube.create("pods", NS, _pod(name))
     return kube, Reconciler(kube, config=rec.config, pods=PodClient("http://{pod}:8080", pods))
@@ -144,7 +144,7 @@ def test_a_batch_change_switches_in_the_pods_without_touching_the_deployment() -
     pods = FakePods()
     kube, rec = _served(pods, "tiny-a-1", "tiny-a-2")
     before = copy.deepcopy(kube.get("deployments", NS, "tiny-a"))
-    _set_spec(kube, batchSize=8)
+    set_spec(kube, batchSize=8)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     status = kube.prm()["status"]
     # every ready pod of the active slot got the new plan, with the model's token
@@ -176,7 +176,7 @@ def test_a_pass_that_finds_the_configmap_updated_converges() -> None:
     # one posts again to every pod (one already on the plan answers 200 at once)
     pods = FakePods()
     kube, rec = _served(pods, "tiny-a-1")
-    _set_spec(kube, batchSize=8)
+    set_spec(kube, batchSize=8)
     cm = kube.get("configmaps", NS, "tiny-a-plan")
     assert cm is not None
     wire = json.loads(cm["data"]["plan.json"])
@@ -200,7 +200,7 @@ def test_a_pod_that_does_not_switch_falls_back_to_the_deployment_switch(
     kube, rec = _served(pods, "tiny-a-1", "tiny-a-2")
     for pod in extra:
         kube.create("pods", NS, pod)
-    _set_spec(kube, batchSize=8)
+    set_spec(kube, batchSize=8)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     status = kube.prm()["status"]
     assert status["switch"]["stage"] == "rollout" and status["switch"]["targetSlot"] == "b"
@@ -226,7 +226,7 @@ def test_a_pod_that_does_not_switch_falls_back_to_the_deployment_switch(
 def test_a_cores_change_keeps_the_deployment_switch() -> None:
     pods = FakePods()
     kube, rec = _served(pods, "tiny-a-1")
-    _set_spec(kube, cpus=1, batchSize=2, profiling={"maxBatch": 8, "threads": [1]})
+    set_spec(kube, cpus=1, batchSize=2, profiling={"maxBatch": 8, "threads": [1]})
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     status = kube.prm()["status"]
     assert pods.calls == []
@@ -238,15 +238,15 @@ def test_a_cores_change_keeps_the_deployment_switch() -> None:
 def test_a_memory_change_with_a_batch_change_keeps_the_deployment_switch() -> None:
     pods = FakePods()
     kube, rec = _served(pods, "tiny-a-1")
-    _set_spec(kube, batchSize=8, memory="8Gi")
+    set_spec(kube, batchSize=8, memory="8Gi")
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     assert pods.calls == [] and kube.prm()["status"]["switch"]["targetSlot"] == "b"
     assert ("Warning", "InPodSwitchFailed") not in [(k, r) for k, r, _ in res.events]
 
 
 def test_without_a_pod_client_every_plan_change_switches_slots() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     assert kube.prm()["status"]["switch"]["targetSlot"] == "b"
     # the passive slot is rendered for the plan: its pods' template says which

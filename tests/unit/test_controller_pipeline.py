@@ -12,8 +12,8 @@ import pytest
 import yaml
 from openapi_schema_validator import OAS30Validator
 from packaging_support import strict_schema
-from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
+from conftest import NS, T0, FakeKube, profile_json
 from packrat.controller.api.kube import KubeError
 from packrat.controller.core.context import Config
 from packrat.controller.core.model import SERVING_CPUS_ANNOTATION, parse
@@ -86,7 +86,7 @@ class Cluster:
         if key:
             assert parse(obj, default_image="img").profile_key == key
             cm = profile_configmap(
-                parse(obj, default_image="img"), profile_json=_profile_json(), cpu_model="Test"
+                parse(obj, default_image="img"), profile_json=profile_json(), cpu_model="Test"
             )
             self.kube.create("configmaps", NS, cm)
 
@@ -343,7 +343,7 @@ def test_model_serving_cpus_annotation() -> None:
     kube.create(
         "configmaps",
         NS,
-        profile_configmap(parse(obj, default_image="img"), profile_json=_profile_json()),
+        profile_configmap(parse(obj, default_image="img"), profile_json=profile_json()),
     )
     rec.reconcile(NS, "m", now=T0)
     obj = kube.get("packratmodels", NS, "m")

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import generate_latest
 from test_controller_pipeline import NAME, Cluster
-from test_controller_reconcile import NS, FakeKube
 
+from conftest import NS, FakeKube
 from packrat.controller.pipeline.latency import (
     MIN_QUERIES,
     WINDOW_SECONDS,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from test_controller_pipeline import MODELS, NAME, STAGE_MODEL, Cluster, _body
-from test_controller_reconcile import NS, T0
 
+from conftest import NS, T0
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, parse
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.planning.autoscale import Arrivals

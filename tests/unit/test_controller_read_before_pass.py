@@ -3,15 +3,13 @@ Service and lists its ready pods once per pass, for both the estimates and the a
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, FakeKube
 
-from packrat.controller.core.fanout import Answer
+from conftest import NS, FakeFanout, FakeKube
 from packrat.controller.handlers import read_before_pass
 from packrat.controller.planning import arrivals, estimates
 from packrat.controller.planning import autobatch as ab
@@ -54,31 +52,12 @@ def _model(kube: CountingKube) -> None:
         )
 
 
-class FakeFanout:
-    """The pods' answers by address (``estimates``: what ``/status`` says)."""
-
-    def __init__(self) -> None:
-        self.estimates = {"http://10.0.0.1": 8, "http://10.0.0.2": 4}
-
-    def get(self, owner: str, urls: list[str], *, deadline: float, max_bytes: int) -> list[Answer]:
-        out = []
-        for url in urls:
-            base = url.partition("/status")[0]
-            if url.endswith("/status") and base in self.estimates:
-                doc: Any = {"batch_size_estimate": {"estimate": self.estimates[base]}}
-            elif "/arrivals" in url:
-                base = url.partition("/arrivals")[0]
-                doc = {"base": 0.0, "offsets_ms": [self.estimates[base] * 100]}
-            else:
-                out.append(Answer(0, error="unreachable"))
-                continue
-            out.append(Answer(200, json.dumps(doc).encode()))
-        return out
-
-
 @pytest.fixture
 def fanout() -> FakeFanout:
-    return FakeFanout()
+    pods = FakeFanout()
+    pods.estimates = {"http://10.0.0.1": 8, "http://10.0.0.2": 4}
+    pods.arrivals = {"http://10.0.0.1": [800.0], "http://10.0.0.2": [400.0]}
+    return pods
 
 
 @pytest.fixture

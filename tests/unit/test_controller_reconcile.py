@@ -2,227 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import datetime
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import yaml
 from openapi_schema_validator import OAS30Validator
 from packaging_support import strict_schema
 
+from conftest import NS, T0, merge, profile_json, ready_model, set_spec, setup_model
 from packrat.controller.core.status import get_condition
 from packrat.controller.model.reconcile import Config, Reconciler, merge_patch, pod_failure
-from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
-
-NS = "ns"
-T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
-
-
-def _merge(base: Any, patch: Any) -> Any:
-    if not isinstance(patch, Mapping) or not isinstance(base, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(base)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(out.get(k), v)
-    return out
-
-
-class FakeKube:
-    """An in-memory API server that bumps generation on spec changes."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.logs: dict[tuple[str, str], str] = {}
-        self.creates: list[tuple[str, str]] = []
-        self.patches: list[tuple[str, str, dict[str, Any]]] = []
-
-    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
-        obj = self.objects.get((resource, namespace, name))
-        return copy.deepcopy(obj) if obj is not None else None
-
-    def create(self, resource: str, namespace: str, body: Mapping[str, Any]) -> bool:
-        key = (resource, namespace, body["metadata"]["name"])
-        if key in self.objects:
-            return False
-        obj = copy.deepcopy(dict(body))
-        obj["metadata"]["generation"] = 1
-        self.objects[key] = obj
-        self.creates.append((resource, key[2]))
-        return True
-
-    def patch(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        patch: Mapping[str, Any],
-        *,
-        subresource: str | None = None,
-    ) -> dict[str, Any] | None:
-        key = (resource, namespace, name)
-        if key not in self.objects:
-            return None
-        old = self.objects[key]
-        new = _merge(old, patch)
-        if subresource is None and new.get("spec") != old.get("spec"):
-            new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
-        meta = new["metadata"]
-        added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
-        if meta.get("deletionTimestamp") and added:  # as the API server: 422
-            raise AssertionError(f"no new finalizers can be added while deleting {name}")
-        self.patches.append((resource, name, copy.deepcopy(dict(patch))))
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            del self.objects[key]  # the last finalizer removed: the object goes
-            return copy.deepcopy(new)
-        self.objects[key] = new
-        return copy.deepcopy(new)
-
-    def delete(
-        self, resource: str, namespace: str, name: str, *, propagation: str = "Background"
-    ) -> bool:
-        """As the API server: an object with finalizers (or deleted in the foreground, which
-        adds ``foregroundDeletion``) is only marked; ``collect`` plays the garbage collector."""
-        obj = self.objects.get((resource, namespace, name))
-        if obj is None:
-            return False
-        meta = obj["metadata"]
-        if propagation == "Foreground" and "foregroundDeletion" not in (
-            meta.get("finalizers") or []
-        ):
-            meta["finalizers"] = [*(meta.get("finalizers") or []), "foregroundDeletion"]
-        if meta.get("finalizers"):
-            meta.setdefault("deletionTimestamp", "2026-01-01T00:00:00Z")
-        else:
-            del self.objects[(resource, namespace, name)]
-        return True
-
-    def list(
-        self, resource: str, namespace: str, *, labels: Mapping[str, str] | None = None
-    ) -> list[dict[str, Any]]:
-        out = []
-        for (res, ns, _), obj in self.objects.items():
-            have = obj["metadata"].get("labels") or {}
-            if (
-                res == resource
-                and ns == namespace
-                and all(have.get(k) == v for k, v in (labels or {}).items())
-            ):
-                out.append(copy.deepcopy(obj))
-        return out
-
-    def read_log(self, namespace: str, pod: str, *, container: str) -> str | None:
-        return self.logs.get((pod, container))
-
-    # -- playing the controllers --------------------------------------------------------------
-    def of(self, resource: str) -> list[str]:
-        return sorted(name for (res, _, name) in self.objects if res == resource)
-
-    def finish_job(self, *, ok: bool, log: str = "", message: str = "") -> None:
-        (job_name,) = self.of("jobs")
-        pod = {
-            "metadata": {"name": f"{job_name}-x", "labels": {"job-name": job_name}},
-            "status": {
-                "phase": "Succeeded" if ok else "Failed",
-                "initContainerStatuses": [
-                    {
-                        "name": "profile",
-                        "state": {
-                            "terminated": {
-                                "exitCode": 0 if ok else 137,
-                                "reason": "Completed" if ok else "OOMKilled",
-                                "message": message,
-                            }
-                        },
-                    }
-                ],
-            },
-        }
-        self.objects[("pods", NS, pod["metadata"]["name"])] = pod
-        self.logs[(pod["metadata"]["name"], "publish")] = log
-        cond = "Complete" if ok else "Failed"
-        self.patch(
-            "jobs",
-            NS,
-            job_name,
-            {"status": {"conditions": [{"type": cond, "status": "True"}]}},
-            subresource="status",
-        )
-
-    def collect(self, dep_name: str) -> None:
-        """The garbage collector done with a foreground delete: the pods are gone."""
-        meta = self.objects[("deployments", NS, dep_name)]["metadata"]
-        rest = [f for f in meta["finalizers"] if f != "foregroundDeletion"]
-        self.patch("deployments", NS, dep_name, {"metadata": {"finalizers": rest}})
-
-    def make_ready(self, dep_name: str) -> None:
-        dep = self.objects[("deployments", NS, dep_name)]
-        replicas = dep["spec"]["replicas"]
-        dep["status"] = {
-            "observedGeneration": dep["metadata"]["generation"],
-            "replicas": replicas,
-            "readyReplicas": replicas,
-            "updatedReplicas": replicas,
-        }
-
-    def prm(self) -> dict[str, Any]:
-        obj = self.get("packratmodels", NS, "tiny")
-        assert obj is not None
-        return obj
-
-
-def _profile_json() -> str:
-    lat = {
-        (1, 1): 1.0,
-        (1, 2): 1.8,
-        (1, 4): 3.5,
-        (1, 8): 7.0,
-        (2, 1): 0.8,
-        (2, 2): 1.2,
-        (2, 4): 2.2,
-        (2, 8): 4.3,
-    }
-    points = tuple(ProfilePoint(threads=t, batch=b, latency_ms=v) for (t, b), v in lat.items())
-    meta = ProfileMeta(model="tiny", cpu_model="Test CPU", cpus=2)
-    return Profile(meta=meta, points=points).to_json()
-
-
-def _setup(spec: dict[str, Any] | None = None) -> tuple[FakeKube, Reconciler]:
-    kube = FakeKube()
-    body = {
-        "apiVersion": "packrat.dev/v1alpha1",
-        "kind": "PackratModel",
-        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-        "spec": spec
-        or {
-            "model": {"zoo": "tiny"},
-            "cpus": 2,
-            "batchSize": 4,
-            "profiling": {"maxBatch": 8},
-            "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-        },
-    }
-    kube.create("packratmodels", NS, body)
-    return kube, Reconciler(kube, config=Config(image="img", profile_retry_seconds=10))
-
-
-def _ready_model() -> tuple[FakeKube, Reconciler]:
-    kube, rec = _setup()
-    rec.reconcile(NS, "tiny", now=T0)
-    kube.finish_job(ok=True, log=_profile_json())
-    rec.reconcile(NS, "tiny", now=T0)
-    kube.make_ready("tiny-a")
-    res = rec.reconcile(NS, "tiny", now=T0)
-    assert res.phase == "Ready"
-    return kube, rec
-
-
-def _set_spec(kube: FakeKube, **changes: Any) -> None:
-    kube.patch("packratmodels", NS, "tiny", {"spec": changes})
 
 
 def test_merge_patch_removes_nested_keys() -> None:
@@ -230,11 +19,11 @@ def test_merge_patch_removes_nested_keys() -> None:
     new = {"a": {"b": 1}, "e": [2]}
     patch = merge_patch(old, new)
     assert patch == {"a": {"c": None}, "d": None, "e": [2]}
-    assert _merge(old, patch) == new
+    assert merge(old, patch) == new
 
 
 def test_profile_then_deploy_then_ready() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Profiling"
     assert kube.of("jobs") == [kube.of("jobs")[0]]
@@ -245,7 +34,7 @@ def test_profile_then_deploy_then_ready() -> None:
     rec.reconcile(NS, "tiny", now=T0)
     assert [c for c in kube.creates if c[0] == "jobs"] == [("jobs", job_name)]
 
-    kube.finish_job(ok=True, log=_profile_json())
+    kube.finish_job(ok=True, log=profile_json())
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Deploying"
     # the profile, and the slot's plan (its pods read it at start), and the admin token
@@ -272,7 +61,7 @@ def test_profile_then_deploy_then_ready() -> None:
 
 
 def test_invalid_spec_creates_nothing() -> None:
-    kube, rec = _setup({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4, "autoBatch": {}})
+    kube, rec = setup_model({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4, "autoBatch": {}})
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Failed"
     cond = get_condition(kube.prm()["status"]["conditions"], "Ready")
@@ -282,8 +71,8 @@ def test_invalid_spec_creates_nothing() -> None:
 
 
 def test_replicas_change_in_place() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, replicas=3)
+    kube, rec = ready_model()
+    set_spec(kube, replicas=3)
     res = rec.reconcile(NS, "tiny", now=T0)
     assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 3  # type: ignore[index]
     assert kube.of("deployments") == ["tiny-a"]
@@ -292,8 +81,8 @@ def test_replicas_change_in_place() -> None:
 
 
 def test_switch_completes_once_even_after_restart() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Reconfiguring"
     assert kube.of("deployments") == ["tiny-a", "tiny-b"]
@@ -325,8 +114,8 @@ def test_switch_completes_once_even_after_restart() -> None:
 
 
 def test_switch_aborts_and_keeps_serving() -> None:
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=61))
     assert res.switch_result == "aborted"
@@ -343,14 +132,14 @@ def test_switch_aborts_and_keeps_serving() -> None:
     assert res.switch_result is None
     assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 0  # type: ignore[index]
     # a new spec tries again
-    _set_spec(kube, batchSize=2)
+    set_spec(kube, batchSize=2)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=201))
     assert res.phase == "Reconfiguring"
     assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 1  # type: ignore[index]
 
 
 def test_profiling_failure_retries_with_backoff_then_fails() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     rec.reconcile(NS, "tiny", now=T0)
     kube.finish_job(ok=False, message="Killed\nout of memory")
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -380,9 +169,9 @@ def test_profiling_failure_retries_with_backoff_then_fails() -> None:
 
 
 def test_profile_reused_for_batch_change() -> None:
-    kube, rec = _ready_model()
+    kube, rec = ready_model()
     profiles = [c for c in kube.of("configmaps") if "-profile-" in c]
-    _set_spec(kube, batchSize=8)
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     assert [c for c in kube.of("configmaps") if "-profile-" in c] == profiles
     assert kube.of("jobs") == []
@@ -396,14 +185,14 @@ def test_written_status_matches_the_crd_schema() -> None:
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     )
     validator = OAS30Validator(status_schema)
-    kube, rec = _setup()
+    kube, rec = setup_model()
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # profiling
     kube.finish_job(ok=False, message="boom")
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # retry pending
-    kube, rec = _ready_model()
-    _set_spec(kube, batchSize=8)
+    kube, rec = ready_model()
+    set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # mid-switch
     kube.make_ready("tiny-b")
@@ -415,7 +204,7 @@ def test_written_status_matches_the_crd_schema() -> None:
 
 
 def test_spec_change_after_exhausted_profiling_retries() -> None:
-    kube, rec = _setup()
+    kube, rec = setup_model()
     now = T0
     for _ in range(3):
         rec.reconcile(NS, "tiny", now=now)
@@ -424,7 +213,7 @@ def test_spec_change_after_exhausted_profiling_retries() -> None:
         rec.reconcile(NS, "tiny", now=now)
         now += datetime.timedelta(seconds=100)
     assert rec.reconcile(NS, "tiny", now=now).phase == "Failed"
-    _set_spec(kube, replicas=2)  # any spec change is a new generation
+    set_spec(kube, replicas=2)  # any spec change is a new generation
     res = rec.reconcile(NS, "tiny", now=now)
     assert res.phase == "Profiling"
     assert len(kube.of("jobs")) == 1
@@ -466,7 +255,7 @@ def test_pod_failure_reasons() -> None:
 
 
 def test_auto_batch_replans_for_sustained_estimate() -> None:
-    kube, _ = _setup(
+    kube, _ = setup_model(
         {
             "model": {"zoo": "tiny"},
             "cpus": 2,
@@ -477,7 +266,7 @@ def test_auto_batch_replans_for_sustained_estimate() -> None:
     estimates = iter([8, 8, 8, 8, 8, 8])
     rec = Reconciler(kube, config=Config(image="img"), estimates=lambda ns, n: next(estimates))
     rec.reconcile(NS, "tiny", now=T0)
-    kube.finish_job(ok=True, log=_profile_json())
+    kube.finish_job(ok=True, log=profile_json())
     rec.reconcile(NS, "tiny", now=T0)
     assert kube.prm()["status"]["plan"]["batch"] == 1  # starts at autoBatch.min
     kube.make_ready("tiny-a")

@@ -8,8 +8,8 @@ import datetime
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
+from conftest import NS, T0, FakeKube, profile_json
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import get_condition
 from packrat.controller.model.reconcile import Config, Reconciler
@@ -79,7 +79,7 @@ def _model(kube: FakeKube, spec: dict[str, Any]) -> Reconciler:
 
 def _to_ready(kube: FakeKube, rec: Reconciler, now: datetime.datetime = T0) -> Any:
     rec.reconcile(NS, "tiny", now=now)
-    kube.finish_job(ok=True, log=_profile_json())
+    kube.finish_job(ok=True, log=profile_json())
     rec.reconcile(NS, "tiny", now=now)
     kube.make_ready("tiny-a")
     return rec.reconcile(NS, "tiny", now=now)
@@ -106,7 +106,7 @@ def test_slo_provisions_replicas_size_and_batch_at_the_exhaustive_optimum() -> N
     assert int(limits["cpu"]) == prov["cpusPerReplica"]
     assert status["plan"]["batch"] == prov["batch"] and status["plan"]["cpus"] == int(limits["cpu"])
     # the same trace and search, exhaustively: the operator's answer is the cheapest
-    profile = parse_profile(_profile_json(), origin="test")
+    profile = parse_profile(profile_json(), origin="test")
     trace = gamma_trace(2000, cv=1.0, duration_s=4, seed=12)
     best = exhaustive(
         Planner(
@@ -121,7 +121,7 @@ def test_infeasible_slo_serves_the_lowest_p99_with_a_condition_and_event() -> No
     kube = FakeKube()
     rec = _model(kube, _spec(slo={"latencyP99Ms": 0.5, "rate": 100, "durationSeconds": 4}))
     rec.reconcile(NS, "tiny", now=T0)
-    kube.finish_job(ok=True, log=_profile_json())
+    kube.finish_job(ok=True, log=profile_json())
     res = rec.reconcile(NS, "tiny", now=T0)
     status = kube.prm()["status"]
     cond = get_condition(status["conditions"], "Provisioned")

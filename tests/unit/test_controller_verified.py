@@ -7,8 +7,8 @@ import datetime
 from typing import Any
 
 import pytest
-from test_controller_reconcile import NS, T0, _profile_json, _setup
 
+from conftest import NS, T0, profile_json, setup_model
 from packrat.bench.verify import format_verification, with_verification
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import status_plan
@@ -23,7 +23,7 @@ BASE: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxB
 
 
 def _profile() -> Profile:
-    return parse_profile(_profile_json(), origin="test")
+    return parse_profile(profile_json(), origin="test")
 
 
 def _record(profile: Profile, batch: int, *, speedup: Any = 1.25) -> dict[str, Any]:
@@ -127,7 +127,7 @@ def test_a_served_model_shows_the_measured_speedup_of_its_plan() -> None:
     verification; once Ready, status.measured (the Measured column) shows it."""
     profile = _profile()
     text = with_verification(profile, _record(profile, 4)).to_json()
-    kube, rec = _setup()  # the default spec: tiny, 2 cpus, batchSize 4
+    kube, rec = setup_model()  # the default spec: tiny, 2 cpus, batchSize 4
     rec.reconcile(NS, "tiny", now=T0)
     job = next(v for (r, _, _), v in kube.objects.items() if r == "jobs")
     cmd = job["spec"]["template"]["spec"]["initContainers"][-1]["command"]

@@ -181,3 +181,32 @@ def test_relative_links_resolve(doc: Path) -> None:
         if re.match(r"^[a-z]+://", target):
             continue
         assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+
+
+# ---------------------------------------------------------------------------- architecture
+
+
+def test_the_architecture_page_names_every_room_of_the_layer_contracts() -> None:
+    import tomllib
+
+    text = (DOCS_DIR / "architecture.md").read_text(encoding="utf-8")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    rooms = {
+        name.strip().rsplit(".", 1)[-1]
+        for contract in config["tool"]["importlinter"]["contracts"]
+        if contract["type"] == "layers"
+        for layer in contract["layers"]
+        for name in layer.split("|")
+    }
+    assert len(rooms) > 15
+    missing = [r for r in sorted(rooms) if f"`{r}" not in text and f"**{r}**" not in text]
+    assert missing == [], f"docs/architecture.md does not describe {missing}"
+
+
+def test_no_package_folder_holds_more_than_15_modules() -> None:
+    crowded = {
+        str(folder.relative_to(SOURCE)): n
+        for folder in [SOURCE, *(p for p in SOURCE.rglob("*") if p.is_dir())]
+        if (n := len(list(folder.glob("*.py")))) > 15
+    }
+    assert crowded == {}
