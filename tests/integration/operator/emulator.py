@@ -10,7 +10,7 @@ deletion, the ``resourceVersion`` precondition of a patch and the refusal of new
 an object being deleted (``_admit``), and label selectors on lists and watch streams
 (``labelSelector``: ``k=v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``; a real
 API server filters there, and the operator asks it to), counting the watch events each
-client was sent (``watch_events``).
+client was sent (``watch_events``, and the items of list answers, ``listed_items``).
 It runs on its own event loop in a background thread; ``Api`` is a small blocking client for
 the tests and the agent.
 """
@@ -133,6 +133,7 @@ class CompatEmulator(kmock.KubernetesEmulator):
         # watch events sent, by (resource path, client); the selectors each watch asked for
         self.watch_events: dict[tuple[str, str], int] = {}
         self.watch_selectors: dict[str, set[str]] = {}
+        self.listed_items: dict[tuple[str, str], int] = {}  # items sent in list answers
         self._in_flight: set[int] = set()
         self._versions = itertools.count(1)
         for key, (kind, subresources) in RESOURCES.items():
@@ -234,6 +235,11 @@ class CompatEmulator(kmock.KubernetesEmulator):
         if selector and isinstance(payload, dict):
             matches = label_matcher(selector)
             payload = {**payload, "items": [o for o in payload["items"] if matches(o)]}
+        if isinstance(payload, dict):
+            path = "/".join(x for x in str(request.url.path).split("/") if x)
+            agent = str(request.headers.get("User-Agent", "")).split("/", maxsplit=1)[0]
+            key = (path, agent)
+            self.listed_items[key] = self.listed_items.get(key, 0) + len(payload["items"])
         return payload
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
