@@ -46,7 +46,7 @@ from packrat.controller.core.model import parse  # noqa: E402
 from packrat.controller.profiling import manifests as pm  # noqa: E402
 
 NAMESPACE = "packrat-test"
-DEFAULT_BEFORE = "b42300b"  # the last commit before server-side label selectors
+DEFAULT_BEFORE = "c4b2221"  # the last commit before server-side label selectors (house29)
 
 
 def _fill(emulator: Any, n: int) -> None:
