@@ -102,10 +102,10 @@ def test_too_few_cores_is_infeasible_not_an_error() -> None:
 
 def test_min_stable_replicas_is_a_lower_bound() -> None:
     table = {(1, 1): 10.0}
-    trace = np.arange(0, 10, 0.002)  # 500/s; one replica sustains 100/s
+    trace = np.arange(0, 10, 0.002)  # 500/s; one replica sustains 100/s, 90/s within the cap
     planner = Planner(table, trace, slo_ms=1000.0)
-    assert planner.min_stable_replicas(((1, 1),)) == 5
-    assert not planner.evaluate(Config(1, 1, 4)).feasible
+    assert planner.min_stable_replicas(((1, 1),)) == 6
+    assert not planner.evaluate(Config(1, 1, 5)).feasible  # 100% utilisation
 
 
 @pytest.mark.parametrize(

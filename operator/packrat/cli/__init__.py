@@ -19,6 +19,7 @@ from packrat import __version__
 COMMANDS: tuple[str, ...] = (
     "plan",
     "provision",
+    "simulate",
     "profile",
     "fetch",
     "bench",

@@ -3,8 +3,10 @@
 Pure (no torch): reads a profile and an arrival trace (a CSV of timestamps, or a synthetic
 gamma trace from ``--rate`` and ``--cv``), runs InferLine's planner over Packrat plans
 (:mod:`packrat.plan.provision`) and prints the configuration with the coarse-grained
-baselines. Exit status 0 when the SLO is met, 1 when it cannot be (the output then shows the
-best P99 reached), 2 for bad input.
+baselines. The answer runs at no more than ``--max-utilization`` of its capacity and is
+validated on ``--resamples`` held-out resamples of the trace; a trace too short for the
+SLO's tail gets a warning. Exit status 0 when the SLO is met, 1 when it cannot be (the output
+then says why, and the cores or the SLO that would be feasible), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from packrat.cli import CliError
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import ProfileError, load_profile
-from packrat.plan.provision import Provision, ProvisionError, SimSettings, provision
+from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
 from packrat.plan.traces import TraceError, gamma_trace, load_trace
 
 
@@ -53,6 +55,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-cpus", type=int, help="largest replica size (default: T)")
     parser.add_argument("--spread", choices=SPREADS, default="random", help="Service spreading")
     parser.add_argument("--max-batch-delay-ms", type=float, default=5.0)
+    parser.add_argument(
+        "--max-utilization",
+        type=float,
+        default=0.9,
+        help="highest planned utilisation at the trace's sustained rate (default 0.9)",
+    )
+    parser.add_argument(
+        "--resamples",
+        type=int,
+        default=4,
+        help="held-out resamples of the trace the answer must also meet the SLO on (default 4)",
+    )
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.set_defaults(func=run)
 
@@ -74,6 +88,10 @@ def _check(args: argparse.Namespace) -> None:
             raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.max_batch_delay_ms < 0:
         raise CliError("--max-batch-delay-ms must be >= 0")
+    if not (math.isfinite(args.max_utilization) and 0 < args.max_utilization <= 1):
+        raise CliError(f"--max-utilization must be in (0, 1], got {args.max_utilization}")
+    if not 0 <= args.resamples <= 64:
+        raise CliError(f"--resamples must be in [0, 64], got {args.resamples}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             max_cpus=min(args.max_cpus or top, top),
             sim=sim_from_args(args),
             model=profile.meta.model,
+            robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
         )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
@@ -152,10 +171,12 @@ def trace_line(doc: dict[str, Any], slo: str = "SLO") -> str:
 
 
 def infeasible_line(doc: dict[str, Any]) -> str:
-    return (
-        f"infeasible: the best simulated P99 is {ms(doc['simulated_p99_ms'])} ms "
-        f"> SLO {doc['slo_p99_ms']:.1f} ms"
-    )
+    why = doc.get("infeasible")
+    if why:
+        return f"infeasible: {why['reason']}"
+    p99 = doc["simulated_p99_ms"]
+    best = "every configuration sheds queries" if p99 is None else f"the best P99 is {ms(p99)} ms"
+    return f"infeasible: {best} > SLO {doc['slo_p99_ms']:.1f} ms"
 
 
 def format_table(result: Provision) -> str:
@@ -163,19 +184,32 @@ def format_table(result: Provision) -> str:
     lines = [
         trace_line(doc),
         f"{'config':10}{'replicas':>9}{'cpus':>6}{'batch':>7}{'cores':>7}{'P99 ms':>10}"
-        f"{'miss %':>8}  feasible",
+        f"{'miss %':>8}{'util':>7}  feasible",
     ]
     rows = [("planned", doc)] + [(k, v) for k, v in doc["baselines"].items()]
     for name, row in rows:
         lines.append(
             f"{name:10}{row['replicas']:>9}{row['cpus_per_replica']:>6}{row['batch']:>7}"
             f"{row['cores']:>7}{ms(row['simulated_p99_ms']):>10}"
-            f"{100 * row['slo_miss_rate']:>8.2f}  {'yes' if row['feasible'] else 'NO'}"
+            f"{100 * row['slo_miss_rate']:>8.2f}{_util(row['utilization']):>7}"
+            f"  {'yes' if row['feasible'] else 'NO'}"
         )
-    lines.append(f"plan per replica: {doc['plan']['label']}")
+    shape = " (per-core)" if doc["plan_shape"] == "per_core" else ""
+    lines.append(f"plan per replica: {doc['plan']['label']}{shape}")
+    check = doc["validation"]
+    if check and check["resamples"]:
+        p99s = ", ".join(ms(p) for p in check["p99_ms"])
+        added = f", {check['added_replicas']} replica(s) added" if check["added_replicas"] else ""
+        verdict = "met" if check["passed"] else "NOT met"
+        lines.append(f"held-out resamples: P99 {p99s} ms: SLO {verdict}{added}")
     lines.append(
         f"search: {doc['search']['evaluations']} simulations in {doc['search']['wall_s']:.2f} s"
     )
     if not doc["feasible"]:
         lines.append(infeasible_line(doc))
+    lines.extend(f"warning: {w}" for w in doc["warnings"])
     return "\n".join(lines)
+
+
+def _util(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

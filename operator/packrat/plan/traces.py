@@ -57,6 +57,38 @@ def step_trace(
     return np.concatenate(parts)
 
 
+def block_resample(
+    times: np.ndarray, *, block_s: float, seed: int = 0, length_s: float | None = None
+) -> np.ndarray:
+    """A block-bootstrap resample of a trace: its span cut into whole blocks of ``block_s``
+    seconds, as many as fill ``length_s`` (default: the trace's own span) drawn with
+    replacement (seeded) and laid end to end, each keeping its arrivals' spacing. A resample
+    longer than the trace holds the longer stretches of busy blocks a longer trace of the
+    process would. Bursts shorter than a block survive; which blocks recur, and in what
+    order, changes, so a configuration that met an SLO by the luck of one arrangement can
+    miss on another (what the planner validates its answer on). A trace shorter than one
+    block is returned shifted to start at 0."""
+    if not (math.isfinite(block_s) and block_s > 0):
+        raise TraceError(f"block must be a finite number of seconds > 0, got {block_s!r}")
+    t: np.ndarray = np.asarray(times, dtype=np.float64)
+    if t.size == 0:
+        return t.copy()
+    t = t - t[0]
+    blocks = int(float(t[-1]) // block_s)
+    if blocks < 1:
+        return t
+    if length_s is not None and not (math.isfinite(length_s) and length_s > 0):
+        raise TraceError(f"length must be a finite number of seconds > 0, got {length_s!r}")
+    drawn = blocks if length_s is None else max(1, math.ceil(length_s / block_s))
+    picks = np.random.default_rng(seed).integers(0, blocks, size=drawn)
+    edges = np.searchsorted(t, np.arange(blocks + 1) * block_s, side="left")
+    parts = [
+        t[edges[p] : edges[p + 1]] + (i - int(p)) * block_s for i, p in enumerate(picks.tolist())
+    ]
+    out: np.ndarray = np.concatenate(parts)
+    return out
+
+
 def parse_trace(text: str, *, origin: str = "<trace>") -> np.ndarray:
     """Timestamps in seconds: one number per line, or a CSV with a ``timestamp`` column.
 

@@ -1,0 +1,202 @@
+"""``packrat simulate``: one configuration on one trace, through the planner's own DES.
+
+Pure (no torch): reads a profile and an arrival trace (a CSV of timestamps, or a synthetic
+gamma trace from ``--rate``, ``--cv``, ``--seconds``, ``--seed``), simulates ``--replicas``
+replicas of ``--cpus-per-replica`` cores each running Packrat's plan for ``--batch`` (or the
+per-core plan, or the ``--plan`` given) and prints P50, P99, P99.9, the mean, utilisation and
+the share of shed queries. The way to check a plan from ``packrat provision`` on traffic it
+was not made on. Exit status 0, or 1 when ``--slo-p99-ms`` is given and missed; 2 for bad
+input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from packrat.cli import CliError
+from packrat.plan.des import SPREADS, SimulationError
+from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.profile import ProfileError, load_profile
+from packrat.plan.provision import SHAPES, SimSettings
+from packrat.plan.simulation import Summary, simulate_config
+from packrat.plan.traces import TraceError, gamma_trace, load_trace
+
+LABEL = re.compile(r"^(\d+)x(\d+)t/b(\d+)$")
+MAX_PLAN_BYTES = 1024 * 1024
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate",
+        help="simulate one configuration on a trace (P50, P99, utilisation, sheds)",
+        description=(
+            "Replay a trace (or a synthetic gamma process) against replicas x cores per "
+            "replica x batch through the planner's discrete-event simulation, to check a "
+            "configuration on traffic it was not planned on."
+        ),
+    )
+    parser.add_argument("--profile", type=Path, required=True, help="profile JSON or CSV")
+    parser.add_argument("--replicas", type=int, required=True)
+    parser.add_argument("--cpus-per-replica", type=int, help="cores per replica")
+    parser.add_argument("--batch", type=int, help="serving batch per replica")
+    parser.add_argument(
+        "--plan",
+        help="the plan per replica: a label (4x1t/b2+1x4t/b8) or a plan JSON file "
+        "(packrat plan --format json); default: Packrat's plan for the cores and batch",
+    )
+    parser.add_argument("--plan-shape", choices=SHAPES, default="packrat")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
+    source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
+    parser.add_argument("--cv", type=float, default=1.0, help="inter-arrival CV (default 1)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="synthetic trace length")
+    parser.add_argument("--seed", type=int, default=0, help="trace and spreading seed")
+    parser.add_argument("--max-batch-delay-ms", type=float, default=5.0)
+    parser.add_argument("--spread", choices=SPREADS, default="random", help="Service spreading")
+    parser.add_argument("--service-cv", type=float, default=0.0, help="per-batch time spread")
+    parser.add_argument("--slo-p99-ms", type=float, help="report misses (exit 1 when missed)")
+    parser.add_argument("--format", choices=("table", "json"), default="table")
+    parser.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.replicas < 1:
+        raise CliError(f"--replicas must be >= 1, got {args.replicas}")
+    for name in ("cpus_per_replica", "batch"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.plan is None and (args.cpus_per_replica is None or args.batch is None):
+        raise CliError("give --cpus-per-replica and --batch, or --plan")
+    if args.rate is not None:
+        for name in ("rate", "cv", "seconds"):
+            value = getattr(args, name)
+            if not (math.isfinite(value) and value > 0):
+                raise CliError(f"--{name} must be > 0, got {value}")
+    for name in ("max_batch_delay_ms", "service_cv"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+    if args.slo_p99_ms is not None and not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
+        raise CliError(f"--slo-p99-ms must be > 0, got {args.slo_p99_ms}")
+
+
+def parse_plan(text: str) -> list[tuple[int, int]]:
+    """Instances from a label (``4x1t/b2+1x4t/b8``) or a plan JSON file's path."""
+    if LABEL.match(text.split("+", maxsplit=1)[0].strip()):
+        out: list[tuple[int, int]] = []
+        for part in text.split("+"):
+            m = LABEL.match(part.strip())
+            if m is None:
+                raise CliError(f"--plan: {part.strip()!r} is not COUNTxTHREADSt/bBATCH")
+            count, threads, batch = (int(g) for g in m.groups())
+            if min(count, threads, batch) < 1 or count > 4096:
+                raise CliError(f"--plan: {part.strip()!r} needs counts, threads, batches >= 1")
+            out.extend([(threads, batch)] * count)
+        return out
+    path = Path(text)
+    try:
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise CliError(f"--plan {path}: larger than {MAX_PLAN_BYTES} bytes")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        plan = Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc)
+    except OSError as exc:
+        raise CliError(f"--plan {path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CliError(f"--plan {path}: not a plan: {exc}") from None
+    return plan.expand()
+
+
+def instances_from_args(
+    args: argparse.Namespace, table: dict[tuple[int, int], float]
+) -> list[tuple[int, int]]:
+    if args.plan is not None:
+        instances = parse_plan(args.plan)
+        missing = sorted({p for p in instances if p not in table})
+        if missing:
+            raise CliError(f"--plan: instance (threads, batch) {missing[0]} is not in the profile")
+        threads = sum(t for t, _ in instances)
+        if args.cpus_per_replica is not None and threads > args.cpus_per_replica:
+            raise CliError(
+                f"--plan uses {threads} threads, more than --cpus-per-replica "
+                f"{args.cpus_per_replica}"
+            )
+        return instances
+    shaped = (
+        table if args.plan_shape == "packrat" else {k: v for k, v in table.items() if k[0] == 1}
+    )
+    try:
+        opt = Optimizer(
+            shaped, cpus=args.cpus_per_replica, max_batch=args.batch, alternatives=False
+        )
+        return opt.plan(args.batch).expand()
+    except PlanError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    try:
+        profile = load_profile(args.profile)
+        trace = (
+            load_trace(args.trace)
+            if args.trace is not None
+            else gamma_trace(args.rate, cv=args.cv, duration_s=args.seconds, seed=args.seed)
+        )
+    except (ProfileError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    top = profile.meta.cpus or profile.max_threads
+    if args.cpus_per_replica is not None and args.cpus_per_replica > top:
+        raise CliError(
+            f"--cpus-per-replica {args.cpus_per_replica} exceeds the {top} cores the profile "
+            "was measured on"
+        )
+    table = dict(profile.table())
+    instances = instances_from_args(args, table)
+    sim = SimSettings(
+        spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
+    )
+    try:
+        summary = simulate_config(
+            table,
+            trace,
+            instances,
+            replicas=args.replicas,
+            sim=sim,
+            slo_ms=args.slo_p99_ms,
+            service_cv=args.service_cv,
+        )
+    except SimulationError as exc:
+        raise CliError(str(exc)) from None
+    doc = {**summary.to_dict(), "replicas": args.replicas, "instances": instances}
+    if args.format == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_table(summary, args.replicas, instances))
+    return 1 if summary.meets_slo is False else 0
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if math.isfinite(value) else "inf (shed)"
+
+
+def format_table(s: Summary, replicas: int, instances: list[tuple[int, int]]) -> str:
+    plan = "+".join(f"{t}t/b{b}" for t, b in instances)
+    lines = [
+        f"{replicas} replicas x [{plan}]: {s.queries} queries, mean {s.mean_rate:.1f}/s, "
+        f"sustained {s.sustained_rate:.1f}/s",
+        f"P50 {_ms(s.p50_ms)} ms, P99 {_ms(s.p99_ms)} ms, P99.9 {_ms(s.p999_ms)} ms, "
+        f"mean {_ms(s.mean_ms)} ms",
+        f"utilization {s.utilization:.3f} (capacity {s.capacity_per_replica:.1f}/s per "
+        f"replica), shed {s.shed} ({100 * s.shed_rate:.2f}%)",
+    ]
+    if s.slo_ms is not None:
+        verdict = "met" if s.meets_slo else "MISSED"
+        over = 100 * (s.slo_miss_rate or 0.0)
+        lines.append(f"SLO P99 {s.slo_ms:g} ms: {verdict} ({over:.2f}% of queries over)")
+    return "\n".join(lines)
