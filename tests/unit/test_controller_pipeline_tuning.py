@@ -105,9 +105,8 @@ def test_envelope_autoscaling_scales_a_stage_from_its_own_arrivals() -> None:
     assert ref["replicas"] == stage["replicas"] and ref["capacityPerReplica"] > 0
     assert len(ref["windowsSeconds"]) == len(ref["ratesPerSecond"]) >= 2
     spec = c.obj("packratmodels", model)["spec"]
-    assert spec["autoscaling"] == {"mode": "envelope", **AUTO, "intervalSeconds": 5} | {
-        "reference": ref
-    }
+    defaults = {"mode": "envelope", "intervalSeconds": 5, "startupFloorSeconds": 0}
+    assert spec["autoscaling"] == {**defaults, **AUTO} | {"reference": ref}
     parsed = parse(c.obj("packratmodels", model), default_image="img")  # a valid model
     assert parsed.spec["replicas"] == stage["replicas"]
     generation = c.obj("packratmodels", model)["metadata"]["generation"]

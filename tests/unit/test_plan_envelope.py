@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat.plan.envelope import Tuner, envelope, replay, schedule, window_sizes
+from packrat.plan.envelope import (
+    Tuner,
+    envelope,
+    growth_within,
+    replay,
+    schedule,
+    window_sizes,
+)
 from packrat.plan.traces import gamma_trace, step_trace
 
 WINDOWS = window_sizes(0.2)
@@ -156,3 +163,89 @@ def test_schedule_lists_changes() -> None:
     assert steps[0] == (0.0, 3)
     assert all(b[0] > a[0] and b[1] != a[1] for a, b in itertools.pairwise(steps))
     assert all(d.to_dict()["action"] in {"scale_up", "scale_down", "hold"} for d in decisions)
+
+
+# -- start-up time (issue 27 item 3) --------------------------------------------------------
+def brute_growth(times: list[float], horizon: float, z: float) -> float:
+    """Every window of w = max(h, 1) ending at t0 + w + k w/4, against the one h later."""
+    w = max(horizon, 1.0)
+    t0, span = times[0], times[-1] - times[0]
+    best, k = 1.0, 0
+    while w / 4 * k <= span - w - horizon + 1e-9:
+        end = t0 + w + k * w / 4
+        before = sum(1 for u in times if end - w <= u < end)
+        after = sum(1 for u in times if end + horizon - w <= u < end + horizon)
+        lo = max(before + z * math.sqrt(before), 1.0)
+        best = max(best, (after - z * math.sqrt(after)) / lo)
+        k += 1
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0, 40, allow_nan=False), min_size=2, max_size=80),
+    st.sampled_from([0.5, 2.0, 5.0]),
+    st.sampled_from([0.0, 1.0, 2.0]),
+)
+def test_growth_within_matches_brute_force(values: list[float], horizon: float, z: float) -> None:
+    times = sorted(values)
+    got = growth_within(np.array(times), horizon, noise_z=z)
+    assert got == pytest.approx(brute_growth(times, horizon, z), rel=1e-9)
+
+
+def test_growth_reads_a_step_not_counting_noise() -> None:
+    assert growth_within(gamma_trace(50.0, duration_s=300.0, seed=3), 6.0, noise_z=2.0) < 1.15
+    step = step_trace([50.0, 200.0], phase_s=60.0, seed=3)
+    assert growth_within(step, 6.0, noise_z=1.0) > 3.0
+    assert growth_within(step, 6.0, noise_z=1.0, max_points=5) >= 1.0  # bounded work
+
+
+def step_tuner(sample: np.ndarray, **kw: float) -> Tuner:
+    windows = window_sizes(0.2)
+    return Tuner(
+        planned_replicas=4,
+        replica_capacity=60.0,
+        windows=windows,
+        planned_rates=envelope(sample, windows),
+        scale_down_delay_s=30.0,
+        noise_z=3.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_startup_headroom_holds_what_a_step_within_a_startup_needs() -> None:
+    """The sample shows a 4x step: without start-up time the tuner scales down in the quiet
+    phase and meets the next step with a quarter of the replicas; with a 5 s start-up it
+    keeps the planned count, and never asks for more than that at the peak."""
+    sample = step_trace([50.0, 200.0], phase_s=90.0, seed=2)
+    trace = step_trace([50.0, 200.0], phase_s=150.0, seed=7)
+    plain = replay(step_tuner(sample), trace)
+    growth = growth_within(sample, 6.0, noise_z=1.0)
+    aware = replay(step_tuner(sample, startup_s=5.0, growth=growth), trace)
+    quiet = [d.replicas for d in plain if 100.0 < d.time_s < 150.0]
+    assert min(quiet) < 4  # scaled down before the step
+    assert all(d.replicas == 4 for d in aware), {d.replicas for d in aware}
+
+
+def test_startup_headroom_scales_a_ramp_up_earlier() -> None:
+    rng = np.random.default_rng(4)
+    t = np.sort(rng.uniform(0.0, 240.0, rng.poisson(200.0 * 240.0)))
+    rate = 50.0 + 150.0 * np.clip((t - 120.0) / 60.0, 0.0, 1.0)
+    ramp = t[rng.uniform(0.0, 200.0, t.size) < rate]
+    sample = ramp[ramp > 0]  # the same process
+    plain = replay(step_tuner(sample), ramp)
+    aware = replay(step_tuner(sample, startup_s=5.0, growth=1.25), ramp)
+    for n in (2, 3):
+        first = [
+            next(d.time_s for d in ds if d.time_s > 120 and d.replicas >= n)
+            for ds in (plain, aware)
+        ]
+        assert first[1] <= first[0], first
+
+
+def test_startup_settings_are_checked() -> None:
+    for kw in ({"startup_s": -1.0}, {"growth": 0.5}, {"startup_s": math.inf}):
+        with pytest.raises(ValueError):
+            step_tuner(np.array([0.0, 1.0]), **kw)
+    with pytest.raises(ValueError, match="horizon"):
+        growth_within(np.array([0.0, 1.0]), 0.0)

@@ -17,6 +17,16 @@ trailing ``scale_down_delay_s``, so a burst that recurs within that time never m
 ``z sqrt(k)`` more before they count as load (at low rates short windows hold a handful of
 arrivals, and their maxima over a minute vary by more than any tolerance).
 
+**Start-up time.** A replica the tuner asks for serves only ``startup_s`` later (seconds when
+a node has room, minutes when one must be added), and until then the replicas already
+serving take whatever the load does. So the tuner keeps headroom for that time: the load may
+grow within ``startup_s`` by the largest factor the plan's sample shows over that horizon
+(``growth``, :func:`growth_within`; a steady sample gives about 1, a sample with a 4x step
+about 3-4), and the replicas must sustain the rate at the start-up window times that factor,
+on the way up (scale-ups anticipate the growth) and on the way down (no scale-down below
+it), up to the planned count (the sample's growth ends at its peak, which the plan
+sustains). A step larger than any the sample shows is caught as before, one start-up later.
+
 Pure: the caller feeds arrival timestamps (seconds, any monotonic clock) and asks for a
 decision at a time it chooses; memory is bounded by the longest window and ``max_events``.
 """
@@ -51,6 +61,63 @@ def window_sizes(
         w *= 2.0
     sizes.append(max_window_s)
     return sizes
+
+
+def growth_within(
+    times_s: np.ndarray | Sequence[float],
+    horizon_s: float,
+    *,
+    noise_z: float = 2.0,
+    max_points: int = 10_000,
+) -> float:
+    """The largest factor by which the arrival rate rose within ``horizon_s`` in a trace.
+
+    Windows of ``w = max(horizon_s, 1 s)`` are compared with the window ending ``horizon_s``
+    later, stepping by ``w / 4`` (at most ``max_points`` comparisons: bounded work on any
+    trace); a count ``c`` is taken as ``c - z sqrt(c)`` in the later window and ``c + z
+    sqrt(c)`` in the earlier one, so Poisson counting noise alone reads as about 1. At
+    least 1; 1 for a trace shorter than ``w + horizon_s``."""
+    if not (math.isfinite(horizon_s) and horizon_s > 0):
+        raise ValueError(f"horizon must be > 0 s, got {horizon_s!r}")
+    t = np.asarray(times_s, dtype=np.float64)
+    if t.size < 2:
+        return 1.0
+    w = max(horizon_s, 1.0)
+    span = float(t[-1] - t[0])
+    if span < w + horizon_s:
+        return 1.0
+    step = max(w / 4.0, (span - w - horizon_s) / max_points)
+    ends = t[0] + w + np.arange(0.0, span - w - horizon_s + 1e-9, step)
+    before = np.searchsorted(t, ends) - np.searchsorted(t, ends - w)
+    after = np.searchsorted(t, ends + horizon_s) - np.searchsorted(t, ends + horizon_s - w)
+    lo = np.maximum(before + noise_z * np.sqrt(before), 1.0)
+    hi = after - noise_z * np.sqrt(after)
+    return float(max(1.0, float((hi / lo).max())))
+
+
+GROWTH_HORIZONS_S = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Horizons a plan records its sample's growth at (:func:`growth_curve`)."""
+
+
+def growth_curve(
+    times_s: np.ndarray | Sequence[float], horizons: Sequence[float] = GROWTH_HORIZONS_S
+) -> tuple[tuple[float, float], ...]:
+    """``(horizon, growth_within(horizon, noise_z=1))`` for each horizon: what a tuner needs
+    to keep start-up headroom for any start-up time, without the trace."""
+    return tuple((h, growth_within(times_s, h, noise_z=1.0)) for h in horizons)
+
+
+def growth_at(curve: Sequence[tuple[float, float]], horizon_s: float) -> float:
+    """How much the load may grow within ``horizon_s``: the largest growth recorded at any
+    horizon up to the first one at least ``horizon_s`` (what may happen within a shorter
+    time may happen within a longer one; a sample shorter than a long horizon records no
+    growth there, yet its short steps still count). 1 for an empty curve."""
+    best = 1.0
+    for h, g in curve:
+        best = max(best, g)
+        if h >= horizon_s:
+            break
+    return best
 
 
 def envelope(times_s: np.ndarray | Sequence[float], windows: Sequence[float]) -> np.ndarray:
@@ -116,6 +183,8 @@ class Tuner:
         tolerance: float = 0.1,
         noise_z: float = 0.0,
         max_events: int = 1_000_000,
+        startup_s: float = 0.0,
+        growth: float = 1.0,
     ) -> None:
         if planned_replicas < 1 or min_replicas < 1:
             raise ValueError("replica counts must be >= 1")
@@ -144,6 +213,10 @@ class Tuner:
             noise_z * math.sqrt(c * w) / w
             for c, w in zip(self.sustained, self.windows, strict=True)
         ]
+        self.startup_s = 0.0
+        self.growth = 1.0
+        self._startup_window = 0
+        self.set_startup(startup_s, growth)
         self.min_replicas = min_replicas
         self.max_replicas = max_replicas
         self.scale_down_delay_s = scale_down_delay_s
@@ -187,7 +260,9 @@ class Tuner:
             for r, c, e in zip(rates.tolist(), self.sustained, self.margin, strict=True)
         ]
         worst = int(np.argmax([w / self.planned for w in wants]))
-        wanted = self._clamp(max(*wants, self.min_replicas))
+        watched = now_s - self._started
+        ahead = self._startup_headroom(rates, 1.0, watched)
+        wanted = self._clamp(max(*wants, ahead, self.min_replicas))
         # hysteresis: the way down keeps the tolerance as headroom (no tolerance applied)
         keep = max(
             (
@@ -196,6 +271,7 @@ class Tuner:
             ),
             default=0,
         )
+        keep = max(keep, self._startup_headroom(rates, 1.0, watched))
         history = self._wanted
         history.append((now_s, self._clamp(max(keep, wanted, self.min_replicas))))
         while history and history[0][0] < now_s - self.scale_down_delay_s:
@@ -227,6 +303,38 @@ class Tuner:
             reason=reason,
             rates=tuple(rates.tolist()),
         )
+
+    def set_startup(self, startup_s: float, growth: float) -> None:
+        """Change the start-up time and the growth within it (measured again from the pods)
+        without losing the arrivals seen."""
+        if not (math.isfinite(startup_s) and startup_s >= 0):
+            raise ValueError(f"startup_s must be >= 0, got {startup_s!r}")
+        if not (math.isfinite(growth) and growth >= 1):
+            raise ValueError(f"growth must be >= 1, got {growth!r}")
+        self.startup_s = startup_s
+        self.growth = growth
+        # the window the headroom is measured at: the first at least as long as a start-up
+        self._startup_window = next(
+            (i for i, w in enumerate(self.windows) if w >= startup_s), len(self.windows) - 1
+        )
+
+    def _startup_headroom(self, rates: np.ndarray, tolerance: float, watched_s: float) -> int:
+        """Replicas for the rate at the start-up window grown by ``growth`` (0 without a
+        start-up time, or when the sample shows no growth), at most the planned count: the
+        sample's growth ends at the sample's peak, which the plan sustains (a load beyond it
+        is the envelope's to catch). The rate is read at the first window as long as a
+        start-up or, until the tuner has watched that long, the longest window it has
+        watched (a longer one would read the missing history as no load)."""
+        if self.startup_s <= 0 or self.growth <= 1.0:
+            return 0
+        i = self._startup_window
+        while i > 0 and self.windows[i] > watched_s:
+            i -= 1
+        r = float(rates[i]) * self.growth
+        if r <= 0:
+            return 0
+        want = math.ceil(self.planned * r / (tolerance * self.sustained[i] + self.margin[i]) - 1e-9)
+        return min(want, self.planned)
 
     def _covers_delay(self, now_s: float) -> bool:
         """Scale down only once the tuner has watched for the whole delay."""

@@ -69,8 +69,9 @@ UTILIZATION_WINDOW_S = 60.0
 """Utilisation is taken at the trace's busiest window of this length (a quarter of the trace
 when that is shorter): a step or a busy hour is the load the replicas must sustain, not the
 day's mean."""
-MAX_VALIDATION_ARRIVALS = 250_000
-"""A resample holds at most this many arrivals (bounded work: about a second of DES each)."""
+MAX_VALIDATION_ARRIVALS = 100_000
+"""A resample holds at most this many arrivals (bounded work: a fraction of a second of DES
+each)."""
 MIN_TAIL_QUERIES = 50
 """A P99 resting on fewer queries beyond it (fewer than 5000 arrivals) does not hold out of
 sample (measured: at 20/s a 60 s trace, 12 queries beyond the P99, planned 93 ms for an SLO

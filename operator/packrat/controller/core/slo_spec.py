@@ -36,6 +36,7 @@ AUTOSCALING_DEFAULTS: dict[str, Any] = {
     "maxReplicas": 10,
     "scaleDownDelaySeconds": 120,
     "intervalSeconds": 5,
+    "startupFloorSeconds": 0,
 }
 MODES = ("envelope", "external")
 SLO_FIELDS = {"latencyP99Ms", "trace", "rate", "cv", "durationSeconds", "maxCores"}
@@ -55,6 +56,9 @@ class TunerReference:
     capacity: float  # queries per second one replica sustains at best
     windows: tuple[float, ...]  # seconds
     planned_rates: tuple[float, ...]  # per second, one per window
+    # (horizon s, factor): how much the sample's rate grew within each horizon (a reference
+    # given in the spec has none: no start-up headroom)
+    growth: tuple[tuple[float, float], ...] = ()
 
     def to_spec(self) -> dict[str, Any]:
         """As ``spec.autoscaling.reference``."""
@@ -171,6 +175,7 @@ def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> Non
         errors.append(f"spec.autoscaling.mode must be one of {', '.join(MODES)}, got {mode!r}")
     bounds = {"minReplicas": (1, 100), "maxReplicas": (1, 100)}
     bounds |= {"scaleDownDelaySeconds": (0, 86400), "intervalSeconds": (1, 3600)}
+    bounds |= {"startupFloorSeconds": (0, 3600)}
     for key, (lo, hi) in bounds.items():
         value = auto.get(key)
         if not _int(value) or not lo <= value <= hi:

@@ -13,6 +13,12 @@ history, and so cannot scale down before it has watched for the whole delay.
 
 With ``mode: external`` (an HPA or KEDA through the scale subresource) the replica count is
 ``spec.replicas``: the operator reads it and never writes it.
+
+Start-up time (issue 27): each pass measures how long the model's pods took to become ready
+(:mod:`packrat.controller.planning.startup`, at least ``startupFloorSeconds``) and gives the
+tuner that time plus one decision interval, with the growth the plan's sample shows within
+it, so it keeps headroom for the load a new replica would meet too late
+(``status.autoscaling.startup`` says what it planned with).
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.status import now_iso
+from packrat.controller.planning import startup as su
 from packrat.controller.serving import manifests as m
-from packrat.plan.envelope import Tuner
+from packrat.plan.envelope import Tuner, growth_at
 
 NOISE_Z = 3.0
 """A window the plan expects k arrivals in may see 3 sqrt(k) more before they count as load
@@ -135,6 +142,7 @@ def tune(
     missing load."""
     status = p.status
     tuner = tuners.get(model, ref, current)
+    ready_in = startup_headroom(p, model, ref, tuner)
     scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
     if scaled.get("signature") != ref.signature:
         scaled = {"signature": ref.signature}
@@ -146,6 +154,7 @@ def tune(
             "windowsSeconds": [round(w, 4) for w in ref.windows],
             "ratesPerSecond": [round(r, 3) for r in tuner.sustained],
         },
+        startup={**ready_in.to_status(), "growth": round(tuner.growth, 4)},
     )
     if arrivals is None:
         scaled["replicas"] = tuner.replicas
@@ -181,6 +190,19 @@ def tune(
     elif decision.action == "scale_down":
         p.emit("Normal", "ScaledDown", decision.reason)
     return decision.replicas
+
+
+def startup_headroom(p: Pass, model: ModelSpec, ref: TunerReference, tuner: Tuner) -> su.Startup:
+    """Measure the model's start-up from its pods and give the tuner that time plus one
+    decision interval (a replica asked for at the next decision serves that much later)
+    with the growth the plan's sample shows within it."""
+    auto = model.spec["autoscaling"]
+    pods = p.kube.list("pods", p.namespace, labels=m.base_labels(p.name))
+    ready_in = su.measure(pods, floor_s=float(auto.get("startupFloorSeconds", 0)))
+    horizon = ready_in.seconds + float(auto["intervalSeconds"])
+    growth = growth_at(ref.growth, horizon) if ready_in.seconds > 0 else 1.0
+    tuner.set_startup(ready_in.seconds, growth)
+    return ready_in
 
 
 def publish_scale(p: Pass, replicas: int) -> None:

@@ -28,7 +28,7 @@ from packrat.controller.core.context import Pass as AnyPass
 from packrat.controller.core.context import report_provisioned
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.slo_spec import TunerReference
-from packrat.plan.envelope import envelope, window_sizes
+from packrat.plan.envelope import envelope, growth_curve, window_sizes
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import Planner, SimSettings, provision
@@ -64,6 +64,7 @@ class Provisioned:
     capacity: float  # queries per second one replica sustains at best
     windows: tuple[float, ...]
     planned_rates: tuple[float, ...]  # the sample trace's envelope (per second)
+    growth: tuple[tuple[float, float], ...]  # the sample's growth within each horizon
     arrivals: int
     evaluations: int
 
@@ -80,6 +81,7 @@ class Provisioned:
             capacity=self.capacity,
             windows=self.windows,
             planned_rates=self.planned_rates,
+            growth=self.growth,
         )
 
     def status(self) -> dict[str, Any]:
@@ -173,6 +175,7 @@ def plan_for_slo(
         capacity=capacity,
         windows=tuple(windows),
         planned_rates=tuple(float(r) for r in planned),
+        growth=growth_curve(trace),
         arrivals=int(trace.size),
         evaluations=result.evaluations,
     )

@@ -1,0 +1,92 @@
+"""Start-up time in the operator's tuner (issue 27 item 3): measured from the model's pods,
+floored by ``startupFloorSeconds``, and the headroom it buys: a model whose sample shows a
+4x step holds its planned replicas through a quiet phase instead of scaling down."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from test_controller_reconcile import NS, T0, FakeKube
+from test_controller_slo import _burst, _model, _spec, _to_ready
+
+from packrat.controller.planning.autoscale import Arrivals
+from packrat.controller.planning.startup import measure, pod_startup
+from packrat.controller.serving import manifests as m
+from packrat.plan.traces import step_trace, trace_to_csv
+
+
+def _pod(name: str, created: Any, ready: Any, *, status: str = "True") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "creationTimestamp": created, "labels": m.base_labels("tiny")},
+        "status": {
+            "conditions": [{"type": "Ready", "status": status, "lastTransitionTime": ready}]
+        },
+    }
+
+
+def test_startup_is_the_slowest_recent_pod_and_at_least_the_floor() -> None:
+    pods = [
+        _pod("a", "2026-01-01T00:00:00Z", "2026-01-01T00:00:12Z"),
+        _pod("b", "2026-01-01T00:10:00Z", "2026-01-01T00:10:30Z"),
+        _pod("c", "2026-01-01T00:20:00Z", "2026-01-01T00:20:08Z"),
+        _pod("d", "2026-01-01T00:30:00Z", None, status="False"),  # not ready yet
+    ]
+    got = measure(pods, floor_s=0.0)
+    assert got.measured == 30.0 and got.seconds == 30.0 and got.pods == 3
+    assert measure(pods, floor_s=120.0).seconds == 120.0
+    assert measure([], floor_s=5.0).measured is None and measure([], floor_s=5.0).seconds == 5.0
+    assert got.to_status() == {
+        "seconds": 30.0,
+        "floorSeconds": 0.0,
+        "measuredSeconds": 30.0,
+        "pods": 3,
+    }
+
+
+def test_hostile_pod_fields_are_ignored() -> None:
+    for created, ready in [
+        ("not a time", "2026-01-01T00:00:12Z"),
+        (12345, "2026-01-01T00:00:12Z"),
+        ("2026-01-01T00:00:12Z", "2026-01-01T00:00:00Z"),  # ready before created
+        ("2026-01-01T00:00:00Z", "2026-01-03T00:00:00Z"),  # two days: implausible
+        (None, None),
+    ]:
+        assert pod_startup(_pod("x", created, ready)) is None
+    assert pod_startup({"metadata": "nonsense", "status": []}) is None
+
+
+def _step_model(kube: FakeKube, floor: int) -> Any:
+    """A model planned on a sample with a 4x step (1000 -> 4000/s)."""
+    sample = step_trace([1000.0, 4000.0], phase_s=3.0, seed=3)
+    cm = {"metadata": {"name": "trace", "namespace": NS}, "data": {"t.csv": trace_to_csv(sample)}}
+    kube.create("configmaps", NS, cm)
+    slo = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}, "maxCores": 12}
+    auto = {"maxReplicas": 8, "scaleDownDelaySeconds": 10, "startupFloorSeconds": floor}
+    rec = _model(kube, _spec(slo=slo, autoscaling=auto))
+    _to_ready(kube, rec)
+    return rec
+
+
+def _quiet_replicas(kube: FakeKube, rec: Any) -> list[int]:
+    """Ninety seconds at the sample's quiet rate: the replica counts decided."""
+    t0, out = T0.timestamp(), []
+    for second in range(5, 95, 5):
+        quiet = Arrivals(times=_burst(t0 + second - 5, 5, 1000), pods=1)
+        rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=second), arrivals=quiet)
+        out.append(kube.get("deployments", NS, "tiny-a")["spec"]["replicas"])
+    return out
+
+
+def test_a_startup_floor_keeps_headroom_for_the_step_the_sample_shows() -> None:
+    plain_kube, aware_kube = FakeKube(), FakeKube()
+    plain = _quiet_replicas(plain_kube, _step_model(plain_kube, floor=0))
+    aware = _quiet_replicas(aware_kube, _step_model(aware_kube, floor=30))
+    planned = aware_kube.prm()["status"]["provisioning"]["replicas"]
+    assert planned > 1
+    assert min(plain) < planned  # no start-up time: scaled down in the quiet phase
+    assert min(aware) == planned  # 30 s to start a replica: the step's headroom is kept
+    startup = aware_kube.prm()["status"]["autoscaling"]["startup"]
+    assert startup["seconds"] == 30.0 and startup["floorSeconds"] == 30.0
+    assert startup["growth"] > 2.0
+    assert plain_kube.prm()["status"]["autoscaling"]["startup"]["growth"] == 1.0
