@@ -255,6 +255,10 @@ def test_invalid_spec_creates_nothing() -> None:
         ({"slo": {"latencyP99Ms": 100}}, "exactly one of slo.trace and slo.rate"),
         ({"stages": [{"name": "router", "model": STAGE_MODEL}], "edges": []}, "router"),
         ({"stages": [{"name": "a", "model": {"cpus": 2}}], "edges": []}, "spec.model is required"),
+        (
+            {"edges": [{"from": "first", "to": "second", "when": {"json": "x", "below": "y"}}]},
+            "spec.edges[0].when.below: expected a number",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(changes: dict[str, Any], needle: str) -> None:

@@ -53,6 +53,16 @@ def test_the_router_config_is_what_packrat_route_reads() -> None:
     assert config.deadline_ms == 4000.0
 
 
+def test_a_branch_the_first_stage_decides_reaches_the_router() -> None:
+    o = owner()
+    o["spec"]["edges"][0]["when"] = {"json": "confidence", "below": 0.8}
+    text = router_configmap(parse_pipeline(o))["data"][CONFIG_KEY]
+    config = parse_router_config(yaml.safe_load(text))
+    (edge,) = config.edges
+    assert edge.when is not None and edge.when.to_doc() == {"json": "confidence", "below": 0.8}
+    assert edge.fraction == 0.2  # the planner's expectation until it is measured
+
+
 def test_the_deadline_defaults_to_ten_times_the_slo() -> None:
     o = owner()
     del o["spec"]["deadlineMs"]

@@ -105,7 +105,7 @@ def failing(obj: Mapping[str, Any]) -> set[str]:
 
 
 def test_the_example_passes_every_rule() -> None:
-    assert len(RULES) == 7
+    assert len(RULES) == 9
     assert failing(EXAMPLE) == set()
 
 
@@ -132,6 +132,14 @@ def test_the_example_passes_every_rule() -> None:
             "self.minReplicas <= self.maxReplicas",
         ),
         (lambda o: o["spec"]["stages"][1]["model"].update(autoscaling={}), "autoscaling"),
+        (
+            lambda o: o["spec"]["edges"][0].update(when={"header": "h", "json": "a", "equals": 1}),
+            "has(self.header) != has(self.json)",
+        ),
+        (
+            lambda o: o["spec"]["edges"][0].update(when={"json": "a", "below": 1, "above": 0}),
+            "has(self.equals)",
+        ),
     ],
 )
 def test_each_rule_rejects_what_it_is_for(mutate: Any, needle: str) -> None:

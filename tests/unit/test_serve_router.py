@@ -16,6 +16,7 @@ from aiohttp import web
 from dispatcher_support import _serve, all_up, run, stack
 from prometheus_client.parser import text_string_to_metric_families
 
+from packrat.plan.pipeline.branch import measured_fractions, parse_condition
 from packrat.plan.pipeline.simulate import Edge, PipelineError
 from packrat.serve.router import DEADLINE_HEADER, PATH_HEADER, Router, RouterConfig
 
@@ -43,6 +44,10 @@ class Stages:
             return web.json_response({"error": "boom"}, status=500)
         if kind == "shed":
             return web.json_response({"error": "queue full"}, status=503)
+        if kind == "screen":  # a small model: its confidence is the query's first number
+            unsure = doc[0] < 0.8
+            headers = {"X-Unsure": "true" if unsure else "false"}
+            return web.json_response({"confidence": doc[0], "by": name}, headers=headers)
         out = [*doc, name] if isinstance(doc, list) else {"joined": doc, "by": name}
         return web.json_response(out)
 
@@ -114,6 +119,51 @@ def test_a_cascade_edge_is_taken_by_its_fraction_and_fraction_0_never() -> None:
             assert len(via_b) == stages.calls["b"]
             assert 30 <= len(via_b) <= 90  # 200 draws of p = 0.3: mean 60, sd 6.5
             assert all(doc[-1] == "a" for _, doc, path in answers if path == "a")
+
+    run(body)
+
+
+@pytest.mark.parametrize(
+    "when",
+    [{"json": "confidence", "below": 0.8}, {"header": "x-unsure", "equals": "true"}],
+)
+def test_a_cascade_branch_follows_the_first_stages_output(when: dict[str, object]) -> None:
+    """The big model is called exactly for the queries the screen is unsure of (confidence
+    below 0.8, read from its JSON answer or its header), never by chance; the router's
+    counters give the measured fraction back."""
+
+    async def body() -> None:
+        edges = [Edge("screen", "big", 0.5, parse_condition(when))]
+        async with pipeline({"screen": "screen", "big": "ok"}, edges) as (_, stages, url, s):
+            confidences = [i / 40 for i in range(40)]  # 0.0 .. 0.975: 32 of 40 unsure
+            answers = [await ask(s, url, [c]) for c in confidences]
+            async with s.get(url.replace("/predictions/p", "/metrics")) as r:
+                text = await r.text()
+        for c, (status, doc, path) in zip(confidences, answers, strict=True):
+            assert status == 200
+            if c < 0.8:
+                assert path == "screen,big"
+                assert doc == {"joined": {"confidence": c, "by": "screen"}, "by": "big"}
+            else:
+                assert path == "screen" and doc == {"confidence": c, "by": "screen"}
+        assert stages.calls["big"] == 32
+        samples = {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for m in text_string_to_metric_families(text)
+            for x in m.samples
+        }
+        p = ("pipeline", "p")
+        taken = {
+            ("screen", "big"): samples[
+                ("packrat_pipeline_edges_taken_total", (("dst", "big"), p, ("src", "screen")))
+            ]
+        }
+        answered = {
+            st: samples[("packrat_pipeline_stage_answers_total", (p, ("stage", st)))]
+            for st in ("screen", "big")
+        }
+        assert answered == {"screen": 40, "big": 32}
+        assert measured_fractions(taken, answered) == {("screen", "big"): 0.8}
 
     run(body)
 

@@ -2,10 +2,13 @@
 
 ``POST /predictions/{pipeline}`` takes the client's body to the root stages; each stage's
 answer is the next stage's input (a join gets ``{"parent": answer, ...}`` as JSON). Which
-edges a query takes is drawn per query from the edges' fractions, as the planner's
-simulation assumes (:mod:`packrat.plan.pipeline.simulate`); stages not on the drawn path are never
-called. The answer is the output of the last stage on the path (several last stages: a JSON
-object by stage), with ``X-Packrat-Path`` listing the stages that answered.
+edges a query takes: an edge with a condition (``when``) is taken when its source stage's
+answer meets it, a header or a JSON field (:mod:`packrat.plan.pipeline.branch`: a cascade
+calls its second stage only when the first is unsure); any other edge is drawn per query
+from its fraction, as the planner's simulation assumes (:mod:`packrat.plan.pipeline.simulate`).
+Stages not on the query's path are never called. The answer is the output of the last stage
+on the path (several last stages: a JSON object by stage), with ``X-Packrat-Path`` listing
+the stages that answered.
 
 Errors stay with their query:
 
@@ -18,8 +21,10 @@ Errors stay with their query:
   504 naming the stage it was waiting on; the stages after it are not called.
 
 Metrics (one registry per router): end-to-end and per-stage latency histograms, answers by
-status code, stage failures by reason. The stages' Services are plain HTTP on the cluster
-network; the router itself listens on its one port.
+status code, stage failures by reason, and per stage and edge how many answers came back
+and how many took the edge: the measured scale factors the planner can be given back
+(:func:`packrat.plan.pipeline.branch.measured_fractions`). The stages' Services are plain
+HTTP on the cluster network; the router itself listens on its one port.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from packrat.plan.pipeline.branch import Condition, parse_condition
+from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
 from packrat.serve.dispatcher.metrics import MetricSet
 
@@ -80,6 +87,7 @@ class StageFailedError(Exception):
 class Answer:
     body: bytes
     content_type: str
+    headers: Mapping[str, str] | None = None  # a stage's response headers, names lower-cased
 
 
 class RouterMetrics(MetricSet):
@@ -104,6 +112,16 @@ class RouterMetrics(MetricSet):
             "packrat_pipeline_stage_failures",
             "Queries failed at a stage, by reason (status, unreachable, deadline).",
             ["pipeline", "stage", "reason"],
+        )
+        self.stage_answers = self._counter(
+            "packrat_pipeline_stage_answers",
+            "Answers a stage gave the router (queries that visited it and got through).",
+            ["pipeline", "stage"],
+        )
+        self.edges_taken = self._counter(
+            "packrat_pipeline_edges_taken",
+            "Queries that took an edge after its source stage answered (by condition or draw).",
+            ["pipeline", "src", "dst"],
         )
 
 
@@ -201,27 +219,47 @@ class Router:
 
     # -- the DAG ------------------------------------------------------------------------------
     def draw(self) -> dict[tuple[str, str], bool]:
-        """Which edges this query takes (each with its fraction, independently)."""
-        return {(e.src, e.dst): self.rng.random() < e.fraction for e in self.config.edges}
+        """Which unconditional edges this query takes (each with its fraction, independently);
+        an edge with a condition is decided later, by its source's answer."""
+        return {
+            (e.src, e.dst): self.rng.random() < e.fraction
+            for e in self.config.edges
+            if e.when is None
+        }
+
+    def takes(self, edge: Edge, drawn: Mapping[tuple[str, str], bool], answer: Answer) -> bool:
+        """Whether a query whose ``edge.src`` answered ``answer`` goes on along ``edge``."""
+        if edge.when is None:
+            return drawn[(edge.src, edge.dst)]
+        cond: Condition = edge.when
+        return condition_taken(
+            cond, headers=answer.headers or {}, body=answer.body, content_type=answer.content_type
+        )
 
     async def execute(self, query: Answer, deadline: float, path: list[str]) -> Answer:
         """Run one query through the DAG; raises :class:`StageFailedError` for the first stage
         that fails or runs past the deadline (the others are then cancelled)."""
-        taken = self.draw()
+        drawn = self.draw()
         tasks: dict[str, asyncio.Task[Answer | None]] = {}
+        name_ = self.config.pipeline
 
         async def visit(name: str) -> Answer | None:
-            ins = [e for e in self.parents[name] if taken[(e.src, e.dst)]]
             if not self.parents[name]:
                 data: Answer | None = query
             else:
-                outs = {e.src: await tasks[e.src] for e in ins}
-                got = {k: v for k, v in outs.items() if v is not None}
+                ins = [e for e in self.parents[name] if e.when is not None or drawn[(e.src, e.dst)]]
+                outs = {e.src: (e, await tasks[e.src]) for e in ins}
+                got = {
+                    k: a for k, (e, a) in outs.items() if a is not None and self.takes(e, drawn, a)
+                }
                 if not got:
                     return None  # not on this query's path
+                for src in got:
+                    self.metrics.edges_taken.labels(name_, src, name).inc()
                 data = next(iter(got.values())) if len(got) == 1 else _join(got)
             assert data is not None
             answer = await self.call(name, data, deadline)
+            self.metrics.stage_answers.labels(name_, name).inc()
             path.append(name)
             return answer
 
@@ -257,6 +295,7 @@ class Router:
                     body = await resp.read()
                     status = resp.status
                     ctype = resp.headers.get("Content-Type", "application/octet-stream")
+                    got = {k.lower(): v for k, v in resp.headers.items()}
         except TimeoutError:
             raise StageFailedError(
                 name, 504, "deadline", "deadline exceeded at the stage"
@@ -271,7 +310,7 @@ class Router:
             code = status if 400 <= status < 500 or status == 503 else 502
             text = body[:200].decode("utf-8", "replace")
             raise StageFailedError(name, code, "status", f"stage answered {status}: {text}")
-        return Answer(body, ctype)
+        return Answer(body, ctype, got)
 
 
 def _join(outputs: Mapping[str, Answer]) -> Answer:
@@ -294,7 +333,7 @@ def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterC
 
     pipeline: cascade
     stages: {screen: http://cascade-screen:8080/predictions/cascade-screen, ...}
-    edges: [{from: screen, to: classify, fraction: 0.2}]
+    edges: [{from: screen, to: classify, fraction: 0.2, when: {json: confidence, below: 0.8}}]
     deadlineMs: 4000        # optional (default 10000)
     maxDeadlineMs: 60000    # optional (default 60000)
     """
@@ -317,18 +356,18 @@ def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterC
         if (
             not isinstance(e, Mapping)
             or not {"from", "to"} <= set(e)
-            or set(e)
-            - {
-                "from",
-                "to",
-                "fraction",
-            }
+            or set(e) - {"from", "to", "fraction", "when"}
         ):
-            raise PipelineError(f"{origin}: edges[{i}]: expected from, to and optional fraction")
+            raise PipelineError(
+                f"{origin}: edges[{i}]: expected from, to and optional fraction and when"
+            )
         fraction = e.get("fraction", 1.0)
         if isinstance(fraction, bool) or not isinstance(fraction, int | float):
             raise PipelineError(f"{origin}: edges[{i}].fraction: expected a number in [0, 1]")
-        edges.append(Edge(str(e["from"]), str(e["to"]), float(fraction)))
+        when = (
+            parse_condition(e["when"], where=f"{origin}: edges[{i}].when") if "when" in e else None
+        )
+        edges.append(Edge(str(e["from"]), str(e["to"]), float(fraction), when))
     limits: dict[str, float] = {}
     for key, field in (("deadlineMs", "deadline_ms"), ("maxDeadlineMs", "max_deadline_ms")):
         if key in doc:

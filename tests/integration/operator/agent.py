@@ -122,6 +122,7 @@ class LocalPod:
     terminating: bool = False
     waiting_reason: str = ""
     unschedulable_since: str = ""  # when the scheduler gave up on it (PodScheduled=False)
+    ready_since: str = ""  # when its Ready condition last turned True (lastTransitionTime)
     statuses: dict[str, dict[str, Any]] = field(default_factory=dict)
     init_names: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
@@ -683,6 +684,8 @@ class Agent:
                 ok = False
             if ok:
                 pod.probe_failures = 0
+                if not pod.ready:
+                    pod.ready_since = _now()
                 pod.ready = True
             else:
                 pod.probe_failures += 1
@@ -733,6 +736,8 @@ class Agent:
                 "qosClass": self.qos.get(name, ""),
                 "conditions": [{"type": "Ready", "status": "True" if pod.ready else "False"}],
             }
+            if pod.ready and pod.ready_since:  # what the kubelet records; the tuner reads it
+                status["conditions"][0]["lastTransitionTime"] = pod.ready_since
             if name not in existing:
                 dep = deps[pod.owner_name]
                 self.api.create(

@@ -35,6 +35,7 @@ from packrat.controller.serving.manifests import (
 
 if TYPE_CHECKING:
     from packrat.controller.pipeline.spec import PipelineObject
+    from packrat.plan.pipeline.simulate import Edge
 
 PIPELINE_KIND = crd.PIPELINE_KIND
 ROUTER_APP = "packrat-router"
@@ -112,10 +113,19 @@ def router_config(pipe: PipelineObject) -> dict[str, Any]:
     return {
         "pipeline": name,
         "stages": stages,
-        "edges": [{"from": e.src, "to": e.dst, "fraction": float(e.fraction)} for e in pipe.edges],
+        "edges": [router_edge(e) for e in pipe.edges],
         "deadlineMs": float(deadline),
         "maxDeadlineMs": float(max(deadline, 60_000.0)),
     }
+
+
+def router_edge(edge: Edge) -> dict[str, Any]:
+    """One edge of the router's config: its fraction (what the router draws with, or the
+    planner's expectation) and ``when``, a branch the source's answer decides."""
+    out: dict[str, Any] = {"from": edge.src, "to": edge.dst, "fraction": float(edge.fraction)}
+    if edge.when is not None:
+        out["when"] = edge.when.to_doc()
+    return out
 
 
 def router_configmap(pipe: PipelineObject) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, read
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE
 from packrat.controller.pipeline.manifests import stage_model_name
+from packrat.plan.pipeline.branch import parse_condition
 from packrat.plan.pipeline.simulate import (
     DEFAULT_HOP_OVERHEAD_MS,
     Edge,
@@ -38,7 +39,7 @@ SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs", "autoscaling"}
 HOP_FIELD = "hopOverheadMs"
 MAX_HOP_OVERHEAD_MS = 60_000.0
 STAGE_FIELDS = {"name", "model"}
-EDGE_FIELDS = {"from", "to", "fraction"}
+EDGE_FIELDS = {"from", "to", "fraction", "when"}
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9]$|^[a-z0-9][-a-z0-9]*[a-z0-9]$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -163,7 +164,14 @@ def _edge(errors: list[str], i: int, doc: Any, names: set[str]) -> Edge | None:
     if not _number(fraction) or not 0.0 <= float(fraction) <= 1.0:
         errors.append(f"{where}.fraction must be a number in [0, 1], got {fraction!r}")
         return None
-    return Edge(src, dst, float(fraction))
+    when = None
+    if "when" in doc:
+        try:
+            when = parse_condition(doc["when"], where=f"{where}.when")
+        except PipelineError as exc:
+            errors.append(str(exc))
+            return None
+    return Edge(src, dst, float(fraction), when)
 
 
 def parse_pipeline(obj: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> PipelineObject:

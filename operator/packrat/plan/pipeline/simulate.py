@@ -32,10 +32,14 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from packrat.plan.des import SimResult, SimulationError, nearest_rank, simulate
+
+if TYPE_CHECKING:
+    from packrat.plan.pipeline.branch import Condition
 
 Table = Mapping[tuple[int, int], float]
 # One HTTP hop's cost when nothing better is known (ms): the median per hop measured through
@@ -65,9 +69,14 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class Edge:
+    """``src -> dst``, taken by ``fraction`` of the queries visiting ``src``; with ``when``
+    (a :class:`packrat.plan.pipeline.branch.Condition`) the router takes it when ``src``'s
+    answer says so, and ``fraction`` is the expected share the planner simulates."""
+
     src: str
     dst: str
     fraction: float = 1.0
+    when: Condition | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ with a profile file per stage instead of a model to profile::
         profile: profiles/resnet50.json
     edges:
       - {from: detect, to: classify, fraction: 0.3}   # fraction optional, default 1
+      # a branch the first stage's answer decides; fraction: how often it is expected to
+      # - {from: detect, to: classify, fraction: 0.3, when: {json: confidence, below: 0.8}}
     slo:
       latencyP99Ms: 500                 # optional when --slo-p99-ms is given
 
@@ -25,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packrat.plan.pipeline.branch import parse_condition
 from packrat.plan.pipeline.simulate import Edge, Pipeline, PipelineError, Stage
 from packrat.plan.profile import ProfileError, load_profile
 
 MAX_STAGES = 64
 MAX_SPEC_BYTES = 1024 * 1024
 STAGE_KEYS = {"name", "profile", "maxCpus"}
-EDGE_KEYS = {"from", "to", "fraction"}
+EDGE_KEYS = {"from", "to", "fraction", "when"}
 TOP_KEYS = {"stages", "edges", "slo"}
 
 
@@ -108,7 +111,8 @@ def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> 
         fraction = e.get("fraction", 1.0)
         if not _number(fraction):
             raise PipelineError(f"{where}.fraction: expected a number in [0, 1]")
-        edges.append(Edge(src, dst, float(fraction)))
+        when = parse_condition(e["when"], where=f"{where}.when") if "when" in e else None
+        edges.append(Edge(src, dst, float(fraction), when))
     slo_ms: float | None = None
     slo = doc.get("slo")
     if slo is not None:
