@@ -42,7 +42,7 @@ from harness import OperatorCluster, wait_for  # noqa: E402
 
 from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
-from packrat.plan.traces import step_trace  # noqa: E402
+from packrat.plan.traces import step_trace, trace_to_csv  # noqa: E402
 from packrat.serve.codec import example_body  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -64,13 +64,30 @@ def spec_for(args: argparse.Namespace) -> dict[str, Any]:
             "backoffLimit": 1,
         },
         "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
-        "slo": {"latencyP99Ms": args.slo, "rate": args.rate, "durationSeconds": 60},
+        "slo": (
+            {"latencyP99Ms": args.slo, "trace": {"configMap": "sample", "key": "trace.csv"}}
+            if args.sample_step
+            else {"latencyP99Ms": args.slo, "rate": args.rate, "durationSeconds": 60}
+        ),
         "autoscaling": {
             "minReplicas": 1,
             "maxReplicas": args.max_replicas,
             "scaleDownDelaySeconds": args.scale_down_delay,
             "intervalSeconds": 2,
+            "startupFloorSeconds": args.startup_floor,
         },
+    }
+
+
+def sample_configmap(args: argparse.Namespace) -> dict[str, Any]:
+    """The planner's sample with the step in it (another seed than the load's): base rate,
+    then the step, ``--phase`` seconds each."""
+    trace = step_trace([args.rate, args.rate * args.factor], phase_s=args.phase, seed=11)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "sample"},
+        "data": {"trace.csv": trace_to_csv(trace)},
     }
 
 
@@ -196,6 +213,15 @@ def main() -> None:
     parser.add_argument("--slo", type=float, default=250.0)
     parser.add_argument("--max-replicas", type=int, default=4)
     parser.add_argument("--scale-down-delay", type=int, default=30)
+    parser.add_argument("--after", type=float, default=105.0, help="seconds watched after the load")
+    parser.add_argument(
+        "--startup-floor", type=int, default=0, help="spec.autoscaling.startupFloorSeconds"
+    )
+    parser.add_argument(
+        "--sample-step",
+        action="store_true",
+        help="plan on a sample that has the step (a trace ConfigMap), not the base rate",
+    )
     parser.add_argument("--stem", default="tuner-step")
     parser.add_argument("--from-json", type=Path, help="only summarize and plot a saved run")
     args = parser.parse_args()
@@ -214,6 +240,8 @@ def main() -> None:
         cluster = OperatorCluster(Path(tmp))
         try:
             body = {"apiVersion": "packrat.dev/v1alpha1", "kind": "PackratModel"}
+            if args.sample_step:
+                cluster.api.create("configmaps", sample_configmap(args))
             cluster.api.create(
                 "packratmodels", {**body, "metadata": {"name": NAME}, "spec": spec_for(args)}
             )
@@ -244,7 +272,7 @@ def main() -> None:
             if samples:
                 samples[0]["load_start"] = start
             # watch the scale-down after the load
-            time.sleep(args.scale_down_delay + 75)
+            time.sleep(args.after)
             stop.set()
             final = cluster.status(NAME)
         finally:

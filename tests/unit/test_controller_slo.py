@@ -39,7 +39,7 @@ def _spec(**extra: Any) -> dict[str, Any]:
             "exactly one of slo.trace and slo.rate",
         ),
         (_spec(slo={"latencyP99Ms": 0, "rate": 10}), "latencyP99Ms"),
-        (_spec(slo={"latencyP99Ms": 50, "rate": 10}, batchSize=4), "set neither batchSize"),
+        (_spec(slo={"latencyP99Ms": 50, "rate": 10}, batchSize=4), "do not set batchSize"),
         (_spec(slo={"latencyP99Ms": 50, "rate": 10, "bogus": 1}), "spec.slo.bogus: unknown"),
         (_spec(slo={"latencyP99Ms": 50, "rate": 1000, "durationSeconds": 3600}), "200000"),
         (_spec(batchSize=4, autoscaling={}), "envelope needs spec.slo"),

@@ -90,3 +90,60 @@ def test_a_startup_floor_keeps_headroom_for_the_step_the_sample_shows() -> None:
     assert startup["seconds"] == 30.0 and startup["floorSeconds"] == 30.0
     assert startup["growth"] > 2.0
     assert plain_kube.prm()["status"]["autoscaling"]["startup"]["growth"] == 1.0
+
+
+# -- plan and replicas together (issue 27 item 4) ------------------------------------------
+def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -> None:
+    """slo + autoBatch: the planner's batch is the start; sustained estimates of a larger
+    batch switch the plan inside the replicas (same CPUs per replica); the tuner's thresholds
+    follow what the new plan serves per replica."""
+    from test_controller_autobatch import Feed, _at, _finish_switch
+
+    from packrat.controller.model.reconcile import Config, Reconciler
+
+    kube = FakeKube()
+    slo = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4, "maxCores": 12}
+    auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
+    body = {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratModel",
+        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
+        "spec": {
+            "model": {"zoo": "tiny"},
+            "cpus": 2,
+            "profiling": {"maxBatch": 8},
+            "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
+            "slo": slo,
+            "autoBatch": auto,
+            "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
+        },
+    }
+    kube.create("packratmodels", NS, body)
+    feed = Feed()
+    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
+    _to_ready(kube, rec)
+    status = kube.prm()["status"]
+    prov = status["provisioning"]
+    assert (
+        status["plan"]["batch"] == prov["batch"]
+        and status["plan"]["cpus"] == prov["cpusPerReplica"]
+    )
+    planned_rates = (
+        status["autoscaling"]["planned"]["ratesPerSecond"] if "autoscaling" in status else None
+    )
+    target = 1 if prov["batch"] > 1 else 8
+    feed.next = [target, target]
+    t0 = T0.timestamp()
+    for second in (1, 2):
+        steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
+        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+    assert kube.prm()["status"]["batchSize"]["target"] == target
+    rec.reconcile(NS, "tiny", now=_at(3), arrivals=None)
+    assert kube.prm()["status"]["switch"]["plan"]["batch"] == target
+    _finish_switch(kube, rec, at=4)
+    status = kube.prm()["status"]
+    assert status["plan"]["batch"] == target and status["plan"]["cpus"] == prov["cpusPerReplica"]
+    steady = Arrivals(times=_burst(t0 + 14, 1, 2000), pods=1)
+    rec.reconcile(NS, "tiny", now=_at(15), arrivals=steady)
+    rates = kube.prm()["status"]["autoscaling"]["planned"]["ratesPerSecond"]
+    assert planned_rates is not None and rates != planned_rates  # thresholds moved with the plan

@@ -278,8 +278,12 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
             model(spec_with(model={"volume": {**PVC, "path": "m..mar"}, "format": "mar"})),
         ],
     ),
-    "!has(self.slo) || (!has(self.batchSize) && !has(self.autoBatch))": (
-        [model(spec_with(batchSize=None, slo=SLO, autoscaling={"maxReplicas": 4}))],
+    "!has(self.slo) || !has(self.batchSize)": (
+        [
+            model(spec_with(batchSize=None, slo=SLO, autoscaling={"maxReplicas": 4})),
+            # the plan inside a replica follows the load while the tuner sets replicas
+            model(spec_with(batchSize=None, slo=SLO, autoBatch={"min": 1, "max": 4})),
+        ],
         [model(spec_with(slo=SLO))],
     ),
     "!has(self.autoscaling) || self.autoscaling.mode != 'envelope' || has(self.slo) "

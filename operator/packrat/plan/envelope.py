@@ -203,16 +203,14 @@ class Tuner:
             raise ValueError("tolerance must be >= 0")
         base = planned_replicas * replica_capacity
         planned = planned_rates if planned_rates is not None else [0.0] * len(windows)
-        self.sustained = [r if r > 0 else base for r in planned]
+        self._planned_sustained = [r if r > 0 else base for r in planned]
         self.tolerance = tolerance
-        # counting noise: a window the plan expects k arrivals in is allowed z * sqrt(k) more
-        # before it counts as more load (short windows hold a few arrivals; one more is noise)
         if noise_z < 0:
             raise ValueError("noise_z must be >= 0")
-        self.margin = [
-            noise_z * math.sqrt(c * w) / w
-            for c, w in zip(self.sustained, self.windows, strict=True)
-        ]
+        self.noise_z = noise_z
+        self.sustained: list[float] = []
+        self.margin: list[float] = []
+        self.set_capacity(replica_capacity)
         self.startup_s = 0.0
         self.growth = 1.0
         self._startup_window = 0
@@ -303,6 +301,20 @@ class Tuner:
             reason=reason,
             rates=tuple(rates.tolist()),
         )
+
+    def set_capacity(self, replica_capacity: float) -> None:
+        """What one replica serves now (its plan changed: autoBatch): the rates the planned
+        replicas sustain scale with it, keeping the plan's utilisation."""
+        if not (math.isfinite(replica_capacity) and replica_capacity > 0):
+            raise ValueError(f"replica capacity must be > 0, got {replica_capacity!r}")
+        scale = replica_capacity / self.mu
+        self.sustained = [r * scale for r in self._planned_sustained]
+        # counting noise: a window the plan expects k arrivals in is allowed z * sqrt(k) more
+        # before it counts as more load (short windows hold a few arrivals; one more is noise)
+        self.margin = [
+            self.noise_z * math.sqrt(c * w) / w
+            for c, w in zip(self.sustained, self.windows, strict=True)
+        ]
 
     def set_startup(self, startup_s: float, growth: float) -> None:
         """Change the start-up time and the growth within it (measured again from the pods)

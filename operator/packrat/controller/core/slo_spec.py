@@ -4,7 +4,9 @@
 replica count, the replica size (CPUs per replica, at most ``spec.cpus``) and the serving
 batch with :mod:`packrat.plan.provision`, on a sample arrival trace taken from a ConfigMap
 (``slo.trace``) or generated from a rate and CV (gamma inter-arrivals). With an SLO the batch
-is the planner's, so ``batchSize`` and ``autoBatch`` must not be set.
+is the planner's, so ``batchSize`` must not be set; with ``autoBatch`` too, the planner's
+batch is where the plan starts and the plan inside a replica then follows the batch the load
+presents (Packrat's reconfiguration) while the tuner sets the replicas.
 
 ``spec.autoscaling`` says who changes the replica count: ``envelope`` (the operator's tuner,
 from the traffic envelopes of the arrivals the pods see, within min/max replicas) or
@@ -160,8 +162,11 @@ def _validate_slo(errors: list[str], slo: Any, spec: Mapping[str, Any]) -> None:
                 value = trace.get(key)
                 if not isinstance(value, str) or not value or len(value) > 253:
                     errors.append(f"spec.slo.trace.{key} must be a non-empty name, got {value!r}")
-    if "batchSize" in spec or "autoBatch" in spec:
-        errors.append("with slo the planner chooses the batch: set neither batchSize nor autoBatch")
+    if "batchSize" in spec:
+        errors.append(
+            "with slo the planner chooses the batch: do not set batchSize "
+            "(autoBatch lets it follow the load)"
+        )
 
 
 def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> None:

@@ -28,7 +28,12 @@ from packrat.controller.core.slo_spec import spec_reference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
-from packrat.controller.planning.batching import batch_to_plan, observe_batch
+from packrat.controller.planning.batching import (
+    batch_to_plan,
+    observe_batch,
+    plan_capacity,
+    slo_batch,
+)
 from packrat.controller.planning.provisioning import ProvisionCache, provision_model
 from packrat.controller.profiling import verified
 from packrat.controller.profiling.profile import ensure_profile
@@ -191,7 +196,7 @@ class Reconciler:
             prov = provision_model(p, model, profile, self.provisions)
             if prov is None:
                 return
-            batch = max_batch = prov.batch
+            batch, max_batch = slo_batch(model, status, prov.batch)
             serving = model.on_cpus(prov.cpus)
             replicas = asc.serving_replicas(model, status, prov.reference)
         try:
@@ -229,7 +234,13 @@ class Reconciler:
         ref = prov.reference if prov is not None else spec_reference(model.spec)
         if ref is not None and asc.mode(model) == "envelope":
             replicas = asc.tune(
-                p, model, ref, arrivals=arrivals, tuners=self.tuners, current=replicas
+                p,
+                model,
+                ref,
+                arrivals=arrivals,
+                tuners=self.tuners,
+                current=replicas,
+                capacity=plan_capacity(profile, plan) if auto else None,
             )
             scale(p, active_dep, replicas)
             if active_dep is not None:

@@ -135,13 +135,16 @@ def tune(
     arrivals: Arrivals | None,
     tuners: Tuners,
     current: int,
+    capacity: float | None = None,
 ) -> int:
     """Feed the new arrivals to the model's tuner and decide; returns the replica count.
 
     Without a reading (no pod answered) nothing is decided: missing data must not look like
-    missing load."""
+    missing load. ``capacity``: what one replica of the running plan serves, when autoBatch
+    moved it away from the planned one (the tuner's thresholds scale with it)."""
     status = p.status
     tuner = tuners.get(model, ref, current)
+    tuner.set_capacity(capacity if capacity is not None else ref.capacity)
     ready_in = startup_headroom(p, model, ref, tuner)
     scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
     if scaled.get("signature") != ref.signature:

@@ -1,5 +1,11 @@
 """autoBatch in a pass: the batch size to plan for, and recording the pods' estimate and
-the decision (``plan.reconfig``); a new target is switched to by the next pass."""
+the decision (``plan.reconfig``); a new target is switched to by the next pass.
+
+With ``spec.slo`` too (issue 27 item 4), the planner's batch is where the plan starts and the
+batch then follows the load within ``autoBatch``'s range (:func:`slo_batch`), on the
+replica size the planner chose, while the tuner sets the replicas; the tuner is told each
+pass what the running plan serves per replica (:func:`plan_capacity`), so a plan that serves
+more (or less) per replica moves its scaling thresholds with it."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from packrat.controller.core.status import now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
+from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import decide
 
 
@@ -24,6 +31,29 @@ def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
     seen = status.get("batchSize") or {}
     batch = seen.get("target") or seen.get("current") or auto.min
     return max(auto.min, min(auto.max, int(batch)))
+
+
+def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
+    """With an SLO: the batch to plan for and the optimizer's largest batch. Without
+    autoBatch the planner's; with it, autoBatch's target or current batch once it has one,
+    else the planner's, clamped to autoBatch's range."""
+    auto = model.auto
+    if auto is None:
+        return planned, planned
+    seen = status.get("batchSize") or {}
+    chosen = seen.get("target") or seen.get("current") or planned
+    batch = max(auto.min, min(auto.max, int(chosen)))
+    return batch, max(batch, auto.max)
+
+
+def plan_capacity(profile: Profile, plan: Mapping[str, Any]) -> float | None:
+    """Queries per second one replica running ``plan`` (a status plan) serves backlogged;
+    None when the plan is not one of the profile's."""
+    try:
+        instances = Plan.from_dict(wire_plan(plan)).expand()
+        return backlogged_capacity(profile.table(), instances)
+    except (KeyError, ValueError):
+        return None
 
 
 def observe_batch(
