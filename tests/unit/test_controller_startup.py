@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from test_controller_reconcile import NS, T0, FakeKube
 from test_controller_slo import _burst, _model, _spec, _to_ready
 
+from conftest import NS, T0, FakeKube
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.startup import measure, pod_startup
 from packrat.controller.serving import manifests as m

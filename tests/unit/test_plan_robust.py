@@ -44,14 +44,14 @@ def plans(draw: st.DrawFn) -> tuple[Table, list[tuple[int, int]]]:
     return table, instances
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(plans())
 def test_backlogged_capacity_is_the_des_throughput_under_a_backlog(
     case: tuple[Table, list[tuple[int, int]]],
 ) -> None:
     """A burst far beyond capacity, all at t = 0: the DES serves it at sum b / L(t, b)."""
     table, instances = case
-    n = 100 * sum(b for _, b in instances)
+    n = 50 * sum(b for _, b in instances)
     result = simulate(
         np.zeros(n), table, instances, max_batch_delay_ms=5.0, queue_limit=n, spread="round_robin"
     )
@@ -59,10 +59,10 @@ def test_backlogged_capacity_is_the_des_throughput_under_a_backlog(
     last_ms = float(result.latencies_ms.max())
     capacity = backlogged_capacity(table, instances)
     assert n / (last_ms / 1000.0) <= capacity * 1.0001
-    # the drain's end: at most one partial batch (its delay, then the slowest instance's
-    # batch) beyond the fluid bound
+    # the drain's end: beyond the fluid bound, at most a batching delay and what the slowest
+    # instance still holds (up to its cap, two batches, routed to it before the end)
     slowest = max(table[p] for p in instances)
-    assert last_ms <= n / capacity * 1000.0 + 5.0 + slowest + 1e-6
+    assert last_ms <= n / capacity * 1000.0 + 5.0 + 2 * slowest + 1e-6
 
 
 def test_capacity_is_not_the_best_fill() -> None:

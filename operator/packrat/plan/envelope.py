@@ -69,14 +69,17 @@ def growth_within(
     *,
     noise_z: float = 2.0,
     max_points: int = 10_000,
+    min_count: int = 10,
 ) -> float:
     """The largest factor by which the arrival rate rose within ``horizon_s`` in a trace.
 
     Windows of ``w = max(horizon_s, 1 s)`` are compared with the window ending ``horizon_s``
     later, stepping by ``w / 4`` (at most ``max_points`` comparisons: bounded work on any
     trace); a count ``c`` is taken as ``c - z sqrt(c)`` in the later window and ``c + z
-    sqrt(c)`` in the earlier one, so Poisson counting noise alone reads as about 1. At
-    least 1; 1 for a trace shorter than ``w + horizon_s``."""
+    sqrt(c)`` in the earlier one, so Poisson counting noise alone reads as about 1; an
+    earlier window with fewer than ``min_count`` arrivals is skipped (from a handful of
+    arrivals any later count is a large ratio, and noise). At least 1; 1 for a trace
+    shorter than ``w + horizon_s``."""
     if not (math.isfinite(horizon_s) and horizon_s > 0):
         raise ValueError(f"horizon must be > 0 s, got {horizon_s!r}")
     t = np.asarray(times_s, dtype=np.float64)
@@ -90,8 +93,11 @@ def growth_within(
     ends = t[0] + w + np.arange(0.0, span - w - horizon_s + 1e-9, step)
     before = np.searchsorted(t, ends) - np.searchsorted(t, ends - w)
     after = np.searchsorted(t, ends + horizon_s) - np.searchsorted(t, ends + horizon_s - w)
-    lo = np.maximum(before + noise_z * np.sqrt(before), 1.0)
-    hi = after - noise_z * np.sqrt(after)
+    counted = before >= min_count  # a handful of arrivals is no rate to grow from
+    if not counted.any():
+        return 1.0
+    lo = before[counted] + noise_z * np.sqrt(before[counted])
+    hi = after[counted] - noise_z * np.sqrt(after[counted])
     return float(max(1.0, float((hi / lo).max())))
 
 
