@@ -35,6 +35,7 @@ from packrat.controller.core.spec import (
     model_identity,
     read_spec,
 )
+from packrat.plan.optimizer import Plan
 
 SERVING_CPUS_ANNOTATION = "packrat.dev/serving-cpus"
 PROFILE_ONLY_ANNOTATION = "packrat.dev/profile-only"
@@ -179,13 +180,19 @@ class ModelSpec:
             key["sampleContentType"] = self.source.get("sampleContentType")
         return digest(key)
 
-    def serving_hash(self, plan: Mapping[str, Any]) -> str:
+    def serving_hash(self, plan: Plan | Mapping[str, Any]) -> str:
         """Hash of everything a slot serves (``status.servingHash``): the plan (its cores,
         batch and instances) and every spec field the pods are built from, except the replica
         count. A different hash needs a switch: in place
         (:mod:`packrat.controller.switch.plan_poster`) when only the plan's layout changed
         (same :meth:`template_hash`), else to the other slot."""
         spec = self.spec
+        if isinstance(plan, Plan):
+            plan = {
+                "cpus": plan.cpus,
+                "batch": plan.batch,
+                "instances": plan.to_dict()["instances"],
+            }
         return digest(
             {
                 "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},

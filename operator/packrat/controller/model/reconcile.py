@@ -22,7 +22,7 @@ from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
-from packrat.controller.core.plans import keep_served, status_plan, wire_plan
+from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.slo_spec import spec_reference
 from packrat.controller.core.status import ModelStatus, get_condition
@@ -201,7 +201,7 @@ class Reconciler:
                 cpus=serving.cpus,
                 max_batch=max_batch,
             )
-            plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
+            plan = keep_served(status.served_plan, optimizer.plan(batch))
         except PlanError as exc:
             status.failed()
             p.result.result = "plan_error"
@@ -212,11 +212,9 @@ class Reconciler:
             p.cond("Planned", False, "PlanFailed", message)
             p.cond("Ready", False, "PlanFailed", message)
             return
-        p.result.plan = wire_plan(plan)
-        p.cond("Planned", True, "Planned", f"plan {plan['label']}")
-        desired = Rendering(
-            spec=serving, plan=plan, serving_hash=serving.serving_hash(wire_plan(plan))
-        )
+        p.result.plan = plan
+        p.cond("Planned", True, "Planned", f"plan {plan.label}")
+        desired = Rendering(spec=serving, plan=plan, serving_hash=serving.serving_hash(plan))
 
         # 4. serving slots and the switch
         if good is None:
@@ -333,8 +331,8 @@ class Reconciler:
             serving_spec=desired.spec.stored_spec(),
         )
         status.set_endpoint(p.name, p.namespace, m.PORT)
-        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan["batch"]})
-        p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan['label']}")
+        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan.batch})
+        p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan.label}")
         steady(p, dep, replicas=replicas)
 
     def _invalid(self, p: Pass, errors: list[str]) -> None:
