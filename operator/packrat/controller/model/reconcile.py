@@ -24,7 +24,6 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
-from packrat.controller.core.slo_spec import spec_reference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
@@ -224,7 +223,7 @@ class Reconciler:
             return
         passive = m.other_slot(str(status["activeSlot"]))
         scale(p, children.deployments[passive], 0)
-        ref = prov.reference if prov is not None else spec_reference(model.spec)
+        ref = prov.reference if prov is not None else model.reference
         if ref is not None and asc.mode(model) == "envelope":
             replicas = asc.tune(
                 p, model, ref, arrivals=arrivals, tuners=self.tuners, current=replicas
