@@ -18,6 +18,7 @@ import pytest
 
 from conftest import NS, FakeKube
 from packrat.controller.core.fanout import Answer, PodFanout, read_json
+from packrat.controller.core.plans import from_status
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals
 from packrat.controller.planning.estimates import EstimateReader
@@ -226,12 +227,15 @@ def test_arrivals_take_only_finite_bounded_numbers(hostile: Hostile) -> None:
 def test_the_plan_post_reads_a_hostile_answer_and_gives_up_at_its_deadline(
     hostile: Hostile,
 ) -> None:
-    plan = {
-        "label": "2x1t/b1",
-        "cpus": 2,
-        "batch": 2,
-        "instances": [{"threads": 1, "batch": 1, "count": 2}],
-    }
+    plan = from_status(
+        {
+            "cpus": 2,
+            "batch": 2,
+            "instances": [{"threads": 1, "batch": 1, "count": 2}],
+            "expectedLatencyMs": 1.0,
+        }
+    )
+    assert plan is not None
     target = hostile.listen("target", _answer(b"{}"))
     moved = f"Location: http://127.0.0.1:{target}/admin/plan\r\n"
     behaviours: list[tuple[str, Behaviour]] = [

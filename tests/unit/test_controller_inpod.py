@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from packrat.controller.core.model import model_spec
+from packrat.controller.core.plans import from_status
 from packrat.controller.switch.plan_poster import plan_request, post_plan
 from packrat.controller.switch.plan_poster import switchable as _switchable
 from packrat.plan.optimizer import Plan
@@ -21,22 +22,24 @@ SPEC: dict[str, Any] = {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8}
 IMAGE = "ghcr.io/x/packrat:1"
 
 
-def switchable(
-    a: dict[str, Any], plan_a: dict[str, Any], b: dict[str, Any], plan_b: dict[str, Any]
-) -> bool:
+def switchable(a: dict[str, Any], plan_a: Plan, b: dict[str, Any], plan_b: Plan) -> bool:
     typed = [model_spec(spec, image=IMAGE) for spec in (a, b)]
     return _switchable(typed[0], plan_a, typed[1], plan_b)
 
 
-def _plan(count: int, threads: int, batch: int, cpus: int = 4) -> dict[str, Any]:
-    return {
-        "label": f"{count}x{threads}t/b{batch}",
-        "cpus": cpus,
-        "batch": count * batch,
-        "instances": [{"threads": threads, "batch": batch, "count": count}],
-        "expectedLatencyMs": 10.0,
-        "fatLatencyMs": 12.0,
-    }
+def _plan(count: int, threads: int, batch: int, cpus: int = 4) -> Plan:
+    plan = from_status(
+        {
+            "label": f"{count}x{threads}t/b{batch}",
+            "cpus": cpus,
+            "batch": count * batch,
+            "instances": [{"threads": threads, "batch": batch, "count": count}],
+            "expectedLatencyMs": 10.0,
+            "fatLatencyMs": 12.0,
+        }
+    )
+    assert plan is not None
+    return plan
 
 
 def test_a_batch_change_on_the_same_cores_switches_in_the_pod() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conftest import NS, T0, FakeKube, ready_model, set_spec
+from packrat.controller.core.plans import from_status
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import admin_token_secret, plan_configmap, secret_token
@@ -22,13 +23,16 @@ from packrat.controller.switch.inpod import PodClient, failures, slot_pods
 from packrat.controller.switch.plan_poster import PodAnswer
 
 OWNER = {"metadata": {"name": "tiny", "namespace": NS, "uid": "u1"}, "spec": {}}
-PLAN = {
-    "label": "2x1t/b2",
-    "cpus": 2,
-    "batch": 4,
-    "instances": [{"threads": 1, "batch": 2, "count": 2}],
-    "expectedLatencyMs": 1.8,
-}
+PLAN = from_status(
+    {
+        "label": "2x1t/b2",
+        "cpus": 2,
+        "batch": 4,
+        "instances": [{"threads": 1, "batch": 2, "count": 2}],
+        "expectedLatencyMs": 1.8,
+    }
+)
+assert PLAN is not None
 
 
 # ------------------------------------------------------------------------------- builders
@@ -111,7 +115,7 @@ class FakePods:
         timeout: float,
         owner: str = "",
     ) -> list[PodAnswer]:
-        self.calls.append((list(urls), dict(plan), token, timeout))
+        self.calls.append((list(urls), plan, token, timeout))
         out = []
         for url in urls:
             code = self.answers.get(url, 200)
@@ -150,7 +154,7 @@ def test_a_batch_change_switches_in_the_pods_without_touching_the_deployment() -
     # every ready pod of the active slot got the new plan, with the model's token
     ((urls, plan, token, timeout),) = pods.calls
     assert sorted(urls) == ["http://tiny-a-1:8080", "http://tiny-a-2:8080"]
-    assert plan["batch"] == 8 and token == _token(kube) and timeout == 60
+    assert plan.batch == 8 and token == _token(kube) and timeout == 60
     # the ConfigMap has it (a restarted pod starts on it), the Deployment is as it was
     assert _cm_batch(kube, "a") == 8
     assert kube.get("deployments", NS, "tiny-a") == before

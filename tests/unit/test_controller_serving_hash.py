@@ -87,3 +87,25 @@ def test_switch_timings_leave_template_and_hash() -> None:
     plan = PLANS[0]
     assert _template(base, plan) == _template(other, plan)
     assert _typed(base).serving_hash(plan) == _typed(other).serving_hash(plan)
+
+
+def test_the_plan_crosses_the_status_edge_unchanged_and_hashes_as_before() -> None:
+    """Every plan the optimizer makes reads back from status as it was stored (the
+    alternatives the optimizer compared are not kept there), and its serving hash is the one
+    computed from its status form (what operators before the typed plan hashed): an operator
+    upgrade switches nothing."""
+    from conftest import profile_json
+    from packrat.controller.core.plans import from_status, to_pod, to_status
+    from packrat.plan.optimizer import Optimizer
+    from packrat.plan.profile import parse_profile
+
+    profile = parse_profile(profile_json(), origin="test")
+    typed = _typed({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    for cpus, batch in ((1, 1), (2, 2), (2, 5), (2, 8)):
+        plan = Optimizer.for_profile(profile, cpus=cpus, max_batch=8).plan(batch)
+        stored = to_status(plan)
+        back = from_status(stored)
+        assert back is not None and to_status(back) == stored and to_pod(back) == to_pod(plan)
+        assert typed.serving_hash(plan) == typed.serving_hash(to_pod(back))
+    assert from_status({"cpus": 2, "batch": 1}) is None  # not a plan: none
+    assert from_status(["x"]) is None

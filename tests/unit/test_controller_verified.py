@@ -11,7 +11,7 @@ import pytest
 from conftest import NS, T0, profile_json, setup_model
 from packrat.bench.verify import format_verification, with_verification
 from packrat.controller.core.model import model_spec
-from packrat.controller.core.plans import status_plan
+from packrat.controller.core.plans import to_status as status_plan
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import ModelStatus
 from packrat.controller.profiling import manifests as pm

@@ -120,8 +120,8 @@ def _publish(body: kopf.Body, result: Result) -> None:
         metrics.record_plan(
             namespace,
             name,
-            expected_speedup=plan.get("expected_speedup"),
-            expected_latency_ms=plan.get("expected_latency_ms"),
+            expected_speedup=plan.expected_speedup,
+            expected_latency_ms=plan.expected_latency_ms,
         )
     for kind, reason, message in result.events:
         logger.info("%s/%s %s %s: %s", namespace, name, kind, reason, message)

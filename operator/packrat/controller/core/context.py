@@ -18,6 +18,7 @@ from packrat.controller.core.status import (
     now_iso,
     parse_time,
 )
+from packrat.plan.optimizer import Plan
 
 S = TypeVar("S", bound=Status)
 
@@ -44,7 +45,7 @@ class Result:
     result: str = "ok"
     switch_result: str | None = None
     profiling_seconds: float | None = None
-    plan: dict[str, Any] | None = None
+    plan: Plan | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)
     # autoBatch: the combined observation and the decision of this pass, if any
     observed_batch: int | None = None

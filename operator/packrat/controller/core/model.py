@@ -21,11 +21,12 @@ option is typed once, here.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -35,6 +36,7 @@ from packrat.controller.core.spec import (
     model_identity,
     read_spec,
 )
+from packrat.plan.optimizer import Plan
 
 SERVING_CPUS_ANNOTATION = "packrat.dev/serving-cpus"
 PROFILE_ONLY_ANNOTATION = "packrat.dev/profile-only"
@@ -126,6 +128,11 @@ class ModelSpec:
     source: Mapping[str, Any]  # spec.model
     slo: Mapping[str, Any] | None
     autoscaling: Mapping[str, Any] | None
+    reference: TunerReference | None  # spec.autoscaling.reference (a pipeline stage's)
+    node_selector: Mapping[str, str]
+    tolerations: Sequence[Mapping[str, Any]]
+    affinity: Mapping[str, Any]
+    pod: Mapping[str, Any] | None  # spec.pod overrides
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -170,8 +177,8 @@ class ModelSpec:
             "cpus": self.cpus,
             "maxBatch": self.profiling.max_batch,
             "threads": sorted(threads),
-            "nodeSelector": thaw(self.spec.get("nodeSelector") or {}),
-            "affinity": thaw(self.spec.get("affinity") or {}),
+            "nodeSelector": thaw(self.node_selector),
+            "affinity": thaw(self.affinity),
         }
         sample = self.source.get("sampleRequest")
         if sample is not None:  # the profile is measured through the handler with this request
@@ -179,13 +186,18 @@ class ModelSpec:
             key["sampleContentType"] = self.source.get("sampleContentType")
         return digest(key)
 
-    def serving_hash(self, plan: Mapping[str, Any]) -> str:
+    def serving_hash(self, plan: Plan | Mapping[str, Any]) -> str:
         """Hash of everything a slot serves (``status.servingHash``): the plan (its cores,
         batch and instances) and every spec field the pods are built from, except the replica
         count. A different hash needs a switch: in place
         (:mod:`packrat.controller.switch.plan_poster`) when only the plan's layout changed
         (same :meth:`template_hash`), else to the other slot."""
-        spec = self.spec
+        if isinstance(plan, Plan):
+            plan = {
+                "cpus": plan.cpus,
+                "batch": plan.batch,
+                "instances": plan.to_dict()["instances"],
+            }
         return digest(
             {
                 "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},
@@ -193,10 +205,10 @@ class ModelSpec:
                 "image": self.image,
                 "memory": self.memory,
                 "maxBatchDelayMs": self.max_batch_delay_ms,
-                "nodeSelector": thaw(spec.get("nodeSelector") or {}),
-                "tolerations": thaw(spec.get("tolerations") or []),
-                "affinity": thaw(spec.get("affinity") or {}),
-                **({"pod": thaw(spec["pod"])} if spec.get("pod") else {}),
+                "nodeSelector": thaw(self.node_selector),
+                "tolerations": thaw(self.tolerations),
+                "affinity": thaw(self.affinity),
+                **({"pod": thaw(self.pod)} if self.pod else {}),
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
             }
         )[:16]
@@ -277,6 +289,11 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "source": spec["model"],
         "slo": slo if isinstance(slo, Mapping) else None,
         "autoscaling": autoscaling if isinstance(autoscaling, Mapping) else None,
+        "reference": spec_reference(spec),
+        "node_selector": spec.get("nodeSelector") or MappingProxyType({}),
+        "tolerations": tuple(spec.get("tolerations") or ()),
+        "affinity": spec.get("affinity") or MappingProxyType({}),
+        "pod": spec.get("pod") or None,
     }
 
 

@@ -1,8 +1,16 @@
 """The plan between the optimizer and the pod, in one place.
 
-``status.plan`` holds the plan in camelCase (what ``kubectl get`` prints); the serving pod
-reads the optimizer's JSON form (``packrat serve --plan-env``). These two functions are the
-only conversions, both lossless for the fields a pod needs.
+Inside the operator a plan is the optimizer's :class:`~packrat.plan.optimizer.Plan`, from the
+optimizer to the two edges where it leaves as data, each converted here once:
+
+- the **status** edge: ``status.plan`` (and a switch's plan) hold it in camelCase, what
+  ``kubectl get`` prints (:func:`to_status`), and a pass reads the served plan back from there
+  (:func:`from_status`; anything that is not a valid plan is none);
+- the **pod** edge: the slot's plan ConfigMap and the in-pod switch's ``POST /admin/plan``
+  carry the JSON ``packrat serve --plan-env`` reads (:func:`to_pod`).
+
+All three keep every field a pod needs; the estimates (latencies, speedup) ride along for
+``kubectl`` and the metrics.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.plan.optimizer import Plan
+from packrat.plan.optimizer import Plan, PlanError
 
 _FIELDS = (
     ("label", "label"),
@@ -25,23 +33,36 @@ _FIELDS = (
 )
 
 
-def status_plan(plan: Plan | Mapping[str, Any]) -> dict[str, Any]:
-    """The plan as shown in ``status.plan`` (from the optimizer's plan or its JSON form)."""
-    data = plan.to_dict() if isinstance(plan, Plan) else plan
-    out = {camel: data.get(snake) for snake, camel in _FIELDS}
-    out["instances"] = [dict(g) for g in data.get("instances") or []]
+def to_pod(plan: Plan) -> dict[str, Any]:
+    """The plan as the serving pod reads it (``packrat serve --plan-env``, ``/admin/plan``)."""
+    data = plan.to_dict()
+    out = {snake: data.get(snake) for snake, _ in _FIELDS}
+    out["instances"] = [dict(g) for g in data["instances"]]
     return out
 
 
-def wire_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
-    """``status.plan`` back in the plan JSON format ``packrat serve --plan-env`` reads."""
-    out = {snake: plan.get(camel) for snake, camel in _FIELDS}
-    out["instances"] = [dict(g) for g in plan.get("instances") or []]
-    return out
+def to_status(plan: Plan) -> dict[str, Any]:
+    """The plan as shown in ``status.plan``."""
+    data = to_pod(plan)
+    return {camel: data[snake] for snake, camel in _FIELDS}
 
 
-def layout(plan: Mapping[str, Any]) -> tuple[object, ...]:
-    """What a plan makes the pods do (cores, batch, instance groups), without the estimates."""
+def from_status(doc: Any) -> Plan | None:
+    """The plan a status holds (``to_status``'s form), or None when it holds none."""
+    if not isinstance(doc, Mapping):
+        return None
+    try:
+        return Plan.from_dict({snake: doc.get(camel) for snake, camel in _FIELDS})
+    except PlanError:
+        return None
+
+
+def layout(plan: Plan | Mapping[str, Any]) -> tuple[object, ...]:
+    """What a plan makes the pods do (cores, batch, instance groups), without the estimates
+    (of a plan, or of one in its pod or status form)."""
+    if isinstance(plan, Plan):
+        groups = sorted((g.threads, g.batch, g.count) for g in plan.instances)
+        return (plan.cpus, plan.batch, tuple(groups))
     groups = sorted(
         (int(g.get("threads", 0)), int(g.get("batch", 0)), int(g.get("count", 0)))
         for g in plan.get("instances") or []
@@ -49,9 +70,9 @@ def layout(plan: Mapping[str, Any]) -> tuple[object, ...]:
     return (plan.get("cpus"), plan.get("batch"), tuple(groups))
 
 
-def keep_served(served: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+def keep_served(served: Plan | None, new: Plan) -> Plan:
     """``new``, or the served plan when both lay the pods out alike: a re-profile that only
     moves the latency estimates must not switch slots (the pods would run the same)."""
-    if served and served.get("instances") and layout(served) == layout(new):
-        return dict(served)
-    return dict(new)
+    if served is not None and layout(served) == layout(new):
+        return served
+    return new

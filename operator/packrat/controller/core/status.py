@@ -13,6 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.plans import from_status, to_status
+from packrat.plan.optimizer import Plan
+
 PHASES = ("Pending", "Profiling", "Planning", "Deploying", "Ready", "Reconfiguring", "Failed")
 CONDITION_TYPES = ("Profiled", "Planned", "Ready", "Reconfiguring", "Degraded")
 
@@ -266,16 +269,21 @@ class ModelStatus(Status):
         *,
         slot: str,
         serving_hash: str,
-        plan: Mapping[str, Any],
+        plan: Plan,
         serving_spec: Mapping[str, Any],
     ) -> None:
         """The last good configuration: the active slot and what it serves."""
         self._data.update(
             activeSlot=slot,
             servingHash=serving_hash,
-            plan=copy.deepcopy(dict(plan)),
+            plan=to_status(plan),
             servingSpec=copy.deepcopy(dict(serving_spec)),
         )
+
+    @property
+    def served_plan(self) -> Plan | None:
+        """The plan the active slot serves (None before the first deploy)."""
+        return from_status(self._data.get("plan"))
 
     def keep_serving_spec(self, spec: Mapping[str, Any]) -> None:
         """``servingSpec`` for a status from before it was kept (older operators)."""
@@ -311,9 +319,18 @@ class ModelStatus(Status):
         batch = {k: v for k, v in self.get("batchSize", {}).items() if k != "target"}
         self._set("batchSize", batch)
 
-    def set_switch(self, switch: Mapping[str, Any] | None) -> None:
-        """``status.switch`` (a switch under way or given up; None: none)."""
-        self._set("switch", None if switch is None else dict(switch))
+    def set_switch(self, switch: Mapping[str, Any] | None, *, plan: Plan | None = None) -> None:
+        """``status.switch`` (a switch under way or given up; None: none), with the plan it
+        switches to, if any."""
+        doc = None if switch is None else dict(switch)
+        if doc is not None and plan is not None:
+            doc["plan"] = to_status(plan)
+        self._set("switch", doc)
+
+    @property
+    def switch_plan(self) -> Plan | None:
+        """The plan the switch under way switches to."""
+        return from_status((self._data.get("switch") or {}).get("plan"))
 
     def record_switch(
         self, last: Mapping[str, Any], entry: Mapping[str, Any], *, limit: int = 10

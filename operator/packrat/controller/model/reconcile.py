@@ -22,9 +22,8 @@ from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
-from packrat.controller.core.plans import keep_served, status_plan, wire_plan
+from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
-from packrat.controller.core.slo_spec import spec_reference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
@@ -206,7 +205,7 @@ class Reconciler:
                 cpus=serving.cpus,
                 max_batch=max_batch,
             )
-            plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
+            plan = keep_served(status.served_plan, optimizer.plan(batch))
         except PlanError as exc:
             status.failed()
             p.result.result = "plan_error"
@@ -217,11 +216,9 @@ class Reconciler:
             p.cond("Planned", False, "PlanFailed", message)
             p.cond("Ready", False, "PlanFailed", message)
             return
-        p.result.plan = wire_plan(plan)
-        p.cond("Planned", True, "Planned", f"plan {plan['label']}")
-        desired = Rendering(
-            spec=serving, plan=plan, serving_hash=serving.serving_hash(wire_plan(plan))
-        )
+        p.result.plan = plan
+        p.cond("Planned", True, "Planned", f"plan {plan.label}")
+        desired = Rendering(spec=serving, plan=plan, serving_hash=serving.serving_hash(plan))
 
         # 4. serving slots and the switch
         if good is None:
@@ -231,7 +228,7 @@ class Reconciler:
             return
         passive = m.other_slot(str(status["activeSlot"]))
         scale(p, children.deployments[passive], 0)
-        ref = prov.reference if prov is not None else spec_reference(model.spec)
+        ref = prov.reference if prov is not None else model.reference
         if ref is not None and asc.mode(model) == "envelope":
             replicas = asc.tune(
                 p,
@@ -344,8 +341,8 @@ class Reconciler:
             serving_spec=desired.spec.stored_spec(),
         )
         status.set_endpoint(p.name, p.namespace, m.PORT)
-        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan["batch"]})
-        p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan['label']}")
+        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan.batch})
+        p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan.label}")
         steady(p, dep, replicas=replicas)
 
     def _invalid(self, p: Pass, errors: list[str]) -> None:

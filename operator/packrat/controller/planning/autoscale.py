@@ -30,7 +30,7 @@ from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
-from packrat.controller.core.slo_spec import TunerReference, spec_reference
+from packrat.controller.core.slo_spec import TunerReference
 from packrat.controller.core.status import now_iso
 from packrat.controller.planning import startup as su
 from packrat.controller.serving import manifests as m
@@ -58,7 +58,7 @@ def mode(model: ModelSpec) -> str | None:
 
 def tuned(model: ModelSpec) -> bool:
     """Whether the replica count is the operator's (an SLO, or a tuner reference)."""
-    return model.slo is not None or spec_reference(model.spec) is not None
+    return model.slo is not None or model.reference is not None
 
 
 def _clamp(model: ModelSpec, n: int) -> int:
@@ -79,7 +79,7 @@ def serving_replicas(
     the last provisioning in status."""
     if not tuned(model) or mode(model) == "external":
         return model.replicas
-    ref = ref or spec_reference(model.spec)
+    ref = ref or model.reference
     provisioning = status.get("provisioning") or {}
     planned = ref.replicas if ref is not None else provisioning.get("replicas")
     signature = ref.signature if ref is not None else provisioning.get("signature")

@@ -14,10 +14,9 @@ from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.plans import wire_plan
 from packrat.controller.core.status import now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
-from packrat.plan.optimizer import Optimizer, Plan
+from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import decide
@@ -86,7 +85,9 @@ def observe_batch(
         and (p.now - last_at).total_seconds() < policy.min_interval_s
     ):
         pinned = None  # a pinned switch that aborted is retried after minIntervalSeconds
-    current_plan = Plan.from_dict(wire_plan(status.get("plan") or {}))
+    current_plan = status.served_plan
+    if current_plan is None:
+        return  # nothing serves yet to decide against
     decision = decide(
         policy=policy,
         current_plan=current_plan,

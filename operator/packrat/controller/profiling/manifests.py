@@ -152,7 +152,7 @@ def profiling_job(spec: ModelSpec) -> dict[str, Any]:
         **scheduling(spec),
     }
     template_meta: dict[str, Any] = {"labels": dict(labels)}
-    apply_pod(template_meta, pod_spec, thaw(spec.spec.get("pod")))
+    apply_pod(template_meta, pod_spec, thaw(spec.pod))
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

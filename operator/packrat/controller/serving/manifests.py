@@ -136,14 +136,13 @@ def pod_security() -> dict[str, Any]:
 
 
 def scheduling(model: ModelSpec) -> dict[str, Any]:
-    spec = thaw(model.spec)
     out: dict[str, Any] = {}
-    if spec.get("nodeSelector"):
-        out["nodeSelector"] = dict(spec["nodeSelector"])
-    if spec.get("tolerations"):
-        out["tolerations"] = [dict(t) for t in spec["tolerations"]]
-    if spec.get("affinity"):
-        out["affinity"] = dict(spec["affinity"])
+    if model.node_selector:
+        out["nodeSelector"] = thaw(model.node_selector)
+    if model.tolerations:
+        out["tolerations"] = thaw(model.tolerations)
+    if model.affinity:
+        out["affinity"] = thaw(model.affinity)
     return out
 
 
@@ -335,7 +334,7 @@ def serving_deployment(
     }
     if plan_hash is not None:
         template_meta["annotations"][ANNOTATION_PLAN_HASH] = plan_hash
-    apply_pod(template_meta, pod_spec, thaw(spec.spec.get("pod")))
+    apply_pod(template_meta, pod_spec, thaw(spec.pod))
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -25,17 +25,15 @@ from typing import Any
 
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.plans import wire_plan
+from packrat.controller.core.plans import to_pod
 from packrat.controller.serving import manifests as m
+from packrat.plan.optimizer import Plan
 
 TOKEN_BYTES = 32
 
 
-def plan_configmap(
-    owner: Mapping[str, Any], *, slot: str, plan: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The slot's plan ConfigMap; ``plan`` in ``status.plan`` form (the ConfigMap holds the
-    JSON form ``packrat serve --plan-env`` reads)."""
+def plan_configmap(owner: Mapping[str, Any], *, slot: str, plan: Plan) -> dict[str, Any]:
+    """The slot's plan ConfigMap: the JSON ``packrat serve --plan-env`` reads."""
     name = owner["metadata"]["name"]
     labels = {**m.base_labels(name), m.LABEL_MODEL: name, m.LABEL_SLOT: slot}
     return {
@@ -43,9 +41,9 @@ def plan_configmap(
         "kind": "ConfigMap",
         "metadata": {
             **m.metadata(owner, name=m.plan_configmap_name(name, slot), labels=labels),
-            "annotations": {m.ANNOTATION_PLAN: str(plan.get("label", ""))},
+            "annotations": {m.ANNOTATION_PLAN: plan.label},
         },
-        "data": {m.PLAN_KEY: json.dumps(wire_plan(plan), sort_keys=True)},
+        "data": {m.PLAN_KEY: json.dumps(to_pod(plan), sort_keys=True)},
     }
 
 
@@ -74,7 +72,7 @@ def secret_token(secret: Mapping[str, Any]) -> str | None:
     return token if len(token.strip()) >= 16 else None
 
 
-def ensure_plan(p: Pass, *, slot: str, plan: Mapping[str, Any]) -> None:
+def ensure_plan(p: Pass, *, slot: str, plan: Plan) -> None:
     """Create the slot's plan ConfigMap or bring its plan back to ``plan``."""
     want = plan_configmap(p.obj, slot=slot, plan=plan)
     name = want["metadata"]["name"]

@@ -20,6 +20,7 @@ from packrat.controller.core.plans import layout
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import ensure_plan, ensure_token
 from packrat.controller.serving.protection import protect_patch, release, terminating
+from packrat.plan.optimizer import Plan
 
 # fields of the pod spec we may have set before and must remove when the new one has none
 _REMOVABLE = ("initContainers", "nodeSelector", "tolerations", "affinity")
@@ -30,7 +31,7 @@ class Rendering:
     """What a slot's Deployment is built from."""
 
     spec: ModelSpec
-    plan: Mapping[str, Any]  # status form (camelCase)
+    plan: Plan
     serving_hash: str  # of the spec and the whole plan (``status.servingHash``)
 
 
@@ -41,9 +42,10 @@ def last_good(p: Pass, *, fallback: ModelSpec | None) -> Rendering | None:
         return None
     kept = status.get("servingSpec")
     spec = stored(p.obj["metadata"], kept, image=p.config.image) if kept else fallback
-    if spec is None:
+    plan = status.served_plan
+    if spec is None or plan is None:
         return None
-    return Rendering(spec=spec, plan=status.get("plan") or {}, serving_hash=status["servingHash"])
+    return Rendering(spec=spec, plan=plan, serving_hash=status["servingHash"])
 
 
 def deployment_ready(dep: Mapping[str, Any] | None, replicas: int) -> bool:
@@ -67,7 +69,7 @@ def deployment_ready(dep: Mapping[str, Any] | None, replicas: int) -> bool:
     return ready >= replicas and updated >= replicas and total <= updated
 
 
-def plan_hash(plan: Mapping[str, Any]) -> str:
+def plan_hash(plan: Plan) -> str:
     """A short hash of what a plan makes the pods do (not its estimates)."""
     return hashlib.sha256(repr(layout(plan)).encode()).hexdigest()[:16]
 
@@ -75,7 +77,7 @@ def plan_hash(plan: Mapping[str, Any]) -> str:
 def pod_template_hash(rendering: Rendering) -> str:
     """The hash of the slot's pod template (the plan's cores, not the plan): on the pods'
     ``packrat.dev/serving-hash`` label."""
-    return rendering.spec.template_hash(rendering.plan.get("cpus"))
+    return rendering.spec.template_hash(rendering.plan.cpus)
 
 
 def ensure_deployment(

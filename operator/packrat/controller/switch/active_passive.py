@@ -54,11 +54,11 @@ def start_switch(
     active = str(status["activeSlot"])
     slot = m.other_slot(active)
     old_plan = status.get("plan") or {}
-    plan = dict(target.plan)
-    reason = f"plan {old_plan.get('label')} -> {plan['label']}"
+    plan = target.plan
+    reason = f"plan {old_plan.get('label')} -> {plan.label}"
     changes = _changed(status.get("servingSpec") or {}, target.spec.stored_spec())
-    if old_plan.get("batch") != plan["batch"]:
-        changes.insert(0, f"batch {old_plan.get('batch')} -> {plan['batch']}")
+    if old_plan.get("batch") != plan.batch:
+        changes.insert(0, f"batch {old_plan.get('batch')} -> {plan.batch}")
     if changes:
         reason += f" ({', '.join(changes)})"
     if note:
@@ -70,13 +70,13 @@ def start_switch(
             "fromSlot": active,
             "targetSlot": slot,
             "hash": target.serving_hash,
-            "plan": plan,
             "spec": target.spec.stored_spec(),
             "reason": reason,
             "startedAt": now_iso(p.now),
-        }
+        },
+        plan=plan,
     )
-    status.batch_switching(current=old_plan.get("batch"), target=plan["batch"])
+    status.batch_switching(current=old_plan.get("batch"), target=plan.batch)
     message = f"switching to slot {slot}: {reason}"
     status.set_message(message)
     p.emit("Normal", "SwitchStarted", message)
@@ -112,11 +112,12 @@ def advance_switch(
             switch["switchedSeconds"] = round(p.seconds_since(switch["startedAt"], _now()), 3)
             switch["stage"] = "draining"
             switch["drainUntil"] = now_iso(p.now + datetime.timedelta(seconds=drain))
+            switched_to = status.switch_plan or target.plan
             status.set_switch(switch)
             status.set_serving(
                 slot=slot,
                 serving_hash=switch["hash"],
-                plan=switch["plan"],
+                plan=switched_to,
                 serving_spec=switch.get("spec") or target.spec.stored_spec(),
             )
             message = f"service moved to slot {slot}; draining slot {source} for {drain:.0f}s"

@@ -38,6 +38,7 @@ from packrat.controller.serving import manifests as m
 from packrat.controller.serving.pod_config import ensure_plan, ensure_token
 from packrat.controller.serving.slots import Rendering, deployment_ready
 from packrat.controller.switch.plan_poster import PodAnswer
+from packrat.plan.optimizer import Plan
 
 MODE_INPOD = "InPod"
 MODE_DEPLOYMENT = "Deployment"
@@ -47,7 +48,7 @@ class Poster(Protocol):
     def __call__(
         self,
         urls: Sequence[str],
-        plan: Mapping[str, Any],
+        plan: Plan,
         *,
         token: str,
         timeout: float,
@@ -129,9 +130,9 @@ def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds
     status = p.status
     slot = str(status["activeSlot"])
     old, new = served.plan, desired.plan
-    reason = f"plan {old.get('label')} -> {new.get('label')}"
-    if old.get("batch") != new.get("batch"):
-        reason += f" (batch {old.get('batch')} -> {new.get('batch')})"
+    reason = f"plan {old.label} -> {new.label}"
+    if old.batch != new.batch:
+        reason += f" (batch {old.batch} -> {new.batch})"
     status.set_serving(
         slot=slot,
         serving_hash=desired.serving_hash,
@@ -147,20 +148,20 @@ def record(p: Pass, *, served: Rendering, desired: Rendering, pods: int, seconds
         "mode": MODE_INPOD,
         "fromSlot": slot,
         "toSlot": slot,
-        "plan": str(new.get("label", "")),
+        "plan": new.label,
         "timeline": {"inPodSeconds": seconds},
     }
     status.record_switch(
         last,
         {
             **{k: v for k, v in last.items() if k != "timeline"},
-            "fromBatch": old.get("batch"),
-            "toBatch": new.get("batch"),
+            "fromBatch": old.batch,
+            "toBatch": new.batch,
             "seconds": seconds,
         },
         limit=ab.HISTORY_LIMIT,
     )
-    status.batch_settled(new.get("batch"))
+    status.batch_settled(new.batch)
     p.result.switch_result = "succeeded"
     p.result.switch_seconds = seconds
     message = f"switched in place on slot {slot}, {pods} pods, in {seconds:.1f}s: {reason}"

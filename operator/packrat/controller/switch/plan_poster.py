@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.plans import wire_plan
+from packrat.controller.core.plans import layout, to_pod
+from packrat.plan.optimizer import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -34,34 +34,26 @@ MAX_BYTES = 8 * 1024
 # the whole post to a slot's pods: an in-pod switch takes well under a second (see
 # docs/measurements.md); a pod that takes longer is switched by the Deployment switch
 MAX_DEADLINE_SECONDS = 30.0
-PLAN_KEYS = ("cpus", "batch", "instances")
-
-
-def _pod_plan(plan: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: plan.get(k) for k in PLAN_KEYS}
 
 
 def switchable(
-    current_spec: ModelSpec,
-    current_plan: Mapping[str, Any],
-    desired_spec: ModelSpec,
-    desired_plan: Mapping[str, Any],
+    current_spec: ModelSpec, current_plan: Plan, desired_spec: ModelSpec, desired_plan: Plan
 ) -> bool:
     """Whether going from the current plan to the desired one can happen inside the pods:
     the plans differ, their cores do not, and nothing else the pods are built from does
     (model, image, resources, TorchServe settings, scheduling)."""
-    if _pod_plan(current_plan) == _pod_plan(desired_plan):
+    if layout(current_plan) == layout(desired_plan):
         return False
-    if current_plan.get("cpus") != desired_plan.get("cpus"):
+    if current_plan.cpus != desired_plan.cpus:
         return False
-    cpus = desired_plan.get("cpus")
+    cpus = desired_plan.cpus
     return current_spec.template_hash(cpus) == desired_spec.template_hash(cpus)
 
 
-def plan_request(plan: Mapping[str, Any], *, token: str) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of ``POST /admin/plan`` for ``plan`` (``status.plan`` form)."""
+def plan_request(plan: Plan, *, token: str) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of ``POST /admin/plan`` for ``plan``."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    return json.dumps(wire_plan(plan), sort_keys=True).encode(), headers
+    return json.dumps(to_pod(plan), sort_keys=True).encode(), headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +88,7 @@ class PlanPoster:
     def __call__(
         self,
         urls: Sequence[str],
-        plan: Mapping[str, Any],
+        plan: Plan,
         *,
         token: str,
         timeout: float,
@@ -115,7 +107,7 @@ class PlanPoster:
         return [pod_answer(answer) for answer in answers]
 
 
-def post_plan(url: str, plan: Mapping[str, Any], *, token: str, timeout: float) -> PodAnswer:
+def post_plan(url: str, plan: Plan, *, token: str, timeout: float) -> PodAnswer:
     """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
     ``plan`` in place; never raises."""
     return PlanPoster()([url], plan, token=token, timeout=timeout)[0]
