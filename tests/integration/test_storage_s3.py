@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,13 +73,15 @@ def _creds_dir(tmp_path: Path, creds: dict[str, str]) -> Path:
     return directory
 
 
-def _fetch(*args: str) -> subprocess.CompletedProcess[str]:
+def _fetch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``packrat fetch`` with loopback allowed (moto listens there; the default refuses it)."""
     return subprocess.run(
-        [sys.executable, "-m", "packrat", "fetch", *args],
+        [sys.executable, "-m", "packrat", "fetch", *args, "--egress-allow", "127.0.0.1/32"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env=env,
     )
 
 
@@ -131,6 +136,83 @@ def test_fetch_failures_leave_nothing_behind(s3: S3Server, tmp_path: Path, case:
     assert len(lines) == 1 and lines[0].startswith(f"packrat fetch: error: {expected}: "), lines
     assert not dest.exists()
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial file
+
+
+class _PodIdentityAgent:
+    """A local stand-in for the EKS Pod Identity agent (the container credentials endpoint):
+    it answers the token-authenticated GET with a role's temporary credentials (assumed in
+    moto, so the session token is checked too). It counts the requests it served."""
+
+    def __init__(self, role: dict[str, str], token: str) -> None:
+        agent = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.headers.get("Authorization") != token:
+                    self.send_error(401)
+                    return
+                agent.served += 1
+                doc = {**role, "AccountId": "123456789012", "Expiration": "2099-01-01T00:00:00Z"}
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.served = 0
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/credentials"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def test_fetch_through_the_cloud_credential_chain(s3: S3Server, tmp_path: Path) -> None:
+    """Issue 28 item 5: a Secret with no keys (only the store's endpoint) and a pod identity
+    in the environment, as EKS Pod Identity injects it: the request is signed with the
+    credentials the identity endpoint hands out. That endpoint is a link-local address in a
+    cluster; the credential provider may reach it, a model URL may not."""
+    data = b"identity " * 1000
+    s3.put(BUCKET, "identity/m.pt", data)
+    token_file = tmp_path / "token"
+    token_file.write_text("pod-identity-token")
+    agent = _PodIdentityAgent(s3.role, "pod-identity-token")
+    keyless = _creds_dir(tmp_path, {"AWS_ENDPOINT_URL": s3.endpoint})
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    identity = {
+        **base,
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI": agent.url,
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token_file),
+        "AWS_REGION": "us-east-1",
+    }
+    uri = f"s3://{BUCKET}/identity/m.pt"
+    try:
+        dest = tmp_path / "out" / "m.pt"
+        done = _fetch(uri, "-o", str(dest), "--credentials-dir", str(keyless), env=identity)
+        assert done.returncode == 0, done.stderr
+        assert dest.read_bytes() == data and agent.served >= 1
+        # without an identity the same request goes unsigned, and the store refuses it
+        anonymous = _fetch(uri, "-o", str(dest), "--credentials-dir", str(keyless), env=base)
+        assert "AccessDenied" in anonymous.stderr, anonymous.stderr
+        # ... and so does the operator's "none" mode, identity or not
+        off = _fetch(
+            uri,
+            "-o",
+            str(dest),
+            "--credentials-dir",
+            str(keyless),
+            "--cloud-identity",
+            "none",
+            env=identity,
+        )
+        assert "AccessDenied" in off.stderr, off.stderr
+    finally:
+        agent.close()
 
 
 # -- through the operator ------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 from packrat.cli import CliError
+from packrat.cli.fetch import add_limit_flags, limits_from
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_false",
         help="every plan change switches slots (new pods), even when only the batch changed",
     )
+    add_limit_flags(parser)
     parser.set_defaults(func=run)
 
 
@@ -152,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
             profile_retry_seconds=args.profile_retry_seconds,
             unschedulable_grace_seconds=args.unschedulable_grace_seconds,
             storage_check_seconds=args.storage_check_seconds,
+            storage=_storage_limits(args),
         ),
         resync_seconds=args.resync_seconds,
         poll_seconds=args.poll_seconds,
@@ -176,3 +180,15 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+def _storage_limits(args: argparse.Namespace) -> Any:
+    """The operator's StorageLimits from the flags it shares with ``packrat fetch``."""
+    from packrat.controller.core.storage import StorageLimits
+
+    limits = limits_from(args, timeout_s=1.0)
+    return StorageLimits(
+        policy=limits.policy,
+        max_model_bytes=limits.max_bytes,
+        cloud_identity=limits.identity,
+    )

@@ -18,6 +18,7 @@ from packrat.controller.core.status import (
     now_iso,
     parse_time,
 )
+from packrat.controller.core.storage import StorageLimits
 
 S = TypeVar("S", bound=Status)
 
@@ -34,6 +35,9 @@ class Config:
     unschedulable_grace_seconds: float = 60.0
     # how often a storageUri model without a digest is checked for a new version (ETag)
     storage_check_seconds: float = 300.0
+    # what the operator and its init containers may fetch for model authors (egress policy,
+    # largest model, cloud identity)
+    storage: StorageLimits = field(default_factory=StorageLimits)
 
 
 @dataclass

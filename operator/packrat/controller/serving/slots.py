@@ -105,6 +105,7 @@ def ensure_deployment(
         slot=slot,
         serving_hash=pod_hash,
         replicas=replicas,
+        limits=p.config.storage,
         plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]
