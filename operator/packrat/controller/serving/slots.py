@@ -78,6 +78,13 @@ def pod_template_hash(rendering: Rendering) -> str:
     return rendering.spec.template_hash(rendering.plan.get("cpus"))
 
 
+def _ours_untouched(p: Pass, current: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The existing Deployment, left as it is, while its pods' inputs are squatted."""
+    return (
+        dict(current) if owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")) else None
+    )
+
+
 def ensure_deployment(
     p: Pass,
     current: Mapping[str, Any] | None,
@@ -96,9 +103,12 @@ def ensure_deployment(
     it still runs on another plan with the same template (a slot still draining) are
     replaced; the active slot's template never has it changed: its plan changes in its pods.
 
-    Returns the Deployment as it now is (None when it is not ours)."""
-    ensure_token(p)
-    ensure_plan(p, slot=slot, plan=rendering.plan)
+    Returns the Deployment as it now is (None when it is not ours, or when the token Secret
+    or the plan ConfigMap is someone else's: then nothing is created or changed, and the
+    conflict is reported)."""
+    token = ensure_token(p)
+    if not ensure_plan(p, slot=slot, plan=rendering.plan) or token is None:
+        return None if current is None else _ours_untouched(p, current)
     pod_hash = pod_template_hash(rendering)
     want = m.serving_deployment(
         rendering.spec,
