@@ -103,9 +103,9 @@ def ensure_plan(p: Pass, *, slot: str, plan: Mapping[str, Any]) -> bool:
 
 
 def ensure_token(p: Pass) -> str | None:
-    """The model's admin token, its Secret made when missing, or given a new token when ours
-    holds none. None (and a conflict recorded) when a Secret under that name is not ours: a
-    token someone else knows must never guard the pods."""
+    """The model's admin token, its Secret made when missing (None: ours holds no token, or
+    the Secret under that name is not ours: then a conflict is recorded, as a token someone
+    else knows must never guard the pods)."""
     name = m.admin_token_name(p.name)
     current = p.kube.get("secrets", p.namespace, name)
     if current is None:
@@ -118,10 +118,4 @@ def ensure_token(p: Pass) -> str | None:
     if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
         p.conflict("Secret", name)
         return None
-    held = secret_token(current)
-    if held is not None:
-        return held
-    fresh = secrets.token_urlsafe(TOKEN_BYTES)  # ours, but emptied or junk: old pods get 401
-    data = admin_token_secret(p.obj, token=fresh)["data"]
-    p.kube.patch("secrets", p.namespace, name, {"data": data})
-    return fresh
+    return secret_token(current)

@@ -106,8 +106,9 @@ def ensure_deployment(
     Returns the Deployment as it now is (None when it is not ours, or when the token Secret
     or the plan ConfigMap is someone else's: then nothing is created or changed, and the
     conflict is reported)."""
-    token = ensure_token(p)
-    if not ensure_plan(p, slot=slot, plan=rendering.plan) or token is None:
+    ensure_token(p)
+    squatted = ("Secret", m.admin_token_name(p.name)) in p.conflicts
+    if not ensure_plan(p, slot=slot, plan=rendering.plan) or squatted:
         return None if current is None else _ours_untouched(p, current)
     pod_hash = pod_template_hash(rendering)
     want = m.serving_deployment(
