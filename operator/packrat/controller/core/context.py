@@ -38,6 +38,9 @@ class Config:
     # what the operator and its init containers may fetch for model authors (egress policy,
     # largest model, cloud identity)
     storage: StorageLimits = field(default_factory=StorageLimits)
+    # the pipeline planner's child process: wall seconds and MiB of address space
+    pipeline_plan_seconds: float = 60.0
+    pipeline_plan_memory_mib: int = 512
 
 
 @dataclass
