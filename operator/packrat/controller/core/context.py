@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.policy import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
     ModelStatus,
@@ -40,7 +41,9 @@ class Config:
     storage: StorageLimits = field(default_factory=StorageLimits)
     # the pipeline planner's child process: wall seconds and MiB of address space
     pipeline_plan_seconds: float = 60.0
-    pipeline_plan_memory_mib: int = 512
+    pipeline_plan_memory_mib: int = 320
+    # the platform's allow-lists for images, service accounts, priority classes, env Secrets
+    policy: ModelPolicy = field(default_factory=ModelPolicy)
 
 
 @dataclass

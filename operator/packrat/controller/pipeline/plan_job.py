@@ -39,7 +39,7 @@ class PlanBudget:
     """What one planning run may take: wall seconds and MiB of address space."""
 
     seconds: float = 60.0
-    memory_mib: int = 512
+    memory_mib: int = 320
 
     def __post_init__(self) -> None:
         if self.seconds <= 0 or self.memory_mib < 128:
