@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         raise CliError(f"{args.config}: not valid YAML") from None
+    except RecursionError:
+        raise CliError(f"{args.config}: nested too deeply") from None
     try:
         config = parse_router_config(doc, origin=str(args.config))
     except PipelineError as exc:

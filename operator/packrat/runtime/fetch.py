@@ -263,7 +263,7 @@ def _open(uri: str, credentials: Mapping[str, str], limits: FetchLimits) -> tupl
     options = storage_options(
         uri, credentials, identity=limits.identity, timeout_s=limits.timeout_s
     )
-    match = re.match(r"^([a-z0-9]+)://([^/]+)/(.+)$", uri)
+    match = re.fullmatch(r"([a-z0-9]+)://([^/]+)/(.+)", uri)
     if match is None or match.group(3).endswith("/"):
         raise FetchError("BadUri", f"{uri!r} does not name one object")
     try:
