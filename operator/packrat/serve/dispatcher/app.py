@@ -268,7 +268,6 @@ class Dispatcher(SwapMixin):
         if name != self.model:
             return error_response(404, f"Model not found: {name}")
         start = time.perf_counter()
-        self.arrivals.record()
         # Admission, before a byte of the body is read.
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
@@ -290,6 +289,10 @@ class Dispatcher(SwapMixin):
                 answer = self._too_large(None) if exc.status == 413 else None
                 answer = answer or error_response(exc.status, exc.message)
                 return self._refuse(request, answer, start)
+            # An arrival for the tuner only once admitted and whole: a flood the pod refuses
+            # (too large, queue full, broken bodies) must not buy its sender more replicas; a
+            # saturated pod shows as admitted arrivals at its capacity.
+            self.arrivals.record()
             stage = "queued"
             # This request stays with the set it was admitted to, even across a swap.
             slots, instances, counters = self.slots, self.instances, self._per_instance

@@ -347,6 +347,12 @@ class PodServer:
 
         # The archive and the weight file are made while the JVM starts.
         archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
+        if archive.inputs and self.dispatcher is not None:  # one sample's worth, not 6 MiB
+            from packrat.serve.codec import input_body_cap
+
+            cap = input_body_cap(archive.inputs, self.opts.max_body_bytes)
+            self.dispatcher.max_body_bytes = cap
+            log.info("packrat serve: request bodies capped at %d bytes for this model", cap)
         log.info("packrat serve: TorchServe is up and the archive is built")
         assert self.dispatcher is not None
         self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
