@@ -5,13 +5,18 @@ are not arrivals for the tuner (a flood must not buy its sender replicas)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from dispatcher_support import all_up, post, run, stack
 
+from packrat.plan.optimizer import Plan
 from packrat.serve.codec import (
     MIN_BODY_CAP,
     CodecError,
@@ -19,6 +24,8 @@ from packrat.serve.codec import (
     encode_output,
     input_body_cap,
 )
+from packrat.serve.pod.inpod import TokenFile
+from packrat.serve.pod.server import PodServer, ServeOptions
 
 TINY = [{"dtype": "float32", "shape": [4]}]
 
@@ -66,5 +73,59 @@ def test_refused_and_shed_requests_are_not_arrivals() -> None:
             assert len(d.arrivals) == 0
             assert (await post(s, url))[0] == 200
             assert len(d.arrivals) == 1
+
+    run(body)
+
+
+def test_the_admin_token_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
+    """The admin token is a mounted file, not an environment variable, and a rotated Secret
+    (the kubelet rewrites the file) reaches the running pod."""
+    path = tmp_path / "token"
+    path.write_text("first-token-0123456789\n")
+    tokens = TokenFile(path)
+    assert tokens() == "first-token-0123456789"
+    fresh = tmp_path / "fresh"
+    fresh.write_text("second-token-0123456789")
+    os.replace(fresh, path)  # as the kubelet swaps a Secret volume's files
+    assert tokens() == "second-token-0123456789"
+    path.write_text("short")
+    os.utime(path, (1, 1))
+    assert tokens() is None  # too short: no token, every request 401
+    path.unlink()
+    assert tokens() is None
+
+
+def test_an_instance_down_too_long_fails_liveness(tmp_path: Path) -> None:
+    """A worker that crash-loops after serving (a truncated weight file) keeps its instance
+    down; past ``stuck_instance_s`` /healthz fails, so the kubelet replaces the pod."""
+    plan = Plan.from_dict(
+        {
+            "cpus": 1,
+            "batch": 1,
+            "instances": [{"threads": 1, "batch": 1, "count": 1}],
+            "expected_latency_ms": 1.0,
+        }
+    )
+
+    async def body() -> None:
+        opts = ServeOptions(
+            model="tiny", plan=plan, cpus=[0], stuck_instance_s=60.0, workdir=tmp_path
+        )
+        pod = PodServer(opts)
+        pod.torchserve = SimpleNamespace(proc=object(), running=True)  # type: ignore[assignment]
+        now = asyncio.get_running_loop().time()
+        (health,) = pod.health.values()
+        health.up = True
+        health.note(now)
+        assert pod._alive()
+        health.up = False  # its worker restarts, and never comes back
+        health.note(now - 30)
+        health.note(now)  # still down: the first time it went down counts
+        assert pod._alive()
+        health.down_since = now - 61
+        assert not pod._alive()
+        health.up = True
+        health.note(now)
+        assert pod._alive()
 
     run(body)

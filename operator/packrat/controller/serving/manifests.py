@@ -36,6 +36,10 @@ ANNOTATION_PLAN_HASH = "packrat.dev/plan-hash"
 PLAN_ENV = "PACKRAT_PLAN"
 PLAN_KEY = "plan.json"  # the plan's key in a slot's plan ConfigMap
 ADMIN_TOKEN_ENV = "PACKRAT_ADMIN_TOKEN"  # the in-pod switch's bearer token (``--admin-token-env``)
+# the token Secret mounted as a file (``--admin-token-file``): in no process's environment,
+# and updated in place by the kubelet when the Secret is replaced (a rotated token)
+ADMIN_TOKEN_DIR = "/var/run/packrat/admin"
+ADMIN_TOKEN_VOLUME = "admin-token"
 ADMIN_TOKEN_KEY = "token"  # its key in the model's admin token Secret
 PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
@@ -240,8 +244,8 @@ def serve_command(spec: ModelSpec) -> list[str]:
         spec.model_name,
         "--plan-env",
         PLAN_ENV,
-        "--admin-token-env",
-        ADMIN_TOKEN_ENV,
+        "--admin-token-file",
+        f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         "--port",
         str(PORT),
         "--host",
@@ -297,14 +301,15 @@ def serving_deployment(
                     _env_from(
                         PLAN_ENV, "configMapKeyRef", plan_configmap_name(name, slot), PLAN_KEY
                     ),
-                    _env_from(
-                        ADMIN_TOKEN_ENV, "secretKeyRef", admin_token_name(name), ADMIN_TOKEN_KEY
-                    ),
                 ],
                 "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
                 "resources": guaranteed_resources(spec),
                 "securityContext": container_security(),
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *model_mounts],
+                "volumeMounts": [
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    *model_mounts,
+                    {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+                ],
                 "startupProbe": {
                     "httpGet": probe_get,
                     "periodSeconds": 2,
@@ -334,6 +339,10 @@ def serving_deployment(
             {"name": "tmp", "emptyDir": {}},
             *model_volumes,
             *storage.credentials_volume(thaw(spec.source))[0],
+            {
+                "name": ADMIN_TOKEN_VOLUME,
+                "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},
+            },
         ],
         **scheduling(spec),
     }
