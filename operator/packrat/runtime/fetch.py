@@ -195,7 +195,9 @@ def storage_options(
         "connect_timeout": f"{min(attempt, 10.0):.3f}s",
         "timeout": f"{attempt:.3f}s",
     }
-    retry = {"max_retries": 1, "retry_timeout": _delta(attempt)}
+    # a retry starts only within this window: after a first attempt that used all its time
+    window = max(timeout_s - attempt - 0.5, 0.1)
+    retry = {"max_retries": 1, "retry_timeout": _delta(window)}
     config: dict[str, Any] = {}
     if scheme == "s3":
         config = {S3_KEYS[k]: v for k, v in credentials.items() if k in S3_KEYS and v}

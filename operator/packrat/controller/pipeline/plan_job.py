@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import resource
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -146,6 +147,8 @@ def _child(job: dict[str, Any], budget: PlanBudget, send: Any) -> None:  # pragm
         send.send(("infeasible", str(exc)))
     finally:
         send.close()
+        # no interpreter shutdown: at its memory limit it would fail again, noisily
+        os._exit(0)
 
 
 def _plan(job: Mapping[str, Any]) -> PlannedPipeline:  # pragma: no cover - in the child
