@@ -127,6 +127,14 @@ def register(subparsers: Any) -> None:
         "--max-connections", type=int, default=1024, help="open client connections (1024)"
     )
     limits.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=256,
+        help="open connections from one client address (256; a proxy in front of many "
+        "clients may need more); beyond it, and beyond --max-connections, a connection is "
+        "admitted for one health probe only",
+    )
+    limits.add_argument(
         "--header-timeout", type=float, default=10.0, help="seconds for a request head (10)"
     )
     limits.add_argument(
@@ -232,6 +240,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         limits = ConnectionLimits(
             max_connections=args.max_connections,
             header_timeout_s=args.header_timeout,
+            max_per_client=args.max_connections_per_client,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
