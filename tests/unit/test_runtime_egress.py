@@ -219,3 +219,26 @@ def test_the_storage_host_allow_list() -> None:
         EgressPolicy.parse(["10.0.0.0/33"])
     with pytest.raises(ValueError, match="host"):
         EgressPolicy.parse([], ["http://x"])
+
+
+def test_through_the_platforms_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where stores are reached only through an HTTP proxy, the proxy resolves the name (a
+    name this machine cannot resolve still works); literal internal addresses and hosts off
+    the allow-list are still refused."""
+    proxy = Listener(answer("200 OK", {"ETag": '"via-proxy"', "Content-Length": "0"}))
+    try:
+        for var in ("http_proxy", "HTTP_PROXY"):
+            monkeypatch.setenv(var, proxy.url)
+        for var in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(var, raising=False)
+        limits = FetchLimits(timeout_s=10.0)
+        assert object_version("http://models.invalid/m.pt", {}, limits=limits) == '"via-proxy"'
+        assert proxy.heads[-1].startswith(b"HEAD http://models.invalid/m.pt HTTP/1.1")
+        seen = proxy.connections
+        err = _reason(lambda: object_version("http://169.254.169.254/latest", {}, limits=limits))
+        assert err.reason == "Unreachable" and proxy.connections == seen
+        only = FetchLimits(policy=EgressPolicy.parse([], ["models.example.com"]), timeout_s=10.0)
+        err = _reason(lambda: object_version("http://models.invalid/m.pt", {}, limits=only))
+        assert err.reason == "HostNotAllowed"
+    finally:
+        proxy.close()

@@ -19,6 +19,8 @@ So every outbound request for an author obeys one :class:`EgressPolicy`:
 - one total deadline per request (resolution, connection, head and body together), enforced by
   closing the socket when it passes, however slowly the peer drips;
 - redirects are never followed; bodies are capped in bytes;
+- through the platform's HTTP proxy (``HTTPS_PROXY``/``HTTP_PROXY``, not ``NO_PROXY``) the
+  proxy resolves and connects, so only the allow-list and literal addresses are checked;
 - a refused address, a closed port, an unanswered one and a name that does not resolve give the
   same :class:`EgressError` text, so the status of a model cannot be used as a port scanner (the
   detail goes to the log of the program that asked, for the platform team).
@@ -40,6 +42,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -145,6 +148,17 @@ class EgressPolicy:
                 f"({', '.join(self.hosts)})",
             )
 
+    def check_unresolved(self, host: str) -> None:
+        """For a host reached through the platform's proxy (which resolves it): the allow-list,
+        and the address itself when the host is one."""
+        self.check_host(host)
+        try:
+            literal = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return
+        if not self.allows_address(literal):
+            raise _unreachable(host, "refused by the egress policy")
+
     def resolve(self, host: str, port: int, deadline: float) -> list[IpAddress]:
         """Every address of ``host``, each checked; :class:`EgressError` (UNREACHABLE) if any
         is refused or the name does not resolve before ``deadline`` (a monotonic time)."""
@@ -181,7 +195,24 @@ def check_endpoint(url: str, policy: EgressPolicy, *, timeout_s: float) -> None:
     if not parts.hostname:
         raise EgressError("BadUri", f"{url!r} names no host")
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    if proxy_for(url) is not None:
+        policy.check_unresolved(parts.hostname)
+        return
     policy.resolve(parts.hostname, port, time.monotonic() + timeout_s)
+
+
+def proxy_for(url: str) -> tuple[str, int] | None:
+    """The platform's HTTP proxy for ``url`` (``HTTPS_PROXY``/``HTTP_PROXY``, ``NO_PROXY``),
+    or None. Through a proxy the proxy resolves and connects: it is the egress control then,
+    and only the allow-list and literal addresses are checked here."""
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    where = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    if not where.hostname:
+        return None
+    return where.hostname, where.port or 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +244,30 @@ def _connect(addresses: list[IpAddress], port: int, deadline: float, host: str) 
         except OSError as exc:
             errors.append(f"{ip}: {exc!r}")
     raise _unreachable(host, f"connecting: {'; '.join(errors) or 'deadline'}")
+
+
+def _lookup(host: str, port: int, deadline: float) -> list[IpAddress]:
+    """The platform's proxy's addresses (not subject to the policy: the platform named it)."""
+    future = _RESOLVER.submit(socket.getaddrinfo, host, port, 0, socket.SOCK_STREAM)
+    try:
+        infos = future.result(timeout=max(deadline - time.monotonic(), 0.001))
+    except (OSError, FutureTimeout, UnicodeError) as exc:
+        raise _unreachable(host, f"resolving the proxy: {exc!r}") from None
+    return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
+
+
+def _tunnel(sock: socket.socket, host: str, port: int) -> None:
+    """``CONNECT host:port`` through the proxy ``sock`` is connected to."""
+    sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = sock.recv(4096)
+        if not data or len(head) > 65536:
+            raise OSError("the proxy closed the tunnel")
+        head += data
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        raise OSError(f"the proxy refused the tunnel: {status[1:2]}")
 
 
 @contextmanager
@@ -256,14 +311,25 @@ def request(
         raise EgressError("BadUri", f"{url!r} is not an http(s) URL")
     host = parts.hostname
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    sock = _connect(policy.resolve(host, port, deadline), port, deadline, host)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    proxy = proxy_for(url)
+    if proxy is None:
+        sock = _connect(policy.resolve(host, port, deadline), port, deadline, host)
+    else:
+        policy.check_unresolved(host)
+        sock = _connect(_lookup(proxy[0], proxy[1], deadline), proxy[1], deadline, host)
     fired: list[bool] = []
     try:
         with _watchdog(sock, deadline, fired):
-            if parts.scheme == "https":
-                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-            conn = _Pinned(host, port, sock)
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            if proxy is not None and parts.scheme == "http":
+                conn: http.client.HTTPConnection = _Pinned(host, port, sock)
+                target = url  # absolute form, to the proxy
+            else:
+                if proxy is not None:
+                    _tunnel(sock, host, port)
+                if parts.scheme == "https":
+                    sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
+                conn = _Pinned(host, port, sock)
             conn.request(method, target, headers=dict(headers or {}))
             resp = conn.getresponse()
             answer = HttpAnswer(resp.status, {k.lower(): v for k, v in resp.getheaders()})
