@@ -4,6 +4,7 @@ clear line (exit 2) or an invalid spec, never a traceback or minutes of planning
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,12 @@ from packrat.controller.pipeline.spec import parse_pipeline
 from packrat.plan.traces import MAX_ARRIVALS
 
 PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "resnet-pytorch.csv"
-DEEP = "a: " + "[" * 1200 + "]" * 1200 + "\n"
+
+
+def _deep() -> str:
+    """YAML nested past the interpreter's recursion limit (another test may have raised it)."""
+    depth = sys.getrecursionlimit() + 200
+    return "a: " + "[" * depth + "]" * depth + "\n"
 
 
 def _one_line(capsys: pytest.CaptureFixture[str], code: int, needle: str) -> None:
@@ -43,11 +49,11 @@ def test_a_pipeline_with_too_many_stages(
 
 
 def test_deep_yaml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, DEEP)
+    path = write(tmp_path, _deep())
     code = main(["provision", "--pipeline", str(path), "--rate", "5", "--duration", "5"])
     _one_line(capsys, code, "nested too deeply")
     config = tmp_path / "router.yaml"
-    config.write_text(DEEP)
+    config.write_text(_deep())
     _one_line(capsys, main(["route", "--config", str(config)]), "nested too deeply")
 
 

@@ -77,6 +77,7 @@ HTTP_KEY = "AUTHORIZATION"
 # cannot have its value sent to a host of their choosing
 HTTP_HOST_KEY = "AUTHORIZATION_HOST"
 MAX_CREDENTIAL_BYTES = 64 * 1024
+MAX_CA_BYTES = 1024 * 1024
 DEFAULT_MAX_BYTES = 4 * 1024**3
 # How the provider's credential chain is used when a Secret has no keys (s3, gs):
 # - auto: when the environment names an identity (IRSA's web identity token, EKS Pod Identity
@@ -184,6 +185,8 @@ def storage_options(
     ``AWS_WEB_IDENTITY_TOKEN_FILE``, EKS Pod Identity's ``AWS_CONTAINER_CREDENTIALS_FULL_URI``,
     ``AWS_REGION``) or the metadata service; with no identity the requests go unsigned (a
     public bucket). The region is the Secret's, else the environment's: never forced.
+    ``AWS_CA_BUNDLE`` in the environment adds the platform's CA (a store or an STS behind a
+    private CA), as the AWS SDKs do.
     Retries are bounded in number and in total time: one call takes at most ``timeout_s``.
     """
     scheme = scheme_of(uri)
@@ -198,6 +201,12 @@ def storage_options(
     # a retry starts only within this window: after a first attempt that used all its time
     window = max(timeout_s - attempt - 0.5, 0.1)
     retry = {"max_retries": 1, "retry_timeout": _delta(window)}
+    bundle = env.get("AWS_CA_BUNDLE")  # the platform's private CA (a store's, or its STS's)
+    if bundle:
+        try:
+            client["root_certificate"] = Path(bundle).read_text(encoding="ascii")[:MAX_CA_BYTES]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FetchError("BadUri", f"AWS_CA_BUNDLE {bundle}: cannot read: {exc}") from None
     config: dict[str, Any] = {}
     if scheme == "s3":
         config = {S3_KEYS[k]: v for k, v in credentials.items() if k in S3_KEYS and v}
