@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from hostile_support import Listener, drip
-from test_controller_reconcile import NS, T0, FakeKube, _profile_json
 
+from conftest import NS, T0, FakeKube, profile_json
 from packrat.controller.core.context import Config
 from packrat.controller.core.status import get_condition
 from packrat.controller.core.storage import StorageLimits
@@ -58,7 +58,7 @@ def test_a_hostile_store_holds_only_its_own_model(stop: threading.Event) -> None
             held = pool.submit(rec.reconcile, NS, "hostile", now=T0)
             # the healthy model goes from nothing to Ready while the hostile pass is held
             rec.reconcile(NS, "healthy", now=T0)
-            kube.finish_job(ok=True, log=_profile_json())
+            kube.finish_job(ok=True, log=profile_json())
             rec.reconcile(NS, "healthy", now=T0)
             kube.make_ready("healthy-a")
             assert rec.reconcile(NS, "healthy", now=T0).phase == "Ready"
