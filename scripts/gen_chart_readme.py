@@ -58,6 +58,8 @@ def _lookup(values: Any, dotted: str) -> Any:
 
 
 def _type(value: Any) -> str:
+    if value is None:  # an optional list (modelPolicy): null means "not restricted"
+        return "list or null"
     return {bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}[
         type(value)
     ]

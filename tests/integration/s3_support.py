@@ -2,9 +2,10 @@
 
 moto runs in its own virtualenv (its botocore cannot share the project's environment), so it is
 driven over HTTP only: the server process, and a short boto3 script run by moto's interpreter
-that creates an IAM user with an allow-all S3 policy and an access key. moto checks
+that creates an IAM user with an allow-all S3 policy and an access key, and a role with the
+same policy whose temporary credentials stand in for a cloud identity's. moto checks
 credentials only after ``INITIAL_NO_AUTH_ACTION_COUNT`` requests, so the server is started
-with exactly the setup's three IAM requests; from then on every request must be signed with
+with exactly the setup's six requests; from then on every request must be signed with
 that key (a wrong key gets 403 InvalidAccessKeyId, as from AWS). Objects are written with
 obstore, the library under test's own.
 """
@@ -22,7 +23,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MOTO_BIN = ROOT / ".venv" / "moto" / "bin"
-SETUP_ACTIONS = 3  # create_user, put_user_policy, create_access_key
+# create_user, put_user_policy, create_access_key; create_role, put_role_policy, assume_role
+SETUP_ACTIONS = 6
 SETUP = """
 import json, sys, boto3
 iam = boto3.client("iam", endpoint_url=sys.argv[1], region_name="us-east-1",
@@ -32,7 +34,21 @@ iam.put_user_policy(UserName="packrat", PolicyName="s3", PolicyDocument=json.dum
     {"Version": "2012-10-17",
      "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
 key = iam.create_access_key(UserName="packrat")["AccessKey"]
-print(json.dumps({"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}))
+# a role's temporary credentials, as a cloud identity (IRSA, Pod Identity, IMDS) hands them out
+trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": "*"},
+         "Action": "sts:AssumeRole"}]}
+iam.create_role(RoleName="model-reader", AssumeRolePolicyDocument=json.dumps(trust))
+iam.put_role_policy(RoleName="model-reader", PolicyName="s3", PolicyDocument=json.dumps(
+    {"Version": "2012-10-17",
+     "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+sts = boto3.client("sts", endpoint_url=sys.argv[1], region_name="us-east-1",
+                   aws_access_key_id="setup", aws_secret_access_key="setup")
+role = sts.assume_role(RoleArn="arn:aws:iam::123456789012:role/model-reader",
+                       RoleSessionName="pod", DurationSeconds=43200)["Credentials"]
+print(json.dumps({"key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
+                  "role": {"AccessKeyId": role["AccessKeyId"],
+                           "SecretAccessKey": role["SecretAccessKey"],
+                           "Token": role["SessionToken"]}}))
 """
 
 
@@ -86,6 +102,8 @@ class S3Server:
             raise
         self.key: str = creds["key"]
         self.secret: str = creds["secret"]
+        # temporary credentials of a role with S3 access (AccessKeyId, SecretAccessKey, Token)
+        self.role: dict[str, str] = creds["role"]
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 180

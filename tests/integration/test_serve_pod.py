@@ -270,8 +270,9 @@ def test_a_bad_request_fails_alone(pod: Pod) -> None:
 def test_hostile_bodies_fail_alone_in_their_batch(pod: Pod) -> None:
     """Deep nesting and a 5,000-digit integer made every request of their batch a 503."""
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
-    deep = b"[" * 100_000 + b"]" * 100_000
+    deep = b"[" * 30_000 + b"]" * 30_000  # under the tiny model's 64 KiB body cap
     huge = ("[" + "7" * 5000 + "]").encode()
+    nan = ("[" + ", ".join(["NaN"] + ["1.0"] * 15) + "]").encode()  # not JSON's, nor finite
     for _ in range(3):  # batches of 2 on two instances: hostile and good requests mixed
         answers = post(
             pod.url,
@@ -280,9 +281,14 @@ def test_hostile_bodies_fail_alone_in_their_batch(pod: Pod) -> None:
                 (deep, "application/json"),
                 (good, "application/octet-stream"),
                 (huge, "application/json"),
+                (nan, "application/json"),
             ],
         )
-        assert [a[0] for a in answers] == [200, 400, 200, 400], answers
+        assert [a[0] for a in answers] == [200, 400, 200, 400, 400], answers
+        assert b"finite" in answers[4][1]
+    # a body far larger than one sample of the model is refused before a worker parses it
+    answers = post(pod.url, [(b"[" * 100_000 + b"]" * 100_000, "application/json")])
+    assert answers[0][0] == 413, answers
 
 
 def test_an_oversized_upload_is_413_and_nothing_reaches_torchserve(pod: Pod) -> None:

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.server
 import json
+import os
+import ssl
 import subprocess
 import sys
+import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ import pytest
 import torch
 from harness import OperatorCluster, wait_for
 from models import FIRST_READY_S, body, model_events
-from s3_support import S3Server, missing_reason
+from s3_support import MOTO_BIN, S3Server, missing_reason
 
 from packrat.runtime import zoo
 
@@ -34,6 +39,7 @@ pytestmark = [
 ]
 
 BUCKET = "models"
+MOTO_PYTHON = MOTO_BIN / "python"  # moto's virtualenv has cryptography (for a test CA)
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +76,15 @@ def _creds_dir(tmp_path: Path, creds: dict[str, str]) -> Path:
     return directory
 
 
-def _fetch(*args: str) -> subprocess.CompletedProcess[str]:
+def _fetch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``packrat fetch`` with loopback allowed (moto listens there; the default refuses it)."""
     return subprocess.run(
-        [sys.executable, "-m", "packrat", "fetch", *args],
+        [sys.executable, "-m", "packrat", "fetch", *args, "--egress-allow", "127.0.0.1/32"],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env=env,
     )
 
 
@@ -131,6 +139,201 @@ def test_fetch_failures_leave_nothing_behind(s3: S3Server, tmp_path: Path, case:
     assert len(lines) == 1 and lines[0].startswith(f"packrat fetch: error: {expected}: "), lines
     assert not dest.exists()
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial file
+
+
+class _PodIdentityAgent:
+    """A local stand-in for the EKS Pod Identity agent (the container credentials endpoint):
+    it answers the token-authenticated GET with a role's temporary credentials (assumed in
+    moto, so the session token is checked too). It counts the requests it served."""
+
+    def __init__(self, role: dict[str, str], token: str) -> None:
+        agent = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.headers.get("Authorization") != token:
+                    self.send_error(401)
+                    return
+                agent.served += 1
+                doc = {**role, "AccountId": "123456789012", "Expiration": "2099-01-01T00:00:00Z"}
+                data = json.dumps(doc).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.served = 0
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/credentials"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def test_fetch_through_the_cloud_credential_chain(s3: S3Server, tmp_path: Path) -> None:
+    """Issue 28 item 5: a Secret with no keys (only the store's endpoint) and a pod identity
+    in the environment, as EKS Pod Identity injects it: the request is signed with the
+    credentials the identity endpoint hands out. That endpoint is a link-local address in a
+    cluster; the credential provider may reach it, a model URL may not."""
+    data = b"identity " * 1000
+    s3.put(BUCKET, "identity/m.pt", data)
+    token_file = tmp_path / "token"
+    token_file.write_text("pod-identity-token")
+    agent = _PodIdentityAgent(s3.role, "pod-identity-token")
+    keyless = _creds_dir(tmp_path, {"AWS_ENDPOINT_URL": s3.endpoint})
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    identity = {
+        **base,
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI": agent.url,
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE": str(token_file),
+        "AWS_REGION": "us-east-1",
+    }
+    uri = f"s3://{BUCKET}/identity/m.pt"
+    try:
+        dest = tmp_path / "out" / "m.pt"
+        done = _fetch(uri, "-o", str(dest), "--credentials-dir", str(keyless), env=identity)
+        assert done.returncode == 0, done.stderr
+        assert dest.read_bytes() == data and agent.served >= 1
+        # without an identity the same request goes unsigned, and the store refuses it
+        anonymous = _fetch(uri, "-o", str(dest), "--credentials-dir", str(keyless), env=base)
+        assert "AccessDenied" in anonymous.stderr, anonymous.stderr
+        # ... and so does the operator's "none" mode, identity or not
+        off = _fetch(
+            uri,
+            "-o",
+            str(dest),
+            "--credentials-dir",
+            str(keyless),
+            "--cloud-identity",
+            "none",
+            env=identity,
+        )
+        assert "AccessDenied" in off.stderr, off.stderr
+    finally:
+        agent.close()
+
+
+CERT = """
+import datetime, ipaddress, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+now = datetime.datetime.now(datetime.timezone.utc)
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                       critical=False)
+        .sign(key, hashes.SHA256()))
+open(sys.argv[1], "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+open(sys.argv[2], "wb").write(key.private_bytes(serialization.Encoding.PEM,
+    serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+"""
+
+
+class _StsStandIn:
+    """A local STS answering AssumeRoleWithWebIdentity over TLS (the credential provider
+    refuses plain http for STS), as AWS does for an IRSA pod: it checks the web identity
+    token and the role, and hands out the role's temporary credentials (assumed in moto)."""
+
+    def __init__(self, workdir: Path, role: dict[str, str], token: str, role_arn: str) -> None:
+        self.cert, key = workdir / "sts.pem", workdir / "sts.key"
+        subprocess.run(
+            [str(MOTO_PYTHON), "-c", CERT, str(self.cert), str(key)], check=True, timeout=120
+        )
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode()
+                query = urllib.parse.urlsplit(self.path).query  # the provider sends a query
+                form = urllib.parse.parse_qs(body or query)
+                ok = (
+                    form.get("Action") == ["AssumeRoleWithWebIdentity"]
+                    and form.get("WebIdentityToken") == [token]
+                    and form.get("RoleArn") == [role_arn]
+                )
+                if not ok:
+                    self.send_error(403)
+                    return
+                stand_in.served += 1
+                data = (
+                    '<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/'
+                    '2011-06-15/"><AssumeRoleWithWebIdentityResult><Credentials>'
+                    f"<AccessKeyId>{role['AccessKeyId']}</AccessKeyId>"
+                    f"<SecretAccessKey>{role['SecretAccessKey']}</SecretAccessKey>"
+                    f"<SessionToken>{role['Token']}</SessionToken>"
+                    "<Expiration>2099-01-01T00:00:00Z</Expiration>"
+                    "</Credentials></AssumeRoleWithWebIdentityResult>"
+                    "</AssumeRoleWithWebIdentityResponse>"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/xml")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.served = 0
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(self.cert, key)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+def test_fetch_through_a_web_identity(s3: S3Server, tmp_path: Path) -> None:
+    """Issue 28 item 5, IRSA: the pod's projected service-account token and AWS_ROLE_ARN in
+    its environment, no keys anywhere; the credential provider exchanges the token at STS
+    (here a stand-in behind a private CA, trusted through AWS_CA_BUNDLE) and signs with the
+    role's credentials."""
+    data = b"irsa " * 1000
+    s3.put(BUCKET, "identity/irsa.pt", data)
+    token_file = tmp_path / "token"
+    token_file.write_text("projected-sa-token")
+    role_arn = "arn:aws:iam::123456789012:role/model-reader"
+    sts = _StsStandIn(tmp_path, s3.role, "projected-sa-token", role_arn)
+    keyless = _creds_dir(tmp_path, {"AWS_ENDPOINT_URL": s3.endpoint})
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env = {
+        **base,
+        "AWS_ROLE_ARN": role_arn,
+        "AWS_WEB_IDENTITY_TOKEN_FILE": str(token_file),
+        "AWS_ENDPOINT_URL_STS": sts.url,
+        "AWS_CA_BUNDLE": str(sts.cert),
+        "AWS_REGION": "us-east-1",
+    }
+    try:
+        dest = tmp_path / "out" / "m.pt"
+        uri = f"s3://{BUCKET}/identity/irsa.pt"
+        done = _fetch(uri, "-o", str(dest), "--credentials-dir", str(keyless), env=env)
+        assert done.returncode == 0, done.stderr
+        assert dest.read_bytes() == data and sts.served >= 1
+        token_file.write_text("someone-elses-token")  # STS refuses it: no credentials
+        again = _fetch(
+            uri, "-o", str(tmp_path / "x.pt"), "--credentials-dir", str(keyless), env=env
+        )
+        assert again.returncode == 2, again.stderr
+    finally:
+        sts.close()
 
 
 # -- through the operator ------------------------------------------------------------------------

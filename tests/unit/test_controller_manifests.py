@@ -112,15 +112,18 @@ def test_deployment_serves_plan_with_probes() -> None:
     assert c["command"][:2] == ["packrat", "serve"]
     assert c["command"][c["command"].index("--plan-env") + 1] == "PACKRAT_PLAN"
     assert c["command"][c["command"].index("--port") + 1] == "8080"
-    # the plan comes from the slot's plan ConfigMap, the admin token from the model's Secret
+    # the plan comes from the slot's plan ConfigMap
     env = {e["name"]: e for e in c["env"]}
     assert env["PACKRAT_PLAN"]["valueFrom"] == {
         "configMapKeyRef": {"name": "tiny-b-plan", "key": "plan.json"}
     }
-    assert env["PACKRAT_ADMIN_TOKEN"]["valueFrom"] == {
-        "secretKeyRef": {"name": "tiny-admin-token", "key": "token"}
-    }
-    assert c["command"][c["command"].index("--admin-token-env") + 1] == "PACKRAT_ADMIN_TOKEN"
+    # the admin token is a file from the model's Secret, in no process's environment
+    assert "PACKRAT_ADMIN_TOKEN" not in env
+    token_file = c["command"][c["command"].index("--admin-token-file") + 1]
+    (mount,) = [m for m in c["volumeMounts"] if token_file.startswith(m["mountPath"] + "/")]
+    (volume,) = [v for v in tpl["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == "tiny-admin-token" and mount["readOnly"] is True
+    assert token_file.endswith("/token")
     assert "packrat.dev/plan-hash" not in tpl["metadata"]["annotations"]
     assert "packrat.dev/plan" not in tpl["metadata"]["annotations"]
     for probe in ("readinessProbe", "startupProbe"):

@@ -14,10 +14,11 @@ from packrat.controller.core.context import Config, ModelPass, Pass, Result
 from packrat.controller.core.model import model_spec, parse
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import ModelStatus
-from packrat.controller.core.storage import CREDENTIALS_DIR, VERSION_KEY
+from packrat.controller.core.storage import CREDENTIALS_DIR, VERSION_KEY, StorageLimits
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.storage_check import CONDITION, resolve_version, retry_delay
 from packrat.controller.serving import manifests as m
+from packrat.runtime.egress import EgressPolicy
 from packrat.runtime.fetch import FetchError
 
 DIGEST = "sha256:" + "ab" * 32
@@ -111,7 +112,7 @@ def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
         assert fetch["command"][5:7] == ["--credentials-dir", CREDENTIALS_DIR]
         assert ("--expect-version" in fetch["command"]) is expect_version
         assert fetch["resources"]["requests"] == fetch["resources"]["limits"]
-        secret_volumes = [v for v in pod["volumes"] if "secret" in v]
+        secret_volumes = [v for v in pod["volumes"] if "secret" in v and v["name"] != "admin-token"]
         assert secret_volumes == [
             {
                 "name": "model-credentials",
@@ -133,7 +134,8 @@ def test_s3_fetch_container_mounts_the_secret_only_into_itself() -> None:
 def test_digest_is_verified_and_pvc_is_mounted_not_copied() -> None:
     job = pm.profiling_job(parse(owner({**S3, "digest": DIGEST})))
     fetch = _init(job)[0]
-    assert fetch["command"][-2:] == ["--digest", DIGEST]
+    cmd = fetch["command"]
+    assert cmd[cmd.index("--digest") + 1] == DIGEST
     assert "--expect-version" not in fetch["command"]
 
     pvc = {"storageUri": "pvc://claim/dir/r.pt", "format": "torchscript"}
@@ -337,3 +339,25 @@ def test_new_credentials_are_tried_at_once_despite_the_backoff() -> None:
     resolved = resolve_version(p, model, version_of=lambda u, c: "etag-9")
     assert resolved is not None and status["storage"]["version"] == "etag-9"
     assert "error" not in status["storage"]
+
+
+def test_the_operators_egress_policy_and_byte_cap_reach_the_init_container() -> None:
+    """Issue 26 item 2: ``packrat fetch`` obeys the operator's policy, and the emptyDir it
+    writes into is no larger than the largest model allowed."""
+    limits = StorageLimits(
+        policy=EgressPolicy.parse(["10.96.0.0/12"], ["minio.storage.svc"]),
+        max_model_bytes=1 << 30,
+        cloud_identity="metadata",
+    )
+    typed = parse(owner(S3)).with_spec(model={**S3, VERSION_KEY: "etag-1"})
+    job = pm.profiling_job(typed, limits=limits)
+    dep = m.serving_deployment(typed, slot="a", serving_hash="h", replicas=1, limits=limits)
+    for obj in (job, dep):
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+        pod = obj["spec"]["template"]["spec"]
+        fetch = next(c for c in pod["initContainers"] if c["name"] == "fetch-model")
+        flags = " ".join(fetch["command"])
+        assert "--egress-allow 10.96.0.0/12 --storage-host minio.storage.svc" in flags
+        assert "--max-model-bytes 1073741824 --cloud-identity metadata" in flags
+        (model,) = [v for v in pod["volumes"] if v["name"] == "model"]
+        assert model["emptyDir"] == {"sizeLimit": "1073741824"}

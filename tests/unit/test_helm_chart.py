@@ -76,6 +76,21 @@ VARIATIONS: dict[str, dict[str, Any]] = {
         "tests": {"enabled": False},
         "operator": {"verbose": True, "extraArgs": []},
     },
+    "locked-down": {
+        "storage": {
+            "egressAllow": ["10.96.0.0/12"],
+            "hosts": ["minio.storage.svc", ".models.example.com"],
+            "maxModelBytes": 2147483648,
+            "cloudIdentity": "metadata",
+        },
+        "pipelinePlanner": {"seconds": 30, "memoryMiB": 256},
+        "modelPolicy": {
+            "images": ["registry.example.com/packrat/*"],
+            "serviceAccounts": [],
+            "priorityClasses": ["serving"],
+            "envSecrets": None,
+        },
+    },
 }
 
 
@@ -677,3 +692,28 @@ def test_values_are_not_mutated_by_rendering() -> None:
     values = copy.deepcopy(VARIATIONS["ha"])
     render_chart(values)
     assert values == VARIATIONS["ha"]
+
+
+def test_storage_planner_and_policy_values_reach_the_operator(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Issue 26 items 2, 4 and 7: the chart's values become the flags the operator parses."""
+    from packrat.cli import build_parser
+    from packrat.cli.fetch import limits_from
+    from packrat.cli.operator import _model_policy
+
+    args = build_parser().parse_args(_operator_args(rendered["locked-down"]))
+    limits = limits_from(args, timeout_s=1.0)
+    assert [str(n) for n in limits.policy.allow] == ["10.96.0.0/12"]
+    assert limits.policy.hosts == ("minio.storage.svc", ".models.example.com")
+    assert limits.max_bytes == 2147483648 and limits.identity == "metadata"
+    assert (args.pipeline_plan_seconds, args.pipeline_plan_memory_mib) == (30.0, 256)
+    policy = _model_policy(args)
+    assert policy.images == ("registry.example.com/packrat/*",)
+    assert policy.service_accounts == ("",)  # []: none allowed
+    assert policy.priority_classes == ("serving",) and policy.env_secrets is None
+    defaults = build_parser().parse_args(_operator_args(rendered["default"]))
+    assert (
+        _model_policy(defaults).images is None
+        and limits_from(defaults, timeout_s=1).policy.allow == ()
+    )

@@ -12,9 +12,22 @@ from pathlib import Path
 import pytest
 
 from packrat.cli import main
-from packrat.runtime.fetch import FetchError, fetch, read_credentials, storage_options, verify
+from packrat.runtime.egress import EgressPolicy
+from packrat.runtime.fetch import (
+    FetchError,
+    FetchLimits,
+    fetch,
+    read_credentials,
+    storage_options,
+    verify,
+)
 
 DATA = b"\x00model\xff" * 50_000
+LOOPBACK = FetchLimits(policy=EgressPolicy.parse(["127.0.0.0/8"]), timeout_s=60.0)
+
+
+def _token(value: str) -> dict[str, str]:
+    return {"AUTHORIZATION": value, "AUTHORIZATION_HOST": "127.0.0.1"}
 
 
 def _sha(data: bytes) -> str:
@@ -35,23 +48,43 @@ def test_s3_options_from_a_secret() -> None:
         "access_key_id": "id",
         "secret_access_key": "secret",
         "endpoint": "http://minio.storage:9000",
-        "region": "us-east-1",
     }
     assert opts["client_options"]["allow_http"] is True
-    anonymous = storage_options("s3://b/k.pt", {})
+    # retries are bounded in number and in total time
+    assert opts["retry_config"]["max_retries"] == 1
+    anonymous = storage_options("s3://b/k.pt", {}, env={})
     assert anonymous["config"]["skip_signature"] is True
     assert "allow_http" not in anonymous["client_options"]
 
 
-def test_gcs_and_http_options() -> None:
+@pytest.mark.parametrize(
+    ("env", "identity", "signed"),
+    [
+        ({}, "auto", False),  # no identity anywhere: a public bucket, unsigned
+        ({"AWS_WEB_IDENTITY_TOKEN_FILE": "/t", "AWS_ROLE_ARN": "arn:x"}, "auto", True),  # IRSA
+        ({"AWS_CONTAINER_CREDENTIALS_FULL_URI": "http://169.254.170.23/v1"}, "auto", True),
+        ({}, "metadata", True),  # EC2 instance profile through IMDS
+        ({"AWS_WEB_IDENTITY_TOKEN_FILE": "/t"}, "none", False),
+    ],
+)
+def test_s3_without_keys_uses_the_credential_chain(
+    env: dict[str, str], identity: str, signed: bool
+) -> None:
+    opts = storage_options("s3://b/k.pt", {}, identity=identity, env=env)
+    assert ("skip_signature" not in opts["config"]) is signed
+    assert "region" not in opts["config"]  # the environment's (AWS_REGION), never forced
+
+
+def test_gcs_options() -> None:
     assert storage_options("gs://b/o", {"service-account.json": "{}"})["config"] == {
         "service_account_key": "{}"
     }
-    https = storage_options("https://h/m.pt", {"AUTHORIZATION": "Bearer t"})
-    assert https["client_options"]["default_headers"] == {"Authorization": "Bearer t"}
-    assert https["client_options"]["allow_http"] is False
-    with pytest.raises(FetchError, match="BadUri"):
-        storage_options("ftp://h/m.pt", {})
+    assert storage_options("gs://b/o", {}, env={})["config"] == {"skip_signature": True}
+    # GKE Workload Identity: the metadata server, when the operator allows it
+    assert storage_options("gs://b/o", {}, identity="metadata", env={})["config"] == {}
+    for uri in ("ftp://h/m.pt", "https://h/m.pt"):
+        with pytest.raises(FetchError, match="BadUri"):
+            storage_options(uri, {})
 
 
 def test_read_credentials_skips_the_kubelets_hidden_entries(tmp_path: Path) -> None:
@@ -116,8 +149,9 @@ def test_http_download_verifies_and_renames(server: str, tmp_path: Path) -> None
     result = fetch(
         f"{server}/models/m.pt",
         dest,
-        credentials={"AUTHORIZATION": "Bearer good"},
+        credentials=_token("Bearer good"),
         digest=_sha(DATA),
+        limits=LOOPBACK,
     )
     assert dest.read_bytes() == DATA and result.sha256 == _sha(DATA)
     assert list(dest.parent.iterdir()) == [dest]
@@ -136,7 +170,7 @@ def test_http_failures_leave_nothing(
 ) -> None:
     dest = tmp_path / "model.pt"
     with pytest.raises(FetchError) as err:
-        fetch(f"{server}{path}", dest, credentials={"AUTHORIZATION": token}, digest=digest)
+        fetch(f"{server}{path}", dest, credentials=_token(token), digest=digest, limits=LOOPBACK)
     assert err.value.reason == reason, err.value
     assert list(tmp_path.iterdir()) == []
 
@@ -144,7 +178,10 @@ def test_http_failures_leave_nothing(
 def test_cli_reports_one_line_and_exit_2(
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["fetch", f"{server}/models/absent.pt", "-o", str(tmp_path / "m.pt")])
+    out = str(tmp_path / "m.pt")
+    code = main(
+        ["fetch", f"{server}/models/absent.pt", "-o", out, "--egress-allow", "127.0.0.1/32"]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("packrat fetch: error: NotFound: ")
     assert main(["fetch", "--verify", str(tmp_path / "m.pt")]) == 2  # --digest is required

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.cli import CliError
+from packrat.runtime.fetch import CLOUD_IDENTITIES, DEFAULT_MAX_BYTES
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +40,7 @@ def register(subparsers: Any) -> None:
         metavar="DIR",
         help="a mounted Secret: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, "
         "AWS_ENDPOINT_URL, AWS_REGION (s3); service-account.json (gs); AUTHORIZATION "
-        "(http header)",
+        "(http header) with AUTHORIZATION_HOST (the host it may be sent to)",
     )
     parser.add_argument("--digest", metavar="sha256:HEX", help="the file's expected sha256")
     parser.add_argument(
@@ -47,7 +48,72 @@ def register(subparsers: Any) -> None:
         metavar="ETAG",
         help="fail (VersionChanged) if the store's version of the object is not this one",
     )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="the whole download's deadline in seconds, retries included (default 1800)",
+    )
+    add_limit_flags(parser)
     parser.set_defaults(func=run)
+
+
+def add_limit_flags(parser: Any) -> None:
+    """The egress policy and limits, shared with ``packrat operator`` (which passes its own
+    to every init container it creates)."""
+    parser.add_argument(
+        "--egress-allow",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="an internal address range a model URL or store endpoint may reach (repeatable; "
+        "loopback, link-local, private and other non-public addresses are refused otherwise)",
+    )
+    parser.add_argument(
+        "--storage-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="allow only these storage hosts (repeatable; .example.com: any subdomain)",
+    )
+    parser.add_argument(
+        "--max-model-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="N",
+        help=f"refuse a model file larger than N bytes (default {DEFAULT_MAX_BYTES})",
+    )
+    parser.add_argument(
+        "--cloud-identity",
+        choices=CLOUD_IDENTITIES,
+        default="auto",
+        help="without keys in the Secret, s3/gs use the provider's credential chain: auto "
+        "(when the environment names an identity: IRSA, EKS Pod Identity, "
+        "GOOGLE_APPLICATION_CREDENTIALS), metadata (also the instance metadata services), "
+        "none (anonymous)",
+    )
+
+
+def limits_from(args: argparse.Namespace, *, timeout_s: float) -> Any:
+    """:class:`~packrat.runtime.fetch.FetchLimits` from the flags; CliError when invalid."""
+    from packrat.runtime.egress import EgressPolicy
+    from packrat.runtime.fetch import FetchLimits
+
+    if args.max_model_bytes < 1:
+        raise CliError("--max-model-bytes must be at least 1")
+    if not timeout_s > 0:
+        raise CliError("--timeout must be positive")
+    try:
+        policy = EgressPolicy.parse(args.egress_allow, args.storage_host)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return FetchLimits(
+        policy=policy,
+        timeout_s=timeout_s,
+        max_bytes=args.max_model_bytes,
+        identity=args.cloud_identity,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
                 credentials=read_credentials(args.credentials_dir),
                 digest=args.digest,
                 expect_version=args.expect_version,
+                limits=limits_from(args, timeout_s=args.timeout),
             )
     except FetchError as exc:
         raise CliError(str(exc)) from None

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 from packrat.cli import CliError
+from packrat.cli.fetch import add_limit_flags, limits_from
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +123,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_false",
         help="every plan change switches slots (new pods), even when only the batch changed",
     )
+    add_limit_flags(parser)
+    planner = parser.add_argument_group("pipeline planner (runs in a child with these limits)")
+    planner.add_argument(
+        "--pipeline-plan-seconds",
+        type=float,
+        default=60.0,
+        help="wall seconds one pipeline planning run may take (default 60)",
+    )
+    planner.add_argument(
+        "--pipeline-plan-memory-mib",
+        type=int,
+        default=320,
+        help="address space of the planning child, MiB (default 320; at least 128)",
+    )
+    policy = parser.add_argument_group(
+        "allow-lists for model authors (unset: unrestricted; see docs/security.md)"
+    )
+    for flag, what in (
+        ("--allow-image", "an image models may run (PREFIX* for a prefix)"),
+        ("--allow-service-account", "a spec.pod.serviceAccountName models may use"),
+        ("--allow-priority-class", "a spec.pod.priorityClassName models may use"),
+        ("--allow-env-secret", "a Secret spec.pod.env may read (secretKeyRef)"),
+    ):
+        policy.add_argument(flag, action="append", default=None, metavar="NAME", help=what)
     parser.set_defaults(func=run)
 
 
@@ -140,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--unschedulable-grace-seconds must not be negative")
     if args.max_profile_attempts < 1:
         raise CliError("--max-profile-attempts must be at least 1")
+    if not (args.pipeline_plan_seconds > 0 and args.pipeline_plan_memory_mib >= 128):
+        raise CliError("need --pipeline-plan-seconds > 0 and --pipeline-plan-memory-mib >= 128")
     if not args.namespace and not args.all_namespaces:
         namespace = os.environ.get("POD_NAMESPACE")
         if not namespace:
@@ -152,6 +180,10 @@ def run(args: argparse.Namespace) -> int:
             profile_retry_seconds=args.profile_retry_seconds,
             unschedulable_grace_seconds=args.unschedulable_grace_seconds,
             storage_check_seconds=args.storage_check_seconds,
+            storage=_storage_limits(args),
+            pipeline_plan_seconds=args.pipeline_plan_seconds,
+            pipeline_plan_memory_mib=args.pipeline_plan_memory_mib,
+            policy=_model_policy(args),
         ),
         resync_seconds=args.resync_seconds,
         poll_seconds=args.poll_seconds,
@@ -176,3 +208,30 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
     )
     return 0
+
+
+def _storage_limits(args: argparse.Namespace) -> Any:
+    """The operator's StorageLimits from the flags it shares with ``packrat fetch``."""
+    from packrat.controller.core.storage import StorageLimits
+
+    limits = limits_from(args, timeout_s=1.0)
+    return StorageLimits(
+        policy=limits.policy,
+        max_model_bytes=limits.max_bytes,
+        cloud_identity=limits.identity,
+    )
+
+
+def _model_policy(args: argparse.Namespace) -> Any:
+    """The allow-lists from the --allow-* flags (a flag never given: unrestricted)."""
+    from packrat.controller.core.policy import ModelPolicy
+
+    try:
+        return ModelPolicy.parse(
+            images=args.allow_image,
+            service_accounts=args.allow_service_account,
+            priority_classes=args.allow_priority_class,
+            env_secrets=args.allow_env_secret,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None

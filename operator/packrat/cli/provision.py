@@ -23,7 +23,7 @@ from packrat.cli import CliError
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
-from packrat.plan.traces import TraceError, gamma_trace, load_trace
+from packrat.plan.traces import MAX_ARRIVALS, TraceError, gamma_trace, load_trace
 
 
 def register(subparsers: Any) -> None:
@@ -131,6 +131,10 @@ def trace_from_args(args: argparse.Namespace) -> np.ndarray:
     """``--trace FILE``, else the synthetic gamma trace of ``--rate``, ``--cv``, ``--duration``."""
     if args.trace is not None:
         return load_trace(args.trace)
+    if args.rate * args.duration > MAX_ARRIVALS:
+        raise TraceError(
+            f"--rate x --duration is {args.rate * args.duration:g} arrivals; at most {MAX_ARRIVALS}"
+        )
     return gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
 
 

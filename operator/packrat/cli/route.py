@@ -1,14 +1,16 @@
 """``packrat route --config router.yaml``: a pipeline's entry point, the DAG over its stages.
 
 Runs :class:`packrat.serve.router.Router` on one port (``POST /predictions/{pipeline}``,
-``GET /ping``, ``GET /metrics``). The config names the stages' prediction URLs, the edges
-and the deadlines (:func:`packrat.serve.router.parse_router_config`). Bad config: one line,
-exit status 2.
+``GET /ping``, ``GET /metrics``) with the dispatcher's connection limits. The config names
+the stages' prediction URLs, the edges and the deadlines
+(:func:`packrat.serve.router.parse_router_config`). Bad config: one line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,6 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import yaml
-    from aiohttp import web
 
     from packrat.plan.pipeline.simulate import PipelineError
     from packrat.serve.router import Router, parse_router_config
@@ -47,10 +48,29 @@ def run(args: argparse.Namespace) -> int:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         raise CliError(f"{args.config}: not valid YAML") from None
+    except RecursionError:
+        raise CliError(f"{args.config}: nested too deeply") from None
     try:
         config = parse_router_config(doc, origin=str(args.config))
     except PipelineError as exc:
         raise CliError(str(exc)) from None
-    router = Router(config)
-    web.run_app(router.app(), host=args.host, port=args.port, access_log=None, print=None)
+    asyncio.run(_serve(Router(config), args.host, args.port))
     return 0
+
+
+async def _serve(router: Any, host: str, port: int) -> None:
+    """Serve ``router`` through its guarded runner (connection cap, per-client share, probe
+    reserve, head deadline) until SIGTERM or SIGINT."""
+    from aiohttp import web
+
+    runner = router.runner()
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await web.TCPSite(runner, host, port).start()
+        await stop.wait()
+    finally:
+        await runner.cleanup()

@@ -95,11 +95,19 @@ def register(subparsers: Any) -> None:
         help="start every worker as its own fresh interpreter instead of forking it from the "
         "pod's zygote, which imported torch and mapped the weights once (for comparisons)",
     )
-    parser.add_argument(
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding a bearer token (a mounted Secret, read again when it changes); "
+        "enables POST /admin/plan, the in-pod plan switch (without it the route does not exist)",
+    )
+    token.add_argument(
         "--admin-token-env",
         metavar="VAR",
-        help="environment variable holding a bearer token; enables POST /admin/plan, the "
-        "in-pod plan switch (without it the route does not exist)",
+        help="environment variable holding the bearer token instead (every process the pod "
+        "starts inherits it: prefer --admin-token-file)",
     )
     limits = parser.add_argument_group("limits (docs/serving.md)")
     limits.add_argument(
@@ -117,6 +125,14 @@ def register(subparsers: Any) -> None:
     )
     limits.add_argument(
         "--max-connections", type=int, default=1024, help="open client connections (1024)"
+    )
+    limits.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=256,
+        help="open connections from one client address (256; a proxy in front of many "
+        "clients may need more); beyond it, and beyond --max-connections, a connection is "
+        "admitted for one health probe only",
     )
     limits.add_argument(
         "--header-timeout", type=float, default=10.0, help="seconds for a request head (10)"
@@ -224,13 +240,20 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         limits = ConnectionLimits(
             max_connections=args.max_connections,
             header_timeout_s=args.header_timeout,
+            max_per_client=args.max_connections_per_client,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
     if args.body_timeout <= 0:
         raise CliError("--body-timeout must be > 0")
-    token = None
-    if args.admin_token_env:
+    token: Any = None
+    if args.admin_token_file is not None:
+        from packrat.serve.pod.inpod import TokenFile
+
+        token = TokenFile(args.admin_token_file)
+        if token() is None:
+            raise CliError(f"{args.admin_token_file} must hold a token of at least 16 characters")
+    elif args.admin_token_env:
         token = os.environ.get(args.admin_token_env, "").strip()
         if len(token) < 16:
             raise CliError(

@@ -66,6 +66,9 @@ class InstanceGroup:
 
 # No replica has more cores than this; a plan file asking for more is malformed, not big.
 MAX_PLAN_CPUS = 4096
+# as the CRD's batchSize: a plan read from outside (a pod's /admin/plan, a ConfigMap) with a
+# larger batch would have the pod's warm-up send that many requests to each instance
+MAX_PLAN_BATCH = 1024
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -174,6 +177,8 @@ class Plan:
             raise PlanError(f"plan is malformed: {exc}") from None
         if cpus > MAX_PLAN_CPUS:
             raise PlanError(f"plan cpus must be at most {MAX_PLAN_CPUS}")
+        if batch > MAX_PLAN_BATCH:
+            raise PlanError(f"plan batch must be at most {MAX_PLAN_BATCH}, got {batch}")
         if not instances:
             raise PlanError("plan has no instances")
         threads = sum(g.threads * g.count for g in instances)

@@ -57,6 +57,12 @@ def step_trace(
     return np.concatenate(parts)
 
 
+# The planners simulate every arrival (several times per configuration): beyond this a trace
+# costs minutes and gigabytes (10M lines: 190 s, 1.9 GB), so it is refused with one line.
+MAX_ARRIVALS = 1_000_000
+MAX_TRACE_FILE_BYTES = 64 * 1024 * 1024
+
+
 def block_resample(
     times: np.ndarray, *, block_s: float, seed: int = 0, length_s: float | None = None
 ) -> np.ndarray:
@@ -90,7 +96,8 @@ def block_resample(
 
 
 def parse_trace(text: str, *, origin: str = "<trace>") -> np.ndarray:
-    """Timestamps in seconds: one number per line, or a CSV with a ``timestamp`` column.
+    """Timestamps in seconds: one number per line, or a CSV with a ``timestamp`` column
+    (at most :data:`MAX_ARRIVALS`).
 
     Blank lines and lines starting with ``#`` are skipped; the result is shifted to start at
     0 and must be sorted (non-decreasing): an out-of-order line is an error, not resorted,
@@ -103,6 +110,8 @@ def parse_trace(text: str, *, origin: str = "<trace>") -> np.ndarray:
     ]
     if not rows:
         raise TraceError(f"{origin}: no timestamps")
+    if len(rows) > MAX_ARRIVALS + 1:  # + a header line
+        raise TraceError(f"{origin}: more than {MAX_ARRIVALS} arrivals; sample it down")
     column: int | None = None
     first_line, first = rows[0]
     if not _is_number(first.split(",")[0]) or "," in first:
@@ -162,6 +171,11 @@ def load_trace(path: str | Path) -> np.ndarray:
     """Read a trace file (see :func:`parse_trace`); errors name the file."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_TRACE_FILE_BYTES:
+            raise TraceError(
+                f"{path}: larger than {MAX_TRACE_FILE_BYTES} bytes (at most {MAX_ARRIVALS} "
+                "arrivals); sample it down"
+            )
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -71,7 +71,26 @@ def _short(exc: BaseException, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _no_constant(name: str) -> Any:
+    raise CodecError(f"body has {name}: inputs must be finite numbers")
+
+
+def _finite(tensors: list[Any]) -> list[Any]:
+    """``tensors``, or :class:`CodecError` when one holds NaN or an infinity (JSON's 1e999
+    parses to one): the model would answer with them, which JSON cannot carry."""
+    import torch
+
+    for i, t in enumerate(tensors):
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CodecError(f"input {i} has NaN or infinite values: inputs must be finite")
+    return tensors
+
+
 def _decode(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
+    return _finite(_decode_any(body, inputs))
+
+
+def _decode_any(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
     import torch
 
     if isinstance(body, (bytes, bytearray)):
@@ -86,7 +105,9 @@ def _decode(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
                 offset += tensor.numel() * tensor.element_size()
             return tensors
         try:
-            body = json.loads(bytes(body).decode("utf-8"))
+            body = json.loads(bytes(body).decode("utf-8"), parse_constant=_no_constant)
+        except CodecError:
+            raise
         except (UnicodeDecodeError, ValueError):  # JSONDecodeError is a ValueError
             expected = f"{_sample_bytes(inputs)} raw bytes or " if inputs else ""
             raise CodecError(
@@ -94,7 +115,9 @@ def _decode(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
             ) from None
     if isinstance(body, str):
         try:
-            body = json.loads(body)
+            body = json.loads(body, parse_constant=_no_constant)
+        except CodecError:
+            raise
         except ValueError:
             raise CodecError("body is not valid JSON") from None
     if isinstance(body, dict) and "inputs" in body:
@@ -129,7 +152,42 @@ def encode_output(result: Any, row: int) -> str:
         result = result[0]
     if isinstance(result, dict):
         result = next(iter(result.values()))
-    return json.dumps(result[row].tolist(), separators=(",", ":"))
+    values = result[row].tolist()
+    try:
+        return json.dumps(values, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or an infinity in the output: JSON's null, never bare NaN
+        return json.dumps(_nulls(values), separators=(",", ":"))
+
+
+def _nulls(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_nulls(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# bytes per element of the dtypes a model input can have, without torch
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "bool": 1, "complex64": 8}
+JSON_BYTES_PER_RAW_BYTE = 8  # a float32 as JSON text: up to ~25 characters for 4 bytes
+MIN_BODY_CAP = 64 * 1024
+
+
+def input_body_cap(inputs: Sequence[dict[str, Any]], ceiling: int) -> int:
+    """The largest request body worth reading for one sample of ``inputs``: its raw size as
+    JSON text (with room), at least 64 KiB, at most ``ceiling`` (the pod's cap). Beyond it a
+    body cannot be one sample, and parsing it would cost a worker seconds of CPU."""
+    raw = 0
+    for item in inputs:
+        dtype = str(item["dtype"])
+        size = _ELEMENT_BYTES.get(dtype)
+        if size is None:
+            code = _ARRAY_CODES.get(dtype)
+            if code is None:
+                return ceiling  # an unknown dtype: no tighter cap than the pod's
+            size = array(code).itemsize
+        raw += math.prod(int(d) for d in item["shape"]) * size
+    return min(ceiling, max(MIN_BODY_CAP, JSON_BYTES_PER_RAW_BYTE * raw))
 
 
 def example_body(spec: str) -> bytes:

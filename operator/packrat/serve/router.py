@@ -20,6 +20,14 @@ Errors stay with their query:
   of it (forwarded as ``X-Packrat-Deadline-Ms``), and when it runs out the query is answered
   504 naming the stage it was waiting on; the stages after it are not called.
 
+Its port has the dispatcher's protections, from the same helpers
+(:mod:`packrat.serve.dispatcher.connections`): a connection cap with a per-client share and
+room kept for probes, a deadline for each request head and each body, a body cap (413,
+before a byte is read), and one budget of bytes held across all queries, request bodies and
+stage answers alike (503 beyond it). Stage calls follow no redirect (a 3xx is the stage's
+failure, 502), and each answer is capped at ``max_answer_bytes`` (502 beyond it, the rest
+unread), so one hostile stage or client cannot take the router past its memory limit.
+
 Metrics (one registry per router): end-to-end and per-stage latency histograms, answers by
 status code, stage failures by reason, and per stage and edge how many answers came back
 and how many took the edge: the measured scale factors the planner can be given back
@@ -35,7 +43,7 @@ import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -45,6 +53,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from packrat.plan.pipeline.branch import Condition, parse_condition
 from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
+from packrat.serve.dispatcher.connections import (
+    BodyRefusedError,
+    BufferBudget,
+    ConnectionLimits,
+    GuardedAppRunner,
+    receive_body,
+    refuse_body,
+)
 from packrat.serve.dispatcher.metrics import MetricSet
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
@@ -61,8 +77,18 @@ class RouterConfig:
     deadline_ms: float = 10_000.0
     max_deadline_ms: float = 60_000.0
     max_body_bytes: int = 6 * 1024 * 1024
+    # a stage's answer is the next stage's input: the same cap as a request body
+    max_answer_bytes: int = 6 * 1024 * 1024
+    # bodies and answers held at once, across all queries (the router's limit is 256 MiB)
+    max_buffered_bytes: int = 96 * 1024 * 1024
+    body_timeout_s: float = 30.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
     def __post_init__(self) -> None:
+        if not 1 <= max(self.max_body_bytes, self.max_answer_bytes) <= self.max_buffered_bytes:
+            raise PipelineError("need 1 <= max_body_bytes, max_answer_bytes <= max_buffered_bytes")
+        if self.body_timeout_s <= 0:
+            raise PipelineError("body_timeout_s must be > 0")
         if not self.stages:
             raise PipelineError("a pipeline needs at least one stage")
         for e in self.edges:
@@ -141,9 +167,16 @@ class Router:
         self.children = {n: [e for e in config.edges if e.src == n] for n in self.order}
         self.rng = rng or random.Random()
         self.metrics = metrics or RouterMetrics()
+        self.budget = BufferBudget(config.max_buffered_bytes)
         self._session: aiohttp.ClientSession | None = None
 
     # -- HTTP ---------------------------------------------------------------------------------
+    def runner(self, **kwargs: Any) -> web.AppRunner:
+        """An app runner with the dispatcher's connection cap, per-client share, probe reserve
+        and head deadline (what ``packrat route`` serves)."""
+        kwargs.setdefault("access_log", None)
+        return GuardedAppRunner(self.app(), limits=self.config.limits, **kwargs)
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/predictions/{name}", self.handle_predict)
@@ -178,33 +211,67 @@ class Router:
             budget_ms = self._budget(request.headers.get(DEADLINE_HEADER))
         except ValueError as exc:
             return self._answer(400, {"error": str(exc)})
-        if (request.content_length or 0) > self.config.max_body_bytes:
-            return self._answer(413, {"error": "request body too large"})
-        body = await request.read()
-        ctype = request.headers.get("Content-Type", "application/octet-stream")
-        deadline = start + budget_ms / 1000.0
-        path: list[str] = []
+        length = request.content_length
+        if length is not None and length > self.config.max_body_bytes:
+            return self._refuse(request, 413, "request body too large")
+        held = Held(self.budget)
+        size = length if length is not None else self.config.max_body_bytes
+        # room for the body and one stage answer of its size (at least 64 KiB): a query
+        # admitted when the budget is nearly full can still take its answers
+        prepaid = min(self.config.max_answer_bytes, max(size, PREPAID_ANSWER_BYTES))
+        if not held.take(size + prepaid):
+            return self._answer(503, {"error": "too many bodies buffered"}, retry=True)
+        held.prepaid = prepaid
         try:
-            answer = await self.execute(Answer(body, ctype), deadline, path)
-        except StageFailedError as exc:
-            self.metrics.stage_failures.labels(name, exc.stage, exc.reason).inc()
-            doc = {"error": exc.detail, "stage": exc.stage, "reason": exc.reason}
-            resp = self._answer(exc.status, doc, path)
-        else:
-            self.metrics.requests.labels(name, "200").inc()
-            resp = web.Response(
-                body=answer.body,
-                headers={"Content-Type": answer.content_type, PATH_HEADER: ",".join(path)},
-            )
+            try:
+                body = await receive_body(
+                    request, length, self.config.max_body_bytes, self.config.body_timeout_s
+                )
+            except BodyRefusedError as exc:
+                text = "request body too large" if exc.status == 413 else exc.message
+                return self._refuse(request, exc.status, text)
+            ctype = request.headers.get("Content-Type", "application/octet-stream")
+            deadline = start + budget_ms / 1000.0
+            resp = await self._run(Answer(body, ctype), deadline, held)
+        finally:
+            held.release()
         self.metrics.duration.labels(name).observe(time.monotonic() - start)
         return resp
 
+    async def _run(self, query: Answer, deadline: float, held: Held) -> web.Response:
+        path: list[str] = []
+        try:
+            answer = await self.execute(query, deadline, path, held)
+        except StageFailedError as exc:
+            self.metrics.stage_failures.labels(self.config.pipeline, exc.stage, exc.reason).inc()
+            doc = {"error": exc.detail, "stage": exc.stage, "reason": exc.reason}
+            return self._answer(exc.status, doc, path, retry=exc.status == 503)
+        self.metrics.requests.labels(self.config.pipeline, "200").inc()
+        return web.Response(
+            body=answer.body,
+            headers={"Content-Type": answer.content_type, PATH_HEADER: ",".join(path)},
+        )
+
+    def _refuse(self, request: web.Request, status: int, text: str) -> web.Response:
+        """An answer without reading (the rest of) the body; the connection then closes."""
+        resp = self._answer(status, {"error": text})
+        resp.force_close()
+        refuse_body(request)
+        return resp
+
     def _answer(
-        self, status: int, doc: dict[str, Any], path: Sequence[str] | None = None
+        self,
+        status: int,
+        doc: dict[str, Any],
+        path: Sequence[str] | None = None,
+        *,
+        retry: bool = False,
     ) -> web.Response:
         self.metrics.requests.labels(self.config.pipeline, str(status)).inc()
-        headers = {PATH_HEADER: ",".join(path)} if path else None
-        return web.json_response(doc, status=status, headers=headers)
+        headers = {PATH_HEADER: ",".join(path)} if path else {}
+        if retry:
+            headers["Retry-After"] = "1"
+        return web.json_response(doc, status=status, headers=headers or None)
 
     def _budget(self, header: str | None) -> float:
         if header is None:
@@ -236,10 +303,14 @@ class Router:
             cond, headers=answer.headers or {}, body=answer.body, content_type=answer.content_type
         )
 
-    async def execute(self, query: Answer, deadline: float, path: list[str]) -> Answer:
+    async def execute(
+        self, query: Answer, deadline: float, path: list[str], held: Held | None = None
+    ) -> Answer:
         """Run one query through the DAG; raises :class:`StageFailedError` for the first stage
-        that fails or runs past the deadline (the others are then cancelled)."""
+        that fails or runs past the deadline (the others are then cancelled). ``held``: the
+        query's share of the buffer budget, which each stage answer and join is charged to."""
         drawn = self.draw()
+        held = held or Held(self.budget)
         tasks: dict[str, asyncio.Task[Answer | None]] = {}
         name_ = self.config.pipeline
 
@@ -256,9 +327,9 @@ class Router:
                     return None  # not on this query's path
                 for src in got:
                     self.metrics.edges_taken.labels(name_, src, name).inc()
-                data = next(iter(got.values())) if len(got) == 1 else _join(got)
+                data = next(iter(got.values())) if len(got) == 1 else _join(got, held, name)
             assert data is not None
-            answer = await self.call(name, data, deadline)
+            answer = await self.call(name, data, deadline, held)
             self.metrics.stage_answers.labels(name_, name).inc()
             path.append(name)
             return answer
@@ -278,9 +349,11 @@ class Router:
             for n, a in done.items()
             if a is not None and not any(done[e.dst] is not None for e in self.children[n])
         }
-        return next(iter(last.values())) if len(last) == 1 else _join(last)
+        return next(iter(last.values())) if len(last) == 1 else _join(last, held, "answer")
 
-    async def call(self, name: str, data: Answer, deadline: float) -> Answer:
+    async def call(
+        self, name: str, data: Answer, deadline: float, held: Held | None = None
+    ) -> Answer:
         left = deadline - time.monotonic()
         if left <= 0:
             raise StageFailedError(name, 504, "deadline", "deadline exceeded before the stage")
@@ -290,12 +363,15 @@ class Router:
         try:
             async with asyncio.timeout(left):
                 async with self._session.post(
-                    self.config.stages[name], data=data.body, headers=headers
+                    self.config.stages[name],
+                    data=data.body,
+                    headers=headers,
+                    allow_redirects=False,  # a stage's redirect is its failure, never followed
                 ) as resp:
-                    body = await resp.read()
                     status = resp.status
                     ctype = resp.headers.get("Content-Type", "application/octet-stream")
                     got = {k.lower(): v for k, v in resp.headers.items()}
+                    body = await self._read_answer(name, resp, held or Held(self.budget))
         except TimeoutError:
             raise StageFailedError(
                 name, 504, "deadline", "deadline exceeded at the stage"
@@ -312,17 +388,79 @@ class Router:
             raise StageFailedError(name, code, "status", f"stage answered {status}: {text}")
         return Answer(body, ctype, got)
 
+    async def _read_answer(self, name: str, resp: aiohttp.ClientResponse, held: Held) -> bytes:
+        """A stage's answer, at most ``max_answer_bytes`` and charged to the query's budget
+        before it is read (its declared length, else the cap); the rest is never read."""
+        cap = self.config.max_answer_bytes
+        declared = resp.content_length
+        if declared is not None and declared > cap:
+            raise StageFailedError(name, 502, "too_large", f"stage answer over {cap} bytes")
+        if not held.take_answer(declared if declared is not None else cap):
+            raise StageFailedError(name, 503, "buffers", "the router's buffers are full")
+        chunks: list[bytes] = []
+        total = 0
+        async for chunk in resp.content.iter_any():
+            total += len(chunk)
+            if total > cap:
+                raise StageFailedError(name, 502, "too_large", f"stage answer over {cap} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
-def _join(outputs: Mapping[str, Answer]) -> Answer:
-    """Several answers as one JSON object keyed by stage (JSON bodies embedded as JSON)."""
+
+def _join(outputs: Mapping[str, Answer], held: Held, stage: str) -> Answer:
+    """Several answers as one JSON object keyed by stage (JSON bodies embedded as JSON).
+
+    Parsed JSON costs several times its text in Python objects: that much is charged to the
+    query's budget first (503 when it does not fit). JSON nested too deep to parse is embedded
+    as text; one too deep to write again fails the query (502), never the router (500)."""
+    size = sum(len(a.body) for a in outputs.values())
+    if not held.take(JOIN_COST * size):
+        raise StageFailedError(stage, 503, "buffers", "the router's buffers are full")
     doc: dict[str, Any] = {}
     for name, a in outputs.items():
         text = a.body.decode("utf-8", "replace")
         try:
             doc[name] = json.loads(text) if "json" in a.content_type else text
-        except ValueError:
+        except (ValueError, RecursionError):
             doc[name] = text
-    return Answer(json.dumps(doc).encode(), "application/json")
+    try:
+        body = json.dumps(doc).encode()
+    except (ValueError, RecursionError):
+        raise StageFailedError(stage, 502, "join", "stage answers could not be joined") from None
+    return Answer(body, "application/json")
+
+
+JOIN_COST = 4  # bytes held per byte of answers joined (the text, its objects, the new text)
+
+
+PREPAID_ANSWER_BYTES = 64 * 1024
+
+
+class Held:
+    """One query's bytes in the router's :class:`BufferBudget`, released together.
+    ``prepaid``: bytes reserved at admission for the query's first stage answer."""
+
+    def __init__(self, budget: BufferBudget) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self.prepaid = 0
+
+    def take(self, n: int) -> bool:
+        if not self.budget.reserve(n):
+            return False
+        self.bytes += n
+        return True
+
+    def take_answer(self, n: int) -> bool:
+        """Room for a stage answer of ``n`` bytes: from the prepaid share while it lasts."""
+        if n <= self.prepaid:
+            self.prepaid -= n
+            return True
+        return self.take(n)
+
+    def release(self) -> None:
+        self.budget.release(self.bytes)
+        self.bytes = 0
 
 
 ROUTER_KEYS = {"pipeline", "stages", "edges", "deadlineMs", "maxDeadlineMs"}
@@ -369,12 +507,12 @@ def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterC
         )
         edges.append(Edge(str(e["from"]), str(e["to"]), float(fraction), when))
     limits: dict[str, float] = {}
-    for key, field in (("deadlineMs", "deadline_ms"), ("maxDeadlineMs", "max_deadline_ms")):
+    for key, attr in (("deadlineMs", "deadline_ms"), ("maxDeadlineMs", "max_deadline_ms")):
         if key in doc:
             value = doc[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise PipelineError(f"{origin}: {key}: expected a number of ms > 0")
-            limits[field] = float(value)
+            limits[attr] = float(value)
     try:
         config = RouterConfig(
             name,

@@ -92,6 +92,10 @@ class OperatorProcess:
             # a storageUri model replaced in the store is noticed within seconds
             "--storage-check-seconds",
             "2",
+            # the stores and servers of these tests listen on loopback, which the operator
+            # refuses by default (issue 26: no fetch for a model author reaches internal ranges)
+            "--egress-allow",
+            "127.0.0.0/8",
             "--image",
             TEST_IMAGE,
             "--metrics-port",

@@ -10,6 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.policy import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
     ModelStatus,
@@ -18,6 +19,7 @@ from packrat.controller.core.status import (
     now_iso,
     parse_time,
 )
+from packrat.controller.core.storage import StorageLimits
 from packrat.plan.optimizer import Plan
 
 S = TypeVar("S", bound=Status)
@@ -35,6 +37,14 @@ class Config:
     unschedulable_grace_seconds: float = 60.0
     # how often a storageUri model without a digest is checked for a new version (ETag)
     storage_check_seconds: float = 300.0
+    # what the operator and its init containers may fetch for model authors (egress policy,
+    # largest model, cloud identity)
+    storage: StorageLimits = field(default_factory=StorageLimits)
+    # the pipeline planner's child process: wall seconds and MiB of address space
+    pipeline_plan_seconds: float = 60.0
+    pipeline_plan_memory_mib: int = 320
+    # the platform's allow-lists for images, service accounts, priority classes, env Secrets
+    policy: ModelPolicy = field(default_factory=ModelPolicy)
 
 
 @dataclass

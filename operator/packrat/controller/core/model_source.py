@@ -86,6 +86,6 @@ def validate_model(errors: list[str], model: Any) -> None:
         )
     content_type = model.get("sampleContentType")
     if content_type is not None and (
-        not isinstance(content_type, str) or not _CONTENT_TYPE_RE.match(content_type)
+        not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type)
     ):
         errors.append(f"spec.model.sampleContentType must be a type/subtype, got {content_type!r}")

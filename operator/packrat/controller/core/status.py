@@ -411,6 +411,10 @@ class PipelineStatus(Status):
         )
         self._set("simulatedP99Ms", simulated_p99_ms)
 
+    def set_planning(self, failure: Mapping[str, Any] | None) -> None:
+        """The last planning run over its budget (signature, reason, message), or None."""
+        self._set("planning", dict(failure) if failure is not None else None)
+
     def set_stages(self, stages: Sequence[Mapping[str, Any]]) -> None:
         self._data["stages"] = [copy.deepcopy(dict(s)) for s in stages]
 

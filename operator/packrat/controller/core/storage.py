@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from packrat.runtime.egress import EgressPolicy
+from packrat.runtime.fetch import DEFAULT_MAX_BYTES
 
 STORAGE_SCHEMES = ("s3", "gs", "http", "https", "pvc")
 CREDENTIALS_DIR = "/credentials"
@@ -28,6 +32,34 @@ _URI_RE = re.compile(r"^(s3|gs|https?|pvc)://([^\s/]+)(/\S*)?$")
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PVC_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
+
+
+@dataclass(frozen=True)
+class StorageLimits:
+    """The operator's limits on what it and its init containers fetch for model authors:
+    the egress policy (internal ranges allowed, storage-host allow-list), the largest model
+    file (also the model emptyDir's ``sizeLimit``) and the cloud identity mode."""
+
+    policy: EgressPolicy = field(default_factory=EgressPolicy)
+    max_model_bytes: int = DEFAULT_MAX_BYTES
+    cloud_identity: str = "auto"
+
+    def fetch_flags(self) -> list[str]:
+        """``packrat fetch`` arguments carrying these limits into the init container."""
+        return [
+            *self.policy.flags(),
+            "--max-model-bytes",
+            str(self.max_model_bytes),
+            "--cloud-identity",
+            self.cloud_identity,
+        ]
+
+    def model_volume(self) -> dict[str, Any]:
+        """The emptyDir a model file is fetched into: no bigger than the largest model."""
+        return {"name": "model", "emptyDir": {"sizeLimit": str(self.max_model_bytes)}}
+
+
+DEFAULT_LIMITS = StorageLimits()
 
 
 def split_uri(uri: str) -> tuple[str, str, str]:
@@ -90,7 +122,11 @@ def needs_version_check(model: Mapping[str, Any]) -> bool:
 
 
 def storage_source(
-    model: Mapping[str, Any], *, model_dir: str, suffix: str
+    model: Mapping[str, Any],
+    *,
+    model_dir: str,
+    suffix: str,
+    limits: StorageLimits = DEFAULT_LIMITS,
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """(the model file's path in the pod, volumes, the model mount) for a storage model."""
     scheme, claim, path = split_uri(str(model["storageUri"]))
@@ -98,11 +134,15 @@ def storage_source(
     if scheme == "pvc":
         volume = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
         return f"{model_dir}/{path}", [volume], [mount]
-    return f"{model_dir}/model{suffix}", [{"name": "model", "emptyDir": {}}], [mount]
+    return f"{model_dir}/model{suffix}", [limits.model_volume()], [mount]
 
 
 def fetch_command(
-    model: Mapping[str, Any], *, target: str, expect_version: bool
+    model: Mapping[str, Any],
+    *,
+    target: str,
+    expect_version: bool,
+    limits: StorageLimits = DEFAULT_LIMITS,
 ) -> list[str] | None:
     """The init container's ``packrat fetch`` command; None when nothing needs to run."""
     uri = str(model["storageUri"])
@@ -116,7 +156,7 @@ def fetch_command(
         cmd += ["--digest", str(digest)]
     elif expect_version and model.get(VERSION_KEY):
         cmd += ["--expect-version", str(model[VERSION_KEY])]
-    return cmd
+    return [*cmd, *limits.fetch_flags()]
 
 
 def credentials_volume(model: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -139,9 +179,10 @@ def fetch_container(
     model_mount: Mapping[str, Any],
     base: Mapping[str, Any],
     expect_version: bool,
+    limits: StorageLimits = DEFAULT_LIMITS,
 ) -> dict[str, Any] | None:
     """The ``fetch-model`` init container (``base``: image, resources, security, env)."""
-    command = fetch_command(model, target=target, expect_version=expect_version)
+    command = fetch_command(model, target=target, expect_version=expect_version, limits=limits)
     if command is None:
         return None
     _, secret_mount = credentials_volume(model)

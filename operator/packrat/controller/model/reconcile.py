@@ -24,6 +24,7 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
+from packrat.controller.core.policy import refused_by_policy
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
@@ -141,6 +142,9 @@ class Reconciler:
             invalid: InvalidSpec | None = None
         except InvalidSpec as exc:
             model, invalid = None, exc
+        refused = self._refused(model)
+        if refused:  # outside the platform's allow-lists: as invalid, with its own reason
+            model, invalid = None, InvalidSpec(refused)
         unavailable = False
         if model is not None:  # a storageUri model's version (ETag) is part of its identity
             resolved = resolve_version(p, model)
@@ -168,7 +172,8 @@ class Reconciler:
             )
 
         if invalid is not None or model is None:
-            self._invalid(p, invalid.errors if invalid else ["spec unreadable"])
+            reason = "PolicyRefused" if refused else "InvalidSpec"
+            self._invalid(p, invalid.errors if invalid else ["spec unreadable"], reason=reason)
             return
         if self._foreign(p, children) or unavailable:
             return
@@ -345,14 +350,25 @@ class Reconciler:
         p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan.label}")
         steady(p, dep, replicas=replicas)
 
-    def _invalid(self, p: Pass, errors: list[str]) -> None:
+    def _refused(self, model: ModelSpec | None) -> list[str]:
+        """Why the platform's allow-lists refuse ``model`` (empty: they do not)."""
+        if model is None:
+            return []
+        return refused_by_policy(
+            model.spec,
+            self.config.policy,
+            default_image=self.config.image,
+            storage_hosts=self.config.storage.policy.hosts,
+        )
+
+    def _invalid(self, p: Pass, errors: list[str], *, reason: str = "InvalidSpec") -> None:
         p.status.failed(invalid=True)
         p.result.result = "invalid"
         message = "; ".join(errors)
         if p.status.get("message") != message:
-            p.emit("Warning", "InvalidSpec", message)
+            p.emit("Warning", reason, message)
         p.status.set_message(message)
-        p.cond("Ready", False, "InvalidSpec", message)
+        p.cond("Ready", False, reason, message)
 
     def _foreign(self, p: Pass, children: Children) -> bool:
         """Objects under our names that are not ours: nothing more is done until they go."""

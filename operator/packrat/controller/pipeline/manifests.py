@@ -64,6 +64,12 @@ def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str])
     return metadata(owner, name=name, labels=labels, kind=PIPELINE_KIND)
 
 
+def pipeline_metadata(owner: Mapping[str, Any], *, name: str) -> dict[str, Any]:
+    """Metadata of an object the pipeline owns (its plan ConfigMap)."""
+    pipeline = owner["metadata"]["name"]
+    return _metadata(owner, name=name, labels={**base_labels(pipeline), LABEL_PIPELINE: pipeline})
+
+
 def _labels(pipeline: str) -> dict[str, str]:
     return {**base_labels(pipeline, app=ROUTER_APP), LABEL_PIPELINE: pipeline}
 

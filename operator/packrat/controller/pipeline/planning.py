@@ -5,10 +5,13 @@ pipeline reads a stage's profile once the stage model's status names a ConfigMap
 profile key its spec implies, owned by that stage model. When every stage has one, the
 pipeline planner (:func:`packrat.plan.pipeline.provision.provision_pipeline`, the one
 ``packrat provision --pipeline`` runs) simulates the DAG on the sample trace and chooses
-every stage's replicas, CPUs per replica and batch. Its answer is cached by everything it
-depends on (profile digests, replica limits, edges, trace, SLO, core budget, batch delay,
-hop overhead), since one search simulates dozens of configurations; the search is seeded,
-so an operator restarted with the same inputs plans the same configuration.
+every stage's replicas, CPUs per replica and batch. The planner runs in a child process with
+a time and a memory budget (:mod:`packrat.controller.pipeline.plan_job`), never in the
+operator's own. Its answer is keyed by everything it depends on (profile digests, replica
+limits, edges, trace, SLO, core budget, batch delay, hop overhead), kept in memory and in a
+ConfigMap the pipeline owns (``{pipeline}-pipeline-plan``), so a restarted operator does not
+plan again; a run that exceeded its budget is recorded in ``status.planning`` with its key
+and not retried until the inputs change.
 
 Every HTTP hop costs ``spec.slo.hopOverheadMs`` in the simulation (the client's hop to the
 router and each stage's call: :mod:`packrat.plan.pipeline.simulate`). Each stage's tuner
@@ -27,6 +30,13 @@ from typing import Any
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import PipelinePass as Pass
+from packrat.controller.pipeline import manifests as pm
+from packrat.controller.pipeline.plan_job import (
+    PlanBudget,
+    PlanJobError,
+    PlannedPipeline,
+    run_bounded,
+)
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec
 from packrat.controller.planning.provisioning import (
     MIN_WINDOW_S,
@@ -36,10 +46,8 @@ from packrat.controller.planning.provisioning import (
 )
 from packrat.controller.serving import manifests as m
 from packrat.plan.envelope import window_sizes
-from packrat.plan.pipeline.provision import PipelineProvision, provision_pipeline
-from packrat.plan.pipeline.simulate import Pipeline, Stage
+from packrat.plan.pipeline.provision import PipelineProvision
 from packrat.plan.profile import Profile, ProfileError, parse_profile
-from packrat.plan.provision import SimSettings
 
 MAX_PROFILE_BYTES = 4 * 1024 * 1024
 
@@ -56,6 +64,7 @@ class CannotPlan(Exception):  # noqa: N818 (its reason is the condition reason u
 class StageProfile:
     profile: Profile
     digest: str
+    text: str = ""  # the profile's JSON, as the planner's child process reads it
 
 
 def stage_profile(
@@ -82,7 +91,7 @@ def stage_profile(
         profile = parse_profile(text, origin=f"configmap {p.namespace}/{cm_name}")
     except (ProfileError, RecursionError, TypeError, ValueError, KeyError, AttributeError):
         return None  # the stage model discards an unreadable profile and measures again
-    return StageProfile(profile, hashlib.sha256(text.encode()).hexdigest())
+    return StageProfile(profile, hashlib.sha256(text.encode()).hexdigest(), text)
 
 
 def stage_cpus(stage: StageSpec, profile: Profile) -> int:
@@ -91,8 +100,16 @@ def stage_cpus(stage: StageSpec, profile: Profile) -> int:
     return min(stage.cpus, top)
 
 
-PipelinePlans = Lru[str, PipelineProvision]
+PipelinePlans = Lru[str, PlannedPipeline]
 """Planner answers by signature, least recent out."""
+
+
+PLAN_KEY = "plan.json"
+SIGNATURE_KEY = "signature"
+
+
+def plan_configmap_name(pipeline: str) -> str:
+    return f"{pipeline}-pipeline-plan"
 
 
 def plan_pipeline(
@@ -100,8 +117,13 @@ def plan_pipeline(
     pipe: PipelineObject,
     profiles: Mapping[str, StageProfile],
     cache: PipelinePlans,
-) -> tuple[PipelineProvision, str]:
-    """The planner's configuration and its signature; ``CannotPlan`` when there is none."""
+    budget: PlanBudget | None = None,
+) -> tuple[PlannedPipeline, str]:
+    """The planner's configuration and its signature; ``CannotPlan`` when there is none.
+
+    From memory, else from the pipeline's plan ConfigMap, else planned in a child within
+    ``budget`` and persisted. A signature whose planning exceeded its budget fails again at
+    once (``status.planning``) instead of being planned again."""
     try:
         trace, source = sample_trace(p, pipe.slo)
     except TraceUnavailable as exc:
@@ -120,33 +142,78 @@ def plan_pipeline(
         "hop": pipe.hop_overhead_ms,
     }
     signature = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    found = cache.get(signature)
+    found = cache.get(signature) or _persisted(p, signature)
     if found is not None:
+        cache.put(signature, found)
         return found, signature
+    failed = p.status.get("planning") or {}
+    if failed.get("signature") == signature:
+        raise CannotPlan(str(failed.get("reason")), str(failed.get("message")))
     cache.misses += 1
+    job = {
+        "stages": [
+            {
+                "name": s.name,
+                "profile": profiles[s.name].text or profiles[s.name].profile.to_json(),
+                "cpus": stage_cpus(s, profiles[s.name].profile),
+            }
+            for s in pipe.stages
+        ],
+        "edges": [[e.src, e.dst, e.fraction] for e in pipe.edges],
+        "trace": [float(t) for t in trace],
+        "sloMs": pipe.slo_ms,
+        "maxCores": pipe.max_cores,
+        "delayMs": delay,
+        "hopMs": pipe.hop_overhead_ms,
+    }
     try:
-        pipeline = Pipeline(
-            [
-                Stage(
-                    s.name,
-                    profiles[s.name].profile.table(),
-                    stage_cpus(s, profiles[s.name].profile),
-                )
-                for s in pipe.stages
-            ],
-            pipe.edges,
-        )
-        found = provision_pipeline(
-            pipeline,
-            trace,
-            slo_ms=pipe.slo_ms,
-            max_cores=pipe.max_cores,
-            sim=SimSettings(max_batch_delay_ms=delay, overhead_ms=pipe.hop_overhead_ms),
-        )
-    except ValueError as exc:  # PipelineError, ProvisionError, PlanError, SimulationError
-        raise CannotPlan("ProvisionFailed", str(exc)) from None
+        found = run_bounded(job, budget or PlanBudget())
+    except PlanJobError as exc:
+        if exc.reason == "PlanningBudgetExceeded":  # not again for these inputs
+            p.status.set_planning(
+                {"signature": signature, "reason": exc.reason, "message": str(exc)}
+            )
+        raise CannotPlan(exc.reason, str(exc)) from None
+    p.status.set_planning(None)
+    _persist(p, signature, found)
     cache.put(signature, found)
     return found, signature
+
+
+def _ours(p: Pass, obj: Mapping[str, Any]) -> bool:
+    return owned_by(obj, name=p.name, uid=p.obj["metadata"].get("uid"), kind=pm.PIPELINE_KIND)
+
+
+def _persisted(p: Pass, signature: str) -> PlannedPipeline | None:
+    """The plan in the pipeline's own plan ConfigMap, when it is for ``signature``."""
+    cm = p.kube.get("configmaps", p.namespace, plan_configmap_name(p.name))
+    if cm is None or not _ours(p, cm):
+        return None
+    data = cm.get("data") or {}
+    if data.get(SIGNATURE_KEY) != signature:
+        return None
+    try:
+        return PlannedPipeline.from_json(str(data.get(PLAN_KEY, "")))
+    except ValueError:
+        return None  # edited or broken: planned again, and written again
+
+
+def _persist(p: Pass, signature: str, planned: PlannedPipeline) -> None:
+    name = plan_configmap_name(p.name)
+    data = {SIGNATURE_KEY: signature, PLAN_KEY: planned.to_json()}
+    current = p.kube.get("configmaps", p.namespace, name)
+    if current is None:
+        want = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": pm.pipeline_metadata(p.obj, name=name),
+            "data": data,
+        }
+        p.kube.create("configmaps", p.namespace, want)
+    elif _ours(p, current):
+        p.kube.patch("configmaps", p.namespace, name, {"data": data})
+    else:
+        p.conflict("ConfigMap", name)
 
 
 def _round(value: Any) -> float | None:

@@ -39,12 +39,11 @@ from packrat.controller.core.status import PipelineStatus, get_condition
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.latency import Measured
+from packrat.controller.pipeline.plan_job import PlanBudget
 from packrat.controller.pipeline.planning import (
     CannotPlan,
     PipelinePlans,
-    baselines,
     plan_pipeline,
-    stage_configs,
     stage_profile,
 )
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec, parse_pipeline
@@ -219,7 +218,11 @@ class PipelineReconciler:
         if len(profiles) < len(pipe.stages):
             return previous
         try:
-            prov, signature = plan_pipeline(p, pipe, profiles, self.plans)
+            budget = PlanBudget(
+                seconds=self.config.pipeline_plan_seconds,
+                memory_mib=self.config.pipeline_plan_memory_mib,
+            )
+            planned, signature = plan_pipeline(p, pipe, profiles, self.plans, budget)
         except CannotPlan as exc:
             message = f"cannot provision the pipeline for its SLO: {exc}"
             if previous_message != message:
@@ -230,23 +233,23 @@ class PipelineReconciler:
                 p.status.failed()
                 p.result.result = "provision_error"
             return previous
-        configs = stage_configs(prov)
+        configs = planned.configs
         summary = ", ".join(
             f"{n} {c['replicas']}x{c['cpusPerReplica']} CPUs b{c['batch']}"
             for n, c in configs.items()
         )
         summary += (
-            f": simulated P99 {_ms(prov.best.p99_ms)} ms for SLO {pipe.slo_ms:g} ms, "
-            f"{prov.best.cores} cores"
+            f": simulated P99 {_ms(planned.p99_ms)} ms for SLO {pipe.slo_ms:g} ms, "
+            f"{planned.cores} cores"
         )
         changed = p.status.get("planSignature") != signature
-        report_provisioned(p, feasible=prov.feasible, changed=changed, summary=summary)
+        report_provisioned(p, feasible=planned.feasible, changed=changed, summary=summary)
         p.status.set_plan(
             signature=signature,
-            cores=prov.best.cores,
-            simulated_p99_ms=_ms(prov.best.p99_ms),
-            slo_met=bool(prov.best.p99_ms <= pipe.slo_ms),
-            baselines=baselines(prov),
+            cores=planned.cores,
+            simulated_p99_ms=_ms(planned.p99_ms),
+            slo_met=planned.p99_ms is not None and planned.p99_ms <= pipe.slo_ms,
+            baselines=planned.baselines,
         )
         return configs
 
@@ -355,5 +358,5 @@ def mirror_autoscaling(
         entry["autoscaling"] = mirrored
 
 
-def _ms(value: float) -> float | None:
-    return round(value, 3) if math.isfinite(value) else None
+def _ms(value: float | None) -> float | None:
+    return round(value, 3) if value is not None and math.isfinite(value) else None

@@ -119,7 +119,11 @@ def _stage(
         return None
     _unknown(errors, doc, STAGE_FIELDS, f"{where}.")
     name = doc.get("name")
-    if not isinstance(name, str) or len(name) > MAX_STAGE_NAME or not _STAGE_NAME_RE.match(name):
+    if (
+        not isinstance(name, str)
+        or len(name) > MAX_STAGE_NAME
+        or not _STAGE_NAME_RE.fullmatch(name)
+    ):
         errors.append(f"{where}.name must be a DNS label of at most {MAX_STAGE_NAME} characters")
         return None
     if name == "router":

@@ -16,7 +16,7 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.status import now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
-from packrat.plan.optimizer import Optimizer
+from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import decide
@@ -45,12 +45,11 @@ def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tupl
     return batch, max(batch, auto.max)
 
 
-def plan_capacity(profile: Profile, plan: Mapping[str, Any]) -> float | None:
-    """Queries per second one replica running ``plan`` (a status plan) serves backlogged;
-    None when the plan is not one of the profile's."""
+def plan_capacity(profile: Profile, plan: Plan) -> float | None:
+    """Queries per second one replica running ``plan`` serves backlogged; None when the plan
+    is not one of the profile's."""
     try:
-        instances = Plan.from_dict(wire_plan(plan)).expand()
-        return backlogged_capacity(profile.table(), instances)
+        return backlogged_capacity(profile.table(), plan.expand())
     except (KeyError, ValueError):
         return None
 

@@ -88,7 +88,9 @@ def profile_env(spec: ModelSpec) -> list[dict[str, Any]]:
     return env
 
 
-def profiling_job(spec: ModelSpec) -> dict[str, Any]:
+def profiling_job(
+    spec: ModelSpec, *, limits: storage.StorageLimits = storage.DEFAULT_LIMITS
+) -> dict[str, Any]:
     """The Job that measures the profile.
 
     The ``profile`` init container runs ``packrat profile`` on T exclusive cores; the main
@@ -102,7 +104,7 @@ def profiling_job(spec: ModelSpec) -> dict[str, Any]:
         LABEL_MODEL: name,
         LABEL_PROFILE_KEY: key[:16],
     }
-    _, model_volumes, model_mounts = model_source(spec)
+    _, model_volumes, model_mounts = model_source(spec, limits=limits)
     output = f"{PROFILE_DIR}/{PROFILE_FILE}"
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -110,7 +112,7 @@ def profiling_job(spec: ModelSpec) -> dict[str, Any]:
         *model_mounts,
     ]
     init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec, expect_version=True)
+    fetch = fetch_init_container(spec, expect_version=True, limits=limits)
     if fetch is not None:
         init.append(fetch)
     init.append(

@@ -146,7 +146,9 @@ def _start_job(
     if retry_at is not None and p.now < retry_at:
         p.result.result = "waiting"
         return None
-    created = p.kube.create("jobs", model.namespace, pm.profiling_job(model))
+    created = p.kube.create(
+        "jobs", model.namespace, pm.profiling_job(model, limits=p.config.storage)
+    )
     pstatus.update(job=obj_name, startedAt=now_iso(p.now))
     for stale in ("retryAt", "stuck"):
         pstatus.pop(stale, None)

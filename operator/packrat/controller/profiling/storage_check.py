@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -26,10 +27,21 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.status import now_iso
 from packrat.controller.core.storage import VERSION_KEY, needs_version_check
-from packrat.runtime.fetch import FetchError, object_version
+from packrat.runtime.fetch import HEAD_LIMITS, FetchError, FetchLimits, object_version
 
 CONDITION = "ModelAvailable"
 VersionOf = Callable[[str, Mapping[str, str]], str]
+
+
+def head_limits(p: Pass) -> FetchLimits:
+    """The operator's storage limits for one version check (its short deadline)."""
+    storage = p.config.storage
+    return FetchLimits(
+        policy=storage.policy,
+        timeout_s=HEAD_LIMITS.timeout_s,
+        max_bytes=storage.max_model_bytes,
+        identity=storage.cloud_identity,
+    )
 
 
 def _secret_data(p: Pass, name: str) -> dict[str, str]:
@@ -53,7 +65,7 @@ def _fingerprint(uri: str, credentials: Mapping[str, str]) -> str:
 
 
 def resolve_version(
-    p: Pass, model: ModelSpec, *, version_of: VersionOf = object_version
+    p: Pass, model: ModelSpec, *, version_of: VersionOf | None = None
 ) -> ModelSpec | None:
     """``model`` with the store's version filled in; None (condition and event set) on failure."""
     spec_model = thaw(model.source)
@@ -73,7 +85,8 @@ def resolve_version(
             and p.seconds_since(seen.get("checkedAt")) < p.config.storage_check_seconds
         )
         _backing_off(p, seen, uri=uri, tried=tried)
-        version = str(seen["version"]) if fresh else version_of(uri, credentials)
+        ask = version_of or _store_version(p)
+        version = str(seen["version"]) if fresh else ask(uri, credentials)
     except FetchError as exc:
         held = isinstance(exc, _HeldError)
         message = exc.message if held else f"model {uri}: {exc.message}"[:1000]
@@ -119,6 +132,11 @@ def resolve_version(
         )
     p.cond(CONDITION, True, "Found", f"{uri} version {version}")
     return _with_version(model, version)
+
+
+def _store_version(p: Pass) -> VersionOf:
+    """The store's version of an object, asked under the operator's egress policy."""
+    return functools.partial(object_version, limits=head_limits(p))
 
 
 class _HeldError(FetchError):

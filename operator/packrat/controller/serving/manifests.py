@@ -36,6 +36,10 @@ ANNOTATION_PLAN_HASH = "packrat.dev/plan-hash"
 PLAN_ENV = "PACKRAT_PLAN"
 PLAN_KEY = "plan.json"  # the plan's key in a slot's plan ConfigMap
 ADMIN_TOKEN_ENV = "PACKRAT_ADMIN_TOKEN"  # the in-pod switch's bearer token (``--admin-token-env``)
+# the token Secret mounted as a file (``--admin-token-file``): in no process's environment,
+# and updated in place by the kubelet when the Secret is replaced (a rotated token)
+ADMIN_TOKEN_DIR = "/var/run/packrat/admin"
+ADMIN_TOKEN_VOLUME = "admin-token"
 ADMIN_TOKEN_KEY = "token"  # its key in the model's admin token Secret
 PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
@@ -154,17 +158,20 @@ def base_env() -> list[dict[str, Any]]:
     ]
 
 
-def model_source(spec: ModelSpec) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-    """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model."""
+def model_source(
+    spec: ModelSpec, *, limits: storage.StorageLimits = storage.DEFAULT_LIMITS
+) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model
+    (``limits``: the operator's, which size a fetched model's emptyDir)."""
     model = thaw(spec.source)
     if "zoo" in model:
         return str(model["zoo"]), [], []
     suffix = ".mar" if model.get("format") == "mar" else ".pt"
     if "storageUri" in model:
-        return storage.storage_source(model, model_dir=MODEL_DIR, suffix=suffix)
+        return storage.storage_source(model, model_dir=MODEL_DIR, suffix=suffix, limits=limits)
     mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
     if "uri" in model:
-        return f"{MODEL_DIR}/model{suffix}", [{"name": "model", "emptyDir": {}}], [mount]
+        return f"{MODEL_DIR}/model{suffix}", [limits.model_volume()], [mount]
     volume = model["volume"]
     if "persistentVolumeClaim" in volume:
         source: dict[str, Any] = {
@@ -178,7 +185,12 @@ def model_source(spec: ModelSpec) -> tuple[str, list[dict[str, Any]], list[dict[
     return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
 
 
-def fetch_init_container(spec: ModelSpec, *, expect_version: bool = False) -> dict[str, Any] | None:
+def fetch_init_container(
+    spec: ModelSpec,
+    *,
+    expect_version: bool = False,
+    limits: storage.StorageLimits = storage.DEFAULT_LIMITS,
+) -> dict[str, Any] | None:
     """For uri and storageUri models: fetch the file into the shared emptyDir (Guaranteed-sized).
 
     ``expect_version`` (the profiling Job) makes the fetch fail if the object is no longer the
@@ -200,6 +212,7 @@ def fetch_init_container(spec: ModelSpec, *, expect_version: bool = False) -> di
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             },
             expect_version=expect_version,
+            limits=limits,
         )
     if "uri" not in model:
         return None
@@ -207,7 +220,7 @@ def fetch_init_container(spec: ModelSpec, *, expect_version: bool = False) -> di
     return {
         "name": "fetch-model",
         "image": image,
-        "command": ["packrat", "fetch", str(model["uri"]), "-o", target],
+        "command": ["packrat", "fetch", str(model["uri"]), "-o", target, *limits.fetch_flags()],
         "resources": guaranteed_resources(spec),
         "securityContext": container_security(),
         "env": base_env(),
@@ -230,8 +243,8 @@ def serve_command(spec: ModelSpec) -> list[str]:
         spec.model_name,
         "--plan-env",
         PLAN_ENV,
-        "--admin-token-env",
-        ADMIN_TOKEN_ENV,
+        "--admin-token-file",
+        f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         "--port",
         str(PORT),
         "--host",
@@ -249,6 +262,7 @@ def serving_deployment(
     serving_hash: str,
     replicas: int,
     plan_hash: str | None = None,
+    limits: storage.StorageLimits = storage.DEFAULT_LIMITS,
 ) -> dict[str, Any]:
     """The Deployment of one slot, running ``packrat serve`` on the plan in the slot's plan
     ConfigMap, with the model's admin token (the in-pod switch). The plan is not in the
@@ -262,10 +276,10 @@ def serving_deployment(
     image = spec.image
     selector = {**base_labels(name), LABEL_SLOT: slot}
     pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
-    _, model_volumes, model_mounts = model_source(spec)
+    _, model_volumes, model_mounts = model_source(spec, limits=limits)
     probe_get = {"path": "/ping", "port": "http"}
     init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec)
+    fetch = fetch_init_container(spec, limits=limits)
     if fetch is not None:
         init.append(fetch)
     pod_spec: dict[str, Any] = {
@@ -286,14 +300,15 @@ def serving_deployment(
                     _env_from(
                         PLAN_ENV, "configMapKeyRef", plan_configmap_name(name, slot), PLAN_KEY
                     ),
-                    _env_from(
-                        ADMIN_TOKEN_ENV, "secretKeyRef", admin_token_name(name), ADMIN_TOKEN_KEY
-                    ),
                 ],
                 "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
                 "resources": guaranteed_resources(spec),
                 "securityContext": container_security(),
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *model_mounts],
+                "volumeMounts": [
+                    {"name": "tmp", "mountPath": "/tmp"},
+                    *model_mounts,
+                    {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+                ],
                 "startupProbe": {
                     "httpGet": probe_get,
                     "periodSeconds": 2,
@@ -323,6 +338,10 @@ def serving_deployment(
             {"name": "tmp", "emptyDir": {}},
             *model_volumes,
             *storage.credentials_volume(thaw(spec.source))[0],
+            {
+                "name": ADMIN_TOKEN_VOLUME,
+                "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},
+            },
         ],
         **scheduling(spec),
     }

@@ -72,17 +72,19 @@ def secret_token(secret: Mapping[str, Any]) -> str | None:
     return token if len(token.strip()) >= 16 else None
 
 
-def ensure_plan(p: Pass, *, slot: str, plan: Plan) -> None:
-    """Create the slot's plan ConfigMap or bring its plan back to ``plan``."""
+def ensure_plan(p: Pass, *, slot: str, plan: Plan) -> bool:
+    """Create the slot's plan ConfigMap or bring its plan back to ``plan``. False (and a
+    conflict recorded) when a ConfigMap under that name is not ours: its plan, which someone
+    else chose, must never reach a pod."""
     want = plan_configmap(p.obj, slot=slot, plan=plan)
     name = want["metadata"]["name"]
     current = p.kube.get("configmaps", p.namespace, name)
     if current is None:
         p.kube.create("configmaps", p.namespace, want)
-        return
+        return True
     if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
         p.conflict("ConfigMap", name)
-        return
+        return False
     annotations = (current.get("metadata") or {}).get("annotations") or {}
     if (
         current.get("data") != want["data"]
@@ -95,11 +97,13 @@ def ensure_plan(p: Pass, *, slot: str, plan: Plan) -> None:
             name,
             {"metadata": {"annotations": want["metadata"]["annotations"]}, "data": want["data"]},
         )
+    return True
 
 
 def ensure_token(p: Pass) -> str | None:
-    """The model's admin token, its Secret made when missing (None: a Secret under that name
-    that is not ours, or holds no token; the pods then cannot be switched in place)."""
+    """The model's admin token, its Secret made when missing (None: ours holds no token, or
+    the Secret under that name is not ours: then a conflict is recorded, as a token someone
+    else knows must never guard the pods)."""
     name = m.admin_token_name(p.name)
     current = p.kube.get("secrets", p.namespace, name)
     if current is None:
@@ -110,5 +114,6 @@ def ensure_token(p: Pass) -> str | None:
         if current is None:
             return None
     if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+        p.conflict("Secret", name)
         return None
     return secret_token(current)

@@ -80,6 +80,13 @@ def pod_template_hash(rendering: Rendering) -> str:
     return rendering.spec.template_hash(rendering.plan.cpus)
 
 
+def _ours_untouched(p: Pass, current: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The existing Deployment, left as it is, while its pods' inputs are squatted."""
+    return (
+        dict(current) if owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")) else None
+    )
+
+
 def ensure_deployment(
     p: Pass,
     current: Mapping[str, Any] | None,
@@ -98,15 +105,20 @@ def ensure_deployment(
     it still runs on another plan with the same template (a slot still draining) are
     replaced; the active slot's template never has it changed: its plan changes in its pods.
 
-    Returns the Deployment as it now is (None when it is not ours)."""
+    Returns the Deployment as it now is (None when it is not ours, or when the token Secret
+    or the plan ConfigMap is someone else's: then nothing is created or changed, and the
+    conflict is reported)."""
     ensure_token(p)
-    ensure_plan(p, slot=slot, plan=rendering.plan)
+    squatted = ("Secret", m.admin_token_name(p.name)) in p.conflicts
+    if not ensure_plan(p, slot=slot, plan=rendering.plan) or squatted:
+        return None if current is None else _ours_untouched(p, current)
     pod_hash = pod_template_hash(rendering)
     want = m.serving_deployment(
         rendering.spec,
         slot=slot,
         serving_hash=pod_hash,
         replicas=replicas,
+        limits=p.config.storage,
         plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]

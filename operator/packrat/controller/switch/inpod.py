@@ -101,7 +101,8 @@ def switch_in_pod(
     token = ensure_token(p)
     if token is None:
         return f"no admin token in Secret {m.admin_token_name(p.name)}"
-    ensure_plan(p, slot=slot, plan=desired.plan)
+    if not ensure_plan(p, slot=slot, plan=desired.plan):
+        return f"ConfigMap {m.plan_configmap_name(p.name, slot)} is not ours"
     listed = p.kube.list("pods", p.namespace, labels=m.service_selector(p.name, slot=slot))
     ready, others = slot_pods(listed)
     why: str | None = None

@@ -31,7 +31,7 @@ from packrat.plan.pipeline.branch import parse_condition
 from packrat.plan.pipeline.simulate import Edge, Pipeline, PipelineError, Stage
 from packrat.plan.profile import ProfileError, load_profile
 
-MAX_STAGES = 64
+MAX_STAGES = 16  # as the PackratPipeline CRD: planning cost grows fast with stages
 MAX_SPEC_BYTES = 1024 * 1024
 STAGE_KEYS = {"name", "profile", "maxCpus"}
 EDGE_KEYS = {"from", "to", "fraction", "when"}
@@ -149,4 +149,6 @@ def load_pipeline_spec(path: str | Path) -> PipelineSpec:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
         raise PipelineError(f"{path}: not valid YAML{at}") from None
+    except RecursionError:
+        raise PipelineError(f"{path}: nested too deeply") from None
     return parse_pipeline_spec(doc, base=path.parent, origin=str(path))

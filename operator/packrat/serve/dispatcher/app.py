@@ -44,18 +44,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from packrat.plan.estimator import SERVING_ROUNDING, BatchSizeEstimator
 from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.arrivals import ArrivalLog
 from packrat.serve.dispatcher.connections import (
-    BodyTooLargeError,
+    BodyRefusedError,
+    BufferBudget,
     ConnectionLimits,
     GuardedAppRunner,
     disconnected,
-    read_body,
+    receive_body,
     refuse_body,
     shield,
 )
@@ -114,7 +114,7 @@ class Dispatcher(SwapMixin):
         self.max_body_bytes = max_body_bytes
         self.max_buffered_bytes = max_buffered_bytes
         self.body_timeout_s = body_timeout_s
-        self.buffered_bytes = 0
+        self.budget = BufferBudget(max_buffered_bytes)
         self.metrics = metrics or ServeMetrics()
         self.estimator = BatchSizeEstimator(window=estimator_window, rounding=estimator_rounding)
         self.sampler = EstimatorSampler(
@@ -137,7 +137,7 @@ class Dispatcher(SwapMixin):
         # (a gauge set takes a lock; the request path is the dispatcher's hot loop).
         m.queue_depth.labels(model).set_function(lambda: sum(s.queued for s in self._every()))
         m.in_flight.labels(model).set_function(lambda: sum(s.in_flight for s in self._every()))
-        m.buffered_bytes.labels(model).set_function(lambda: self.buffered_bytes)
+        m.buffered_bytes.labels(model).set_function(lambda: self.budget.used)
         self._duration = m.request_duration.labels(model)
         self._by_code: dict[str, Any] = {}
         # The series alerts take rate() of exist at 0 from the start: a counter first scraped
@@ -152,6 +152,11 @@ class Dispatcher(SwapMixin):
         for inst in self.instances:
             m.instance_up.labels(model, inst.name).set(0)
         self._per_instance = [m.instance_requests.labels(model, i.name) for i in self.instances]
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of request bodies held right now (reserved at admission)."""
+        return self.budget.used
 
     # -- lifecycle ------------------------------------------------------------------------------
     def runner(self, limits: ConnectionLimits | None = None, **kwargs: Any) -> web.AppRunner:
@@ -263,7 +268,6 @@ class Dispatcher(SwapMixin):
         if name != self.model:
             return error_response(404, f"Model not found: {name}")
         start = time.perf_counter()
-        self.arrivals.record()
         # Admission, before a byte of the body is read.
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
@@ -273,27 +277,22 @@ class Dispatcher(SwapMixin):
         if not self.slots.admissible():
             return self._shed(error_response(503, "queue full", **self._retry()), start)
         reserve = length if length is not None else self.max_body_bytes
-        if self.buffered_bytes + reserve > self.max_buffered_bytes:
+        if not self.budget.reserve(reserve):
             return self._shed(
                 error_response(503, "too many request bodies buffered", **self._retry()), start
             )
-        self.buffered_bytes += reserve
         stage = "reading"
         try:
             try:
-                if request.content.is_eof():  # all here already (a small body): no deadline
-                    body = await read_body(request, length, self.max_body_bytes)
-                else:
-                    async with asyncio.timeout(self.body_timeout_s):  # no task, unlike wait_for
-                        body = await read_body(request, length, self.max_body_bytes)
-            except TimeoutError:
-                msg = "request body not received in time"
-                return self._refuse(request, error_response(408, msg), start)
-            except BodyTooLargeError:
-                return self._refuse(request, self._too_large(None), start)
-            except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                msg = f"request body incomplete: {exc}"
-                return self._refuse(request, error_response(400, msg), start)
+                body = await receive_body(request, length, self.max_body_bytes, self.body_timeout_s)
+            except BodyRefusedError as exc:
+                answer = self._too_large(None) if exc.status == 413 else None
+                answer = answer or error_response(exc.status, exc.message)
+                return self._refuse(request, answer, start)
+            # An arrival for the tuner only once admitted and whole: a flood the pod refuses
+            # (too large, queue full, broken bodies) must not buy its sender more replicas; a
+            # saturated pod shows as admitted arrivals at its capacity.
+            self.arrivals.record()
             stage = "queued"
             # This request stays with the set it was admitted to, even across a swap.
             slots, instances, counters = self.slots, self.instances, self._per_instance
@@ -325,7 +324,7 @@ class Dispatcher(SwapMixin):
             self.metrics.cancelled.labels(self.model, stage).inc()
             raise
         finally:
-            self.buffered_bytes -= reserve
+            self.budget.release(reserve)
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()

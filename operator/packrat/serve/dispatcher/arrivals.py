@@ -1,6 +1,7 @@
 """The arrivals a serving pod sees, for the operator's tuner (``GET /arrivals``).
 
-Every prediction request that reaches the dispatcher is stamped (wall clock, seconds since
+Every prediction request the dispatcher admits, its body received whole, is stamped (not
+the ones it refuses or sheds: see ``handle_predict``), with the wall clock (seconds since
 the epoch, so the operator can merge the pods' logs) in a ring of at most ``capacity``
 timestamps: memory is bounded whatever the load, and the oldest are dropped first. The
 operator asks for what came after the last timestamp it saw (``?after=``) and gets at most

@@ -13,6 +13,15 @@ server classes:
   own timer);
 - ``refused_hold_s``: how long a connection whose body was refused is held, unread, before it
   is closed (aiohttp's lingering time).
+- ``max_per_client``: one client address holds at most this many ordinary connections, so one
+  client cannot take the whole cap;
+- ``probe_reserve``: connections beyond the cap kept for health probes (the kubelet's
+  ``/ping`` and ``/healthz``): a connection that arrives when the ordinary ones are used up
+  (or over its client's share) is admitted *probe-only*: its head must arrive within
+  ``probe_head_timeout_s`` and be a GET of a probe path, it is answered with
+  ``Connection: close``, and no client holds more than ``probe_reserve_per_client`` of them.
+  1,100 idle connections from one client therefore cannot make ``/ping`` fail: the client
+  holds its share, and the probes find room in the reserve.
 
 Body read deadlines are the dispatcher's: it reads the body itself, after admission, with
 :func:`read_body` (at most the body limit, counted as it arrives when chunked).
@@ -34,10 +43,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["BodyTooLargeError", "ConnectionLimits", "GuardedAppRunner", "read_body", "refuse_body"]
+__all__ = [
+    "BodyRefusedError",
+    "BodyTooLargeError",
+    "BufferBudget",
+    "ConnectionLimits",
+    "GuardedAppRunner",
+    "read_body",
+    "receive_body",
+    "refuse_body",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +68,21 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
     refused_hold_s: float = 5.0
+    max_per_client: int = 256
+    probe_reserve: int = 32
+    probe_reserve_per_client: int = 4
+    probe_head_timeout_s: float = 2.0
+    probe_paths: tuple[str, ...] = ("/ping", "/healthz")
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if self.probe_reserve < 0:
+            raise ValueError("probe_reserve must be >= 0")
+        if min(self.max_per_client, self.probe_reserve_per_client) < 1:
+            raise ValueError("per-client limits must be >= 1")
+        if self.probe_head_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0")
         if min(self.header_timeout_s, self.keepalive_timeout_s, self.refused_hold_s) <= 0:
             raise ValueError("timeouts must be > 0")
 
@@ -65,6 +96,8 @@ class _GuardedHandler(RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._refusing = False
         self._shielded = False  # the request in hand must run to completion (see shield)
+        self._client = ""
+        self._pool: str | None = None  # "ordinary" or "probe" once admitted
 
     def refuse_body(self) -> None:
         """Read no more of this connection: it closes after the answer (see the module)."""
@@ -79,7 +112,10 @@ class _GuardedHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if len(self._guard.connections) > self._guard.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        self._pool = self._guard.admit(self._client)
+        if self._pool is None:
             self._guard.on_event("refused")
             self.force_close()
             transport.close()
@@ -88,6 +124,9 @@ class _GuardedHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if self._refusing:
+            return
+        if self._pool == "probe":
+            self._probe_data(data)
             return
         # Idle (no request being handled or parsed) and bytes arrive: a new head starts.
         starting = (
@@ -104,7 +143,31 @@ class _GuardedHandler(RequestHandler):
             # segment, and a timer armed and cancelled per request costs the hot path
             self._arm()
 
+    def _probe_data(self, data: bytes) -> None:
+        """A probe-only connection: a GET of a probe path, answered and closed; else closed."""
+        super().data_received(data)
+        if not self._messages:
+            return
+        self._disarm()
+        message = self._messages[0][0]
+        if not (
+            isinstance(message, RawRequestMessage)
+            and message.method == "GET"
+            and message.path in self._guard.limits.probe_paths
+        ):
+            self._messages.clear()
+            self._guard.on_event("refused")
+            self.force_close()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        # answered with Connection: close: a probe slot is held for one probe only
+        self._messages[0] = (message._replace(should_close=True), self._messages[0][1])
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._pool is not None:
+            self._guard.release(self._client, self._pool)
+            self._pool = None
         self._disarm()
         task = self._task_handler
         super().connection_lost(exc)  # aiohttp's own handler cancellation is off (see server)
@@ -113,9 +176,9 @@ class _GuardedHandler(RequestHandler):
 
     def _arm(self) -> None:
         self._disarm()
-        self._head_timer = self._loop.call_later(
-            self._guard.limits.header_timeout_s, self._head_expired
-        )
+        limits = self._guard.limits
+        timeout = limits.probe_head_timeout_s if self._pool == "probe" else limits.header_timeout_s
+        self._head_timer = self._loop.call_later(timeout, self._head_expired)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -126,7 +189,8 @@ class _GuardedHandler(RequestHandler):
         self._head_timer = None
         if self._request_in_progress or self._messages:
             return
-        self._guard.on_event("header_timeout")
+        # a probe-only connection that sent no probe was a connection over the cap
+        self._guard.on_event("refused" if self._pool == "probe" else "header_timeout")
         self.force_close()
         if self.transport is not None:
             self.transport.close()
@@ -148,6 +212,31 @@ class _GuardedServer(web.Server):
         super().__init__(handler, handler_cancellation=False, **kwargs)
         self.limits = limits
         self.on_event = on_event
+        self.open = {"ordinary": 0, "probe": 0}
+        self.by_client: dict[tuple[str, str], int] = {}
+
+    def admit(self, client: str) -> str | None:
+        """The pool a new connection from ``client`` joins ("ordinary" or "probe"), or None
+        (refused): ordinary up to the cap and the client's share, then probe-only."""
+        limits = self.limits
+        pools = (
+            ("ordinary", limits.max_connections, limits.max_per_client),
+            ("probe", limits.probe_reserve, limits.probe_reserve_per_client),
+        )
+        for pool, total, share in pools:
+            if self.open[pool] < total and self.by_client.get((client, pool), 0) < share:
+                self.open[pool] += 1
+                self.by_client[(client, pool)] = self.by_client.get((client, pool), 0) + 1
+                return pool
+        return None
+
+    def release(self, client: str, pool: str) -> None:
+        self.open[pool] -= 1
+        left = self.by_client.get((client, pool), 1) - 1
+        if left:
+            self.by_client[(client, pool)] = left
+        else:
+            self.by_client.pop((client, pool), None)
 
     def __call__(self) -> RequestHandler:
         return _GuardedHandler(self, loop=self._loop, **self._kwargs)
@@ -224,3 +313,51 @@ async def read_body(request: web.BaseRequest, length: int | None, limit: int) ->
             raise BodyTooLargeError
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class BodyRefusedError(Exception):
+    """A request body that was not received whole: ``status`` (408, 413, 400) and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+async def receive_body(
+    request: web.BaseRequest, length: int | None, limit: int, timeout_s: float
+) -> bytes:
+    """The body of an admitted request, within ``timeout_s`` (unless it is all here already)
+    and at most ``limit`` bytes; :class:`BodyRefusedError` otherwise. The caller answers the
+    error with :func:`refuse_body`, so the rest of the body is never read."""
+    try:
+        if request.content.is_eof():  # all here already (a small body): no deadline
+            return await read_body(request, length, limit)
+        async with asyncio.timeout(timeout_s):  # no task, unlike wait_for
+            return await read_body(request, length, limit)
+    except TimeoutError:
+        raise BodyRefusedError(408, "request body not received in time") from None
+    except BodyTooLargeError:
+        raise BodyRefusedError(413, "a longer body") from None
+    except (aiohttp.ClientError, asyncio.IncompleteReadError, ConnectionError) as exc:
+        raise BodyRefusedError(400, f"request body incomplete: {exc}") from None
+
+
+class BufferBudget:
+    """Bytes a server may hold in request (and answer) bodies at once, across all requests:
+    one client's large bodies are shed (503) instead of growing the process to its limit."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a buffer budget needs at least 1 byte")
+        self.limit = limit
+        self.used = 0
+
+    def reserve(self, n: int) -> bool:
+        """Take ``n`` bytes if they fit (True); nothing taken otherwise."""
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.used -= n

@@ -47,6 +47,16 @@ class Health:
     restarts: int = 0
     status: str = "LOADING"
     extra: dict[str, Any] = field(default_factory=dict)
+    # when the instance last went down after serving (monotonic s), None while it is up: a
+    # worker that crash-loops (a truncated weight file) stays down, and liveness fails
+    down_since: float | None = None
+
+    def note(self, now: float) -> None:
+        """Record the instance's up/down state as of ``now`` (the monitor, every check)."""
+        if self.up:
+            self.down_since = None
+        elif self.down_since is None:
+            self.down_since = now
 
     def to_dict(self) -> dict[str, Any]:
         # No pid: /status is reachable by anyone who can reach the port.
@@ -80,9 +90,13 @@ async def monitor(pod: PodServer) -> None:
                 pod.health[inst.name].up = False
                 pod.health[inst.name].status = "UNRESPONSIVE"
                 pod.dispatcher.set_up(i, False)
+                pod.health[inst.name].note(asyncio.get_running_loop().time())
             continue
         async with pod.lock:
             await check_instances(pod, initial=False)
+        now = asyncio.get_running_loop().time()
+        for h in pod.health.values():
+            h.note(now)
 
 
 async def check_instances(pod: PodServer, *, initial: bool) -> None:

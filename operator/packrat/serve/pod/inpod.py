@@ -29,7 +29,8 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -187,15 +188,47 @@ def _answer(status: int, doc: dict[str, Any]) -> web.Response:
     return web.json_response(doc, status=status)
 
 
-def admin_routes(switch: InPodSwitch, token: str | None) -> list[web.RouteDef]:
-    """``POST /admin/plan`` (bearer ``token``), or nothing when there is no token."""
+class TokenFile:
+    """The admin token in a file (a mounted Secret), read again when the file changes: the
+    kubelet updates a Secret volume in place, so a token rotated by replacing the Secret
+    reaches running pods without a restart, and the token is in no process's environment
+    (TorchServe's workers, the model's handler code, inherit the environment)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._seen: tuple[float, int] | None = None
+        self._token: str | None = None
+
+    def __call__(self) -> str | None:
+        try:
+            stat = self.path.stat()
+            key = (stat.st_mtime, stat.st_ino)
+            if key != self._seen:
+                token = self.path.read_text(encoding="utf-8").strip()
+                self._token = token if len(token) >= MIN_TOKEN_CHARS else None
+                self._seen = key
+        except (OSError, UnicodeDecodeError):
+            return None  # gone or unreadable: no token, every request 401
+        return self._token
+
+
+MIN_TOKEN_CHARS = 16
+
+
+def admin_routes(
+    switch: InPodSwitch, token: str | Callable[[], str | None] | None
+) -> list[web.RouteDef]:
+    """``POST /admin/plan`` (bearer ``token``, or the token a :class:`TokenFile` holds now),
+    or nothing when there is no token."""
     if not token:
         return []
-    expected = f"Bearer {token}".encode()
+    current = token if callable(token) else (lambda: token)
 
     async def handle_plan(request: web.Request) -> web.Response:
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        held = current()
+        expected = f"Bearer {held}".encode() if held else None
+        if expected is None or not hmac.compare_digest(given, expected):
             return _answer(401, {"code": 401, "message": "a valid bearer token is required"})
         length = request.content_length
         if length is None or length > MAX_PLAN_BYTES:

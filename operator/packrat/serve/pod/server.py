@@ -28,7 +28,7 @@ import logging
 import shutil
 import signal
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,8 @@ class ServeOptions:
     warmup_body: bytes | None = None  # for a .mar; zoo/TorchScript models build their own
     health_interval_s: float = 0.5
     health_timeout_s: float = 2.0  # a frontend ping slower than this marks every instance down
+    # an instance down this long after it served (a crash-looping worker) fails liveness
+    stuck_instance_s: float = 180.0
     estimator_interval_s: float = 0.005
     estimator_rounding: str = SERVING_ROUNDING  # or "floor" (packrat.plan.estimator)
     shared_weights: bool = True  # one mapped copy per pod (False: each instance its own)
@@ -110,7 +112,8 @@ class ServeOptions:
     body_timeout_s: float = 30.0
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
-    admin_token: str | None = None  # enables POST /admin/plan (the in-pod switch)
+    # enables POST /admin/plan (the in-pod switch): a token, or a TokenFile read as it changes
+    admin_token: str | Callable[[], str | None] | None = None
     zygote: bool = (
         True  # workers forked from one process that imported torch (packrat.serve.zygote.zygote)
     )
@@ -220,8 +223,23 @@ class PodServer:
         }
 
     def _alive(self) -> bool:
+        """Liveness: TorchServe runs, and no instance has been down for ``stuck_instance_s``
+        since it last served (its worker crash-loops: only a new pod can mend it)."""
         ts = self.torchserve
-        return ts is None or ts.proc is None or ts.running  # not started yet counts as alive
+        if ts is None or ts.proc is None:
+            return True  # not started yet counts as alive
+        if not ts.running:
+            return False
+        now = asyncio.get_running_loop().time()
+        limit = self.opts.stuck_instance_s
+        stuck = [
+            n
+            for n, h in self.health.items()
+            if h.down_since is not None and now - h.down_since > limit
+        ]
+        if stuck:
+            log.warning("instances down for over %.0f s: %s", limit, ", ".join(stuck))
+        return not stuck
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -347,6 +365,12 @@ class PodServer:
 
         # The archive and the weight file are made while the JVM starts.
         archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
+        if archive.inputs and self.dispatcher is not None:  # one sample's worth, not 6 MiB
+            from packrat.serve.codec import input_body_cap
+
+            cap = input_body_cap(archive.inputs, self.opts.max_body_bytes)
+            self.dispatcher.max_body_bytes = cap
+            log.info("packrat serve: request bodies capped at %d bytes for this model", cap)
         log.info("packrat serve: TorchServe is up and the archive is built")
         assert self.dispatcher is not None
         self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
