@@ -318,22 +318,53 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
 
 
 def test_peering_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # the chart renders neither kopf's peering CRDs nor a peering object: the CRDs are in its
+    # crds/ folder (and the packrat-crds chart), the operator creates the object at start
     ha = rendered["ha"]
-    crds = {o["metadata"]["name"] for o in by_kind(ha, "CustomResourceDefinition")}
-    assert crds == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
-    peerings = by_kind(ha, "KopfPeering")
-    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings] == [
-        ("models-a", "packrat-ha")
-    ]
-    assert len(by_kind(rendered["ha-cluster"], "ClusterKopfPeering")) == 1
+    assert not by_kind(ha, "CustomResourceDefinition")
+    assert not by_kind(ha, "KopfPeering") and not by_kind(
+        rendered["ha-cluster"], "ClusterKopfPeering"
+    )
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        crds = {yaml.safe_load(c["data"])["metadata"]["name"] for c in chart.crds}
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= crds
     args = _operator_args(ha)
-    assert "--peering=packrat-ha" in args
+    assert "--peering=packrat-ha" in args and "--namespace=models-a" in args
     env = _one(ha, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "PACKRAT_PEERING_PRIORITY", "value": "10"} in env
     assert not any(a.startswith("--peering") for a in _operator_args(rendered["default"]))
     assert _one(ha, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
     assert _one(rendered["default"], "Deployment")["spec"]["strategy"]["type"] == "Recreate"
     assert not by_kind(rendered["default"], "CustomResourceDefinition")
+
+
+def _crd_kinds(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        d["spec"]["names"]["kind"]: d["metadata"]["name"]
+        for d in docs
+        if d and d.get("kind") == "CustomResourceDefinition"
+    }
+
+
+def _release_clashes(objects: list[dict[str, Any]]) -> list[str]:
+    """Objects whose kind a CRD of the same release defines (its templates or crds/ folder)."""
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        defined = _crd_kinds([yaml.safe_load(c["data"]) for c in chart.crds])
+    defined |= _crd_kinds(objects)
+    assert {"PackratModel", "KopfPeering", "ClusterKopfPeering"} <= defined.keys()
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in defined]
+
+
+@pytest.mark.parametrize("variation", sorted(VARIATIONS))
+def test_no_custom_object_in_the_release_that_defines_its_kind(
+    rendered: dict[str, list[dict[str, Any]]], variation: str
+) -> None:
+    """On a fresh cluster Helm refuses a release with an object whose kind a CRD of the same
+    release defines ("no matches for kind ... ensure CRDs are installed first")."""
+    assert _release_clashes(rendered[variation]) == [], variation
+    # not vacuous: the chart as it was (a ClusterKopfPeering rendered beside kopf's CRDs) fails
+    old = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "p"}}
+    assert _release_clashes([*rendered[variation], old]) == ["ClusterKopfPeering/p"]
 
 
 def test_pdb_selects_the_operator_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -495,9 +526,10 @@ def test_rbac_namespaced_mode_grants_only_listed_namespaces(
 
 def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str, Any]]]) -> None:
     ha_role = _one(rendered["ha"], "Role")
-    assert _grants(ha_role)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    peering = {"get", "list", "watch", "patch", "create"}  # create: the operator makes it
+    assert _grants(ha_role)[("kopf.dev", "kopfpeerings")] == peering
     cluster = _grants(_one(rendered["ha-cluster"], "ClusterRole"))
-    assert cluster[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert cluster[("kopf.dev", "clusterkopfpeerings")] == peering
     assert not any(g == "kopf.dev" for g, _ in _grants(_one(rendered["default"], "ClusterRole")))
 
 
