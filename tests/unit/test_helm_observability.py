@@ -212,3 +212,74 @@ def test_readme_commands_run_from_a_clone() -> None:
         assert (ROOT / path).is_file(), path
     for needle in ("```mermaid", "KServe", "Seldon", "Triton", "limited maintenance"):
         assert needle in text, needle
+
+
+def _field_paths(node: dict[str, Any], prefix: str) -> set[str]:
+    """Every dotted field path under ``node`` of the CRD's schema (``spec.profiling.threads``)."""
+    paths = {prefix}
+    for name, child in (node.get("properties") or {}).items():
+        paths |= _field_paths(child, f"{prefix}.{name}")
+    if isinstance(node.get("items"), dict):
+        paths |= _field_paths(node["items"], prefix)
+    return paths
+
+
+def _operator_flags() -> set[str]:
+    import argparse
+
+    from packrat.cli import operator
+
+    parser = argparse.ArgumentParser()
+    operator.register(parser.add_subparsers())
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {flag for action in sub.choices["operator"]._actions for flag in action.option_strings}
+
+
+def _alert_texts() -> list[tuple[str, str]]:
+    """(alert, text) of every annotation of the rules file and of its promtool unit tests."""
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    texts = [
+        (r["alert"], text)
+        for g in rules["groups"]
+        for r in g["rules"]
+        for text in r["annotations"].values()
+    ]
+    tests = yaml.safe_load((RULES.parent / "packrat-alerts.test.yaml").read_text(encoding="utf-8"))
+    for case in tests["tests"]:
+        for check in case.get("alert_rule_test", []):
+            for alert in check.get("exp_alerts", []):
+                texts += [
+                    (check["alertname"], t) for t in alert.get("exp_annotations", {}).values()
+                ]
+    return texts
+
+
+def _unknown_references(text: str, fields: set[str], flags: set[str]) -> list[str]:
+    found = [p for p in re.findall(r"\b((?:spec|status)(?:\.[A-Za-z]+)+)", text) if p not in fields]
+    found += [f for f in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", text) if f not in flags]
+    return found
+
+
+def test_alert_texts_name_real_fields_and_flags() -> None:
+    """What an alert tells the person paged (a status field to read, a spec field or operator
+    flag to change) exists: every spec./status. path is a field of the PackratModel CRD, every
+    --flag one of `packrat operator`'s."""
+    from packaging_support import crd_schema
+
+    schema = crd_schema()
+    fields = _field_paths(schema["properties"]["spec"], "spec")
+    fields |= _field_paths(schema["properties"]["status"], "status")
+    flags = _operator_flags()
+    texts = _alert_texts()
+    named = [t for _, t in texts if re.search(r"\b(spec|status)\.|--[a-z]", t)]
+    assert len(named) >= 4, "no alert names a field or flag: did the texts move?"
+    bad = {alert: refs for alert, t in texts if (refs := _unknown_references(t, fields, flags))}
+    assert bad == {}
+    # the check is not vacuous: the texts the alert had before (issue 28 item 3) fail it
+    old = "status.profiling.lastFailure says why; it retries --max-profile-retries times"
+    assert _unknown_references(old, fields, flags) == [
+        "status.profiling.lastFailure",
+        "--max-profile-retries",
+    ]
+    profiling = " ".join(t for a, t in texts if a == "PackratProfilingFailed")
+    assert "status.profile.lastFailure" in profiling and "--max-profile-attempts" in profiling
