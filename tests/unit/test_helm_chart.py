@@ -72,6 +72,16 @@ VARIATIONS: dict[str, dict[str, Any]] = {
             "alertLabels": {"team": "ml"},
         },
     },
+    "netpol": {
+        "watchNamespaces": ["models-a"],
+        "networkPolicy": {
+            "modelNamespaces": ["models-a", "models-b"],
+            "metricsFrom": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+            ],
+            "servingFrom": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+        },
+    },
     "no-tests-verbose": {
         "tests": {"enabled": False},
         "operator": {"verbose": True, "extraArgs": []},
