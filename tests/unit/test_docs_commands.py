@@ -50,7 +50,8 @@ SHELL_FENCES = {"", "sh", "bash", "console", "shell"}
 RUN_PACKRAT = {"plan", "provision"}
 # program (or "helm <verb>") -> why it is not run here
 SKIPPED = {
-    "kubectl": "needs a Kubernetes API server (kubectl against nothing is not offline)",
+    "kubectl": "needs a Kubernetes API server (kubectl against nothing is not offline; the "
+    "CRD adoption step's label/annotate run with --local in test_crd_upgrades.py)",
     "helm test": "runs a pod in the cluster",
     "helm uninstall": "needs a release in a cluster",
     "curl": "needs a serving pod (kubectl port-forward)",
@@ -59,6 +60,9 @@ SKIPPED = {
     "make": "make targets build images or run minutes (CI runs `make test`)",
     "benchmark": "a benchmark or test run of minutes (docs/measurements.md)",
     "cat": "reads a file on a Kubernetes node",
+    "crane": "copies images between registries",
+    "helm pull": "pulls a chart from a registry",
+    "helm push": "pushes a chart to a registry",
 }
 # files an earlier (skipped) command would have written, and their stand-ins
 STAND_INS = {
@@ -120,7 +124,18 @@ def _is_command(line: str) -> bool:
     if not line or line.startswith("#"):
         return False
     first = line.split(maxsplit=1)[0]
-    programs = {"packrat", "helm", "kubectl", "curl", "kind", "docker", "make", "cat", "python3"}
+    programs = {
+        "packrat",
+        "helm",
+        "kubectl",
+        "curl",
+        "kind",
+        "docker",
+        "make",
+        "cat",
+        "python3",
+        "crane",
+    }
     return (
         first in programs
         or first.startswith(("POD=$(", ".venv/bin/"))
@@ -275,7 +290,16 @@ def parse_helm(argv: list[str], *, cwd: Path) -> HelmCall:
     while i < len(rest):
         word = rest[i]
         flag, _, inline = word.partition("=")
-        takes = {"--namespace", "-n", "--set", "--set-string", "-f", "--values", "--version"}
+        takes = {
+            "--namespace",
+            "-n",
+            "--set",
+            "--set-string",
+            "--set-json",
+            "-f",
+            "--values",
+            "--version",
+        }
         value = inline if inline and flag in takes else None
         if flag in takes and value is None:
             i += 1
@@ -284,6 +308,8 @@ def parse_helm(argv: list[str], *, cwd: Path) -> HelmCall:
             namespace = str(value)
         elif flag == "--set":
             _merge(values, helm_python.parse_set_string(str(value)))
+        elif flag == "--set-json":
+            _merge(values, helm_python.parse_set_json(str(value)))
         elif flag == "--set-string":
             _merge(values, helm_python.parse_set_string_values(str(value)))
         elif flag in {"-f", "--values"}:
