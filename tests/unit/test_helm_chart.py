@@ -290,8 +290,15 @@ def test_monitors_shape_selectors_and_additional_labels(
     _check_monitor_shape(pmon, endpoints_key="podMetricsEndpoints")
     assert pmon["metadata"]["labels"]["release"] == "kps"
     assert pmon["metadata"]["labels"]["team"] == "ml"
-    selector = pmon["spec"]["selector"]["matchLabels"]
-    assert selector["app.kubernetes.io/name"] == "packrat-serving"
+    selector = pmon["spec"]["selector"]
+    assert selector["matchLabels"] == {"app.kubernetes.io/managed-by": "packrat-operator"}
+    assert selector["matchExpressions"] == [
+        {
+            "key": "app.kubernetes.io/name",
+            "operator": "In",
+            "values": ["packrat-serving", "packrat-router"],
+        }
+    ]
     assert pmon["spec"]["namespaceSelector"] == {"any": True}
     # In namespaced mode it scrapes exactly the watched namespaces.
     ha = _one(rendered["ha"], "PodMonitor")
@@ -301,10 +308,18 @@ def test_monitors_shape_selectors_and_additional_labels(
     assert not kinds & {"ServiceMonitor", "PodMonitor"}
 
 
-def test_podmonitor_matches_the_serving_pods_the_operator_builds(
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and In expressions) against pod labels."""
+    if not selector["matchLabels"].items() <= labels.items():
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+
+def test_podmonitor_matches_the_serving_pods_and_routers_the_operator_builds(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     manifests = pytest.importorskip("packrat.controller.serving.manifests")
+    pipeline_manifests = pytest.importorskip("packrat.controller.pipeline.manifests")
     owner = {
         "apiVersion": "packrat.dev/v1alpha1",
         "kind": "PackratModel",
@@ -315,16 +330,36 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
     deployment = manifests.serving_deployment(typed, slot="a", serving_hash="h" * 16, replicas=1)
     template = deployment["spec"]["template"]
     pmon = _one(rendered["monitors"], "PodMonitor")
-    selector = pmon["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= template["metadata"]["labels"].items()
+    selector = pmon["spec"]["selector"]
+    assert _selects(selector, template["metadata"]["labels"])
     port_names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
     assert pmon["spec"]["podMetricsEndpoints"][0]["port"] in port_names
-    for relabel in pmon["spec"]["podMetricsEndpoints"][0]["relabelings"]:
+    relabels = pmon["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    for relabel in relabels:
         label = relabel["sourceLabels"][0].removeprefix("__meta_kubernetes_pod_label_")
         assert any(
             label == k.replace(".", "_").replace("/", "_").replace("-", "_")
             for k in template["metadata"]["labels"]
         ), label
+    assert {r["targetLabel"] for r in relabels} >= {"packratmodel"}
+    # the pipeline routers too (packrat_pipeline_* reaches Prometheus), on the same port name
+    pipeline = {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratPipeline",
+        "metadata": {"name": "cascade", "namespace": "models-a", "uid": "u-2"},
+        "spec": {
+            "stages": [{"name": "screen", "model": {"model": {"zoo": "tiny"}}}],
+            "slo": {"latencyP99Ms": 500},
+        },
+    }
+    router = pipeline_manifests.router_deployment(pipeline, image="img:1")
+    router_template = router["spec"]["template"]
+    assert _selects(selector, router_template["metadata"]["labels"])
+    router_ports = {p["name"] for c in router_template["spec"]["containers"] for p in c["ports"]}
+    assert pmon["spec"]["podMetricsEndpoints"][0]["port"] in router_ports
+    # and nothing else the operator runs: profiling pods are not scraped
+    profiling = manifests.base_labels("resnet50", app=manifests.PROFILING_APP)
+    assert not _selects(selector, profiling)
 
 
 def test_peering_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:

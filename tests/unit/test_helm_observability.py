@@ -46,10 +46,12 @@ def _script(name: str) -> ModuleType:
 
 def _code_metrics() -> set[str]:
     from packrat.controller.core import metrics
+    from packrat.controller.planning import autoscale_metrics  # noqa: F401  (the tuner's)
     from packrat.serve.dispatcher.metrics import ServeMetrics
+    from packrat.serve.router import RouterMetrics
 
     names: set[str] = set()
-    for registry in (metrics.REGISTRY, ServeMetrics().registry):
+    for registry in (metrics.REGISTRY, ServeMetrics().registry, RouterMetrics().registry):
         for family in registry.collect():
             suffixes = {
                 "counter": ("_total",),
@@ -82,12 +84,68 @@ def test_dashboard_has_the_panels_users_ask_for() -> None:
         "switches",
         "switch duration",
         "profiling progress",
+        "cores exclusive",
+        "arrival envelope vs capacity",
+        "replicas and decisions",
+        "pipeline queries",
+        "pipeline latency",
+        "stage latency",
+        "stage failures",
     ):
         assert wanted in titles, wanted
+    rows = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
+    assert rows >= {"Serving", "Load", "Operator", "Tuner", "Pipelines"}
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "namespace", "model"}
+    assert variables == {"datasource", "namespace", "model", "pipeline"}
+
+
+def _pod_metrics() -> set[str]:
+    from packrat.serve.dispatcher.metrics import ServeMetrics
+
+    return {f.name for f in ServeMetrics().registry.collect()}
+
+
+def test_pod_series_are_joined_on_packratmodel() -> None:
+    """A serving pod's `model` label is the served model's name (spec.model.name when set);
+    the PackratModel is `packratmodel`. Every dashboard query and alert that reads a pod metric
+    selects and groups it by `packratmodel`, never `model` (which breaks those joins)."""
+    gen = _script("gen_dashboard")
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    exprs = [e for _, e in gen.queries(dashboard)]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    pods = _pod_metrics()
+    checked = 0
+    for expr in exprs:
+        for match in re.finditer(r"\b(by|without)\s*\(([^)]*)\)\s*\(", expr):
+            # the aggregation's argument, up to its matching parenthesis
+            depth, i = 1, match.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(expr[i], 0)
+                i += 1
+            inner = expr[match.end() : i - 1]
+            names = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in _metric_names(inner)}
+            relabelled = '"model", "$1", "packratmodel"' in inner  # model := packratmodel
+            if names and names <= pods and not relabelled:
+                grouping = {g.strip() for g in match.group(2).split(",")}
+                assert "model" not in grouping, (expr, match.group(0))
+                checked += 1
+        for selector in re.findall(r"(packrat_[a-z_]+)\{([^}]*)\}", expr):
+            name = re.sub(r"_(bucket|sum|count|total)$", "", selector[0])
+            if name in pods:
+                assert not re.search(r"(?<!packrat)model=~", selector[1]), expr
+    assert checked >= 15
+
+
+def test_serving_alerts_name_the_packratmodel() -> None:
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    for name in ("PackratInstancesDown", "PackratShedRatioHigh", "PackratLatencyAboveExpected"):
+        expr = alerts[name]["expr"]
+        assert "label_replace(" in expr and '"model", "$1", "packratmodel"' in expr, name
+        assert "by (namespace, model" in expr  # the alert's model label: the PackratModel
 
 
 def test_every_query_uses_real_metrics() -> None:
