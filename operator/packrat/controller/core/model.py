@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from packrat.controller.core.request_logging import RequestLogging, request_logging
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -126,6 +127,7 @@ class ModelSpec:
     source: Mapping[str, Any]  # spec.model
     slo: Mapping[str, Any] | None
     autoscaling: Mapping[str, Any] | None
+    request_logging: RequestLogging | None
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -198,6 +200,8 @@ class ModelSpec:
                 "affinity": thaw(spec.get("affinity") or {}),
                 **({"pod": thaw(spec["pod"])} if spec.get("pod") else {}),
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
+                # the serving pods' command carries it (absent: the hashes of before)
+                **({"requestLogging": thaw(rl)} if (rl := spec.get("requestLogging")) else {}),
             }
         )[:16]
 
@@ -277,6 +281,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "source": spec["model"],
         "slo": slo if isinstance(slo, Mapping) else None,
         "autoscaling": autoscaling if isinstance(autoscaling, Mapping) else None,
+        "request_logging": request_logging(spec),
     }
 
 

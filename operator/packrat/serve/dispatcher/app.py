@@ -61,6 +61,7 @@ from packrat.serve.dispatcher.connections import (
 )
 from packrat.serve.dispatcher.endpoints import read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
@@ -97,6 +98,7 @@ class Dispatcher(SwapMixin):
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         body_timeout_s: float = 30.0,
         routes: Sequence[web.RouteDef] = (),
+        payload_log: PayloadLogger | None = None,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
@@ -125,6 +127,7 @@ class Dispatcher(SwapMixin):
             model=model,
         )
         self.arrivals = ArrivalLog()
+        self.payload_log = payload_log  # request and response logging, when on
         self.draining = False
         self._routes = [*read_only_routes(self, status=status, alive=alive), *routes]
         m = self.metrics
@@ -185,10 +188,14 @@ class Dispatcher(SwapMixin):
     async def start(self) -> None:
         await self.upstream.start()
         self.sampler.start()
+        if self.payload_log is not None:
+            await self.payload_log.start()
 
     async def close(self) -> None:
         await self.sampler.close()
         await self.upstream.close()
+        if self.payload_log is not None:
+            await self.payload_log.close()
 
     # -- state the owner drives -----------------------------------------------------------------
     @property
@@ -329,6 +336,15 @@ class Dispatcher(SwapMixin):
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()
+        if self.payload_log is not None:  # sampled, queued, never awaited
+            self.payload_log.offer(
+                headers=request.headers,
+                request_body=body,
+                status=response.status,
+                response_headers=response.headers,
+                response_body=response.body if isinstance(response.body, bytes) else b"",
+                latency_s=time.perf_counter() - start,
+            )
         return self._count(response, start, source="torchserve")
 
     def _too_large(self, length: int | None) -> web.Response:
