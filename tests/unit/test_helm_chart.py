@@ -499,7 +499,7 @@ NAMESPACED_RESOURCES = {
     ("packrat.dev", "packratpipelines"): {"get", "list", "watch", "patch"},
     ("packrat.dev", "packratpipelines/status"): {"patch"},
     ("", "configmaps"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "services"): {"create", "get", "list", "watch", "patch"},
+    ("", "services"): {"create", "get", "list", "watch", "patch", "delete"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "delete"},
     ("batch", "jobs"): {"create", "list", "watch", "delete"},
     ("", "pods"): {"list", "watch", "delete"},

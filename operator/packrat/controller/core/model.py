@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from packrat.controller.core.canary_spec import CanarySettings, canary_settings
 from packrat.controller.core.request_logging import RequestLogging, request_logging
 from packrat.controller.core.spec import (
     API_VERSION,
@@ -128,6 +129,7 @@ class ModelSpec:
     slo: Mapping[str, Any] | None
     autoscaling: Mapping[str, Any] | None
     request_logging: RequestLogging | None
+    canary: CanarySettings | None
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -282,6 +284,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "slo": slo if isinstance(slo, Mapping) else None,
         "autoscaling": autoscaling if isinstance(autoscaling, Mapping) else None,
         "request_logging": request_logging(spec),
+        "canary": canary_settings(spec),
     }
 
 

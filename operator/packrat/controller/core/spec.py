@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from packrat.controller.core.canary_spec import validate_canary
 from packrat.controller.core.model_source import MODEL_FORMATS, ZOO_MODELS, validate_model
 from packrat.controller.core.overrides import validate_pod
 from packrat.controller.core.request_logging import validate_request_logging
@@ -89,6 +90,7 @@ _SPEC_FIELDS = {
     "autoscaling",
     "pod",
     "requestLogging",
+    "canary",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -233,6 +235,7 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
         errors.append("exactly one of batchSize and autoBatch must be set")
     validate_slo(errors, spec)
     validate_request_logging(errors, spec)
+    validate_canary(errors, spec)
     max_batch = profiling.get("maxBatch")
     if (
         has_batch

@@ -255,6 +255,7 @@ class PodServer:
             max_buffered_bytes=opts.max_buffered_bytes,
             body_timeout_s=opts.body_timeout_s,
             routes=admin_routes(self.switcher, opts.admin_token),
+            admin_token=opts.admin_token,  # POST /admin/canary
             payload_log=(
                 PayloadLogger(opts.payload_log, model=self.name, registry=self.metrics.registry)
                 if opts.payload_log is not None
