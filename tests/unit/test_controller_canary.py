@@ -202,3 +202,20 @@ def test_bad_canary_is_refused(canary: Mapping[str, Any], message: str) -> None:
     spec = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2, "canary": canary}
     errors = validate_spec(spec, name="tiny")
     assert any(message in e for e in errors), errors
+
+
+def test_the_documented_canary_is_valid() -> None:
+    """docs/canary.md's manifest passes the CRD's schema and the operator's validation."""
+    import re
+
+    import yaml
+    from openapi_schema_validator import OAS30Validator
+    from packaging_support import DOCS_DIR, crd_schema, strict_schema
+
+    text = (DOCS_DIR / "canary.md").read_text(encoding="utf-8")
+    (manifest,) = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)]
+    assert manifest["kind"] == "PackratModel" and "canary" in manifest["spec"]
+    schema = strict_schema(crd_schema())
+    schema["properties"]["metadata"] = {"type": "object"}
+    assert list(OAS30Validator(schema).iter_errors(manifest)) == []
+    assert validate_spec(manifest["spec"], name=manifest["metadata"]["name"]) == []
