@@ -6,6 +6,7 @@ asserted, and the values schema shown to reject bad input.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -391,11 +392,15 @@ def _crd_kinds(docs: list[dict[str, Any]]) -> dict[str, str]:
     }
 
 
+@functools.cache
+def _chart_crd_kinds() -> dict[str, str]:
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        return _crd_kinds([yaml.safe_load(c["data"]) for c in chart.crds])
+
+
 def _release_clashes(objects: list[dict[str, Any]]) -> list[str]:
     """Objects whose kind a CRD of the same release defines (its templates or crds/ folder)."""
-    with helm_python.Chart.load(CHART_DIR) as chart:
-        defined = _crd_kinds([yaml.safe_load(c["data"]) for c in chart.crds])
-    defined |= _crd_kinds(objects)
+    defined = {**_chart_crd_kinds(), **_crd_kinds(objects)}
     assert {"PackratModel", "KopfPeering", "ClusterKopfPeering"} <= defined.keys()
     return [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in defined]
 
