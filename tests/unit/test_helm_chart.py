@@ -349,11 +349,13 @@ def test_podmonitor_matches_the_serving_pods_and_routers_the_operator_builds(
         "kind": "PackratPipeline",
         "metadata": {"name": "cascade", "namespace": "models-a", "uid": "u-2"},
         "spec": {
-            "stages": [{"name": "screen", "model": {"model": {"zoo": "tiny"}}}],
-            "slo": {"latencyP99Ms": 500},
+            "stages": [{"name": "screen", "model": {"model": {"zoo": "tiny"}, "cpus": 2}}],
+            "slo": {"latencyP99Ms": 500, "rate": 20},
         },
     }
-    router = pipeline_manifests.router_deployment(pipeline, image="img:1")
+    pipeline_spec = pytest.importorskip("packrat.controller.pipeline.spec")
+    typed_pipeline = pipeline_spec.parse_pipeline(pipeline)
+    router = pipeline_manifests.router_deployment(typed_pipeline, image="img:1")
     router_template = router["spec"]["template"]
     assert _selects(selector, router_template["metadata"]["labels"])
     router_ports = {p["name"] for c in router_template["spec"]["containers"] for p in c["ports"]}

@@ -120,7 +120,11 @@ def _model_pods(namespace: str) -> dict[str, Pod]:
         "metadata": {"name": "resnet50", "namespace": namespace, "uid": "u-1"},
         "spec": {"model": {"zoo": "resnet50"}, "cpus": 4, "batchSize": 8},
     }
-    serving = manifests.serving_deployment(owner, slot="a", serving_hash="h" * 16, replicas=1)
+    from packrat.controller.core.model import parse
+
+    serving = manifests.serving_deployment(
+        parse(owner), slot="a", serving_hash="h" * 16, replicas=1
+    )
     pods = {"serving": serving["spec"]["template"]}
     router_labels = pipeline_manifests._labels("pipe")
     pods["router"] = {"metadata": {"labels": router_labels}, "spec": {"containers": []}}
