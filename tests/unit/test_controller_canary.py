@@ -15,8 +15,8 @@ import pytest
 from test_controller_inpod_switch import _pod
 
 from conftest import NS, T0, FakeKube, ready_model, set_spec
-from packrat.controller.core.canary_spec import canary_settings
 from packrat.controller.core.fanout import Answer
+from packrat.controller.core.options.canary import canary_settings
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.switch.canary import CanaryClient, aggregate, crossed

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from packrat.controller.core.canary_spec import CanarySettings, canary_settings
-from packrat.controller.core.request_logging import RequestLogging, request_logging
+from packrat.controller.core.options.canary import CanarySettings, canary_settings
+from packrat.controller.core.options.request_logging import RequestLogging, request_logging
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from packrat.controller.core.canary_spec import validate_canary
 from packrat.controller.core.model_source import MODEL_FORMATS, ZOO_MODELS, validate_model
+from packrat.controller.core.options.canary import validate_canary
+from packrat.controller.core.options.request_logging import validate_request_logging
 from packrat.controller.core.overrides import validate_pod
-from packrat.controller.core.request_logging import validate_request_logging
 from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
 from packrat.controller.core.storage import storage_identity
 

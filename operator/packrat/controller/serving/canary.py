@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.core.canary_spec import CanarySettings
+from packrat.controller.core.options.canary import CanarySettings
 from packrat.controller.core.plans import wire_plan
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.slots import Rendering

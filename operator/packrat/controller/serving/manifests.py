@@ -14,8 +14,8 @@ from typing import Any
 
 from packrat.controller.core import storage
 from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.options.request_logging import request_log_args
 from packrat.controller.core.overrides import apply_pod
-from packrat.controller.core.request_logging import request_log_args
 from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
 
 PORT = 8080

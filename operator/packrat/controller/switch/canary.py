@@ -1,7 +1,7 @@
 """Canary rollout, the operator's side: run the canary slot beside the active one, tell the
 active slot's pods to send it its share, watch what they report, and roll it back.
 
-The API is ``spec.canary`` (:mod:`packrat.controller.core.canary_spec`); the split happens in
+The API is ``spec.canary`` (:mod:`packrat.controller.core.options.canary`); the split happens in
 the stable pods' dispatchers (:mod:`packrat.serve.dispatcher.canary`, which says why there).
 One pass, at rest (no switch under way), each step idempotent:
 
@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.canary_spec import CanarySettings
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
 from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.options.canary import CanarySettings
 from packrat.controller.core.status import now_iso
 from packrat.controller.planning.estimates import pod_address
 from packrat.controller.serving import canary as c
