@@ -19,6 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CRD_DIR = ROOT / "crds"
+GROUP = "packrat.dev"  # the API documented here; kopf's peering CRDs live in crds/ too
 OUTPUT = ROOT / "docs" / "crd-reference.md"
 
 _CONSTRAINTS = (
@@ -179,7 +180,11 @@ def generate(*, crd_dir: Path = CRD_DIR) -> str:
         raise SystemExit(f"gen_crd_docs: no CRD manifests in {crd_dir}")
     for path in paths:
         for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
-            if isinstance(doc, dict) and doc.get("kind") == "CustomResourceDefinition":
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind") == "CustomResourceDefinition"
+                and doc.get("spec", {}).get("group") == GROUP  # not kopf's peering CRDs
+            ):
                 rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
                 lines += render_crd(doc, source=str(rel))
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -20,12 +20,21 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "helm" / "packrat-operator" / "dashboards" / "packrat.json"
 UID = "packrat-operator"
 
-S = 'namespace=~"$namespace", model=~"$model"'  # every panel's selector
+# The operator's series name the PackratModel in `model`; the serving pods' series carry the
+# served model's name there (spec.model.name when set), and the PackratModel in
+# `packratmodel`, which the chart's PodMonitor adds from the pod's app.kubernetes.io/instance
+# label. So the $model variable (PackratModel names) selects `model` on operator series and
+# `packratmodel` on pod series, and pod panels group by `packratmodel`.
+S = 'namespace=~"$namespace", model=~"$model"'  # operator series
+P = 'namespace=~"$namespace", packratmodel=~"$model"'  # serving-pod series
+L = 'namespace=~"$namespace", pipeline=~"$pipeline"'  # pipeline routers' series
 R = "$__rate_interval"
 
 
-def _q(quantile: float, metric: str, by: str) -> str:
-    return f"histogram_quantile({quantile}, sum by ({by}, le) (rate({metric}_bucket{{{S}}}[{R}])))"
+def _q(quantile: float, metric: str, by: str, sel: str = P) -> str:
+    return (
+        f"histogram_quantile({quantile}, sum by ({by}, le) (rate({metric}_bucket{{{sel}}}[{R}])))"
+    )
 
 
 # (row, title, unit, [(legend, expr)], description)
@@ -36,8 +45,9 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "reqps",
         [
             (
-                "{{namespace}}/{{model}} {{code}}",
-                f"sum by (namespace, model, code) (rate(packrat_requests_total{{{S}}}[{R}]))",
+                "{{namespace}}/{{packratmodel}} {{code}}",
+                "sum by (namespace, packratmodel, code) "
+                f"(rate(packrat_requests_total{{{P}}}[{R}]))",
             )
         ],
         "Prediction requests answered per second, by HTTP status (all serving pods).",
@@ -48,12 +58,12 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "s",
         [
             (
-                "p50 {{namespace}}/{{model}}",
-                _q(0.5, "packrat_request_duration_seconds", "namespace, model"),
+                "p50 {{namespace}}/{{packratmodel}}",
+                _q(0.5, "packrat_request_duration_seconds", "namespace, packratmodel"),
             ),
             (
-                "p99 {{namespace}}/{{model}}",
-                _q(0.99, "packrat_request_duration_seconds", "namespace, model"),
+                "p99 {{namespace}}/{{packratmodel}}",
+                _q(0.99, "packrat_request_duration_seconds", "namespace, packratmodel"),
             ),
         ],
         "Dispatcher view: from receiving a request to answering it, queueing included.",
@@ -64,19 +74,19 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "s",
         [
             (
-                "p50 {{model}} {{plan_instance}}",
+                "p50 {{packratmodel}} {{plan_instance}}",
                 _q(
                     0.5,
                     "packrat_instance_request_duration_seconds",
-                    "namespace, model, plan_instance",
+                    "namespace, packratmodel, plan_instance",
                 ),
             ),
             (
-                "p99 {{model}} {{plan_instance}}",
+                "p99 {{packratmodel}} {{plan_instance}}",
                 _q(
                     0.99,
                     "packrat_instance_request_duration_seconds",
-                    "namespace, model, plan_instance",
+                    "namespace, packratmodel, plan_instance",
                 ),
             ),
         ],
@@ -88,8 +98,8 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "s",
         [
             (
-                "measured p50 {{namespace}}/{{model}}",
-                _q(0.5, "packrat_instance_request_duration_seconds", "namespace, model"),
+                "measured p50 {{namespace}}/{{packratmodel}}",
+                _q(0.5, "packrat_instance_request_duration_seconds", "namespace, packratmodel"),
             ),
             (
                 "expected {{namespace}}/{{model}}",
@@ -105,9 +115,9 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "reqps",
         [
             (
-                "{{model}} {{plan_instance}}",
-                "sum by (namespace, model, plan_instance) "
-                f"(rate(packrat_instance_requests_total{{{S}}}[{R}]))",
+                "{{packratmodel}} {{plan_instance}}",
+                "sum by (namespace, packratmodel, plan_instance) "
+                f"(rate(packrat_instance_requests_total{{{P}}}[{R}]))",
             )
         ],
         "The dispatcher's split across thin instances, proportional to their batch sizes.",
@@ -118,16 +128,16 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "short",
         [
             (
-                "queued {{namespace}}/{{model}}",
-                f"sum by (namespace, model) (packrat_queue_depth{{{S}}})",
+                "queued {{namespace}}/{{packratmodel}}",
+                f"sum by (namespace, packratmodel) (packrat_queue_depth{{{P}}})",
             ),
             (
-                "in flight {{namespace}}/{{model}}",
-                f"sum by (namespace, model) (packrat_requests_in_flight{{{S}}})",
+                "in flight {{namespace}}/{{packratmodel}}",
+                f"sum by (namespace, packratmodel) (packrat_requests_in_flight{{{P}}})",
             ),
             (
-                "queue limit {{namespace}}/{{model}}",
-                f"sum by (namespace, model) (packrat_queue_limit{{{S}}})",
+                "queue limit {{namespace}}/{{packratmodel}}",
+                f"sum by (namespace, packratmodel) (packrat_queue_limit{{{P}}})",
             ),
         ],
         "Requests waiting in the dispatchers and forwarded to TorchServe, against the limit.",
@@ -138,10 +148,11 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "percentunit",
         [
             (
-                "{{namespace}}/{{model}}",
-                "sum by (namespace, model) (rate(packrat_request_errors_total"
-                f'{{{S}, source="dispatcher", code="503"}}[{R}])) / sum by (namespace, model) '
-                f"(rate(packrat_requests_total{{{S}}}[{R}]))",
+                "{{namespace}}/{{packratmodel}}",
+                "sum by (namespace, packratmodel) (rate(packrat_request_errors_total"
+                f'{{{P}, source="dispatcher", code="503"}}[{R}])) '
+                "/ sum by (namespace, packratmodel) "
+                f"(rate(packrat_requests_total{{{P}}}[{R}]))",
             )
         ],
         "Share of requests the dispatchers answered 503 (queue full, draining, no instance).",
@@ -152,12 +163,12 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "short",
         [
             (
-                "estimate {{namespace}}/{{model}}",
-                f"max by (namespace, model) (packrat_batch_size_estimate{{{S}}})",
+                "estimate {{namespace}}/{{packratmodel}}",
+                f"max by (namespace, packratmodel) (packrat_batch_size_estimate{{{P}}})",
             ),
             (
-                "plan {{namespace}}/{{model}}",
-                f"max by (namespace, model) (packrat_plan_batch_size{{{S}}})",
+                "plan {{namespace}}/{{packratmodel}}",
+                f"max by (namespace, packratmodel) (packrat_plan_batch_size{{{P}}})",
             ),
             (
                 "operator observed {{namespace}}/{{model}}",
@@ -173,12 +184,12 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         "short",
         [
             (
-                "ready {{namespace}}/{{model}}",
-                f"sum by (namespace, model) (packrat_instance_up{{{S}}})",
+                "ready {{namespace}}/{{packratmodel}}",
+                f"sum by (namespace, packratmodel) (packrat_instance_up{{{P}}})",
             ),
             (
-                "planned {{namespace}}/{{model}}",
-                f"count by (namespace, model) (packrat_instance_up{{{S}}})",
+                "planned {{namespace}}/{{packratmodel}}",
+                f"count by (namespace, packratmodel) (packrat_instance_up{{{P}}})",
             ),
         ],
         "Thin instances loaded, warmed and ready, out of all instances of the serving pods.",
@@ -276,6 +287,115 @@ PANELS: list[tuple[str, str, str, list[tuple[str, str]], str]] = [
         ],
         "The optimizer's L(T, B) / plan latency: an expectation, not a measurement.",
     ),
+    (
+        "Operator",
+        "Cores exclusive (isolation check)",
+        "short",
+        [
+            (
+                "{{namespace}}/{{model}}",
+                f"min by (namespace, model) (packrat_cores_exclusive{{{S}}})",
+            )
+        ],
+        "1 when the profiling pod's isolation check found the serving nodes' cores exclusive "
+        "(static CPU manager), 0 when shared or busy (condition CoresExclusive; alert "
+        "PackratCoresNotExclusive).",
+    ),
+    (
+        "Tuner",
+        "Arrival envelope vs capacity",
+        "reqps",
+        [
+            (
+                "envelope {{window_seconds}}s {{namespace}}/{{model}}",
+                f"max by (namespace, model, window_seconds) (packrat_tuner_envelope_rate{{{S}}})",
+            ),
+            (
+                "capacity {{namespace}}/{{model}}",
+                f"max by (namespace, model) (packrat_tuner_capacity{{{S}}})",
+            ),
+        ],
+        "spec.autoscaling (envelope): the highest arrival rate in any window of each length "
+        "against what the replicas the tuner wants sustain. A window above capacity scales up.",
+    ),
+    (
+        "Tuner",
+        "Replicas and decisions",
+        "short",
+        [
+            (
+                "wanted {{namespace}}/{{model}}",
+                f"max by (namespace, model) (packrat_tuner_replicas{{{S}}})",
+            ),
+            (
+                "{{action}} {{namespace}}/{{model}}",
+                "sum by (namespace, model, action) "
+                f"(increase(packrat_tuner_decisions_total{{{S}}}[1h]))",
+            ),
+        ],
+        "The replica count the tuner decided on, and its decisions in the last hour "
+        "(scale_up, scale_down, hold).",
+    ),
+    (
+        "Pipelines",
+        "Pipeline queries by status code",
+        "reqps",
+        [
+            (
+                "{{namespace}}/{{pipeline}} {{code}}",
+                "sum by (namespace, pipeline, code) "
+                f"(rate(packrat_pipeline_requests_total{{{L}}}[{R}]))",
+            )
+        ],
+        "Queries the pipelines' routers answered per second, by HTTP status.",
+    ),
+    (
+        "Pipelines",
+        "Pipeline latency p50 / p99 (end to end)",
+        "s",
+        [
+            (
+                "p50 {{namespace}}/{{pipeline}}",
+                _q(0.5, "packrat_pipeline_request_duration_seconds", "namespace, pipeline", L),
+            ),
+            (
+                "p99 {{namespace}}/{{pipeline}}",
+                _q(0.99, "packrat_pipeline_request_duration_seconds", "namespace, pipeline", L),
+            ),
+        ],
+        "From the router receiving a query to its answer, every stage on the query's path "
+        "included: the number the pipeline's SLO is about.",
+    ),
+    (
+        "Pipelines",
+        "Stage latency p99",
+        "s",
+        [
+            (
+                "{{pipeline}} {{stage}}",
+                _q(
+                    0.99,
+                    "packrat_pipeline_stage_duration_seconds",
+                    "namespace, pipeline, stage",
+                    L,
+                ),
+            )
+        ],
+        "Time each stage's Service took to answer the router.",
+    ),
+    (
+        "Pipelines",
+        "Stage failures by reason",
+        "reqps",
+        [
+            (
+                "{{pipeline}} {{stage}} {{reason}}",
+                "sum by (namespace, pipeline, stage, reason) "
+                f"(rate(packrat_pipeline_stage_failures_total{{{L}}}[{R}]))",
+            )
+        ],
+        "Queries failed at a stage: its status (4xx, 503 shed), unreachable, or the deadline.",
+    ),
 ]
 
 
@@ -345,7 +465,8 @@ def build() -> dict[str, Any]:
     return {
         "uid": UID,
         "title": "Packrat operator",
-        "description": "Serving latency, load, plans, switches and profiling of PackratModels.",
+        "description": "Serving latency, load, plans, switches, profiling, the tuner and "
+        "pipelines of PackratModels and PackratPipelines.",
         "tags": ["packrat", "pytorch", "inference"],
         "editable": True,
         "schemaVersion": 39,
@@ -365,6 +486,11 @@ def build() -> dict[str, Any]:
                 _variable("namespace", "label_values(packrat_model_phase, namespace)"),
                 _variable(
                     "model", 'label_values(packrat_model_phase{namespace=~"$namespace"}, model)'
+                ),
+                _variable(
+                    "pipeline",
+                    'label_values(packrat_pipeline_requests_total{namespace=~"$namespace"}, '
+                    "pipeline)",
                 ),
             ]
         },

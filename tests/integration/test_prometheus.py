@@ -44,6 +44,7 @@ pytestmark = [
 
 NAME = "tiny"
 STANDALONE_NS = "standalone"
+PIPELINE = "tiny"  # loadgen builds tiny's input and posts to /predictions/<its model>
 SPEC: dict[str, Any] = {
     "model": {"zoo": "tiny"},
     "cpus": 2,
@@ -82,6 +83,7 @@ def _substitute(expr: str) -> str:
     return (
         expr.replace('"$namespace"', '".*"')
         .replace('"$model"', '".*"')
+        .replace('"$pipeline"', '".*"')
         # Grafana's $__rate_interval: at least 4 scrape intervals
         .replace("$__rate_interval", "10s")
     )
@@ -102,12 +104,13 @@ class _Targets:
         groups = list(self.static)
         for pod in list(self.cluster.agent.pods.values()):
             if pod.owner_kind == "Deployment" and pod.port:
-                groups.append(
-                    {
-                        "targets": [f"127.0.0.1:{pod.port}"],
-                        "labels": {"namespace": NAMESPACE, "pod": pod.name},
-                    }
-                )
+                # as the chart's PodMonitor relabels them: packratmodel from the pod's
+                # app.kubernetes.io/instance (the dashboard and alerts join on it)
+                labels = {"namespace": NAMESPACE, "pod": pod.name}
+                instance = pod.labels.get("app.kubernetes.io/instance")
+                if instance:
+                    labels["packratmodel"] = instance
+                groups.append({"targets": [f"127.0.0.1:{pod.port}"], "labels": labels})
         text = json.dumps(groups, sort_keys=True)
         if text != self._last:
             tmp = self.path.with_suffix(".tmp")
@@ -144,6 +147,25 @@ def _standalone(tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
     return proc, port
 
 
+def _router(tmp: Path, serve_port: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A pipeline's router (`packrat route`) with one stage, the standalone pod (which sheds):
+    the pipeline panels' series, failures included."""
+    config = {
+        "pipeline": PIPELINE,
+        "stages": {"only": f"http://127.0.0.1:{serve_port}/predictions/tiny"},
+        "edges": [],
+    }
+    (tmp / "router.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "packrat", "route", "--config", str(tmp / "router.yaml"),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]  # fmt: skip
+    with (tmp / "router.log").open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    return proc, port
+
+
 def _phase(cluster: OperatorCluster, phase: str) -> bool:
     return cluster.status(NAME).get("phase") == phase
 
@@ -153,7 +175,9 @@ def _last_switch(cluster: OperatorCluster) -> str | None:
     return str(result) if result else None
 
 
-def _scenario(cluster: OperatorCluster, prom: Prometheus, url: str, tmp: Path) -> dict[str, float]:
+def _scenario(
+    cluster: OperatorCluster, prom: Prometheus, url: str, router_url: str, tmp: Path
+) -> dict[str, float]:
     """Drive what the panels and alerts watch; the seconds each stage took (printed)."""
     stages: dict[str, float] = {}
     mark = time.monotonic()
@@ -198,6 +222,16 @@ def _scenario(cluster: OperatorCluster, prom: Prometheus, url: str, tmp: Path) -
         stdout=(tmp / "loadgen.json").open("wb"),
         stderr=subprocess.STDOUT,
     )  # fmt: skip
+    # queries through the pipeline's router to the same pod: answered and shed (stage failures)
+    wait_for(lambda: _ready(router_url), timeout=120, what="the router ready", period=0.5)
+    through_router = subprocess.Popen(
+        [
+            sys.executable, "-m", "packrat", "loadgen", "--url", router_url, "--model", PIPELINE,
+            "--burst", "16", "--bursts", "6", "--format", "json",
+        ],
+        stdout=(tmp / "loadgen-router.json").open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
     with Load(cluster, NAME, NAME, clients=1):
         cluster.api.patch("packratmodels", NAME, {"spec": {"batchSize": 2}})
         wait_for(
@@ -230,18 +264,34 @@ def _scenario(cluster: OperatorCluster, prom: Prometheus, url: str, tmp: Path) -
                     "batchSize": None,
                     "memory": None,
                     "autoBatch": {"min": 1, "max": 2, "sustainObservations": 100},
+                    # the envelope tuner, held at one replica: its series for the tuner panels
+                    "autoscaling": {
+                        "minReplicas": 1,
+                        "maxReplicas": 1,
+                        "intervalSeconds": 1,
+                        "reference": {
+                            "replicas": 1,
+                            "capacityPerReplica": 1000,
+                            "windowsSeconds": [1, 10],
+                            "ratesPerSecond": [1000, 1000],
+                        },
+                    },
                 }
             },
         )
-        wait_for(
-            lambda: prom.query("packrat_model_observed_batch_size")["data"]["result"],
-            timeout=300,
-            what="an autoBatch observation in Prometheus",
-            period=0.5,
-            detail=status,
-        )
-        stage("autoBatch observation")
+        for metric in ("packrat_model_observed_batch_size", "packrat_tuner_replicas"):
+            wait_for(
+                lambda metric=metric: prom.query(metric)["data"]["result"],
+                timeout=300,
+                what=f"{metric} in Prometheus",
+                period=0.5,
+                detail=status,
+            )
+        stage("autoBatch observation and a tuner decision")
     loadgen.wait(600)
+    through_router.wait(600)
+    routed = json.loads((tmp / "loadgen-router.json").read_text() or "{}")
+    assert routed.get("requests"), (tmp / "loadgen-router.json").read_text()[-2000:]
     shed = json.loads((tmp / "loadgen.json").read_text() or "{}").get("errors_by_status", {})
     # (loadgen exits 1 when requests failed: here they must, with 503)
     assert loadgen.returncode in (0, 1) and shed.get("503"), (
@@ -290,10 +340,21 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("prometheus")
     cluster = OperatorCluster(tmp_path_factory.mktemp("operator"))
     serve, port = _standalone(tmp)
+    router, router_port = _router(tmp, port)
     targets = _Targets(
         tmp / "serving.json",
         cluster,
-        [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": STANDALONE_NS, "pod": "sa"}}],
+        [
+            {
+                "targets": [f"127.0.0.1:{port}"],
+                # a pod whose PackratModel is not named like the model it serves
+                "labels": {"namespace": STANDALONE_NS, "pod": "sa", "packratmodel": "sa-model"},
+            },
+            {
+                "targets": [f"127.0.0.1:{router_port}"],
+                "labels": {"namespace": STANDALONE_NS, "pod": "router", "packratmodel": PIPELINE},
+            },
+        ],
     )
     scrape = [
         {
@@ -309,7 +370,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     prom = Prometheus(tmp, scrape, rule_files=[RULES_FILE])
     try:
         start = time.time()
-        stages = _scenario(cluster, prom, f"http://127.0.0.1:{port}", tmp)
+        stages = _scenario(
+            cluster, prom, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{router_port}", tmp
+        )
         # until the last series of the run are scraped and fall on the 1 s step grid of a
         # range query from start (a series first scraped after the grid's last step is not in
         # it): the end of the run is the first moment every query has data
@@ -333,6 +396,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     finally:
         targets.stop()
         prom.stop()
+        router.terminate()
         serve.terminate()
         try:
             serve.wait(30)

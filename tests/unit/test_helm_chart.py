@@ -6,6 +6,7 @@ asserted, and the values schema shown to reject bad input.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +71,16 @@ VARIATIONS: dict[str, dict[str, Any]] = {
             "enabled": True,
             "additionalLabels": {"release": "kps"},
             "alertLabels": {"team": "ml"},
+        },
+    },
+    "netpol": {
+        "watchNamespaces": ["models-a"],
+        "networkPolicy": {
+            "modelNamespaces": ["models-a", "models-b"],
+            "metricsFrom": [
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+            ],
+            "servingFrom": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
         },
     },
     "no-tests-verbose": {
@@ -295,8 +306,15 @@ def test_monitors_shape_selectors_and_additional_labels(
     _check_monitor_shape(pmon, endpoints_key="podMetricsEndpoints")
     assert pmon["metadata"]["labels"]["release"] == "kps"
     assert pmon["metadata"]["labels"]["team"] == "ml"
-    selector = pmon["spec"]["selector"]["matchLabels"]
-    assert selector["app.kubernetes.io/name"] == "packrat-serving"
+    selector = pmon["spec"]["selector"]
+    assert selector["matchLabels"] == {"app.kubernetes.io/managed-by": "packrat-operator"}
+    assert selector["matchExpressions"] == [
+        {
+            "key": "app.kubernetes.io/name",
+            "operator": "In",
+            "values": ["packrat-serving", "packrat-router"],
+        }
+    ]
     assert pmon["spec"]["namespaceSelector"] == {"any": True}
     # In namespaced mode it scrapes exactly the watched namespaces.
     ha = _one(rendered["ha"], "PodMonitor")
@@ -306,10 +324,18 @@ def test_monitors_shape_selectors_and_additional_labels(
     assert not kinds & {"ServiceMonitor", "PodMonitor"}
 
 
-def test_podmonitor_matches_the_serving_pods_the_operator_builds(
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels and In expressions) against pod labels."""
+    if not selector["matchLabels"].items() <= labels.items():
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", []))
+
+
+def test_podmonitor_matches_the_serving_pods_and_routers_the_operator_builds(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     manifests = pytest.importorskip("packrat.controller.serving.manifests")
+    pipeline_manifests = pytest.importorskip("packrat.controller.pipeline.manifests")
     owner = {
         "apiVersion": "packrat.dev/v1alpha1",
         "kind": "PackratModel",
@@ -320,35 +346,92 @@ def test_podmonitor_matches_the_serving_pods_the_operator_builds(
     deployment = manifests.serving_deployment(typed, slot="a", serving_hash="h" * 16, replicas=1)
     template = deployment["spec"]["template"]
     pmon = _one(rendered["monitors"], "PodMonitor")
-    selector = pmon["spec"]["selector"]["matchLabels"]
-    assert selector.items() <= template["metadata"]["labels"].items()
+    selector = pmon["spec"]["selector"]
+    assert _selects(selector, template["metadata"]["labels"])
     port_names = {p.get("name") for c in template["spec"]["containers"] for p in c.get("ports", [])}
     assert pmon["spec"]["podMetricsEndpoints"][0]["port"] in port_names
-    for relabel in pmon["spec"]["podMetricsEndpoints"][0]["relabelings"]:
+    relabels = pmon["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    for relabel in relabels:
         label = relabel["sourceLabels"][0].removeprefix("__meta_kubernetes_pod_label_")
         assert any(
             label == k.replace(".", "_").replace("/", "_").replace("-", "_")
             for k in template["metadata"]["labels"]
         ), label
+    assert {r["targetLabel"] for r in relabels} >= {"packratmodel"}
+    # the pipeline routers too (packrat_pipeline_* reaches Prometheus), on the same port name
+    pipeline = {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratPipeline",
+        "metadata": {"name": "cascade", "namespace": "models-a", "uid": "u-2"},
+        "spec": {
+            "stages": [{"name": "screen", "model": {"model": {"zoo": "tiny"}, "cpus": 2}}],
+            "slo": {"latencyP99Ms": 500, "rate": 20},
+        },
+    }
+    pipeline_spec = pytest.importorskip("packrat.controller.pipeline.spec")
+    typed_pipeline = pipeline_spec.parse_pipeline(pipeline)
+    router = pipeline_manifests.router_deployment(typed_pipeline, image="img:1")
+    router_template = router["spec"]["template"]
+    assert _selects(selector, router_template["metadata"]["labels"])
+    router_ports = {p["name"] for c in router_template["spec"]["containers"] for p in c["ports"]}
+    assert pmon["spec"]["podMetricsEndpoints"][0]["port"] in router_ports
+    # and nothing else the operator runs: profiling pods are not scraped
+    profiling = manifests.base_labels("resnet50", app=manifests.PROFILING_APP)
+    assert not _selects(selector, profiling)
 
 
 def test_peering_objects(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    # the chart renders neither kopf's peering CRDs nor a peering object: the CRDs are in its
+    # crds/ folder (and the packrat-crds chart), the operator creates the object at start
     ha = rendered["ha"]
-    crds = {o["metadata"]["name"] for o in by_kind(ha, "CustomResourceDefinition")}
-    assert crds == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
-    peerings = by_kind(ha, "KopfPeering")
-    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings] == [
-        ("models-a", "packrat-ha")
-    ]
-    assert len(by_kind(rendered["ha-cluster"], "ClusterKopfPeering")) == 1
+    assert not by_kind(ha, "CustomResourceDefinition")
+    assert not by_kind(ha, "KopfPeering") and not by_kind(
+        rendered["ha-cluster"], "ClusterKopfPeering"
+    )
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        crds = {yaml.safe_load(c["data"])["metadata"]["name"] for c in chart.crds}
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= crds
     args = _operator_args(ha)
-    assert "--peering=packrat-ha" in args
+    assert "--peering=packrat-ha" in args and "--namespace=models-a" in args
     env = _one(ha, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "PACKRAT_PEERING_PRIORITY", "value": "10"} in env
     assert not any(a.startswith("--peering") for a in _operator_args(rendered["default"]))
     assert _one(ha, "Deployment")["spec"]["strategy"]["type"] == "RollingUpdate"
     assert _one(rendered["default"], "Deployment")["spec"]["strategy"]["type"] == "Recreate"
     assert not by_kind(rendered["default"], "CustomResourceDefinition")
+
+
+def _crd_kinds(docs: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        d["spec"]["names"]["kind"]: d["metadata"]["name"]
+        for d in docs
+        if d and d.get("kind") == "CustomResourceDefinition"
+    }
+
+
+@functools.cache
+def _chart_crd_kinds() -> dict[str, str]:
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        return _crd_kinds([yaml.safe_load(c["data"]) for c in chart.crds])
+
+
+def _release_clashes(objects: list[dict[str, Any]]) -> list[str]:
+    """Objects whose kind a CRD of the same release defines (its templates or crds/ folder)."""
+    defined = {**_chart_crd_kinds(), **_crd_kinds(objects)}
+    assert {"PackratModel", "KopfPeering", "ClusterKopfPeering"} <= defined.keys()
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objects if o["kind"] in defined]
+
+
+@pytest.mark.parametrize("variation", sorted(VARIATIONS))
+def test_no_custom_object_in_the_release_that_defines_its_kind(
+    rendered: dict[str, list[dict[str, Any]]], variation: str
+) -> None:
+    """On a fresh cluster Helm refuses a release with an object whose kind a CRD of the same
+    release defines ("no matches for kind ... ensure CRDs are installed first")."""
+    assert _release_clashes(rendered[variation]) == [], variation
+    # not vacuous: the chart as it was (a ClusterKopfPeering rendered beside kopf's CRDs) fails
+    old = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "p"}}
+    assert _release_clashes([*rendered[variation], old]) == ["ClusterKopfPeering/p"]
 
 
 def test_pdb_selects_the_operator_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -438,7 +521,7 @@ NAMESPACED_RESOURCES = {
     ("packrat.dev", "packratpipelines"): {"get", "list", "watch", "patch"},
     ("packrat.dev", "packratpipelines/status"): {"patch"},
     ("", "configmaps"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "services"): {"create", "get", "list", "watch", "patch"},
+    ("", "services"): {"create", "get", "list", "watch", "patch", "delete"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "delete"},
     ("batch", "jobs"): {"create", "list", "watch", "delete"},
     ("", "pods"): {"list", "watch", "delete"},
@@ -510,9 +593,10 @@ def test_rbac_namespaced_mode_grants_only_listed_namespaces(
 
 def test_rbac_peering_rules_only_with_peering(rendered: dict[str, list[dict[str, Any]]]) -> None:
     ha_role = _one(rendered["ha"], "Role")
-    assert _grants(ha_role)[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    peering = {"get", "list", "watch", "patch", "create"}  # create: the operator makes it
+    assert _grants(ha_role)[("kopf.dev", "kopfpeerings")] == peering
     cluster = _grants(_one(rendered["ha-cluster"], "ClusterRole"))
-    assert cluster[("kopf.dev", "clusterkopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert cluster[("kopf.dev", "clusterkopfpeerings")] == peering
     assert not any(g == "kopf.dev" for g, _ in _grants(_one(rendered["default"], "ClusterRole")))
 
 

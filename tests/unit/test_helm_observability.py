@@ -46,10 +46,12 @@ def _script(name: str) -> ModuleType:
 
 def _code_metrics() -> set[str]:
     from packrat.controller.core import metrics
+    from packrat.controller.planning import autoscale_metrics  # noqa: F401  (the tuner's)
     from packrat.serve.dispatcher.metrics import ServeMetrics
+    from packrat.serve.router import RouterMetrics
 
     names: set[str] = set()
-    for registry in (metrics.REGISTRY, ServeMetrics().registry):
+    for registry in (metrics.REGISTRY, ServeMetrics().registry, RouterMetrics().registry):
         for family in registry.collect():
             suffixes = {
                 "counter": ("_total",),
@@ -82,12 +84,68 @@ def test_dashboard_has_the_panels_users_ask_for() -> None:
         "switches",
         "switch duration",
         "profiling progress",
+        "cores exclusive",
+        "arrival envelope vs capacity",
+        "replicas and decisions",
+        "pipeline queries",
+        "pipeline latency",
+        "stage latency",
+        "stage failures",
     ):
         assert wanted in titles, wanted
+    rows = {p["title"] for p in dashboard["panels"] if p["type"] == "row"}
+    assert rows >= {"Serving", "Load", "Operator", "Tuner", "Pipelines"}
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "namespace", "model"}
+    assert variables == {"datasource", "namespace", "model", "pipeline"}
+
+
+def _pod_metrics() -> set[str]:
+    from packrat.serve.dispatcher.metrics import ServeMetrics
+
+    return {f.name for f in ServeMetrics().registry.collect()}
+
+
+def test_pod_series_are_joined_on_packratmodel() -> None:
+    """A serving pod's `model` label is the served model's name (spec.model.name when set);
+    the PackratModel is `packratmodel`. Every dashboard query and alert that reads a pod metric
+    selects and groups it by `packratmodel`, never `model` (which breaks those joins)."""
+    gen = _script("gen_dashboard")
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    exprs = [e for _, e in gen.queries(dashboard)]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    pods = _pod_metrics()
+    checked = 0
+    for expr in exprs:
+        for match in re.finditer(r"\b(by|without)\s*\(([^)]*)\)\s*\(", expr):
+            # the aggregation's argument, up to its matching parenthesis
+            depth, i = 1, match.end()
+            while depth:
+                depth += {"(": 1, ")": -1}.get(expr[i], 0)
+                i += 1
+            inner = expr[match.end() : i - 1]
+            names = {re.sub(r"_(bucket|sum|count|total)$", "", n) for n in _metric_names(inner)}
+            relabelled = '"model", "$1", "packratmodel"' in inner  # model := packratmodel
+            if names and names <= pods and not relabelled:
+                grouping = {g.strip() for g in match.group(2).split(",")}
+                assert "model" not in grouping, (expr, match.group(0))
+                checked += 1
+        for selector in re.findall(r"(packrat_[a-z_]+)\{([^}]*)\}", expr):
+            name = re.sub(r"_(bucket|sum|count|total)$", "", selector[0])
+            if name in pods:
+                assert not re.search(r"(?<!packrat)model=~", selector[1]), expr
+    assert checked >= 15
+
+
+def test_serving_alerts_name_the_packratmodel() -> None:
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+    for name in ("PackratInstancesDown", "PackratShedRatioHigh", "PackratLatencyAboveExpected"):
+        expr = alerts[name]["expr"]
+        assert "label_replace(" in expr and '"model", "$1", "packratmodel"' in expr, name
+        assert "by (namespace, model" in expr  # the alert's model label: the PackratModel
 
 
 def test_every_query_uses_real_metrics() -> None:
@@ -212,3 +270,74 @@ def test_readme_commands_run_from_a_clone() -> None:
         assert (ROOT / path).is_file(), path
     for needle in ("```mermaid", "KServe", "Seldon", "Triton", "limited maintenance"):
         assert needle in text, needle
+
+
+def _field_paths(node: dict[str, Any], prefix: str) -> set[str]:
+    """Every dotted field path under ``node`` of the CRD's schema (``spec.profiling.threads``)."""
+    paths = {prefix}
+    for name, child in (node.get("properties") or {}).items():
+        paths |= _field_paths(child, f"{prefix}.{name}")
+    if isinstance(node.get("items"), dict):
+        paths |= _field_paths(node["items"], prefix)
+    return paths
+
+
+def _operator_flags() -> set[str]:
+    import argparse
+
+    from packrat.cli import operator
+
+    parser = argparse.ArgumentParser()
+    operator.register(parser.add_subparsers())
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {flag for action in sub.choices["operator"]._actions for flag in action.option_strings}
+
+
+def _alert_texts() -> list[tuple[str, str]]:
+    """(alert, text) of every annotation of the rules file and of its promtool unit tests."""
+    rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    texts = [
+        (r["alert"], text)
+        for g in rules["groups"]
+        for r in g["rules"]
+        for text in r["annotations"].values()
+    ]
+    tests = yaml.safe_load((RULES.parent / "packrat-alerts.test.yaml").read_text(encoding="utf-8"))
+    for case in tests["tests"]:
+        for check in case.get("alert_rule_test", []):
+            for alert in check.get("exp_alerts", []):
+                texts += [
+                    (check["alertname"], t) for t in alert.get("exp_annotations", {}).values()
+                ]
+    return texts
+
+
+def _unknown_references(text: str, fields: set[str], flags: set[str]) -> list[str]:
+    found = [p for p in re.findall(r"\b((?:spec|status)(?:\.[A-Za-z]+)+)", text) if p not in fields]
+    found += [f for f in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", text) if f not in flags]
+    return found
+
+
+def test_alert_texts_name_real_fields_and_flags() -> None:
+    """What an alert tells the person paged (a status field to read, a spec field or operator
+    flag to change) exists: every spec./status. path is a field of the PackratModel CRD, every
+    --flag one of `packrat operator`'s."""
+    from packaging_support import crd_schema
+
+    schema = crd_schema()
+    fields = _field_paths(schema["properties"]["spec"], "spec")
+    fields |= _field_paths(schema["properties"]["status"], "status")
+    flags = _operator_flags()
+    texts = _alert_texts()
+    named = [t for _, t in texts if re.search(r"\b(spec|status)\.|--[a-z]", t)]
+    assert len(named) >= 4, "no alert names a field or flag: did the texts move?"
+    bad = {alert: refs for alert, t in texts if (refs := _unknown_references(t, fields, flags))}
+    assert bad == {}
+    # the check is not vacuous: the texts the alert had before (issue 28 item 3) fail it
+    old = "status.profiling.lastFailure says why; it retries --max-profile-retries times"
+    assert _unknown_references(old, fields, flags) == [
+        "status.profiling.lastFailure",
+        "--max-profile-retries",
+    ]
+    profiling = " ".join(t for a, t in texts if a == "PackratProfilingFailed")
+    assert "status.profile.lastFailure" in profiling and "--max-profile-attempts" in profiling

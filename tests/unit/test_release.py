@@ -45,13 +45,50 @@ def test_workflow_runs_on_version_tags(workflow: dict[Any, Any]) -> None:
     on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
     assert on["push"]["tags"] == ["v*.*.*"]
     assert workflow["permissions"] == {"contents": "read"}  # least privilege by default
-    assert set(workflow["jobs"]) == {"versions", "images", "charts"}
-    for job in workflow["jobs"].values():
+    assert set(workflow["jobs"]) == {"test", "versions", "images", "charts"}
+    for name, job in workflow["jobs"].items():
+        if name == "test":
+            continue  # a reusable workflow: checked below
         assert job["runs-on"] and job["steps"]
         for step in job["steps"]:
             assert ("uses" in step) != ("run" in step), step
             if "uses" in step:
                 assert re.fullmatch(r"[\w.-]+/[\w.-]+@v\d+", step["uses"]), step["uses"]
+
+
+def test_the_whole_ci_runs_before_anything_is_published(workflow: dict[Any, Any]) -> None:
+    jobs = workflow["jobs"]
+    assert jobs["test"]["uses"] == "./.github/workflows/ci.yml"
+    assert jobs["test"]["with"]["ref"] == "${{ inputs.tag || github.ref }}"
+    assert jobs["versions"]["needs"] == "test"
+    # images need versions, charts need images: nothing is pushed before the tests pass
+    assert jobs["images"]["needs"] == "versions" and "images" in jobs["charts"]["needs"]
+    ci = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yml").read_text())
+    on = ci.get("on", ci.get(True))
+    assert on["workflow_call"]["inputs"]["ref"]["type"] == "string"
+    assert {"test", "e2e-kind"} <= set(ci["jobs"])
+    for job in ci["jobs"].values():
+        checkout = job["steps"][0]
+        assert checkout["uses"].startswith("actions/checkout@")
+        assert checkout["with"]["ref"] == "${{ inputs.ref || github.ref }}"
+
+
+def test_images_for_amd64_and_arm64_with_sbom(workflow: dict[Any, Any]) -> None:
+    job = workflow["jobs"]["images"]
+    build = next(s for s in job["steps"] if s.get("uses", "").startswith("docker/build-push"))
+    assert build["with"]["platforms"] == "linux/amd64,linux/arm64"
+    assert build["with"]["sbom"] is True
+    assert str(build["with"]["provenance"]).startswith("mode=max")
+    uses = [s.get("uses", "") for s in job["steps"]]
+    qemu = next(i for i, u in enumerate(uses) if u.startswith("docker/setup-qemu-action@"))
+    buildx = next(i for i, u in enumerate(uses) if u.startswith("docker/setup-buildx-action@"))
+    assert qemu < buildx < uses.index(build["uses"])
+    # the digest check runs before the build, on the Dockerfile's pinned base
+    check = next(s for s in job["steps"] if "pinned by digest" in s.get("name", ""))
+    assert job["steps"].index(check) < job["steps"].index(build)
+    for platform in ("linux/amd64", "linux/arm64"):
+        assert platform in check["run"]
+    assert "imagetools inspect" in check["run"] and "ARG PYTHON_IMAGE=" in check["run"]
 
 
 def test_images_pushed_where_the_chart_pulls_them(workflow: dict[Any, Any]) -> None:

@@ -6,11 +6,14 @@ import argparse
 import logging
 import os
 from typing import Any
+import threading
 
 from packrat.cli import CliError
 from packrat.cli.fetch import add_limit_flags, limits_from
 
 logger = logging.getLogger(__name__)
+
+PEERING_CHECK_SECONDS = 60.0  # how often a deleted peering object is noticed and re-created
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -197,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
         logger.info("operator metrics on :%d/metrics", args.metrics_port)
+    if args.peering is not None:
+        _create_peering(args.peering, list(args.namespace), clusterwide=bool(args.all_namespaces))
     registry = build_registry(options)
     kopf.run(
         registry=registry,
@@ -235,3 +240,38 @@ def _model_policy(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+def _create_peering(name: str, namespaces: list[str], *, clusterwide: bool) -> None:
+    """kopf's peering objects exist before kopf starts (the chart cannot render them: their
+    CRDs are created in the same install). One clear line and exit 2 when that fails."""
+    import kubernetes
+
+    from packrat.controller.api.peering import (
+        PeeringError,
+        ensure_peering,
+        keep_peering,
+        peering_targets,
+    )
+
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        # $KUBECONFIG as it is now (the client reads it once, when first imported)
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # type: ignore[no-untyped-call]
+    targets = peering_targets(name, namespaces, clusterwide=clusterwide)
+    skipped = [ns for ns in namespaces if any(c in ns for c in "*?[")]
+    if skipped:
+        logger.warning(
+            "peering: create KopfPeering %s yourself in the namespaces %s match", name, skipped
+        )
+    api = kubernetes.client.CustomObjectsApi()
+    try:
+        ensure_peering(api, targets)
+    except PeeringError as exc:
+        raise CliError(str(exc)) from None
+    threading.Thread(
+        target=keep_peering,
+        args=(api, targets),
+        kwargs={"every": PEERING_CHECK_SECONDS, "stop": threading.Event()},
+        name="peering-keeper",
+        daemon=True,
+    ).start()

@@ -146,7 +146,71 @@ def register(subparsers: Any) -> None:
         help="TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
         "the next free block of 10 when taken)",
     )
+    logs = parser.add_argument_group(
+        "request and response logging (off by default; docs/serving.md)"
+    )
+    logs.add_argument(
+        "--request-log",
+        metavar="SINK",
+        help="log sampled predictions: jsonl:PATH (jsonl:- for stdout) or an http(s):// "
+        "CloudEvents sink",
+    )
+    logs.add_argument(
+        "--request-log-sample-rate",
+        type=float,
+        default=1.0,
+        help="fraction of predictions logged, in (0, 1] (default 1)",
+    )
+    logs.add_argument(
+        "--request-log-mode",
+        choices=["binary", "structured"],
+        default="binary",
+        help="CloudEvents HTTP binding mode (default binary)",
+    )
+    logs.add_argument(
+        "--request-log-queue",
+        type=int,
+        default=1000,
+        help="records waiting for the sink; beyond, dropped and counted (default 1000)",
+    )
+    logs.add_argument(
+        "--request-log-max-body-bytes",
+        type=int,
+        default=64 * 1024,
+        help="bytes of each body logged (default 64 KiB)",
+    )
+    logs.add_argument(
+        "--request-log-timeout",
+        type=float,
+        default=5.0,
+        help="total seconds per CloudEvents POST (default 5)",
+    )
+    logs.add_argument(
+        "--request-log-source",
+        default="/packrat",
+        help="the CloudEvents source attribute (default /packrat)",
+    )
     parser.set_defaults(func=run)
+
+
+def payload_log_config(args: argparse.Namespace) -> Any:
+    """The request log's settings, or None when it is off; one clear line when invalid."""
+    if not args.request_log:
+        return None
+    from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogError
+
+    try:
+        return PayloadLogConfig(
+            sink=args.request_log,
+            sample_rate=args.request_log_sample_rate,
+            mode=args.request_log_mode,
+            queue_size=args.request_log_queue,
+            max_body_bytes=args.request_log_max_body_bytes,
+            timeout_s=args.request_log_timeout,
+            source=args.request_log_source,
+        )
+    except PayloadLogError as exc:
+        raise CliError(str(exc)) from None
 
 
 def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
@@ -223,6 +287,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     from packrat.serve.zygote.shared_weights import SharedWeightsError
 
     text, origin = read_plan_text(args)
+    payload_log = payload_log_config(args)
     cpus = None
     if args.cpus:
         try:
@@ -281,6 +346,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
             workdir=workdir,
             owns_workdir=workdir is not None and args.workdir is None,
             zygote_process=zygote,
+            payload_log=payload_log,
             cpus=cpus,
             warmup_body=warmup,
             shared_weights=not args.private_weights,

@@ -42,6 +42,7 @@ from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import EstimateReader
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.protection import held
+from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
 
@@ -236,7 +237,8 @@ def build_registry(
             fanout = shared_fanout()  # every read from and post to a pod, one pool
             poster = PlanPoster(fanout)
             pods = PodClient(options.pod_url, poster) if options.inpod_switch else None
-            state["r"] = Reconciler(api, config=options.config, pods=pods)
+            canary = CanaryClient(options.pod_url, options.serving_url, fanout=fanout)
+            state["r"] = Reconciler(api, config=options.config, pods=pods, canary=canary)
             state["e"] = EstimateReader(
                 api, pod_url=options.pod_url, service_url=options.serving_url, fanout=fanout
             )

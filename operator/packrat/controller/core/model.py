@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import Any
 
 from packrat.controller.core.slo_spec import TunerReference, spec_reference
+from packrat.controller.core.options.canary import CanarySettings, canary_settings
+from packrat.controller.core.options.request_logging import RequestLogging, request_logging
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -133,6 +135,8 @@ class ModelSpec:
     tolerations: Sequence[Mapping[str, Any]]
     affinity: Mapping[str, Any]
     pod: Mapping[str, Any] | None  # spec.pod overrides
+    request_logging: RequestLogging | None
+    canary: CanarySettings | None
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -210,6 +214,8 @@ class ModelSpec:
                 "affinity": thaw(self.affinity),
                 **({"pod": thaw(self.pod)} if self.pod else {}),
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
+                # the serving pods' command carries it (absent: the hashes of before)
+                **({"requestLogging": thaw(rl)} if (rl := spec.get("requestLogging")) else {}),
             }
         )[:16]
 
@@ -294,6 +300,8 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "tolerations": tuple(spec.get("tolerations") or ()),
         "affinity": spec.get("affinity") or MappingProxyType({}),
         "pod": spec.get("pod") or None,
+        "request_logging": request_logging(spec),
+        "canary": canary_settings(spec),
     }
 
 

@@ -18,6 +18,8 @@ from typing import Any, TypeGuard
 
 from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from packrat.controller.core.model_source import MODEL_FORMATS, ZOO_MODELS, validate_model
+from packrat.controller.core.options.canary import validate_canary
+from packrat.controller.core.options.request_logging import validate_request_logging
 from packrat.controller.core.overrides import validate_pod
 from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
 from packrat.controller.core.storage import storage_identity
@@ -87,6 +89,8 @@ _SPEC_FIELDS = {
     "slo",
     "autoscaling",
     "pod",
+    "requestLogging",
+    "canary",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -230,6 +234,8 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     if has_batch == has_auto and "slo" not in spec:
         errors.append("exactly one of batchSize and autoBatch must be set")
     validate_slo(errors, spec)
+    validate_request_logging(errors, spec)
+    validate_canary(errors, spec)
     max_batch = profiling.get("maxBatch")
     if (
         has_batch

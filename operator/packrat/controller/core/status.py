@@ -361,6 +361,10 @@ class ModelStatus(Status):
     def set_autoscaling(self, autoscaling: Mapping[str, Any]) -> None:
         self._set("autoscaling", dict(autoscaling))
 
+    def set_canary(self, canary: Mapping[str, Any] | None) -> None:
+        """``status.canary`` (spec.canary's rollout; None removes it)."""
+        self._set("canary", None if canary is None else dict(canary))
+
 
 class PipelineStatus(Status):
     """A PackratPipeline's status; ``phase`` derives from the facts the pass reports with

@@ -43,6 +43,7 @@ from packrat.controller.serving.protection import release_orphans
 from packrat.controller.serving.service import ensure_service
 from packrat.controller.serving.slots import Rendering, ensure_deployment, last_good, scale, steady
 from packrat.controller.switch.active_passive import abort, advance_switch, start_switch
+from packrat.controller.switch.canary import CanaryClient, reconcile_canary
 from packrat.controller.switch.failover import lost_active, release_unneeded
 from packrat.controller.switch.inpod import PodClient, switch_in_pod
 from packrat.controller.switch.plan_poster import switchable
@@ -88,13 +89,15 @@ class Reconciler:
         config: Config | None = None,
         estimates: Estimates | None = None,
         pods: PodClient | None = None,
+        canary: CanaryClient | None = None,
     ) -> None:
         """``pods``: how to reach the serving pods for the in-pod switch (None: every plan
-        change takes the Deployment switch)."""
+        change takes the Deployment switch); ``canary``: for spec.canary (None: ignored)."""
         self.kube = kube
         self.config = config or Config()
         self.estimates = estimates
         self.pods = pods
+        self.canary = canary
         self.optimizers = ab.OptimizerCache()
         self.provisions = ProvisionCache()
         self.tuners = asc.Tuners()
@@ -248,6 +251,7 @@ class Reconciler:
             if active_dep is not None:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
+        self._canary(p, model)
         verified.publish(status, profile)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
@@ -330,6 +334,15 @@ class Reconciler:
                 "Warning", "InPodSwitchFailed", f"in-pod switch not done ({why}); switching slots"
             )
         return why
+
+    def _canary(self, p: Pass, model: ModelSpec) -> None:
+        """spec.canary at rest (:mod:`packrat.controller.switch.canary`), and a canary's
+        leftovers once it is gone from the spec."""
+        if self.canary is None or (model.canary is None and "canary" not in p.status):
+            return
+        served = last_good(p, fallback=None)
+        if served is not None:
+            reconcile_canary(p, model=model, good=served, client=self.canary)
 
     def _first_deploy(
         self, p: Pass, children: Children, *, desired: Rendering, replicas: int

@@ -14,6 +14,7 @@ from typing import Any
 
 from packrat.controller.core import storage
 from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.options.request_logging import request_log_args
 from packrat.controller.core.overrides import apply_pod
 from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
 
@@ -252,6 +253,7 @@ def serve_command(spec: ModelSpec) -> list[str]:
         "--max-batch-delay-ms",
         str(spec.max_batch_delay_ms),
         *(["--batch-estimate", r] if (r := spec.rounding) != DEFAULT_ROUNDING else []),
+        *request_log_args(spec.request_logging, namespace=spec.namespace, name=spec.name),
     ]
 
 

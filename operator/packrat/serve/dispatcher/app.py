@@ -49,6 +49,7 @@ from aiohttp import web
 from packrat.plan.estimator import SERVING_ROUNDING, BatchSizeEstimator
 from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.arrivals import ArrivalLog
+from packrat.serve.dispatcher.canary import CanarySplit, canary_routes
 from packrat.serve.dispatcher.connections import (
     BodyRefusedError,
     BufferBudget,
@@ -61,6 +62,7 @@ from packrat.serve.dispatcher.connections import (
 )
 from packrat.serve.dispatcher.endpoints import read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
@@ -97,6 +99,8 @@ class Dispatcher(SwapMixin):
         max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES,
         body_timeout_s: float = 30.0,
         routes: Sequence[web.RouteDef] = (),
+        payload_log: PayloadLogger | None = None,
+        admin_token: str | None = None,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
@@ -125,8 +129,14 @@ class Dispatcher(SwapMixin):
             model=model,
         )
         self.arrivals = ArrivalLog()
+        self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
+        self.payload_log = payload_log  # request and response logging, when on
         self.draining = False
-        self._routes = [*read_only_routes(self, status=status, alive=alive), *routes]
+        self._routes = [
+            *read_only_routes(self, status=status, alive=alive),
+            *canary_routes(self.canary, admin_token),  # POST /admin/canary, with a token only
+            *routes,
+        ]
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
         self._label_instances()
@@ -190,10 +200,15 @@ class Dispatcher(SwapMixin):
     async def start(self) -> None:
         await self.upstream.start()
         self.sampler.start()
+        if self.payload_log is not None:
+            await self.payload_log.start()
 
     async def close(self) -> None:
         await self.sampler.close()
         await self.upstream.close()
+        await self.canary.close()
+        if self.payload_log is not None:
+            await self.payload_log.close()
 
     # -- state the owner drives -----------------------------------------------------------------
     @property
@@ -293,6 +308,10 @@ class Dispatcher(SwapMixin):
             # (too large, queue full, broken bodies) must not buy its sender more replicas; a
             # saturated pod shows as admitted arrivals at its capacity.
             self.arrivals.record()
+            if self.canary.take():  # a share of the traffic goes to the canary's Service
+                answered = await self.canary.forward(request.headers, request.query, body)
+                if answered is not None:  # else (canary failed): served here
+                    return self._answer(answered, start, source="canary")
             stage = "queued"
             # This request stays with the set it was admitted to, even across a swap.
             slots, instances, counters = self.slots, self.instances, self._per_instance
@@ -328,7 +347,22 @@ class Dispatcher(SwapMixin):
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()
+        if self.payload_log is not None:  # sampled, queued, never awaited
+            self.payload_log.offer(
+                headers=request.headers,
+                request_body=body,
+                status=response.status,
+                response_headers=response.headers,
+                response_body=response.body if isinstance(response.body, bytes) else b"",
+                latency_s=time.perf_counter() - start,
+            )
         return self._count(response, start, source="torchserve")
+
+    def _answer(self, response: web.Response, start: float, *, source: str) -> web.Response:
+        if self.draining:
+            response.headers["Connection"] = "close"
+            response.force_close()
+        return self._count(response, start, source=source)
 
     def _too_large(self, length: int | None) -> web.Response:
         got = f"{length} bytes" if length is not None else "a longer body"

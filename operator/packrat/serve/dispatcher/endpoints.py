@@ -53,6 +53,7 @@ def read_only_routes(
         doc.setdefault("ready", d.ready)
         doc["draining"] = d.draining
         doc["outstanding"] = {"in_flight": d.slots.in_flight, "queued": d.slots.queued}
+        doc["canary"] = d.canary.stats()
         doc["batch_size_estimate"] = {
             "estimate": d.estimator.estimate,
             "ewma": d.estimator.ewma,

@@ -55,6 +55,7 @@ from packrat.serve.dispatcher.app import (
 )
 from packrat.serve.dispatcher.connections import ConnectionLimits
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
 from packrat.serve.pod.health import (
     Health,
     TorchServeGoneError,
@@ -120,6 +121,7 @@ class ServeOptions:
     jvm_args: tuple[str, ...] = JVM_ARGS  # TorchServe's JVM flags
     zygote_process: ZygoteProcess | None = None  # already started for this workdir (prestart)
     owns_workdir: bool = False  # remove ``workdir`` after a clean exit (the caller made it)
+    payload_log: PayloadLogConfig | None = None  # request and response logging (off: None)
 
 
 def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], list[list[int]]]:
@@ -271,6 +273,12 @@ class PodServer:
             max_buffered_bytes=opts.max_buffered_bytes,
             body_timeout_s=opts.body_timeout_s,
             routes=admin_routes(self.switcher, opts.admin_token),
+            admin_token=opts.admin_token,  # POST /admin/canary
+            payload_log=(
+                PayloadLogger(opts.payload_log, model=self.name, registry=self.metrics.registry)
+                if opts.payload_log is not None
+                else None
+            ),
         )
         self.dispatcher = dispatcher
         runner = dispatcher.runner(opts.limits, handle_signals=False)

@@ -1,0 +1,310 @@
+"""Canary rollout, the operator's side: run the canary slot beside the active one, tell the
+active slot's pods to send it its share, watch what they report, and roll it back.
+
+The API is ``spec.canary`` (:mod:`packrat.controller.core.options.canary`); the split happens in
+the stable pods' dispatchers (:mod:`packrat.serve.dispatcher.canary`, which says why there).
+One pass, at rest (no switch under way), each step idempotent:
+
+1. a canary that should run (``trafficPercent`` above 0, not rolled back for this model):
+   its plan ConfigMap, Deployment (the active slot's plan and cores, the canary's model) and
+   Service are brought to what they should be; once its pods are ready, every ready pod of the
+   active slot is told ``{url, percent}`` (``POST /admin/canary``), and every one's counts are
+   read back from ``/status`` into ``status.canary`` (requests, errors, P99);
+2. when ``rollback`` thresholds are set, enough canary requests were seen and the error rate
+   or the P99 crossed its threshold, the canary is rolled back by itself: a Warning event
+   ``CanaryRolledBack``, ``status.canary.phase: RolledBack`` for this canary model (it stays
+   rolled back until ``spec.canary.model`` changes or ``spec.canary`` goes), then step 3;
+3. a canary that should not run: every ready pod of the active slot is told percent 0 first,
+   and only when all of them answered are the canary's Deployment, Service and ConfigMap
+   deleted. So no request is ever sent to a canary pod that is going away (and one that was
+   in flight then is served by the stable pod if the canary drops it).
+
+Promote (``spec.model`` := the canary's model, ``spec.canary`` removed) is a plan switch like
+any model change; the canary keeps its share until that switch is done and the pass is at rest
+again, then step 3 removes it. While a canary runs, the model is looked at every poll interval.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from packrat.controller.api.ownership import owned_by
+from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
+from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.options.canary import CanarySettings
+from packrat.controller.core.status import now_iso
+from packrat.controller.planning.estimates import pod_address
+from packrat.controller.serving import canary as c
+from packrat.controller.serving import manifests as m
+from packrat.controller.serving.pod_config import ensure_token
+from packrat.controller.serving.protection import release, terminating
+from packrat.controller.serving.slots import Rendering, deployment_ready, ensure_deployment
+from packrat.controller.switch.inpod import slot_pods
+
+logger = logging.getLogger(__name__)
+
+ADMIN_PATH = "/admin/canary"
+MAX_BYTES = 64 * 1024  # a pod's /status or /admin/canary answer
+DEADLINE_SECONDS = 5.0  # per fan-out, through the operator's one pod client
+ROLLED_BACK = "RolledBack"
+
+
+@dataclass
+class CanaryClient:
+    """How the operator reaches the pods for a canary, through its one pod client
+    (:class:`packrat.controller.core.fanout.PodFanout`: a total deadline per request, byte
+    caps, no redirects, a per-model cap): ``pod_url`` (``{ip}``, ``{pod}``, ``{namespace}``)
+    for each stable pod, ``service_url`` (``{service}``, ``{namespace}``) for the canary's
+    Service as the stable pods reach it."""
+
+    pod_url: str
+    service_url: str
+    fanout: PodFanout = field(default_factory=shared_fanout)
+
+    def configure(
+        self,
+        urls: Sequence[str],
+        *,
+        target: str | None,
+        percent: int,
+        ident: str,
+        token: str,
+        owner: str = "",
+    ) -> list[Answer]:
+        body = json.dumps({"url": target, "percent": percent, "id": ident}).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        return self.fanout.post(
+            owner,
+            [u.rstrip("/") + ADMIN_PATH for u in urls],
+            body,
+            headers,
+            deadline=DEADLINE_SECONDS,
+            max_bytes=MAX_BYTES,
+        )
+
+    def stats(self, urls: Sequence[str], *, owner: str = "") -> list[Answer]:
+        return self.fanout.get(
+            owner,
+            [u.rstrip("/") + "/status" for u in urls],
+            deadline=DEADLINE_SECONDS,
+            max_bytes=MAX_BYTES,
+        )
+
+
+def _failed(names: Sequence[str], answers: Sequence[Answer]) -> list[str]:
+    return [
+        f"{n}: {a.status or 'unreachable'} {a.error}".strip()
+        for n, a in zip(names, answers, strict=True)
+        if not a.ok
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """The canary's counts summed over the stable pods (P99: the worst pod's)."""
+
+    requests: int
+    errors: int
+    p99_ms: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+
+def aggregate(answers: Sequence[Answer], *, url: str, ident: str) -> Observed:
+    """Sum what each pod reports for canary ``ident`` at ``url`` (a pod reporting another
+    canary, or junk, adds nothing: its counts are untrusted input)."""
+    requests = errors = 0
+    worst: float | None = None
+    for answer in answers:
+        doc = read_json(answer)
+        stats = doc.get("canary") if isinstance(doc, dict) else None
+        if not isinstance(stats, Mapping) or (stats.get("url"), stats.get("id")) != (url, ident):
+            continue
+        served, failed = _count(stats.get("served")), _count(stats.get("errors"))
+        requests += served + failed
+        errors += failed
+        p99 = stats.get("p99Ms")
+        if isinstance(p99, int | float) and not isinstance(p99, bool) and 0 <= p99 < 1e9:
+            worst = float(p99) if worst is None else max(worst, float(p99))
+    return Observed(requests=requests, errors=errors, p99_ms=worst)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def crossed(settings: CanarySettings, seen: Observed) -> str | None:
+    """Why the canary must be rolled back (None: it may go on)."""
+    if seen.requests < settings.min_requests:
+        return None
+    if settings.max_error_rate is not None and seen.error_rate > settings.max_error_rate:
+        return (
+            f"error rate {seen.error_rate:.1%} of {seen.requests} canary requests is above "
+            f"{settings.max_error_rate:.1%}"
+        )
+    p99, limit = seen.p99_ms, settings.max_p99_ms
+    if limit is not None and p99 is not None and p99 > limit:
+        return f"P99 {p99:.1f} ms is above {limit:g} ms"
+    return None
+
+
+def reconcile_canary(p: Pass, *, model: ModelSpec, good: Rendering, client: CanaryClient) -> None:
+    """Steps 1-3 of the module docstring for ``model`` at rest, serving ``good``."""
+    settings = model.canary
+    state = dict(p.status.get("canary") or {})
+    rolled_back = (
+        settings is not None
+        and state.get("phase") == ROLLED_BACK
+        and state.get("hash") == settings.hash
+    )
+    if settings is None or settings.percent == 0 or rolled_back:
+        _stop(p, client, keep=state if rolled_back else None)
+        return
+    _run(p, settings, good=good, client=client, state=state)
+
+
+def _active_pods(p: Pass, client: CanaryClient) -> tuple[list[str], list[str]]:
+    """(URLs, names) of the active slot's ready pods."""
+    slot = str(p.status["activeSlot"])
+    listed = p.kube.list("pods", p.namespace, labels=m.service_selector(p.name, slot=slot))
+    ready, _ = slot_pods(listed)
+    urls = [pod_address(client.pod_url, p.namespace, pod) for pod in ready]
+    return urls, [str(pod["metadata"]["name"]) for pod in ready]
+
+
+def _owner(p: Pass) -> str:
+    return f"{p.namespace}/{p.name}"  # the pod client's per-model cap
+
+
+def _run(
+    p: Pass,
+    settings: CanarySettings,
+    *,
+    good: Rendering,
+    client: CanaryClient,
+    state: dict[str, Any],
+) -> None:
+    p.result.waiting = True  # its counts are read every poll interval
+    name = c.canary_name(p.name)
+    rendering = c.canary_rendering(good, settings)
+    current = p.kube.get("deployments", p.namespace, name)
+    if current is not None and terminating(current):  # deleted by hand: let it go, then anew
+        if owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+            release(p.kube, p.namespace, current)
+        return
+    dep = ensure_deployment(
+        p, current, slot=c.SLOT, rendering=rendering, replicas=settings.replicas
+    )
+    if dep is None or not _ensure_service(p):
+        return
+    if state.get("hash") != settings.hash:
+        state = {"hash": settings.hash, "since": now_iso(p.now)}
+    state.update(
+        model=dict(settings.model),
+        trafficPercent=settings.percent,
+        readyReplicas=int((dep.get("status") or {}).get("readyReplicas") or 0),
+    )
+    if not deployment_ready(dep, settings.replicas):
+        p.status.set_canary({**state, "phase": "Starting"})
+        return
+    token = ensure_token(p)
+    if token is None:
+        return
+    target = c.canary_url(client.service_url, rendering)
+    urls, names = _active_pods(p, client)
+    answers = client.configure(
+        urls,
+        target=target,
+        percent=settings.percent,
+        ident=settings.hash,
+        token=token,
+        owner=_owner(p),
+    )
+    failed = _failed(names, answers)
+    seen = aggregate(client.stats(urls, owner=_owner(p)), url=target, ident=settings.hash)
+    if state.get("phase") != "Progressing" and not failed:
+        p.emit(
+            "Normal",
+            "CanaryStarted",
+            f"canary {name} takes {settings.percent}% of the predictions of {len(urls)} pods",
+        )
+    state.update(
+        phase="Progressing" if not failed else "Starting",
+        requests=seen.requests,
+        errors=seen.errors,
+        p99Ms=seen.p99_ms,
+        message="; ".join(failed)[:400] if failed else "",
+    )
+    p.status.set_canary(state)
+    why = crossed(settings, seen)
+    if why is not None:
+        message = f"canary rolled back: {why}"
+        p.emit("Warning", "CanaryRolledBack", message)
+        rolled = {**state, "phase": ROLLED_BACK, "message": message, "trafficPercent": 0}
+        p.status.set_canary(rolled)
+        _stop(p, client, keep=rolled)
+
+
+def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> None:
+    """Stop the canary's share on every stable pod, then delete its objects. ``keep``: the
+    status to keep (a rolled-back canary), else ``status.canary`` goes once all is gone."""
+    name = c.canary_name(p.name)
+    uid = p.obj["metadata"].get("uid")
+    dep = p.kube.get("deployments", p.namespace, name)
+    svc = p.kube.get("services", p.namespace, name)
+    plan = p.kube.get("configmaps", p.namespace, m.plan_configmap_name(p.name, c.SLOT))
+    ours = [o for o in (dep, svc, plan) if o is not None and owned_by(o, name=p.name, uid=uid)]
+    if not ours and not (p.status.get("canary") or {}).get("trafficPercent"):
+        _settle(p, keep)
+        return
+    token = ensure_token(p)
+    urls, names = _active_pods(p, client)
+    if token is not None and urls:
+        answers = client.configure(
+            urls, target=None, percent=0, ident="", token=token, owner=_owner(p)
+        )
+        failed = _failed(names, answers)
+        if failed:  # a pod may still send to the canary: keep it, ask again
+            p.result.waiting = True
+            stopping = "stopping: " + "; ".join(failed)[:400]
+            p.status.set_canary({**(p.status.get("canary") or {}), "message": stopping})
+            return
+    if dep is not None and dep in ours:
+        release(p.kube, p.namespace, dep)
+        p.kube.delete("deployments", p.namespace, name)
+    if svc is not None and svc in ours:
+        p.kube.delete("services", p.namespace, name)
+    if plan is not None and plan in ours:
+        p.kube.delete("configmaps", p.namespace, m.plan_configmap_name(p.name, c.SLOT))
+    if keep is None:
+        p.emit("Normal", "CanaryRemoved", f"canary {name} removed; the stable pods serve all")
+    _settle(p, keep)
+
+
+def _settle(p: Pass, keep: Mapping[str, Any] | None) -> None:
+    p.status.set_canary(None if keep is None else {**keep, "trafficPercent": 0})
+
+
+def _ensure_service(p: Pass) -> bool:
+    """The canary's Service (selector: the canary slot); False when it is not ours."""
+    want = c.canary_service(p.obj)
+    name = want["metadata"]["name"]
+    current = p.kube.get("services", p.namespace, name)
+    if current is None:
+        p.kube.create("services", p.namespace, want)
+        return True
+    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+        p.conflict("Service", name)
+        return False
+    if (current.get("spec") or {}).get("selector") != want["spec"]["selector"]:
+        p.kube.patch(
+            "services", p.namespace, name, {"spec": {"selector": want["spec"]["selector"]}}
+        )
+    return True

@@ -1,0 +1,225 @@
+"""Canary traffic at the serving pod: a share of the predictions this dispatcher admits goes to
+the canary's Service instead of the local instances.
+
+Why here: a Kubernetes Service cannot weight its endpoints (kube-proxy spreads connections
+over the ready pods evenly), so a split by replica ratio is as coarse as the replica counts (one
+canary pod beside four stable ones is 20% or nothing) and, with kept-alive client connections,
+not even that. Every prediction already passes through a stable pod's dispatcher, which can
+send exactly ``percent`` of them on: :meth:`CanarySplit.take` spreads them evenly (error
+diffusion: after n requests, floor(n * percent / 100) went to the canary), whatever the
+client's connections. No service mesh, no new hop for the stable share.
+
+A forwarded request never fails because of the canary: when the canary cannot be reached, times
+out, sheds (503) or fails (5xx), the request is served here as if it had not been taken, and
+the canary's failure is counted; its 4xx answers (bad input) go back to the client as they
+are. Each answer the canary gave carries ``X-Packrat-Canary: true``. What the canary did (its
+requests, errors and the P99 of its latencies, over the last ``window`` forwarded requests) is
+in ``/status`` (``canary``) and in ``packrat_canary_requests_total``: the operator reads it to
+roll the canary back by itself when its error rate or P99 crosses the model's thresholds.
+
+The operator sets and clears the split with ``POST /admin/canary`` (the pods' admin bearer
+token): ``{"url": "http://<canary service>/predictions/<model>", "percent": 20, "id": "..."}``;
+percent 0 stops it. A new URL or id (the operator's: the canary's model) starts the counts
+afresh, so a new canary behind the same Service is never judged by an older one's counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import json
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter
+
+from packrat.serve.dispatcher.upstream import passthrough
+
+HEADER = "X-Packrat-Canary"
+MAX_URL = 2048
+MAX_BODY = 4096  # bytes of a POST /admin/canary
+
+
+class CanarySplit:
+    """Where canary traffic goes, how much of it, and what came back (one per dispatcher)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        registry: CollectorRegistry,
+        timeout_s: float = 30.0,
+        window: int = 1000,
+        max_connections: int = 64,
+    ) -> None:
+        self.model = model
+        self.url: str | None = None
+        self.ident = ""
+        self.percent = 0
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self._credit = 0  # error diffusion: hundredths of a request owed to the canary
+        self._session: aiohttp.ClientSession | None = None
+        self.latencies: collections.deque[float] = collections.deque(maxlen=window)
+        self.counts = {"served": 0, "errors": 0, "shed": 0, "client_errors": 0}
+        counter = Counter(
+            "packrat_canary_requests",
+            "Predictions this pod forwarded to the canary, by outcome: served (2xx), "
+            "client_error (4xx, passed back), error (5xx, unreachable, timeout: served here) "
+            "and shed (the canary's 503: served here).",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self._outcome = {
+            k: counter.labels(model, v)
+            for k, v in (
+                ("served", "served"),
+                ("errors", "error"),
+                ("shed", "shed"),
+                ("client_errors", "client_error"),
+            )
+        }
+
+    # -- configuration ---------------------------------------------------------------------------
+    def configure(self, url: str | None, percent: int, ident: str = "") -> None:
+        """Send ``percent`` of the traffic to ``url`` (None or 0: none). A new URL or ``ident``
+        (which canary it is): new counts."""
+        if not url or percent <= 0:
+            url, percent, ident = None, 0, ""
+        if (url, ident) != (self.url, self.ident):
+            self.latencies.clear()
+            self.counts = dict.fromkeys(self.counts, 0)
+            self._credit = 0
+        self.url, self.percent, self.ident = url, percent, ident
+
+    def take(self) -> bool:
+        """Whether this request goes to the canary: exactly ``percent`` in every hundred."""
+        if self.percent <= 0:
+            return False
+        self._credit += self.percent
+        if self._credit >= 100:
+            self._credit -= 100
+            return True
+        return False
+
+    # -- the forward -----------------------------------------------------------------------------
+    async def forward(
+        self, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
+    ) -> web.Response | None:
+        """The canary's answer, or None when the request must be served here."""
+        url = self.url
+        if url is None:
+            return None
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+            )
+        start = time.perf_counter()
+        try:
+            async with self._session.post(
+                url,
+                data=body,
+                headers=passthrough(headers.items()),
+                params=query,
+                allow_redirects=False,
+            ) as answer:
+                payload = await answer.read()
+                status = answer.status
+                out = passthrough(answer.headers.items())
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            self._count("errors", time.perf_counter() - start, url)
+            return None
+        if status == 503:
+            self._count("shed", None, url)
+            return None
+        if status >= 500:
+            self._count("errors", time.perf_counter() - start, url)
+            return None
+        self._count("served" if status < 400 else "client_errors", time.perf_counter() - start, url)
+        out[HEADER] = "true"
+        return web.Response(status=status, body=payload, headers=out)
+
+    def _count(self, outcome: str, latency_s: float | None, url: str) -> None:
+        if url != self.url:  # reconfigured while it ran: the old canary's, not counted
+            return
+        self.counts[outcome] += 1
+        self._outcome[outcome].inc()
+        if latency_s is not None:
+            self.latencies.append(latency_s)
+
+    def stats(self) -> dict[str, Any]:
+        """What ``/status`` reports (``canary``)."""
+        latencies = sorted(self.latencies)
+        p99 = latencies[max(0, math.ceil(0.99 * len(latencies)) - 1)] if latencies else None
+        return {
+            "url": self.url,
+            "id": self.ident,
+            "percent": self.percent,
+            "requests": sum(self.counts.values()),
+            **self.counts,
+            "p99Ms": round(p99 * 1000.0, 3) if p99 is not None else None,
+            "window": len(latencies),
+        }
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def parse_canary(raw: bytes) -> tuple[str | None, int, str]:
+    """``(url, percent, id)`` from a ``POST /admin/canary`` body; ValueError with one line."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        raise ValueError('the body must be JSON: {"url": ..., "percent": 0..100}') from None
+    if not isinstance(doc, dict) or set(doc) - {"url", "percent", "id"}:
+        raise ValueError('expected {"url": ..., "percent": 0..100} and nothing else')
+    percent = doc.get("percent", 0)
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
+        raise ValueError(f"percent must be an integer in 0..100, got {percent!r}")
+    url = doc.get("url")
+    if url is not None and (
+        not isinstance(url, str)
+        or len(url) > MAX_URL
+        or not url.startswith(("http://", "https://"))
+    ):
+        raise ValueError("url must be an http(s) URL of at most 2048 characters")
+    if percent > 0 and url is None:
+        raise ValueError("a percent above 0 needs a url")
+    ident = doc.get("id", "")
+    if not isinstance(ident, str) or len(ident) > 64:
+        raise ValueError("id must be a string of at most 64 characters")
+    return url, percent, ident
+
+
+def canary_routes(split: CanarySplit, token: str | None) -> list[web.RouteDef]:
+    """``POST /admin/canary`` (bearer ``token``), or nothing when there is no token."""
+    if not token:
+        return []
+    expected = f"Bearer {token}".encode()
+
+    async def handle(request: web.Request) -> web.Response:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return web.json_response(
+                {"code": 401, "message": "a valid bearer token is required"}, status=401
+            )
+        length = request.content_length
+        if length is None or length > MAX_BODY:
+            return web.json_response(
+                {"code": 413, "message": f"at most {MAX_BODY} bytes"}, status=413
+            )
+        try:
+            url, percent, ident = parse_canary(await request.read())
+        except ValueError as exc:
+            return web.json_response({"code": 400, "message": str(exc)}, status=400)
+        split.configure(url, percent, ident)
+        return web.json_response(split.stats())
+
+    return [web.post("/admin/canary", handle)]

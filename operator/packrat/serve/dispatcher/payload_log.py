@@ -1,0 +1,358 @@
+"""Request and response logging at the serving pod: off by default, sampled, bounded, and never
+in the way of serving.
+
+When it is on (``packrat serve --request-log SINK``, ``spec.requestLogging`` of a
+PackratModel), the dispatcher hands every prediction the model answered to :meth:`offer`, which
+draws the sample (``sample_rate``), cuts each body to ``max_body_bytes`` and puts one record in
+a queue of at most ``queue_size`` records, without awaiting anything: a full queue drops the
+record and counts it (``packrat_payload_log_records_total{outcome="dropped"}``). Requests the
+dispatcher refused or shed itself are counted in the serving metrics, not logged.
+
+Worker tasks empty the queue into the sink:
+
+- ``jsonl:PATH`` (``-`` for standard output): one JSON object per prediction and line, written
+  from a thread, so that file I/O never runs on the event loop;
+- ``http://...`` or ``https://...``: a CloudEvents sink (a Knative broker, an event gateway):
+  two events per prediction, ``dev.packrat.inference.request`` and
+  ``dev.packrat.inference.response``, with the same ``id``, POSTed in the HTTP binding's binary
+  mode (``ce-*`` headers, the body as it was) or structured mode
+  (``application/cloudevents+json``). Each POST has a total deadline (``timeout_s``), follows no
+  redirect, and at most ``concurrency`` are open; a failed one is counted and not retried.
+
+The CloudEvents encoding is written here rather than taken from the ``cloudevents`` SDK: it is
+a handful of headers and fields, and the serving image stays without another dependency; the
+tests decode what is sent with that SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+REQUEST_TYPE = "dev.packrat.inference.request"
+RESPONSE_TYPE = "dev.packrat.inference.response"
+MODES = ("binary", "structured")
+_TEXT = re.compile(r"^(application/(.+\+)?json|text/.+)(;.*)?$", re.I)
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+class PayloadLogError(ValueError):
+    """A request-logging setting is invalid (one line for the CLI)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadLogConfig:
+    """Where records go and how many: see the module docstring."""
+
+    sink: str
+    sample_rate: float = 1.0
+    mode: str = "binary"
+    queue_size: int = 1000
+    max_body_bytes: int = 64 * 1024
+    timeout_s: float = 5.0
+    concurrency: int = 4
+    source: str = "/packrat"
+
+    def __post_init__(self) -> None:
+        if not (self.sink.startswith(("http://", "https://", "jsonl:"))):
+            raise PayloadLogError(
+                f"request log sink {self.sink!r}: expected jsonl:PATH, jsonl:- or an "
+                "http(s):// CloudEvents URL"
+            )
+        if self.sink == "jsonl:":
+            raise PayloadLogError("request log sink jsonl: needs a path (or - for stdout)")
+        if not 0.0 < self.sample_rate <= 1.0:
+            raise PayloadLogError(
+                f"request log sample rate must be in (0, 1], got {self.sample_rate}"
+            )
+        if self.mode not in MODES:
+            raise PayloadLogError(f"request log mode must be one of {', '.join(MODES)}")
+        for name, value, low, high in (
+            ("queue size", self.queue_size, 1, 1_000_000),
+            ("max body bytes", self.max_body_bytes, 0, 16 * 1024 * 1024),
+            ("concurrency", self.concurrency, 1, 64),
+        ):
+            if not low <= value <= high:
+                raise PayloadLogError(f"request log {name} must be in {low}..{high}, got {value}")
+        if not 0.0 < self.timeout_s <= 60.0:
+            raise PayloadLogError(f"request log timeout must be in (0, 60] s, got {self.timeout_s}")
+
+    @property
+    def cloudevents(self) -> bool:
+        return self.sink.startswith(("http://", "https://"))
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """One side's body as logged: at most ``max_body_bytes`` of it."""
+
+    content_type: str
+    data: bytes
+    size: int
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.data) < self.size
+
+    @classmethod
+    def cut(cls, content_type: str | None, data: bytes, limit: int) -> Body:
+        return cls(content_type or "application/octet-stream", data[:limit], len(data))
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "contentType": self.content_type,
+            "bytes": self.size,
+            "truncated": self.truncated,
+        }
+        text = self.text()
+        if text is not None:
+            out["body"] = text
+        else:
+            out["bodyBase64"] = base64.b64encode(self.data).decode("ascii")
+        return out
+
+    def text(self) -> str | None:
+        if not _TEXT.match(self.content_type):
+            return None
+        try:
+            return self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+
+def _iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    id: str
+    epoch: float  # formatted by the workers, not on the request path
+    model: str
+    status: int
+    latency_ms: float
+    request: Body
+    response: Body
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "time": _iso(self.epoch),
+            "model": self.model,
+            "status": self.status,
+            "latencyMs": round(self.latency_ms, 3),
+            "request": self.request.as_json(),
+            "response": self.response.as_json(),
+        }
+
+
+def request_id(headers: Mapping[str, str]) -> str:
+    """The client's ``X-Request-Id`` when it is a short printable token, else a fresh one."""
+    given = headers.get("X-Request-Id", "")
+    return given if _REQUEST_ID.match(given) else os.urandom(16).hex()  # uuid4: 3x the time
+
+
+def binary_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
+    """(headers, body) of one event in the HTTP binding's binary mode."""
+    body = record.request if kind == REQUEST_TYPE else record.response
+    headers = {
+        "ce-specversion": "1.0",
+        "ce-id": record.id,
+        "ce-source": source,
+        "ce-type": kind,
+        "ce-time": _iso(record.epoch),
+        "ce-model": record.model,
+        "Content-Type": body.content_type,
+    }
+    if kind == RESPONSE_TYPE:
+        headers["ce-status"] = str(record.status)
+    if body.truncated:
+        headers["ce-truncated"] = "true"
+    return headers, body.data
+
+
+def structured_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
+    """(headers, body) of one event in structured mode (``application/cloudevents+json``)."""
+    body = record.request if kind == REQUEST_TYPE else record.response
+    event: dict[str, Any] = {
+        "specversion": "1.0",
+        "id": record.id,
+        "source": source,
+        "type": kind,
+        "time": _iso(record.epoch),
+        "model": record.model,
+        "datacontenttype": body.content_type,
+    }
+    if kind == RESPONSE_TYPE:
+        event["status"] = str(record.status)
+    if body.truncated:
+        event["truncated"] = "true"
+    text = body.text()
+    if text is not None and not body.truncated and "json" in body.content_type.lower():
+        try:
+            event["data"] = json.loads(text)
+        except ValueError:
+            event["data"] = text
+    elif text is not None:
+        event["data"] = text
+    else:
+        event["data_base64"] = base64.b64encode(body.data).decode("ascii")
+    payload = json.dumps(event, separators=(",", ":")).encode()
+    return {"Content-Type": "application/cloudevents+json; charset=utf-8"}, payload
+
+
+class PayloadLogger:
+    """The queue, its workers and the sink (one per dispatcher)."""
+
+    def __init__(
+        self,
+        config: PayloadLogConfig,
+        *,
+        model: str,
+        registry: CollectorRegistry,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.rng = rng or random.Random()
+        self.queue: asyncio.Queue[Record] = asyncio.Queue(maxsize=config.queue_size)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._file: TextIO | None = None
+        records = Counter(
+            "packrat_payload_log_records",
+            "Predictions offered to the request log, by outcome: logged (written or every "
+            "event sent), dropped (queue full), failed (the sink refused or timed out).",
+            ["model", "outcome"],
+            registry=registry,
+        )
+        self._outcome = {o: records.labels(model, o) for o in ("logged", "dropped", "failed")}
+        Gauge(
+            "packrat_payload_log_queue_depth",
+            "Records waiting for the request log's sink.",
+            ["model"],
+            registry=registry,
+        ).labels(model).set_function(self.queue.qsize)
+
+    # -- the dispatcher's side: never awaits --------------------------------------------------
+    def offer(
+        self,
+        *,
+        headers: Mapping[str, str],
+        request_body: bytes,
+        status: int,
+        response_headers: Mapping[str, str],
+        response_body: bytes,
+        latency_s: float,
+    ) -> None:
+        if self.config.sample_rate < 1.0 and self.rng.random() >= self.config.sample_rate:
+            return
+        if self.queue.full():  # dropped before any work: a hung sink costs serving nothing
+            self._outcome["dropped"].inc()
+            return
+        limit = self.config.max_body_bytes
+        record = Record(
+            id=request_id(headers),
+            epoch=time.time(),
+            model=self.model,
+            status=status,
+            latency_ms=latency_s * 1000.0,
+            request=Body.cut(headers.get("Content-Type"), request_body, limit),
+            response=Body.cut(response_headers.get("Content-Type"), response_body, limit),
+        )
+        try:
+            self.queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self._outcome["dropped"].inc()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.config.cloudevents:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
+                connector=aiohttp.TCPConnector(limit=self.config.concurrency),
+            )
+            workers = self.config.concurrency
+        else:
+            path = self.config.sink.removeprefix("jsonl:")
+            self._file = sys.stdout if path == "-" else await asyncio.to_thread(_open, path)
+            workers = 1
+        self._tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
+
+    async def close(self, flush_s: float = 2.0) -> None:
+        """Give the queue ``flush_s`` to empty, then stop the workers and close the sink."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(flush_s):
+                await self.queue.join()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+        if self._file is not None and self._file is not sys.stdout:
+            await asyncio.to_thread(self._file.close)
+
+    # -- the workers -----------------------------------------------------------------------------
+    async def _work(self) -> None:
+        while True:
+            batch = [await self.queue.get()]
+            if self._file is not None:  # lines go out together: one thread hop per batch
+                while len(batch) < 256 and not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+            try:
+                ok = await self._deliver(batch)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the sink's problem, never the dispatcher's
+                ok = False
+            for _ in batch:
+                self._outcome["logged" if ok else "failed"].inc()
+                self.queue.task_done()
+
+    async def _deliver(self, batch: list[Record]) -> bool:
+        if self._file is not None:
+            lines = "".join(json.dumps(r.as_json(), separators=(",", ":")) + "\n" for r in batch)
+            await asyncio.to_thread(_write, self._file, lines)
+            return True
+        (record,) = batch
+        encode = binary_event if self.config.mode == "binary" else structured_event
+        for kind in (REQUEST_TYPE, RESPONSE_TYPE):
+            headers, body = encode(record, kind=kind, source=self.config.source)
+            if not await self._post(headers, body):
+                return False
+        return True
+
+    async def _post(self, headers: dict[str, str], body: bytes) -> bool:
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                self.config.sink, data=body, headers=headers, allow_redirects=False
+            ) as answer:
+                return 200 <= answer.status < 300
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+
+def _open(path: str) -> TextIO:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "a", encoding="utf-8")
+
+
+def _write(handle: TextIO, text: str) -> None:
+    handle.write(text)
+    handle.flush()
