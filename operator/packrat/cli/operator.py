@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any
 import threading
+from typing import Any
 
 from packrat.cli import CliError
 from packrat.cli.fetch import add_limit_flags, limits_from
@@ -229,7 +229,7 @@ def _storage_limits(args: argparse.Namespace) -> Any:
 
 def _model_policy(args: argparse.Namespace) -> Any:
     """The allow-lists from the --allow-* flags (a flag never given: unrestricted)."""
-    from packrat.controller.core.policy import ModelPolicy
+    from packrat.controller.core.options.policy import ModelPolicy
 
     try:
         return ModelPolicy.parse(
@@ -240,6 +240,8 @@ def _model_policy(args: argparse.Namespace) -> Any:
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
 def _create_peering(name: str, namespaces: list[str], *, clusterwide: bool) -> None:
     """kopf's peering objects exist before kopf starts (the chart cannot render them: their
     CRDs are created in the same install). One clear line and exit 2 when that fails."""

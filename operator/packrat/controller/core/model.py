@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
-from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging
+from packrat.controller.core.slo_spec import TunerReference, spec_reference
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -215,7 +215,7 @@ class ModelSpec:
                 **({"pod": thaw(self.pod)} if self.pod else {}),
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
                 # the serving pods' command carries it (absent: the hashes of before)
-                **({"requestLogging": thaw(rl)} if (rl := spec.get("requestLogging")) else {}),
+                **({"requestLogging": asdict(rl)} if (rl := self.request_logging) else {}),
             }
         )[:16]
 

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.options.canary import CanarySettings
-from packrat.controller.core.plans import wire_plan
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.slots import Rendering
 
@@ -24,9 +23,7 @@ def canary_name(name: str) -> str:
 def canary_rendering(good: Rendering, canary: CanarySettings) -> Rendering:
     """What the canary serves: the active slot's spec and plan with the canary's model."""
     spec = good.spec.with_spec(model=dict(canary.model))
-    return Rendering(
-        spec=spec, plan=good.plan, serving_hash=spec.serving_hash(wire_plan(good.plan))
-    )
+    return Rendering(spec=spec, plan=good.plan, serving_hash=spec.serving_hash(good.plan))
 
 
 def canary_service(owner: Mapping[str, Any]) -> dict[str, Any]:

@@ -100,7 +100,7 @@ class Dispatcher(SwapMixin):
         body_timeout_s: float = 30.0,
         routes: Sequence[web.RouteDef] = (),
         payload_log: PayloadLogger | None = None,
-        admin_token: str | None = None,
+        admin_token: str | Callable[[], str | None] | None = None,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")

@@ -30,7 +30,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -198,15 +198,20 @@ def parse_canary(raw: bytes) -> tuple[str | None, int, str]:
     return url, percent, ident
 
 
-def canary_routes(split: CanarySplit, token: str | None) -> list[web.RouteDef]:
-    """``POST /admin/canary`` (bearer ``token``), or nothing when there is no token."""
+def canary_routes(
+    split: CanarySplit, token: str | Callable[[], str | None] | None
+) -> list[web.RouteDef]:
+    """``POST /admin/canary`` (bearer ``token``, or the token a rotating token file holds
+    now), or nothing when there is no token."""
     if not token:
         return []
-    expected = f"Bearer {token}".encode()
+    current = token if callable(token) else (lambda: token)
 
     async def handle(request: web.Request) -> web.Response:
         given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        held = current()
+        expected = f"Bearer {held}".encode() if held else None
+        if expected is None or not hmac.compare_digest(given, expected):
             return web.json_response(
                 {"code": 401, "message": "a valid bearer token is required"}, status=401
             )
