@@ -16,8 +16,9 @@ One pass, at rest (no switch under way), each step idempotent:
    rolled back until ``spec.canary.model`` changes or ``spec.canary`` goes), then step 3;
 3. a canary that should not run: every ready pod of the active slot is told percent 0 first,
    and only when all of them answered are the canary's Deployment, Service and ConfigMap
-   deleted. So no request is ever sent to a canary pod that is going away (and one that was
-   in flight then is served by the stable pod if the canary drops it).
+   deleted. So the active slot sends no request to a canary pod that is going away; one in
+   flight then, or one from the pods of a slot still draining after a switch (they were not
+   told), that the canary drops is served by the stable pod that sent it.
 
 Promote (``spec.model`` := the canary's model, ``spec.canary`` removed) is a plan switch like
 any model change; the canary keeps its share until that switch is done and the pass is at rest
