@@ -22,9 +22,9 @@ from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
+from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served, status_plan, wire_plan
 from packrat.controller.core.pods import pod_failure
-from packrat.controller.core.policy import refused_by_policy
 from packrat.controller.core.slo_spec import spec_reference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
