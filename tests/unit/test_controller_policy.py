@@ -12,7 +12,7 @@ import pytest
 from conftest import NS, T0, FakeKube, profile_json, set_spec
 from packrat.cli import main
 from packrat.controller.core.context import Config
-from packrat.controller.core.options.policy import ModelPolicy, refused_by_policy
+from packrat.controller.core.overrides import ModelPolicy, refused_by_policy
 from packrat.controller.core.status import get_condition
 from packrat.controller.core.storage import StorageLimits
 from packrat.controller.model.reconcile import Reconciler

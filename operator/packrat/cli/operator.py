@@ -229,7 +229,7 @@ def _storage_limits(args: argparse.Namespace) -> Any:
 
 def _model_policy(args: argparse.Namespace) -> Any:
     """The allow-lists from the --allow-* flags (a flag never given: unrestricted)."""
-    from packrat.controller.core.options.policy import ModelPolicy
+    from packrat.controller.core.overrides import ModelPolicy
 
     try:
         return ModelPolicy.parse(

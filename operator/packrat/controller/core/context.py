@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
-from packrat.controller.core.options.policy import ModelPolicy
+from packrat.controller.core.overrides import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
     ModelStatus,

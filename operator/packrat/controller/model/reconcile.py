@@ -22,7 +22,7 @@ from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
-from packrat.controller.core.options.policy import refused_by_policy
+from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.status import ModelStatus, get_condition

@@ -1,4 +1,3 @@
-"""Optional features of a PackratModel spec and the platform's policy over it, each validated
-and typed once for :class:`packrat.controller.core.model.ModelSpec`: a canary rollout
-(``spec.canary``), request and response logging at the serving pods (``spec.requestLogging``),
-and the operator's allow-lists for what a model author may pick (``policy``)."""
+"""Optional features of a PackratModel spec, each validated and typed once for
+:class:`packrat.controller.core.model.ModelSpec`: a canary rollout (``spec.canary``) and
+request and response logging at the serving pods (``spec.requestLogging``)."""
