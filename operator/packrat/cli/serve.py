@@ -16,16 +16,20 @@ from typing import Any
 
 from packrat.cli import CliError
 
+RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
+DEFAULT_RUNTIME = "native"
+
 MAX_PLAN_BYTES = 1024 * 1024
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve a model with a Packrat plan on TorchServe behind one dispatcher port",
+        help="serve a model with a Packrat plan behind one dispatcher port",
         description=(
-            "Start one TorchServe (loopback only) with one pinned worker per plan instance "
-            "and a dispatcher on the public port that speaks TorchServe's inference API."
+            "Start one pinned worker per plan instance (native workers, or TorchServe on "
+            "loopback) behind a dispatcher on the public port that speaks TorchServe's "
+            "inference API and the Open Inference Protocol (v2)."
         ),
     )
     parser.add_argument(
@@ -36,6 +40,14 @@ def register(subparsers: Any) -> None:
     source.add_argument("--plan-env", metavar="VAR", help="environment variable holding the plan")
     parser.add_argument(
         "--model-name", help="name in /predictions/{name} (default: zoo name or file stem)"
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=DEFAULT_RUNTIME,
+        help="what runs the plan's instances: native (workers forked from the pod's zygote, "
+        "fed batches by the dispatcher over Unix sockets; no JVM) or torchserve (TorchServe on "
+        f"loopback); default {DEFAULT_RUNTIME}",
     )
     parser.add_argument("--host", default="0.0.0.0", help="dispatcher address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
@@ -187,8 +199,11 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
     from packrat.serve.zygote.process import prestart
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
+    imports = ["packrat.serve.native.worker"] if args.runtime == "native" else []
     try:
-        zygote = prestart(args.model, workdir, shared_weights=not args.private_weights)
+        zygote = prestart(
+            args.model, workdir, shared_weights=not args.private_weights, imports=imports
+        )
     except Exception:  # e.g. an unreadable model file: the pod reports it as before
         return None, workdir
     return zygote, workdir
@@ -200,6 +215,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
     from packrat.serve.config import JVM_ARGS, ServeConfigError, parse_plan
     from packrat.serve.dispatcher.connections import ConnectionLimits
+    from packrat.serve.native.runtime import NativeStartError
     from packrat.serve.pod.server import ServeOptions, TorchServeGoneError, serve
     from packrat.serve.torchserve.archive import ArchiveError
     from packrat.serve.torchserve.process import TorchServeError
@@ -270,6 +286,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
             zygote=not args.no_zygote,
             jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
             estimator_rounding=args.batch_estimate,
+            runtime=args.runtime,
         )
         return asyncio.run(serve(opts))
     except (
@@ -278,6 +295,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         TorchServeError,
         SharedWeightsError,
         ZygoteStartError,
+        NativeStartError,
     ) as exc:
         raise CliError(str(exc)) from None
     except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail

@@ -121,6 +121,7 @@ class ModelSpec:
     batch_size: int | None
     auto: AutoBatch | None
     max_batch_delay_ms: int
+    runtime: str | None  # packrat serve --runtime; None: the pods' own default
     profiling: Profiling
     switch: SwitchTiming
     source: Mapping[str, Any]  # spec.model
@@ -198,6 +199,7 @@ class ModelSpec:
                 "affinity": thaw(spec.get("affinity") or {}),
                 **({"pod": thaw(spec["pod"])} if spec.get("pod") else {}),
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
+                **({"runtime": self.runtime} if self.runtime else {}),
             }
         )[:16]
 
@@ -260,6 +262,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             else None
         ),
         "max_batch_delay_ms": int(spec["maxBatchDelayMs"]),
+        "runtime": str(spec["runtime"]) if spec.get("runtime") else None,
         "profiling": Profiling(
             max_batch=int(prof["maxBatch"]),
             threads=tuple(int(t) for t in threads) if threads else None,

@@ -240,6 +240,7 @@ def serve_command(spec: ModelSpec) -> list[str]:
         "--max-batch-delay-ms",
         str(spec.max_batch_delay_ms),
         *(["--batch-estimate", r] if (r := spec.rounding) != DEFAULT_ROUNDING else []),
+        *(["--runtime", spec.runtime] if spec.runtime else []),
     ]
 
 

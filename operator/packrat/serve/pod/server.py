@@ -1,8 +1,9 @@
-"""One serving pod, end to end: cpuset -> core sets -> TorchServe instances -> dispatcher.
+"""One serving pod, end to end: cpuset -> core sets -> runtime instances -> dispatcher.
 
 ``packrat serve`` calls :func:`serve`. Order matters for readiness: the dispatcher listens
-first (so ``/ping`` answers "not ready" while models load), then TorchServe starts on
-loopback, every instance is registered (one worker each, its batch size, the max batch
+first (so ``/ping`` answers "not ready" while models load), then the runtime backend starts
+(:mod:`packrat.serve.pod.runtime`: native workers forked from the zygote, or TorchServe on
+loopback), every instance is added (one pinned worker each, its batch size, the max batch
 delay), warmed with one batch, and only then marked up. A monitor
 (:mod:`packrat.serve.pod.health`) keeps polling TorchServe's management API: an instance whose
 worker is not READY is marked down, and a worker with a new pid (TorchServe restarted it) is
@@ -39,12 +40,13 @@ from aiohttp import web
 from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import (
+    DEFAULT_RUNTIME,
     JVM_ARGS,
+    RUNTIMES,
     InstanceSpec,
     ServeConfigError,
     check_fits,
     plan_instances,
-    registration_query,
     status_document,
     worker_settings,
 )
@@ -64,9 +66,8 @@ from packrat.serve.pod.health import (
     warm,
 )
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
-from packrat.serve.torchserve.archive import ModelArchive, build_archive, default_model_name
-from packrat.serve.torchserve.handler import CONFIG_ENV
-from packrat.serve.torchserve.process import TorchServe
+from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
+from packrat.serve.torchserve.archive import default_model_name
 from packrat.serve.zygote.process import ZygoteProcess
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
@@ -115,6 +116,7 @@ class ServeOptions:
         True  # workers forked from one process that imported torch (packrat.serve.zygote.zygote)
     )
     jvm_args: tuple[str, ...] = JVM_ARGS  # TorchServe's JVM flags
+    runtime: str = DEFAULT_RUNTIME  # "native" or "torchserve" (packrat.serve.pod.runtime)
     zygote_process: ZygoteProcess | None = None  # already started for this workdir (prestart)
     owns_workdir: bool = False  # remove ``workdir`` after a clean exit (the caller made it)
 
@@ -132,20 +134,28 @@ def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], li
     return available, cores
 
 
-def sample_body(archive: ModelArchive, spec: str) -> bytes | None:
+def sample_body(inputs: list[dict[str, Any]] | None, spec: str) -> bytes | None:
     """One request body for warm-up, raw bytes, made without torch where it can be."""
-    if archive.inputs is None:
+    if inputs is None:
         return None
     from packrat.serve.codec import example_body, warmup_body
 
-    body = warmup_body(archive.inputs)
+    body = warmup_body(inputs)
     return body if body is not None else example_body(spec)
 
 
+def zygote_imports(runtime: str) -> tuple[str, ...]:
+    """What the zygote imports for the workers of ``runtime`` before it forks any."""
+    return ("packrat.serve.native.worker",) if runtime == "native" else ()
+
+
 class PodServer:
-    """The running pod: owns the work directory, TorchServe and the dispatcher."""
+    """The running pod: owns the work directory, the runtime backend and the dispatcher."""
 
     def __init__(self, opts: ServeOptions) -> None:
+        if opts.runtime not in RUNTIMES:
+            known = ", ".join(RUNTIMES)
+            raise ServeConfigError(f"unknown runtime {opts.runtime!r}: one of {known}")
         self.opts = opts
         self.name = opts.model_name or default_model_name(opts.model)
         self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
@@ -154,11 +164,10 @@ class PodServer:
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
         self.health = {inst.name: Health() for inst in self.instances}
         self.metrics = ServeMetrics()
-        self.torchserve: TorchServe | None = None
+        self.runtime: RuntimeBackend | None = None
         self.dispatcher: Dispatcher | None = None
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
-        self.mar: str | None = None  # the archive's name in TorchServe's model store
         given = opts.zygote_process if opts.zygote else None
         if given is not None and (given.workdir != self.workdir or given.model != opts.model):
             raise ServeConfigError("the prestarted zygote is for another work directory or model")
@@ -171,7 +180,13 @@ class PodServer:
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
         self.zygote = (
-            given or ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+            given
+            or ZygoteProcess(
+                self.workdir,
+                model=opts.model,
+                weights=self.weights,
+                imports=zygote_imports(opts.runtime),
+            )
             if opts.zygote
             else None
         )
@@ -201,12 +216,6 @@ class PodServer:
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
 
-    def registration(self, inst: InstanceSpec) -> dict[str, str]:
-        assert self.torchserve is not None and self.mar is not None
-        return registration_query(
-            inst, mar=self.mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
-        )
-
     def adopt(
         self, plan: Plan, instances: Sequence[InstanceSpec], pids: Sequence[int], *, generation: int
     ) -> None:
@@ -220,8 +229,7 @@ class PodServer:
         }
 
     def _alive(self) -> bool:
-        ts = self.torchserve
-        return ts is None or ts.proc is None or ts.running  # not started yet counts as alive
+        return self.runtime is None or self.runtime.running  # not started yet counts as alive
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -231,18 +239,20 @@ class PodServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
         self.write_settings(self.instances)
-        worker_python = self.zygote.start() if self.zygote is not None else None
-        self.torchserve = TorchServe(
+        self.runtime = runtime = make_runtime(
+            opts.runtime,
             workdir=self.workdir,
-            env={CONFIG_ENV: str(settings)},
+            settings=settings,
+            max_batch_delay_ms=opts.max_batch_delay_ms,
+            weights=self.weights,
+            zygote=self.zygote,
             port_base=opts.torchserve_port_base,
-            worker_python=worker_python,
             jvm_args=opts.jvm_args,
         )
         dispatcher = Dispatcher(
             model=self.name,
             instances=self.instances,
-            backend_url=self.torchserve.inference_url,
+            backend=runtime,
             queue_limit=opts.queue_limit,
             metrics=self.metrics,
             status=self.status,
@@ -262,10 +272,11 @@ class PodServer:
         addresses = runner.addresses
         self.port = int(addresses[0][1]) if addresses else opts.port
         log.info(
-            "packrat serve: %s plan %s on cpus %s, listening on http://%s:%d",
+            "packrat serve: %s plan %s on cpus %s (%s runtime), listening on http://%s:%d",
             self.name,
             opts.plan.label,
             ",".join(map(str, self.cpus)),
+            opts.runtime,
             opts.host,
             self.port,
         )
@@ -289,7 +300,7 @@ class PodServer:
                 if monitor in done:
                     try:
                         monitor.result()
-                    except TorchServeGoneError as exc:
+                    except TorchServeGoneError as exc:  # the runtime is gone
                         log.error("packrat serve: %s", exc)
                         code = 1
                         return code  # no drain: nothing can be served any more
@@ -321,7 +332,7 @@ class PodServer:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await monitor
             await runner.cleanup()
-            await self.torchserve.stop()
+            await runtime.stop()
             if self.zygote is not None:
                 await self.zygote.stop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -333,33 +344,30 @@ class PodServer:
         return code
 
     async def _start_backend(self) -> None:
-        assert self.torchserve is not None
+        runtime = self.runtime
+        assert runtime is not None
 
-        async def prepare() -> ModelArchive:
-            archive = await asyncio.to_thread(
-                build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
-            )
+        async def prepare() -> None:
+            inputs = await runtime.load_model(self.opts.model, self.name)
+            assert self.dispatcher is not None
+            self.dispatcher.inputs = inputs  # what the v2 protocol's metadata and infer use
             if self.warmup is None:
-                self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+                self.warmup = await asyncio.to_thread(sample_body, inputs, self.opts.model)
             if self.zygote is None and self.weights is not None:
                 await ensure_weights(self.opts.model, self.weights)  # the zygote writes its own
-            return archive
 
-        # The archive and the weight file are made while the JVM starts.
-        archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
-        log.info("packrat serve: TorchServe is up and the archive is built")
-        assert self.dispatcher is not None
-        self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
-        self.mar = self.torchserve.add_archive(archive.path)
-        # Registration starts while the zygote may still be preparing: TorchServe unpacks the
-        # archive and starts each worker's launcher, which waits for the zygote. A zygote that
-        # fails ends the start (and the registrations waiting on it) with its own error.
+        # The model is prepared while the runtime starts (TorchServe's JVM).
+        await asyncio.gather(prepare(), runtime.start())
+        log.info("packrat serve: the %s runtime is up and the model is prepared", runtime.kind)
+        # Instances start while the zygote may still be preparing: TorchServe's launchers and
+        # the native runtime wait for it. A zygote that fails ends the start (and the
+        # instances waiting on it) with its own error.
         try:
             async with asyncio.TaskGroup() as group:
                 if self.zygote is not None:
                     group.create_task(self._zygote_ready())
                 for inst in self.instances:
-                    group.create_task(self.torchserve.register(self.registration(inst)))
+                    group.create_task(runtime.add(inst))
         except ExceptionGroup as failed:  # the first failure, as a plain error for the CLI
             raise failed.exceptions[0] from None
         async with self.lock:
