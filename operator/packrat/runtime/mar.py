@@ -68,8 +68,8 @@ def request_value(body: bytes, content_type: str) -> Any:
     if content_type == "application/json":
         try:
             return json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return body
+        except (UnicodeDecodeError, ValueError, RecursionError):  # as TorchServe: any failure
+            return body  # leaves the bytes (deep nesting, an integer of thousands of digits)
     if content_type.startswith("text"):
         try:
             return body.decode("utf-8")
