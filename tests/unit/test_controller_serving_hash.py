@@ -43,6 +43,7 @@ specs = st.fixed_dictionaries(
         "maxBatchDelayMs": st.sampled_from([2, 5]),
         "image": st.sampled_from(["img:1", "img:2"]),
         "nodeSelector": st.sampled_from([{}, {"pool": "cpu"}]),
+        "runtime": st.sampled_from([None, "native", "torchserve"]),  # None: the pods' default
         "switch": st.fixed_dictionaries(
             {
                 "readyTimeoutSeconds": st.sampled_from([8, 90, 300]),
@@ -87,3 +88,14 @@ def test_switch_timings_leave_template_and_hash() -> None:
     plan = PLANS[0]
     assert _template(base, plan) == _template(other, plan)
     assert _typed(base).serving_hash(plan) == _typed(other).serving_hash(plan)
+
+
+def test_the_runtime_reaches_the_pods_command_only_when_set() -> None:
+    base = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    command = _template(base, PLANS[0])["spec"]["containers"][0]["command"]
+    assert "--runtime" not in command  # the pods' default: no pod rolls on upgrade
+    for runtime in ("native", "torchserve"):
+        spec = {**base, "runtime": runtime}
+        command = _template(spec, PLANS[0])["spec"]["containers"][0]["command"]
+        assert command[command.index("--runtime") + 1] == runtime
+        assert _typed(spec).serving_hash(PLANS[0]) != _typed(base).serving_hash(PLANS[0])
