@@ -174,9 +174,11 @@ def test_a_dead_worker_answers_its_batch_503_and_is_started_again(tmp_path: Path
 
     async def go() -> None:
         runtime = _runtime(tmp_path, worker, delay_ms=0)
+        died: list[str] = []
+        runtime.on_death = died.append  # the pod marks the instance down at once
         await runtime.add(INST)
         first = await _forward(runtime, 2)
-        assert [a.status for a in first] == [503, 503]
+        assert [a.status for a in first] == [503, 503] and died == ["m_i0"]
         assert all(a.headers["Retry-After"] == "1" for a in first)
         assert "died" in json.loads(first[0].body)["message"]
         for _ in range(200):  # restarted at once (the first failure waits no backoff)

@@ -387,9 +387,13 @@ class Dispatcher(SwapMixin):
         query: Mapping[str, str],
         body: bytes,
         track: Stage,
+        *,
+        shields: bool = True,
     ) -> Answer:
         """One request body through the queue and an instance: the runtime's answer, or the
-        dispatcher's own 503 (a shed); not counted yet (:meth:`finish`)."""
+        dispatcher's own 503 (a shed); not counted yet (:meth:`finish`). ``shields``: keep the
+        client's disconnect from cancelling it once forwarded (a caller running several bodies
+        of one request at once shields them all itself)."""
         # This request stays with the set it was admitted to, even across a swap.
         slots, instances, counters = self.slots, self.instances, self._per_instance
         try:
@@ -405,13 +409,15 @@ class Dispatcher(SwapMixin):
         counters[index].inc()
         # Once forwarded, the request runs to completion even if its client leaves: the
         # worker has it, and its slot must stay taken until the runtime answers.
-        shield(request, True)
+        if shields:
+            shield(request, True)
         try:
             response = await self._forward_then_release(
                 slots, index, instances[index], headers=headers, query=query, body=body
             )
         finally:
-            shield(request, False)
+            if shields:
+                shield(request, False)
         return Answer(response, self.source, gone=disconnected(request))
 
     def finish(self, response: web.Response, start: float, source: str) -> web.Response:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from packrat.serve.dispatcher.connections import shield
 from packrat.serve.dispatcher.v2_codec import (
     V2Error,
     build_response,
@@ -134,9 +135,18 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
         except V2Error as exc:
             return d.finish(v2_error(400, str(exc)), start, "dispatcher")
         del body  # the samples hold the bytes from here
-        answers = await asyncio.gather(
-            *(d.run_one(request, {"Content-Type": t}, {}, b, track) for b, t in samples)
-        )
+        # The samples run together; none is cancelled by a disconnect once any is forwarded
+        # (each holds its slot until its worker answers), so the request is shielded whole.
+        shield(request, True)
+        try:
+            answers = await asyncio.gather(
+                *(
+                    d.run_one(request, {"Content-Type": t}, {}, b, track, shields=False)
+                    for b, t in samples
+                )
+            )
+        finally:
+            shield(request, False)
         if any(a.gone for a in answers):
             d.metrics.cancelled.labels(d.model, track.stage).inc()
             return v2_error(499, "the client went away")

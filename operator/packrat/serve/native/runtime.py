@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -234,6 +234,7 @@ class NativeInstance:
         log.warning("native: %s worker (pid %d) died after %.1f s: %s",
                     self.inst.name, worker.pid, lived, reason)  # fmt: skip
         self._failures = 0 if lived > STABLE_S else self._failures + 1
+        self.runtime.on_death(self.inst.name)
         self._restart = asyncio.get_running_loop().create_task(self._finish_and_restart(worker))
 
     async def _finish_and_restart(self, dead: _Worker) -> None:
@@ -297,6 +298,9 @@ class NativeRuntime:
         self.env = {**os.environ, **(env or {})}
         self.load_timeout_s = load_timeout_s
         self.instances: dict[str, NativeInstance] = {}
+        # Told the name of an instance whose worker just died (the pod marks it down at once,
+        # before its monitor's next look); the default does nothing.
+        self.on_death: Callable[[str], None] = lambda _name: None
 
     # -- the backend contract -----------------------------------------------------------------
     @property

@@ -57,6 +57,7 @@ from packrat.serve.dispatcher.app import (
 )
 from packrat.serve.dispatcher.connections import ConnectionLimits
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.native.runtime import NativeRuntime
 from packrat.serve.pod.health import (
     Health,
     TorchServeGoneError,
@@ -231,6 +232,15 @@ class PodServer:
     def _alive(self) -> bool:
         return self.runtime is None or self.runtime.running  # not started yet counts as alive
 
+    def _worker_died(self, name: str) -> None:
+        """A native worker died: its instance is down now (the monitor brings it back up once
+        the restarted worker is warm), so no request goes to it meanwhile."""
+        for i, inst in enumerate(self.instances):
+            if inst.name == name and self.dispatcher is not None:
+                self.health[name].up = False
+                self.health[name].status = "DEAD"
+                self.dispatcher.set_up(i, False)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -249,6 +259,8 @@ class PodServer:
             port_base=opts.torchserve_port_base,
             jvm_args=opts.jvm_args,
         )
+        if isinstance(runtime, NativeRuntime):
+            runtime.on_death = self._worker_died
         dispatcher = Dispatcher(
             model=self.name,
             instances=self.instances,
