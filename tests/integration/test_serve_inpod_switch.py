@@ -190,7 +190,7 @@ def test_switch_in_the_pod_under_load_fails_no_request(
 
 
 def test_refusals_keep_the_plan_serving(pod: tuple[str, subprocess.Popen[bytes]]) -> None:
-    url, _ = pod
+    url, proc = pod
 
     async def go() -> list[tuple[int, Any]]:
         async with aiohttp.ClientSession() as s:
@@ -208,3 +208,7 @@ def test_refusals_keep_the_plan_serving(pod: tuple[str, subprocess.Popen[bytes]]
     out = asyncio.run(asyncio.wait_for(go(), 120))
     assert [o[0] for o in out] == [401, 401, 400, 400], out
     assert "cpus" in out[2][1]["message"]
+    workers = _workers(proc.pid)
+    assert workers
+    for pid in workers:  # a user's handler code in a worker cannot read the admin token
+        assert TOKEN.encode() not in Path(f"/proc/{pid}/environ").read_bytes()

@@ -167,6 +167,10 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     _check_model(args.model)
+    # Taken out of the environment before any process starts: no child (the zygote,
+    # TorchServe, the workers and a user's handler code in them) inherits the token that can
+    # reconfigure the pod, not even in its /proc/<pid>/environ.
+    args.admin_token = os.environ.pop(args.admin_token_env, None) if args.admin_token_env else None
     zygote, workdir = _prestart(args)
     try:
         return _run(args, zygote=zygote, workdir=workdir)
@@ -247,7 +251,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         raise CliError("--body-timeout must be > 0")
     token = None
     if args.admin_token_env:
-        token = os.environ.get(args.admin_token_env, "").strip()
+        token = (args.admin_token or "").strip()
         if len(token) < 16:
             raise CliError(
                 f"environment variable {args.admin_token_env} must hold a token of at least "
