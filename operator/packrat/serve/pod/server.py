@@ -5,16 +5,17 @@ first (so ``/ping`` answers "not ready" while models load), then the runtime bac
 (:mod:`packrat.serve.pod.runtime`: native workers forked from the zygote, or TorchServe on
 loopback), every instance is added (one pinned worker each, its batch size, the max batch
 delay), warmed with one batch, and only then marked up. A monitor
-(:mod:`packrat.serve.pod.health`) keeps polling TorchServe's management API: an instance whose
-worker is not READY is marked down, and a worker with a new pid (TorchServe restarted it) is
-warmed again before it is marked up, so ``/ping`` reflects worker restarts. The monitor also
-pings TorchServe's frontend (short timeout) and reads each worker's state from ``/proc`` (a
-stopped, SIGSTOPped, or zombie worker is down), so readiness fails within a few seconds of
-either one no longer answering. When TorchServe itself is gone, every queued request is
-answered 503 at once and the pod exits with status 1 within seconds, so Kubernetes restarts
-it. SIGTERM or SIGINT: stop listening, finish what is in flight (at most ``drain_seconds``;
-after an optional ``drain_grace_seconds`` during which it still accepts connections but
-reports not ready), stop TorchServe, return 0.
+(:mod:`packrat.serve.pod.health`) keeps asking the runtime for each worker's state: an
+instance whose worker is not READY is marked down, and a worker with a new pid (the runtime
+restarted it) is warmed again before it is marked up, so ``/ping`` reflects worker restarts
+(a native worker's death marks its instance down at once). The monitor also pings
+TorchServe's frontend (short timeout; the native runtime has none) and reads each worker's
+state from ``/proc`` (a stopped, SIGSTOPped, or zombie worker is down), so readiness fails
+within a few seconds of either one no longer answering. When TorchServe itself is gone,
+every queued request is answered 503 at once and the pod exits with status 1 within
+seconds, so Kubernetes restarts it. SIGTERM or SIGINT: stop listening, finish what is in
+flight (at most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which it
+still accepts connections but reports not ready), stop the runtime, return 0.
 
 ``/status`` reports the plan, the estimates, the queue and each instance's health; never
 process ids or internal addresses.
