@@ -15,14 +15,15 @@ per repetition) because these machines are shared and noisy:
   ``benchmarks/cold_start.py`` reads it).
 - ``latency``: ResNet-50 through ``packrat serve`` at B = 4, 8, 16, 32 on both runtimes,
   the plan ``2x1t/b(B/2)`` (what the optimizer picks on this machine's profile) and fat
-  ``1x2t/bB``: closed-loop bursts of B requests, batch latency until the last answer, the
-  median of each run; every (runtime, config) once per repetition, in a rotated order.
+  ``1x2t/bB``: per B the four pods run side by side (idle but for the one measured), and
+  each round sends one burst of B requests to each, in a rotated order; batch latency until
+  the last answer. Ratios are paired by round (the same minute's background load).
 
     python benchmarks/native_runtime.py cpu --blocks 6 --seconds 8 \
         --out benchmarks/results/native-cpu-tiny
     python benchmarks/native_runtime.py start --repeats 4 \
         --out benchmarks/results/native-start-resnet50
-    python benchmarks/native_runtime.py latency --repeats 3 \
+    python benchmarks/native_runtime.py latency --min-bursts 8 --requests 64 \
         --out benchmarks/results/native-latency-resnet50
 """
 
@@ -231,53 +232,76 @@ async def start(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- latency --------------------------------------------------------------------------------------
+async def one_burst(url: str, model: str, body: bytes, batch: int) -> float:
+    result = await run_bursts(url=url, model=model, body=body, burst=batch, bursts=1)
+    if result.errors:
+        raise RuntimeError(f"{url}: {result.errors} failed requests")
+    return 1000 * result.batch_latencies_s[0]
+
+
 async def latency(args: argparse.Namespace) -> dict[str, Any]:
+    """Per B, the four pods (each runtime's plan and fat) run at once, idle but for the
+    burst being measured: rounds of one burst each, in a rotated order, so that every
+    comparison is paired in time under the same background load."""
     cpus = allowed_cpus()[:2]
     body = example_body(args.model)
     batches = [int(b) for b in args.batch.split(",")]
     combos = [(r, c) for r in RUNTIMES for c in ("plan", "fat")]
-    out: dict[str, Any] = {"runs": [], "loadavg_before": loadavg()}
-    for rep in range(args.repeats):
-        for b in batches:
-            shift = (rep + batches.index(b)) % len(combos)
-            for runtime, config in combos[shift:] + combos[:shift]:
-                p = plan(2, 1, b // 2) if config == "plan" else plan(1, 2, b)
-                work = Path(tempfile.mkdtemp(prefix="packrat-native-lat-"))
-                server = pod(args.model, p, runtime, work, cpus)
-                try:
-                    await server.start()
-                    result = await run_bursts(
-                        url=server.url, model=server.model, body=body, burst=b,
-                        bursts=max(args.min_bursts, args.requests // b), warmup_bursts=1,
-                    )  # fmt: skip
-                finally:
-                    await server.stop()
-                    shutil.rmtree(work, ignore_errors=True)
-                lat = [1000 * x for x in result.batch_latencies_s]
-                row = {"repeat": rep, "batch": b, "runtime": runtime, "config": config,
-                       "plan": p.label, "median_ms": statistics.median(lat),
-                       "errors": result.errors, "batch_latencies_ms": lat}  # fmt: skip
-                out["runs"].append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "batch_latencies_ms"}),
-                      flush=True)  # fmt: skip
-    out["loadavg_after"] = loadavg()
-    table: dict[str, Any] = {}
+    out: dict[str, Any] = {"bursts": [], "loadavg_before": loadavg()}
     for b in batches:
-        cell: dict[str, Any] = {}
-        for runtime, config in combos:
-            rows = [r for r in out["runs"]
-                    if (r["batch"], r["runtime"], r["config"]) == (b, runtime, config)]  # fmt: skip
-            cell[f"{runtime}/{config}"] = summary([r["median_ms"] for r in rows])
-        for runtime in RUNTIMES:
-            cell[f"{runtime}: fat/plan"] = (
-                cell[f"{runtime}/fat"]["median"] / cell[f"{runtime}/plan"]["median"]
-            )
-        cell["plan: native/torchserve"] = (
-            cell["native/plan"]["median"] / cell["torchserve/plan"]["median"]
-        )
-        table[str(b)] = cell
-    out["table"] = table
+        work = Path(tempfile.mkdtemp(prefix="packrat-native-lat-"))
+        servers = {
+            (r, c): pod(args.model, plan(2, 1, b // 2) if c == "plan" else plan(1, 2, b), r,
+                        work / f"{r}-{c}", cpus)
+            for r, c in combos
+        }  # fmt: skip
+        try:
+            for server in servers.values():
+                await server.start()
+            for server in servers.values():  # one warm-up burst each
+                await one_burst(server.url, server.model, body, b)
+            rounds = max(args.min_bursts, args.requests // b)
+            for i in range(rounds):
+                shift = i % len(combos)
+                for r, c in combos[shift:] + combos[:shift]:
+                    server = servers[(r, c)]
+                    ms = await one_burst(server.url, server.model, body, b)
+                    row = {
+                        "batch": b, "round": i, "runtime": r, "config": c,
+                        "plan": server.plan.label, "ms": ms, "loadavg": loadavg()[0],
+                    }  # fmt: skip
+                    out["bursts"].append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            for server in servers.values():
+                await server.stop()
+            shutil.rmtree(work, ignore_errors=True)
+    out["loadavg_after"] = loadavg()
+    out["table"] = {str(b): latency_cell(out["bursts"], b, combos) for b in batches}
     return out
+
+
+def latency_cell(
+    bursts: list[dict[str, Any]], b: int, combos: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """Medians [min, max] per (runtime, config) at B = ``b``, and the paired ratios (same
+    round): native over TorchServe on the plan, fat over plan per runtime."""
+    ms = {
+        (r, c): {x["round"]: x["ms"] for x in bursts
+                 if (x["batch"], x["runtime"], x["config"]) == (b, r, c)}
+        for r, c in combos
+    }  # fmt: skip
+    cell: dict[str, Any] = {f"{r}/{c}": summary(list(ms[(r, c)].values())) for r, c in combos}
+    rounds = sorted(set.intersection(*(set(v) for v in ms.values())))
+
+    def ratio(a: tuple[str, str], z: tuple[str, str]) -> dict[str, float]:
+        return summary([ms[a][i] / ms[z][i] for i in rounds])
+
+    cell["plan: native/torchserve"] = ratio(("native", "plan"), ("torchserve", "plan"))
+    cell["fat: native/torchserve"] = ratio(("native", "fat"), ("torchserve", "fat"))
+    for r in RUNTIMES:
+        cell[f"{r}: fat/plan"] = ratio((r, "fat"), (r, "plan"))
+    return cell
 
 
 def main() -> int:
@@ -291,13 +315,13 @@ def main() -> int:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", default="4,8,16,32")
     parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--min-bursts", type=int, default=6)
+    parser.add_argument("--min-bursts", type=int, default=8)
     args = parser.parse_args()
     run = {"cpu": cpu, "start": start, "latency": latency}[args.what]
     result = asyncio.run(run(args))
     result["command"] = " ".join(["python", *sys.argv])
     Path(args.out + ".json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("blocks", "starts", "runs")},
+    print(json.dumps({k: v for k, v in result.items() if k not in ("blocks", "starts", "bursts")},
                      indent=1))  # fmt: skip
     return 0
 
