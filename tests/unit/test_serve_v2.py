@@ -329,12 +329,20 @@ def test_the_routes_answer_health_metadata_and_inference() -> None:
                 status, doc = await infer(b'{"inputs": 1}')
                 assert status == 400
                 jsonschema.validate(doc, ERROR)
+                for header in ("x", "9" * 5000, "-1"):  # the binary extension's header
+                    async with s.post(
+                        url + "/v2/models/tiny/infer",
+                        data=_request(rows),
+                        headers={"Inference-Header-Content-Length": header},
+                    ) as r:
+                        assert r.status == 400, header
+                        jsonschema.validate(await r.json(), ERROR)
                 status, doc = await infer(_request([[-1.0] * 16, [1.0] * 16]))
                 assert (status, doc) == (400, {"error": "negative"})
                 assert d.buffered_bytes == 0 and d.pending == 0
             metrics = d.metrics.requests
             assert metrics.labels("tiny", "200")._value.get() == 1
-            assert metrics.labels("tiny", "400")._value.get() == 2
+            assert metrics.labels("tiny", "400")._value.get() == 5
         finally:
             await runner.cleanup()
 

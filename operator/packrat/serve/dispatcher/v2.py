@@ -128,7 +128,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     body, reserve = admitted
     try:
         try:
-            if header is not None and not header.isdigit():
+            if header is not None and not (header.isdigit() and len(header) <= 12):
                 raise V2Error(f"{HEADER_LENGTH} must be a number of bytes")
             req = parse_request(body, int(header) if header is not None else None)
             samples = split_samples(req, d.inputs)
