@@ -215,3 +215,29 @@ def test_a_worker_that_cannot_load_fails_its_add_with_its_reason(tmp_path: Path)
         assert unknown.status == 503
 
     _run(go)
+
+
+def test_a_worker_that_does_not_answer_in_time_is_replaced(tmp_path: Path) -> None:
+    hangs = [True]
+
+    async def answer(batch: list[Item]) -> list[Result] | None:
+        if hangs:
+            hangs.pop()
+            await asyncio.sleep(3600)  # stuck (SIGSTOPped, deadlocked)
+        return await _echo()(batch)
+
+    worker = FakeWorker(answer)
+
+    async def go() -> None:
+        runtime = _runtime(tmp_path, worker, delay_ms=0)
+        runtime.response_timeout_s = 0.2
+        await runtime.add(INST)
+        assert [a.status for a in await _forward(runtime, 2)] == [503, 503]
+        for _ in range(200):
+            if (await runtime.workers("m_i0"))[0].ready and worker.started == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [a.status for a in await _forward(runtime, 1)] == [200]
+        await runtime.stop()
+
+    _run(go)

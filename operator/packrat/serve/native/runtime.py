@@ -13,10 +13,11 @@ form, and one batch is in the worker at a time while the next one forms. The que
 bounded by the dispatcher's slots (at most two batches per instance outstanding), frames by
 :data:`~packrat.serve.native.protocol.MAX_FRAME`.
 
-A worker that dies (killed, crashed, its channel broken) fails its in-flight batch and the
-requests queued for it at once, each with a 503 and ``Retry-After`` (never a hang), and is
-started again at once, then with a backoff while it keeps failing; the pod's monitor sees
-the new pid, warms it and marks the instance up again, exactly as with TorchServe.
+A worker that dies (killed, crashed, its channel broken), or does not answer a batch within
+``response_timeout_s`` (300 s, TorchServe's default; it is then killed), fails its in-flight
+batch and the requests queued for it at once, each with a 503 and ``Retry-After`` (never a
+hang), and is started again at once, then with a backoff while it keeps failing; the pod's
+monitor sees the new pid, warms it and marks the instance up again, as with TorchServe.
 
 Workers are forked from the pod's zygote when there is one (torch imported, weights mapped:
 nothing to import or load), else started as fresh interpreters.
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 WORKER_MODULE = "packrat.serve.native.worker"
 LOAD_TIMEOUT_S = 600.0  # a big model on a busy node; the pod's readiness waits anyway
+RESPONSE_TIMEOUT_S = 300.0  # a batch not answered by then: the worker is replaced (TorchServe's)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STABLE_S = 30.0  # a worker that lived this long restarts at once again
 
@@ -188,7 +190,13 @@ class NativeInstance:
             except OSError as exc:
                 self._died(worker, f"{type(exc).__name__}: {exc}")
                 return
-            await self._replied  # the reader answers the batch, or the worker died
+            try:  # the reader answers the batch, or the worker dies
+                async with asyncio.timeout(self.runtime.response_timeout_s):
+                    await asyncio.shield(self._replied)
+            except TimeoutError:  # stuck (stopped, deadlocked): as TorchServe, replace it
+                limit = self.runtime.response_timeout_s
+                self._died(worker, f"no answer to a batch in {limit:.0f} s; killed")
+                return
 
     async def _replies(self, worker: _Worker) -> None:
         """Read the worker's channel all the time: replies answer the batch in flight, and
@@ -287,6 +295,7 @@ class NativeRuntime:
         max_batch_delay_ms: int,
         env: Mapping[str, str] | None = None,
         load_timeout_s: float = LOAD_TIMEOUT_S,
+        response_timeout_s: float = RESPONSE_TIMEOUT_S,
     ) -> None:
         self.workdir = workdir
         self.logdir = workdir / "native"
@@ -297,6 +306,7 @@ class NativeRuntime:
         self.max_batch_delay_s = max_batch_delay_ms / 1000.0
         self.env = {**os.environ, **(env or {})}
         self.load_timeout_s = load_timeout_s
+        self.response_timeout_s = response_timeout_s
         self.instances: dict[str, NativeInstance] = {}
         # Told the name of an instance whose worker just died (the pod marks it down at once,
         # before its monitor's next look); the default does nothing.
