@@ -200,10 +200,10 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
         return None, None
     import tempfile
 
-    from packrat.serve.zygote.process import prestart
+    from packrat.serve.zygote.process import prestart, worker_imports
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
-    imports = ["packrat.serve.native.worker"] if args.runtime == "native" else []
+    imports = worker_imports(args.runtime, args.model)
     try:
         zygote = prestart(
             args.model, workdir, shared_weights=not args.private_weights, imports=imports

@@ -70,7 +70,7 @@ from packrat.serve.pod.health import (
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
 from packrat.serve.torchserve.archive import default_model_name
-from packrat.serve.zygote.process import ZygoteProcess
+from packrat.serve.zygote.process import ZygoteProcess, worker_imports
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 __all__ = [
@@ -146,11 +146,6 @@ def sample_body(inputs: list[dict[str, Any]] | None, spec: str) -> bytes | None:
     return body if body is not None else example_body(spec)
 
 
-def zygote_imports(runtime: str) -> tuple[str, ...]:
-    """What the zygote imports for the workers of ``runtime`` before it forks any."""
-    return ("packrat.serve.native.worker",) if runtime == "native" else ()
-
-
 class PodServer:
     """The running pod: owns the work directory, the runtime backend and the dispatcher."""
 
@@ -187,7 +182,7 @@ class PodServer:
                 self.workdir,
                 model=opts.model,
                 weights=self.weights,
-                imports=zygote_imports(opts.runtime),
+                imports=worker_imports(opts.runtime, opts.model),
             )
             if opts.zygote
             else None

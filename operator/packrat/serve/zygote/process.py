@@ -26,8 +26,23 @@ from pathlib import Path
 
 from packrat.serve.torchserve import worker_launcher
 from packrat.serve.zygote.shared_weights import shared_weights_file
+from packrat.serve.zygote.zygote import TORCHSERVE_IMPORTS
 
 SUBDIR = "zygote"
+
+
+NATIVE_WORKER = "packrat.serve.native.worker"
+
+
+def worker_imports(runtime: str, model: str) -> tuple[str, ...]:
+    """What the zygote imports before it forks, for the workers of ``runtime`` serving
+    ``model``: TorchServe's worker; or the native worker, and TorchServe's model loader only
+    for a user's .mar (whose handler it loads; a zoo model needs none of TorchServe)."""
+    if runtime != "native":
+        return TORCHSERVE_IMPORTS
+    if model.endswith(".mar"):
+        return (NATIVE_WORKER, "ts.service", "ts.model_loader")
+    return (NATIVE_WORKER,)
 
 
 class ZygoteStartError(RuntimeError):
@@ -38,10 +53,16 @@ class ZygoteProcess:
     """One zygote for one pod."""
 
     def __init__(
-        self, workdir: Path, *, model: str, weights: Path | None, imports: Sequence[str] = ()
+        self,
+        workdir: Path,
+        *,
+        model: str,
+        weights: Path | None,
+        imports: Sequence[str] | None = None,
     ) -> None:
         self.workdir = workdir
-        self.imports = tuple(imports)  # modules the workers run, imported before any fork
+        # The modules the workers run, imported before any fork (default: TorchServe's).
+        self.imports = tuple(imports) if imports is not None else TORCHSERVE_IMPORTS
         self.dir = workdir / SUBDIR
         self.socket = self.dir / "zygote.sock"
         self.python = self.dir / "python"
@@ -166,7 +187,7 @@ class ZygoteProcess:
 
 
 def prestart(
-    model: str, workdir: Path, *, shared_weights: bool = True, imports: Sequence[str] = ()
+    model: str, workdir: Path, *, shared_weights: bool = True, imports: Sequence[str] | None = None
 ) -> ZygoteProcess:
     """Start a pod's zygote now, for :class:`packrat.serve.pod.server.ServeOptions`
     ``zygote_process``

@@ -15,7 +15,8 @@ on cores the JVM needs too.
 No intra-op thread pool may exist when the zygote forks (a forked OpenMP pool would hang):
 it builds the model, when it must, with one thread, so that no pool is started, and checks
 that; each worker sets its own threads after the fork, as before.
-``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE]``.
+``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE] [--import M]...``
+(``M``: the modules the workers run; default: TorchServe's worker).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# What a TorchServe worker imports (its script, its service, the base handler, the loader).
+TORCHSERVE_IMPORTS = (
+    "ts.model_service_worker",
+    "ts.service",
+    "ts.torch_handler.base_handler",
+    "ts.model_loader",
+)
 _MAX_REQUEST = 1 << 20
 _MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
 
@@ -54,24 +62,21 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def preload(model: str | None, weights: Path | None, imports: Sequence[str] = ()) -> None:
-    """Import what every worker imports (and ``imports``, the modules the pod's runtime runs
-    in its workers); write the pod's weight file unless it is there, and build the model on it
-    once. Each step's time goes to the zygote's log."""
+def preload(
+    model: str | None, weights: Path | None, imports: Sequence[str] = TORCHSERVE_IMPORTS
+) -> None:
+    """Import torch and ``imports`` (what the pod's runtime runs in its workers:
+    :func:`packrat.serve.zygote.process.worker_imports`); write the pod's weight file unless it
+    is there, and build the model on it once. Each step's time goes to the zygote's log."""
     start = time.monotonic()
     import torch
-    import ts.model_loader
-    import ts.model_service_worker
-    import ts.service
-    import ts.torch_handler.base_handler  # noqa: F401
 
     from packrat.serve import codec  # noqa: F401
     from packrat.serve.torchserve import handler
 
     for name in imports:
         importlib.import_module(name)
-
-    _note("imported torch and TorchServe's worker", start)
+    _note(f"imported torch and {', '.join(imports) or 'nothing else'}", start)
     if model is None or weights is None:
         return
     start = time.monotonic()
@@ -245,10 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("socket", type=Path)
     parser.add_argument("--model")
     parser.add_argument("--weights", type=Path)
-    parser.add_argument("--import", dest="imports", action="append", default=[])
+    parser.add_argument(
+        "--import", dest="imports", action="append", help="a module the workers run (repeat)"
+    )
     args = parser.parse_args(argv)
     try:
-        preload(args.model, args.weights, args.imports)
+        imports = TORCHSERVE_IMPORTS if args.imports is None else args.imports
+        preload(args.model, args.weights, imports)
     except ZygoteError as exc:
         print(f"packrat zygote: {exc}", file=sys.stderr)
         return 2
