@@ -246,7 +246,8 @@ async def latency(args: argparse.Namespace) -> dict[str, Any]:
     cpus = allowed_cpus()[:2]
     body = example_body(args.model)
     batches = [int(b) for b in args.batch.split(",")]
-    combos = [(r, c) for r in RUNTIMES for c in ("plan", "fat")]
+    configs = args.configs.split(",")
+    combos = [(r, c) for r in RUNTIMES for c in configs]
     out: dict[str, Any] = {"bursts": [], "loadavg_before": loadavg()}
     for b in batches:
         work = Path(tempfile.mkdtemp(prefix="packrat-native-lat-"))
@@ -297,10 +298,12 @@ def latency_cell(
     def ratio(a: tuple[str, str], z: tuple[str, str]) -> dict[str, float]:
         return summary([ms[a][i] / ms[z][i] for i in rounds])
 
-    cell["plan: native/torchserve"] = ratio(("native", "plan"), ("torchserve", "plan"))
-    cell["fat: native/torchserve"] = ratio(("native", "fat"), ("torchserve", "fat"))
-    for r in RUNTIMES:
-        cell[f"{r}: fat/plan"] = ratio((r, "fat"), (r, "plan"))
+    configs = sorted({c for _, c in combos})
+    for c in configs:
+        cell[f"{c}: native/torchserve"] = ratio(("native", c), ("torchserve", c))
+    if "fat" in configs and "plan" in configs:
+        for r in RUNTIMES:
+            cell[f"{r}: fat/plan"] = ratio((r, "fat"), (r, "plan"))
     return cell
 
 
@@ -316,6 +319,7 @@ def main() -> int:
     parser.add_argument("--batch", default="4,8,16,32")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--min-bursts", type=int, default=8)
+    parser.add_argument("--configs", default="plan,fat", help="latency: plan, fat or both")
     args = parser.parse_args()
     run = {"cpu": cpu, "start": start, "latency": latency}[args.what]
     result = asyncio.run(run(args))
