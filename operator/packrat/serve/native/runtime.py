@@ -56,6 +56,7 @@ LOAD_TIMEOUT_S = 600.0  # a big model on a busy node; the pod's readiness waits 
 RESPONSE_TIMEOUT_S = 300.0  # a batch not answered by then: the worker is replaced (TorchServe's)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STABLE_S = 30.0  # a worker that lived this long restarts at once again
+CHANNEL_BUFFER_BYTES = 4 * 1024 * 1024
 
 
 class NativeStartError(RuntimeError):
@@ -383,6 +384,9 @@ class NativeRuntime:
         """A worker for ``inst``: forked from the zygote, or a fresh interpreter without one
         (or when the zygote cannot be reached)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A batch's bodies in one write where the kernel allows (capped by net.core.wmem_max),
+        # not a refill per 200 KB: on a busy node each refill waits for the dispatcher's turn.
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CHANNEL_BUFFER_BYTES)
         log_path = self.logdir / f"{inst.name}.log"
         try:
             with log_path.open("ab") as out, open(os.devnull, "rb") as null:
