@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -88,13 +89,20 @@ def load(args: argparse.Namespace) -> Runner:
 
 def serve(channel: socket.socket, run: Runner) -> int:
     """Answer batches until the pod closes ``channel``."""
+    first = True
     while True:
         payload = protocol.recv_frame(channel)
         if payload is None:
             return 0
         batch_id, items = protocol.decode_batch(payload)
+        start = time.monotonic()
         try:
             results = run(items)
+            if first:  # the warm-up: its cost shows in the log
+                log.info(
+                    "packrat: first batch of %d in %.3f s", len(items), time.monotonic() - start
+                )
+                first = False
         except Exception as exc:  # the service itself broke: the batch fails, the worker lives
             log.exception("packrat: batch %d failed", batch_id)
             body = json.dumps(
