@@ -91,7 +91,7 @@ def test_switch_timings_leave_template_and_hash() -> None:
 
 
 def test_the_runtime_reaches_the_pods_command_only_when_set() -> None:
-    base = with_defaults({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2})
+    base: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
     command = _template(base, PLANS[0])["spec"]["containers"][0]["command"]
     assert "--runtime" not in command  # the pods' default: no pod rolls on upgrade
     for runtime in ("native", "torchserve"):
