@@ -1,10 +1,12 @@
-"""The in-pod plan switch under closed-loop load: real TorchServe, real HTTP, tiny model.
+"""The in-pod plan switch under closed-loop load, on both runtimes (native workers, real
+TorchServe): real HTTP, tiny model.
 
-One ``packrat serve`` pod on 2 cpus serves ``2x1t/b2``; while clients keep sending, the plan
-is switched in the pod to ``1x2t/b4`` and back. Every request must be answered 200, the
-pod's ``/status`` must show the new plan's instances, and in the end only the last plan's
-workers may be left running (the old ones were unregistered). Refusals: no token, a wrong
-token and a plan that needs more cpus than the pod has, each with the old plan still serving.
+One ``packrat serve`` pod per runtime on 2 cpus serves ``2x1t/b2``; while clients keep
+sending, the plan is switched in the pod to ``1x2t/b4`` and back. Every request must be
+answered 200, the pod's ``/status`` must show the new plan's instances, and in the end only
+the last plan's workers may be left running (the old ones were removed). Refusals: no token,
+a wrong token and a plan that needs more cpus than the pod has, each with the old plan still
+serving.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ FAT = _plan(1, 2, 4)
 
 
 def _workers(root: int) -> list[int]:
-    """Pids of TorchServe worker processes below ``root``: forked by the pod's zygote (they
-    keep its command line) or started fresh (not the launchers, which only name the script)."""
+    """Pids of worker processes below ``root``: forked by the pod's zygote (they keep its
+    command line; native and TorchServe workers) or started fresh by TorchServe (not the
+    launchers, which only name the script)."""
     parents: dict[int, list[int]] = {}
     parent_of: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -87,18 +90,20 @@ async def _get(url: str) -> tuple[int, Any]:
         return 0, None
 
 
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+@pytest.fixture(scope="module", params=["native", "torchserve"])
+def pod(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     if len(CPUS) < 2:
         pytest.skip("needs a cpuset of at least 2 cpus")
-    tmp = tmp_path_factory.mktemp("inpod")
+    tmp = tmp_path_factory.mktemp(f"inpod-{request.param}")
     (tmp / "plan.json").write_text(json.dumps(THIN))
     port = free_ports(1)[0]
     log = tmp / "serve.log"
     cmd = [sys.executable, "-m", "packrat", "serve", "--model", "tiny"]
     cmd += ["--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--workdir", str(tmp / "work"), "--cpus", f"{CPUS[0]},{CPUS[1]}"]
-    cmd += ["--admin-token-env", "PACKRAT_TEST_ADMIN_TOKEN"]
+    cmd += ["--admin-token-env", "PACKRAT_TEST_ADMIN_TOKEN", "--runtime", request.param]
     env = {**os.environ, "PACKRAT_TEST_ADMIN_TOKEN": TOKEN}
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -185,7 +190,7 @@ def test_switch_in_the_pod_under_load_fails_no_request(
 
 
 def test_refusals_keep_the_plan_serving(pod: tuple[str, subprocess.Popen[bytes]]) -> None:
-    url, _ = pod
+    url, proc = pod
 
     async def go() -> list[tuple[int, Any]]:
         async with aiohttp.ClientSession() as s:
@@ -203,3 +208,7 @@ def test_refusals_keep_the_plan_serving(pod: tuple[str, subprocess.Popen[bytes]]
     out = asyncio.run(asyncio.wait_for(go(), 120))
     assert [o[0] for o in out] == [401, 401, 400, 400], out
     assert "cpus" in out[2][1]["message"]
+    workers = _workers(proc.pid)
+    assert workers
+    for pid in workers:  # a user's handler code in a worker cannot read the admin token
+        assert TOKEN.encode() not in Path(f"/proc/{pid}/environ").read_bytes()

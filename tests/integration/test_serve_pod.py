@@ -1,9 +1,13 @@
-"""``packrat serve`` end to end with real TorchServe and the tiny zoo model.
+"""``packrat serve`` end to end on both runtimes (native workers, real TorchServe) with the
+tiny zoo model.
 
-One pod (two 1-thread instances on this machine's two cores, queue limit 0) is started once
-for the module; the tests run in file order and the worker-kill test comes last. A second
-pod serves a user's own ``.mar`` (its handler reports the affinity it was loaded with) and
-is then drained with SIGTERM while requests are in flight.
+One pod per runtime (two 1-thread instances on this machine's two cores, queue limit 0) is
+started once for the module; the tests run in file order, grouped by runtime, and the
+worker-kill test comes last. Tests where the runtime matters (loading, pinning, answers,
+errors, worker health, the v2 protocol through a real third-party client) run on both; the
+dispatcher's own behaviour (limits, shedding, /status) on the default, native, only. A second
+pod per runtime serves a user's own ``.mar`` (its handler reports the affinity it was loaded
+with) and is then drained with SIGTERM while requests are in flight.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 READY_S = 300  # a pod starts in ~10 s when quiet; minutes on a loaded shared machine
+RUNTIMES = ("native", "torchserve")
+both = pytest.mark.parametrize("pod", RUNTIMES, indirect=True)
+native = pytest.mark.parametrize("pod", ["native"], indirect=True)
 
 CPUS = allowed_cpus()
 needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs a cpuset of at least 2 cpus")
@@ -55,6 +62,7 @@ class Pod:
     proc: subprocess.Popen[bytes]
     url: str
     log: Path
+    runtime: str = "native"
     pings: list[int] = field(default_factory=list)
 
     def status(self) -> dict[str, Any]:
@@ -83,7 +91,9 @@ def _ping(url: str) -> int:
     return asyncio.run(go())
 
 
-def start_pod(tmp: Path, *, model: str, plan: str, extra: list[str] | None = None) -> Pod:
+def start_pod(
+    tmp: Path, *, model: str, plan: str, extra: list[str] | None = None, runtime: str = "native"
+) -> Pod:
     (tmp / "plan.json").write_text(plan)
     port = free_ports(1)[0]
     log = tmp / "serve.log"
@@ -102,11 +112,13 @@ def start_pod(tmp: Path, *, model: str, plan: str, extra: list[str] | None = Non
         str(port),
         "--workdir",
         str(tmp / "work"),
+        "--runtime",
+        runtime,
         *(extra or []),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    pod = Pod(proc=proc, url=f"http://127.0.0.1:{port}", log=log)
+    pod = Pod(proc=proc, url=f"http://127.0.0.1:{port}", log=log, runtime=runtime)
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -132,19 +144,30 @@ def stop_pod(pod: Pod) -> int:
 
 
 @pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+def pod(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Pod]:
     if len(CPUS) < 2:
         pytest.skip("needs a cpuset of at least 2 cpus")
-    tmp = tmp_path_factory.mktemp("pod")
+    runtime = request.param
+    tmp = tmp_path_factory.mktemp(f"pod-{runtime}")
     plan = plan_json([{"threads": 1, "batch": 2, "count": 2}], cpus=2)
     pod = start_pod(
         tmp,
         model="tiny",
         plan=plan,
         extra=["--queue-limit", "0", "--cpus", f"{CPUS[0]},{CPUS[1]}"],
+        runtime=runtime,
     )
     yield pod
     assert stop_pod(pod) == 0
+
+
+def java_pids(pod: Pod) -> list[int]:
+    return [
+        pid
+        for pid in descendants(pod.proc.pid)
+        if Path(f"/proc/{pid}/cmdline").exists()
+        and Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"java")
+    ]
 
 
 def post(url: str, bodies: list[tuple[bytes, str]]) -> list[tuple[int, bytes, dict[str, str]]]:
@@ -218,12 +241,14 @@ def wait_for(predicate: Any, what: str, timeout_s: float = 90) -> None:
         time.sleep(0.05)
 
 
+@both
 def test_not_ready_before_load_ready_after(pod: Pod) -> None:
     assert 503 in pod.pings, pod.pings  # answered "not ready" while the models loaded
     assert pod.pings[-1] == 200
     assert _ping(pod.url) == 200
 
 
+@both
 def test_each_worker_is_pinned_to_its_own_cores(pod: Pod) -> None:
     status = pod.status()
     instances = status["instances"]
@@ -237,6 +262,7 @@ def test_each_worker_is_pinned_to_its_own_cores(pod: Pod) -> None:
             assert cpus_allowed(pid, task) == inst["cpus"]
 
 
+@both
 def test_predictions_match_the_model_run_in_process(pod: Pod) -> None:
     model = zoo.load_model("tiny")
     x = torch.randn(6, 16, generator=torch.Generator().manual_seed(7))
@@ -251,6 +277,7 @@ def test_predictions_match_the_model_run_in_process(pod: Pod) -> None:
         assert torch.allclose(torch.tensor(json.loads(body)), expected[i], atol=1e-5)
 
 
+@both
 def test_a_bad_request_fails_alone(pod: Pod) -> None:
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
     answers = post(
@@ -267,6 +294,7 @@ def test_a_bad_request_fails_alone(pod: Pod) -> None:
     assert post(pod.url, [(good, "application/octet-stream")])[0][0] == 200
 
 
+@both
 def test_hostile_bodies_fail_alone_in_their_batch(pod: Pod) -> None:
     """Deep nesting and a 5,000-digit integer made every request of their batch a 503."""
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
@@ -291,18 +319,21 @@ def test_hostile_bodies_fail_alone_in_their_batch(pod: Pod) -> None:
     assert answers[0][0] == 413, answers
 
 
-def test_an_oversized_upload_is_413_and_nothing_reaches_torchserve(pod: Pod) -> None:
+@native
+def test_an_oversized_upload_is_413_and_nothing_reaches_the_runtime(pod: Pod) -> None:
     answers = post(pod.url, [(b"\0" * (7 * 1024 * 1024), "application/octet-stream")])
     assert answers[0][0] == 413
     assert json.loads(answers[0][1])["code"] == 413
 
 
+@native
 def test_status_shows_no_pids_or_internal_addresses(pod: Pod) -> None:
     text = json.dumps(pod.status())
     assert '"pid"' not in text and "127.0.0.1" not in text and "torchserve" not in text
     assert all({"up", "restarts", "status"} <= set(i) for i in pod.status()["instances"])
 
 
+@native
 def test_overload_is_shed_with_503_and_retry_after(pod: Pod) -> None:
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
     answers = post(pod.url, [(good, "application/octet-stream")] * 200)
@@ -315,6 +346,7 @@ def test_overload_is_shed_with_503_and_retry_after(pod: Pod) -> None:
     assert post(pod.url, [(good, "application/octet-stream")])[0][0] == 200
 
 
+@both
 def test_metrics_and_status(pod: Pod) -> None:
     async def text() -> str:
         async with aiohttp.ClientSession() as s, s.get(f"{pod.url}/metrics") as r:
@@ -329,13 +361,15 @@ def test_metrics_and_status(pod: Pod) -> None:
             if ln.startswith("packrat_instance_requests_total") and f'plan_instance="{name}"' in ln
         )
         assert float(line.rsplit(" ", 1)[1]) > 0
-    assert 'packrat_request_errors_total{code="400",model="tiny",source="torchserve"}' in metrics
+    source = pod.runtime  # who answered the 400s: the runtime, passed through
+    assert f'packrat_request_errors_total{{code="400",model="tiny",source="{source}"}}' in metrics
     assert "packrat_batch_size_estimate{" in metrics
     status = pod.status()
     assert status["plan"]["label"] == "2x1t/b2"
     assert status["batch_size_estimate"]["estimate"] >= 1
 
 
+@native
 def test_loadgen_cli_against_the_pod(pod: Pod) -> None:
     out = subprocess.run(
         [
@@ -350,6 +384,58 @@ def test_loadgen_cli_against_the_pod(pod: Pod) -> None:
     assert summary["batch_latency"]["p50_ms"] > 0
 
 
+@both
+def test_java_runs_on_torchserve_only(pod: Pod) -> None:
+    """``packrat serve --runtime native`` runs no JVM at all."""
+    assert bool(java_pids(pod)) == (pod.runtime == "torchserve")
+
+
+@both
+def test_a_v2_client_gets_the_models_answers(pod: Pod) -> None:
+    """tritonclient's HTTP client (a real third-party Open Inference Protocol client): health,
+    metadata, JSON and binary tensors, and a malformed request's 400."""
+    import numpy as np
+
+    v2 = pytest.importorskip("tritonclient.http", reason="tritonclient[http] (dev extras)")
+    errors = pytest.importorskip("tritonclient.utils")
+
+    client = v2.InferenceServerClient(pod.url.removeprefix("http://"), network_timeout=60)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny") and not client.is_model_ready("other")
+    meta = client.get_model_metadata("tiny")
+    assert meta["inputs"] == [{"name": "input__0", "datatype": "FP32", "shape": [-1, 16]}]
+    model = zoo.load_model("tiny")
+    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(11))
+    with torch.inference_mode():
+        expected = model(x).numpy()
+    for binary in (True, False):
+        tensor = v2.InferInput("input__0", [5, 16], "FP32")
+        tensor.set_data_from_numpy(x.numpy(), binary_data=binary)
+        wanted = [v2.InferRequestedOutput("output__0", binary_data=binary)]
+        result = client.infer("tiny", [tensor], outputs=wanted, request_id="r1")
+        assert result.get_response()["id"] == "r1"
+        assert np.allclose(result.as_numpy("output__0"), expected, atol=1e-5)
+    wrong = v2.InferInput("input__0", [2, 15], "FP32")
+    wrong.set_data_from_numpy(np.zeros((2, 15), dtype=np.float32))
+    with pytest.raises(errors.InferenceServerException) as err:
+        client.infer("tiny", [wrong])
+    assert err.value.status() == "400" and "shape" in str(err.value.message())
+    answers = post_v2(pod.url, b'{"inputs": [{"name": "input__0"')
+    assert answers[0] == 400 and isinstance(json.loads(answers[1])["error"], str)
+
+
+def post_v2(url: str, body: bytes) -> tuple[int, bytes]:
+    async def go() -> tuple[int, bytes]:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(f"{url}/v2/models/tiny/infer", data=body) as r,
+        ):
+            return r.status, await r.read()
+
+    return asyncio.run(go())
+
+
+@both
 def test_a_stopped_worker_fails_readiness_until_it_continues(pod: Pod) -> None:
     """SIGSTOP: TorchServe still lists the worker READY; /ping stayed 200 before."""
     cpus = tuple(pod.status()["instances"][0]["cpus"])
@@ -363,6 +449,7 @@ def test_a_stopped_worker_fails_readiness_until_it_continues(pod: Pod) -> None:
     wait_for(lambda: _ping(pod.url) == 200, "readiness to come back")
 
 
+@both
 def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
     before = pod.status()["instances"][1]
     old_pid = worker_pids(pod)[tuple(before["cpus"])]
@@ -389,7 +476,8 @@ def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
 
 # -- a user's .mar, and draining -------------------------------------------------------------
 USER_HANDLER = """
-import json, os
+import json, os, time
+from pathlib import Path
 import torch
 
 
@@ -399,16 +487,25 @@ class UserHandler:
         self.threads = torch.get_num_threads()
 
     def handle(self, data, context):
+        for row in data:
+            body = row.get("body") or b""
+            if isinstance(body, (bytes, bytearray)) and body.startswith(b"slow:"):
+                Path(body[5:].decode()).write_text(str(os.getpid()))
+                time.sleep(600)  # until the test kills this worker
         return [
             json.dumps({"affinity": self.affinity, "threads": self.threads, "n": len(data)})
             for _ in data
         ]
 """
+user_both = pytest.mark.parametrize("user_pod", RUNTIMES, indirect=True)
 
 
 @pytest.fixture(scope="module")
-def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
-    tmp = tmp_path_factory.mktemp("user")
+def user_pod(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Pod]:
+    runtime = request.param
+    tmp = tmp_path_factory.mktemp(f"user-{runtime}")
     (tmp / "user_handler.py").write_text(USER_HANDLER)
     subprocess.run(
         [
@@ -440,11 +537,13 @@ def user_pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
             "--warmup-body",
             str(tmp / "warm.txt"),
         ],
+        runtime=runtime,
     )
     yield pod
     stop_pod(pod)
 
 
+@user_both
 def test_a_users_mar_handler_runs_pinned_and_unchanged(user_pod: Pod) -> None:
     async def go() -> tuple[int, Any]:
         async with (
@@ -459,6 +558,40 @@ def test_a_users_mar_handler_runs_pinned_and_unchanged(user_pod: Pod) -> None:
     assert body["threads"] == 1
 
 
+@pytest.mark.parametrize("user_pod", ["native"], indirect=True)
+def test_a_killed_worker_answers_its_in_flight_requests_503_at_once(
+    user_pod: Pod, tmp_path: Path
+) -> None:
+    """The batch in the worker (its handler asleep for ten minutes) is answered 503 as soon
+    as the worker dies, and the worker is started again, warmed and serving."""
+    marker = tmp_path / "slow"
+
+    async def go() -> list[int]:
+        async with aiohttp.ClientSession() as s:
+
+            async def one() -> int:
+                slow = f"slow:{marker}".encode()  # bytes: the handler gets them as they are
+                async with s.post(f"{user_pod.url}/predictions/user", data=slow) as r:
+                    await r.read()
+                    return r.status
+
+            tasks = [asyncio.create_task(one()) for _ in range(3)]
+            deadline = time.monotonic() + 120
+            while not marker.exists() or not marker.read_text():  # the batch is in the handler
+                assert time.monotonic() < deadline, "the slow batch never reached the handler"
+                await asyncio.sleep(0.05)
+            os.kill(int(marker.read_text()), signal.SIGKILL)
+            return list(await asyncio.gather(*tasks))
+
+    assert asyncio.run(go()) == [503, 503, 503]
+    wait_for(
+        lambda: user_pod.status()["instances"][0]["restarts"] >= 1 and _ping(user_pod.url) == 200,
+        "the restarted worker to serve",
+    )
+    assert "died after" in user_pod.log_text()
+
+
+@user_both
 def test_sigterm_drains_in_flight_requests_and_exits_zero(user_pod: Pod) -> None:
     async def go() -> list[int]:
         async with aiohttp.ClientSession() as s:
@@ -494,6 +627,7 @@ def test_when_torchserve_dies_queued_clients_get_503_and_the_pod_exits(tmp_path:
         model="tiny",
         plan=plan,
         extra=["--cpus", str(CPUS[0]), "--queue-limit", "64", "--drain-seconds", "60"],
+        runtime="torchserve",
     )
     try:
         worker = next(iter(worker_pids(pod).values()))

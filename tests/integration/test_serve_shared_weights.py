@@ -1,6 +1,7 @@
-"""``packrat serve`` with two tiny instances that map the pod's one weight file.
+"""``packrat serve`` with two tiny instances that map the pod's one weight file, on both
+runtimes (native workers, real TorchServe).
 
-Real TorchServe, real HTTP: the answers must equal the model run in-process, and both
+Real HTTP: the answers must equal the model run in-process, and both
 workers' tensors must come from the same file (it shows in their ``/proc/<pid>/maps``),
 mapped once by the pod's zygote, which forked both workers.
 """
@@ -43,11 +44,13 @@ async def _get(url: str) -> tuple[int, Any]:
         return 0, None
 
 
-@pytest.fixture(scope="module")
-def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Path]]:
+@pytest.fixture(scope="module", params=["native", "torchserve"])
+def pod(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, Path, Path]]:
     if len(CPUS) < 2:
         pytest.skip("needs a cpuset of at least 2 cpus")
-    tmp = tmp_path_factory.mktemp("shared")
+    tmp = tmp_path_factory.mktemp(f"shared-{request.param}")
     plan = {
         "cpus": 2,
         "batch": 4,
@@ -61,6 +64,7 @@ def pod(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, P
     cmd = [sys.executable, "-m", "packrat", "serve", "--model", "tiny"]
     cmd += ["--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--workdir", str(tmp / "work"), "--cpus", f"{CPUS[0]},{CPUS[1]}"]
+    cmd += ["--runtime", request.param]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -131,6 +135,7 @@ def test_both_workers_map_the_one_weight_file(pod: tuple[str, Path, Path]) -> No
     assert b"packrat.serve.zygote.zygote" in Path(f"/proc/{zygotes[0]}/cmdline").read_bytes()
     workers = [pid for pid in mappers if parent[pid] == zygotes[0]]
     assert len(workers) == 2 and len(mappers) == 3, parent  # nothing else maps it
-    logs = (work / "logs" / "model_log.log").read_text(errors="replace")
+    worker_logs = [work / "logs" / "model_log.log", *(work / "native").glob("*.log")]
+    logs = "".join(p.read_text(errors="replace") for p in worker_logs if p.exists())
     mapped = f"100% mapped from {files[0].name}, built before the fork"
     assert logs.count(mapped) == 2, logs[-2000:]

@@ -48,6 +48,12 @@ def test_settings_from_the_bench_cli() -> None:
     # at least MIN_BURSTS per run at every B: --requests 32 at B=32 was a single burst
     assert MIN_BURSTS == 8
     assert (s.bursts(4), s.bursts(8), s.bursts(32)) == (10, 8, 8)
+    assert s.runtime is None  # packrat serve's default
+    from packrat.cli import build_parser
+
+    argv = "bench --serving --model tiny --cpus 2 --batch 4 --runtime torchserve"
+    parsed = build_parser().parse_args(argv.split())
+    assert BenchSettings.from_args(parsed).runtime == "torchserve"
 
 
 def test_summary_and_table_report_medians_and_speedups() -> None:

@@ -43,6 +43,7 @@ specs = st.fixed_dictionaries(
         "maxBatchDelayMs": st.sampled_from([2, 5]),
         "image": st.sampled_from(["img:1", "img:2"]),
         "nodeSelector": st.sampled_from([{}, {"pool": "cpu"}]),
+        "runtime": st.sampled_from([None, "native", "torchserve"]),  # None: the pods' default
         "switch": st.fixed_dictionaries(
             {
                 "readyTimeoutSeconds": st.sampled_from([8, 90, 300]),
@@ -109,3 +110,14 @@ def test_the_plan_crosses_the_status_edge_unchanged_and_hashes_as_before() -> No
         assert typed.serving_hash(plan) == typed.serving_hash(to_pod(back))
     assert from_status({"cpus": 2, "batch": 1}) is None  # not a plan: none
     assert from_status(["x"]) is None
+
+
+def test_the_runtime_reaches_the_pods_command_only_when_set() -> None:
+    base: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 2}
+    command = _template(base, PLANS[0])["spec"]["containers"][0]["command"]
+    assert "--runtime" not in command  # the pods' default: no pod rolls on upgrade
+    for runtime in ("native", "torchserve"):
+        spec = {**base, "runtime": runtime}
+        command = _template(spec, PLANS[0])["spec"]["containers"][0]["command"]
+        assert command[command.index("--runtime") + 1] == runtime
+        assert _typed(spec).serving_hash(PLANS[0]) != _typed(base).serving_hash(PLANS[0])

@@ -40,6 +40,7 @@ def test_good_spec_is_valid() -> None:
         ({**GOOD, "cpus": 0}, "spec.cpus must be an integer"),
         ({**GOOD, "cpus": True}, "spec.cpus must be an integer"),
         ({**GOOD, "colour": 1}, "spec.colour: unknown field"),
+        ({**GOOD, "runtime": "jvm"}, "spec.runtime must be one of native, torchserve"),
         ({**GOOD, "batchSize": None, "autoBatch": {"min": 9, "max": 8}}, "autoBatch.min"),
         (
             {**GOOD, "model": {"volume": {"path": "a.pt"}, "format": "torchscript"}},

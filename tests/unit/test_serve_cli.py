@@ -28,6 +28,21 @@ def test_serve_parses_the_pod_command(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert args.plan_env == "PACKRAT_PLAN" and args.port == 8080 and args.max_batch_delay_ms == 5
     assert args.queue_limit == 1024 and args.drain_seconds == 30.0
+    assert args.runtime == "native"
+
+
+def test_the_clis_runtimes_are_the_servers() -> None:
+    """The CLI names them without importing the serving stack (a fast start); they agree."""
+    from packrat.cli import serve as cli_serve
+    from packrat.controller.core import spec
+    from packrat.serve import config
+
+    assert cli_serve.RUNTIMES == config.RUNTIMES == spec.RUNTIMES
+    assert cli_serve.DEFAULT_RUNTIME == config.DEFAULT_RUNTIME
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["serve", "--model", "tiny", "--plan-env", "P", "--runtime", "jvm"]
+        )
 
 
 def test_serve_needs_exactly_one_plan_source() -> None:

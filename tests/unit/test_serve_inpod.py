@@ -1,6 +1,7 @@
-"""InPodSwitch's decisions without TorchServe: a failed start keeps the old plan, and one
-switch at a time. The pod and its TorchServe are small in-memory stand-ins that record
-what the switch asked of them; the dispatcher is the real one."""
+"""InPodSwitch's decisions without a runtime: a failed start keeps the old plan, and one
+switch at a time. The pod and its runtime backend are small in-memory stand-ins that record
+what the switch asked of them (the backend contract, packrat.serve.pod.runtime); the
+dispatcher is the real one."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from typing import Any
 import pytest
 
 from packrat.plan.optimizer import Plan
-from packrat.serve.config import InstanceSpec, plan_instances
+from packrat.serve.config import InstanceSpec, WorkerState, plan_instances
 from packrat.serve.dispatcher.app import Dispatcher
+from packrat.serve.native.runtime import NativeStartError
 from packrat.serve.pod.inpod import InPodSwitch, SwitchError
 from packrat.serve.pod.server import ServeOptions
-from packrat.serve.torchserve.process import TorchServeError, WorkerInfo
 
 
 def _plan(count: int, threads: int, batch: int) -> Plan:
@@ -35,37 +36,37 @@ THIN, FAT = _plan(2, 1, 2), _plan(1, 2, 4)
 
 
 @dataclass
-class _TorchServe:
+class _Runtime:
     fail: set[str] = field(default_factory=set)
     gate: asyncio.Event | None = None
     registered: list[str] = field(default_factory=list)
     unregistered: list[str] = field(default_factory=list)
     running: bool = True
+    kind: str = "fake"
 
-    async def register(self, query: dict[str, str]) -> None:
+    async def add(self, inst: InstanceSpec) -> None:
         if self.gate is not None:
             await self.gate.wait()
-        name = query["model_name"]
-        if name in self.fail:
-            raise TorchServeError(f"registering {name} failed (500)")
-        self.registered.append(name)
+        if inst.name in self.fail:
+            raise NativeStartError(f"{inst.name}: failed to load")
+        self.registered.append(inst.name)
 
-    async def unregister(self, name: str) -> None:
+    async def remove(self, name: str) -> None:
         self.unregistered.append(name)
 
-    async def workers(self, name: str) -> list[WorkerInfo]:
-        return [WorkerInfo(status="READY", pid=1000 + len(name))]
+    async def workers(self, name: str) -> list[WorkerState]:
+        return [WorkerState(status="READY", pid=1000 + len(name))]
 
 
 class _Pod:
-    def __init__(self, tmp: Path, ts: _TorchServe) -> None:
+    def __init__(self, tmp: Path, ts: _Runtime) -> None:
         self.opts = ServeOptions(model="tiny", plan=THIN, drain_seconds=5.0)
         self.name = "tiny"
         self.cpus = [0, 1]
         self.generation = 0
         self.lock = asyncio.Lock()
         self.instances: list[InstanceSpec] = plan_instances(THIN, model="tiny", cores=[[0], [1]])
-        self.torchserve = ts
+        self.runtime = ts
         self.dispatcher = Dispatcher(model="tiny", instances=self.instances, backend_url="x")
         for i in range(len(self.instances)):
             self.dispatcher.set_up(i, True)
@@ -74,9 +75,6 @@ class _Pod:
 
     def write_settings(self, instances: list[InstanceSpec]) -> None:
         self.settings.append([i.name for i in instances])
-
-    def registration(self, inst: InstanceSpec) -> dict[str, str]:
-        return {"model_name": inst.name}
 
     async def warm(self, inst: InstanceSpec) -> None:
         self.warmed.append(inst.name)
@@ -90,7 +88,7 @@ def _run(coro: Any) -> Any:
 
 
 def test_a_switch_registers_warms_swaps_then_unregisters_the_old(tmp_path: Path) -> None:
-    ts = _TorchServe()
+    ts = _Runtime()
     pod = _Pod(tmp_path, ts)
 
     async def go() -> dict[str, Any]:
@@ -112,7 +110,7 @@ def test_a_switch_registers_warms_swaps_then_unregisters_the_old(tmp_path: Path)
 def test_a_failed_start_removes_what_it_registered_and_keeps_the_old_plan(
     tmp_path: Path,
 ) -> None:
-    ts = _TorchServe(fail={"tiny_g1_i1"})
+    ts = _Runtime(fail={"tiny_g1_i1"})
     pod = _Pod(tmp_path, ts)
     old_dispatch = pod.dispatcher.instances
 
@@ -123,14 +121,15 @@ def test_a_failed_start_removes_what_it_registered_and_keeps_the_old_plan(
         assert "still serving 2x1t/b2" in str(err.value)
 
     _run(go())
-    assert ts.unregistered == ["tiny_g1_i0"]  # the one that did register
+    # Both new instances are removed again, the one that failed to start too.
+    assert sorted(ts.unregistered) == ["tiny_g1_i0", "tiny_g1_i1"]
     assert pod.dispatcher.instances == old_dispatch and pod.dispatcher.ready
     assert pod.opts.plan.label == "2x1t/b2" and pod.generation == 0
     assert pod.settings[-1] == ["tiny_i0", "tiny_i1"]
 
 
 def test_a_plan_for_more_cores_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    ts = _TorchServe()
+    ts = _Runtime()
     pod = _Pod(tmp_path, ts)
     big = Plan.from_dict(
         {
@@ -151,7 +150,7 @@ def test_a_plan_for_more_cores_is_refused_before_anything_starts(tmp_path: Path)
 
 
 def test_the_same_plan_is_no_switch_and_a_second_switch_waits_its_turn(tmp_path: Path) -> None:
-    ts = _TorchServe(gate=asyncio.Event())
+    ts = _Runtime(gate=asyncio.Event())
     pod = _Pod(tmp_path, ts)
 
     async def go() -> None:

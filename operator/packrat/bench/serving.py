@@ -4,7 +4,7 @@ For each batch size B it serves the model four ways on the same cores, with the 
 (closed-loop bursts of B requests; batch latency = until the last answer):
 
 - ``packrat``: the optimizer's plan through ``packrat serve`` (pinned thin instances behind
-  the dispatcher);
+  the dispatcher, on the runtime ``--runtime`` names: native or torchserve);
 - ``fat``: one instance, T threads, batch B, through the same ``packrat serve`` path;
 - ``torchserve``: TorchServe out of the box, as a user would run it: one registration with
   batch size B, TorchServe's default worker count, no thread settings, no pinning, queried
@@ -91,6 +91,7 @@ class BenchSettings:
     profile_budget_s: float = 300.0
     startup_timeout_s: float = 300.0
     configs: tuple[str, ...] = CONFIGS
+    runtime: str | None = None  # packrat serve --runtime (None: its default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BenchSettings:
@@ -116,6 +117,7 @@ class BenchSettings:
             point_budget_s=getattr(args, "profile_budget", None),
             save_profile=getattr(args, "save_profile", None),
             json_output=getattr(args, "format", "table") == "json",
+            runtime=getattr(args, "runtime", None),
         )
 
     def bursts(self, batch: int) -> int:
@@ -170,6 +172,7 @@ async def _measure(
             workdir=workdir,
             max_batch_delay_ms=delay,
             startup_timeout_s=startup,
+            runtime=settings.runtime,
         )
     try:
         await server.start()
@@ -237,6 +240,7 @@ async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
             "requests": settings.requests,
             "max_batch_delay_ms": settings.max_batch_delay_ms,
             "profile": str(settings.profile) if settings.profile else "profiled now",
+            "runtime": settings.runtime or "default",
         },
         cpus=cpus,
     )

@@ -73,6 +73,11 @@ def register(subparsers: Any) -> None:
     )
     serving.add_argument("--workdir", type=Path, help="where the serving processes keep files")
     serving.add_argument("--configs", help="comma-separated subset of the configurations")
+    serving.add_argument(
+        "--runtime",
+        choices=("native", "torchserve"),
+        help="the runtime packrat serve runs the plans on (default: packrat serve's, native)",
+    )
     parser.set_defaults(func=run)
 
 

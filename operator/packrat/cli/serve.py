@@ -16,16 +16,20 @@ from typing import Any
 
 from packrat.cli import CliError
 
+RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
+DEFAULT_RUNTIME = "native"
+
 MAX_PLAN_BYTES = 1024 * 1024
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve a model with a Packrat plan on TorchServe behind one dispatcher port",
+        help="serve a model with a Packrat plan behind one dispatcher port",
         description=(
-            "Start one TorchServe (loopback only) with one pinned worker per plan instance "
-            "and a dispatcher on the public port that speaks TorchServe's inference API."
+            "Start one pinned worker per plan instance (native workers, or TorchServe on "
+            "loopback) behind a dispatcher on the public port that speaks TorchServe's "
+            "inference API and the Open Inference Protocol (v2)."
         ),
     )
     parser.add_argument(
@@ -36,6 +40,14 @@ def register(subparsers: Any) -> None:
     source.add_argument("--plan-env", metavar="VAR", help="environment variable holding the plan")
     parser.add_argument(
         "--model-name", help="name in /predictions/{name} (default: zoo name or file stem)"
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=DEFAULT_RUNTIME,
+        help="what runs the plan's instances: native (workers forked from the pod's zygote, "
+        "fed batches by the dispatcher over Unix sockets; no JVM) or torchserve (TorchServe on "
+        f"loopback); default {DEFAULT_RUNTIME}",
     )
     parser.add_argument("--host", default="0.0.0.0", help="dispatcher address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
@@ -235,6 +247,10 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     _check_model(args.model)
+    # Taken out of the environment before any process starts: no child (the zygote,
+    # TorchServe, the workers and a user's handler code in them) inherits the token that can
+    # reconfigure the pod, not even in its /proc/<pid>/environ.
+    args.admin_token = os.environ.pop(args.admin_token_env, None) if args.admin_token_env else None
     zygote, workdir = _prestart(args)
     try:
         return _run(args, zygote=zygote, workdir=workdir)
@@ -264,11 +280,14 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
         return None, None
     import tempfile
 
-    from packrat.serve.zygote.process import prestart
+    from packrat.serve.zygote.process import prestart, worker_imports
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
+    imports = worker_imports(args.runtime, args.model)
     try:
-        zygote = prestart(args.model, workdir, shared_weights=not args.private_weights)
+        zygote = prestart(
+            args.model, workdir, shared_weights=not args.private_weights, imports=imports
+        )
     except Exception:  # e.g. an unreadable model file: the pod reports it as before
         return None, workdir
     return zygote, workdir
@@ -280,6 +299,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
     from packrat.serve.config import JVM_ARGS, ServeConfigError, parse_plan
     from packrat.serve.dispatcher.connections import ConnectionLimits
+    from packrat.serve.native.runtime import NativeStartError
     from packrat.serve.pod.server import ServeOptions, TorchServeGoneError, serve
     from packrat.serve.torchserve.archive import ArchiveError
     from packrat.serve.torchserve.process import TorchServeError
@@ -319,7 +339,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         if token() is None:
             raise CliError(f"{args.admin_token_file} must hold a token of at least 16 characters")
     elif args.admin_token_env:
-        token = os.environ.get(args.admin_token_env, "").strip()
+        token = (args.admin_token or "").strip()  # taken out of the environment at start
         if len(token) < 16:
             raise CliError(
                 f"environment variable {args.admin_token_env} must hold a token of at least "
@@ -359,6 +379,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
             zygote=not args.no_zygote,
             jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
             estimator_rounding=args.batch_estimate,
+            runtime=args.runtime,
         )
         return asyncio.run(serve(opts))
     except (
@@ -367,6 +388,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
         TorchServeError,
         SharedWeightsError,
         ZygoteStartError,
+        NativeStartError,
     ) as exc:
         raise CliError(str(exc)) from None
     except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail

@@ -23,7 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HandlerError", "HandlerService", "extract_archive", "request_value", "sha256_bytes"]
+__all__ = [
+    "HandlerError",
+    "HandlerService",
+    "extract_archive",
+    "parse_predict_response",
+    "request_value",
+    "sha256_bytes",
+]
 
 MANIFEST = "MAR-INF/MANIFEST.json"
 
@@ -61,8 +68,8 @@ def request_value(body: bytes, content_type: str) -> Any:
     if content_type == "application/json":
         try:
             return json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            return body
+        except (UnicodeDecodeError, ValueError, RecursionError):  # as TorchServe: any failure
+            return body  # leaves the bytes (deep nesting, an integer of thousands of digits)
     if content_type.startswith("text"):
         try:
             return body.decode("utf-8")
@@ -71,13 +78,63 @@ def request_value(body: bytes, content_type: str) -> Any:
     return body
 
 
+def parse_predict_response(data: bytes) -> tuple[int, str, list[tuple[int, str, bytes]]]:
+    """TorchServe's worker-to-frontend prediction message (``ts.protocol.otf_message_handler.
+    create_predict_response``): the batch's code and message, then each request's status,
+    content type and body (the request ids, reason phrases and headers are read past)."""
+    offset = 0
+
+    def integer() -> int:
+        nonlocal offset
+        if offset + 4 > len(data):
+            raise HandlerError("a truncated prediction response from the handler's service")
+        (value,) = struct.unpack_from("!i", data, offset)
+        offset += 4
+        return int(value)
+
+    def chunk(length: int) -> bytes:
+        nonlocal offset
+        if length < 0 or offset + length > len(data):
+            raise HandlerError("a truncated prediction response from the handler's service")
+        offset += length
+        return data[offset - length : offset]
+
+    code = integer()
+    message = chunk(integer()).decode(errors="replace")
+    answers = []
+    while True:
+        id_length = integer()
+        if id_length == -1:
+            break
+        chunk(id_length)
+        ctype = chunk(integer()).decode(errors="replace")
+        status = integer()
+        chunk(integer())  # reason phrase
+        for _ in range(integer()):  # headers
+            chunk(integer())
+            chunk(integer())
+        answers.append((status, ctype or "application/json", chunk(integer())))
+    return code, message, answers
+
+
 class HandlerService:
     """One archive's handler, loaded once, answering batches of the same sample request."""
 
-    def __init__(self, *, mar: Path, workdir: Path, batch_size: int = 1) -> None:
-        model_dir, manifest = extract_archive(mar, workdir / "model")
+    def __init__(
+        self,
+        *,
+        mar: Path,
+        workdir: Path,
+        batch_size: int = 1,
+        name: str | None = None,
+        extracted: tuple[Path, dict[str, Any]] | None = None,
+    ) -> None:
+        """Load ``mar`` (extracted under ``workdir``, or ``extracted``: the directory and
+        manifest an earlier :func:`extract_archive` made), as model ``name`` (default: the
+        manifest's)."""
+        model_dir, manifest = extracted or extract_archive(mar, workdir / "model")
         model = manifest["model"]
-        self.name = str(model.get("modelName") or mar.stem)
+        self.name = name or str(model.get("modelName") or mar.stem)
         self.handler = str(model["handler"])
         self.model_dir = model_dir
         sys.path.insert(0, str(model_dir))
@@ -105,6 +162,28 @@ class HandlerService:
                 f"loading {mar.name} (handler {self.handler}) failed: {type(exc).__name__}: {exc}"
             ) from exc
         self.service.set_cl_socket(None)  # no frontend socket: streaming replies are dropped
+
+    def predict_each(self, items: Sequence[tuple[bytes, str]]) -> list[tuple[int, str, bytes]]:
+        """Run one batch of (body, content type) through the handler, as TorchServe's worker
+        does; each request's (status, content type, body), as TorchServe's frontend would
+        answer it. A handler that raised fails its whole batch with TorchServe's error body."""
+        batch = [
+            {
+                "requestId": f"r{i}".encode(),
+                "parameters": [
+                    {"name": "body", "contentType": ctype, "value": request_value(body, ctype)}
+                ],
+            }
+            for i, (body, ctype) in enumerate(items)
+        ]
+        code, message, answers = parse_predict_response(bytes(self.service.predict(batch)))
+        if code != 200 or len(answers) != len(items):
+            error = json.dumps(
+                {"code": code, "type": "InternalServerException", "message": message}
+            )
+            status = code if code >= 400 else 503
+            return [(status, "application/json", error.encode())] * len(items)
+        return answers
 
     def predict(self, bodies: Sequence[bytes], *, content_type: str) -> int:
         """Run one batch (one request per body) through the handler; returns the code (200)."""

@@ -44,6 +44,23 @@ class InstanceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerState:
+    """One instance's worker as its runtime reports it: ``READY`` (loaded, answering) or
+    another status (``LOADING``, ``DEAD``, ...), and its process id when it has one."""
+
+    status: str
+    pid: int | None
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "READY"
+
+
+RUNTIMES = ("native", "torchserve")  # packrat serve --runtime, spec.runtime
+DEFAULT_RUNTIME = "native"
+
+
+@dataclass(frozen=True, slots=True)
 class Ports:
     """TorchServe's loopback ports."""
 

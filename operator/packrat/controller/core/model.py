@@ -125,6 +125,7 @@ class ModelSpec:
     batch_size: int | None
     auto: AutoBatch | None
     max_batch_delay_ms: int
+    runtime: str | None  # packrat serve --runtime; None: the pods' own default
     profiling: Profiling
     switch: SwitchTiming
     source: Mapping[str, Any]  # spec.model
@@ -216,6 +217,7 @@ class ModelSpec:
                 **({"rounding": r} if (r := self.rounding) != DEFAULT_ROUNDING else {}),
                 # the serving pods' command carries it (absent: the hashes of before)
                 **({"requestLogging": asdict(rl)} if (rl := self.request_logging) else {}),
+                **({"runtime": self.runtime} if self.runtime else {}),
             }
         )[:16]
 
@@ -278,6 +280,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             else None
         ),
         "max_batch_delay_ms": int(spec["maxBatchDelayMs"]),
+        "runtime": str(spec["runtime"]) if spec.get("runtime") else None,
         "profiling": Profiling(
             max_batch=int(prof["maxBatch"]),
             threads=tuple(int(t) for t in threads) if threads else None,

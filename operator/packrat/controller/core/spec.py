@@ -61,6 +61,9 @@ DEFAULTS: dict[str, Any] = {
 # the pods' default ("nearest") is left out of pod commands and hashes, so it rolls no pods.
 ESTIMATE_ROUNDINGS = ("floor", "nearest")
 DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit test pins it)
+# What runs the serving pods' plan instances (packrat serve --runtime); unset: the pods'
+# default (packrat.serve.config.DEFAULT_RUNTIME), left out of pod commands and hashes.
+RUNTIMES = ("native", "torchserve")
 
 
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
@@ -91,6 +94,7 @@ _SPEC_FIELDS = {
     "pod",
     "requestLogging",
     "canary",
+    "runtime",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -187,6 +191,9 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     _int_in(errors, spec, "replicas", where="spec.", lo=0, hi=100)
     _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
     _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
+    runtime = spec.get("runtime")
+    if runtime is not None and runtime not in RUNTIMES:
+        errors.append(f"spec.runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     memory = spec.get("memory")
     if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
         errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")

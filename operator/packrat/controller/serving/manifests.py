@@ -254,6 +254,7 @@ def serve_command(spec: ModelSpec) -> list[str]:
         str(spec.max_batch_delay_ms),
         *(["--batch-estimate", r] if (r := spec.rounding) != DEFAULT_ROUNDING else []),
         *request_log_args(spec.request_logging, namespace=spec.namespace, name=spec.name),
+        *(["--runtime", spec.runtime] if spec.runtime else []),
     ]
 
 

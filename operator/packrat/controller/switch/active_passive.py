@@ -25,7 +25,7 @@ def _now() -> datetime.datetime:
 
 # spec fields the serving template is built from besides the plan (see ``serving_hash``)
 _TEMPLATE_FIELDS = (
-    *("image", "model", "memory", "maxBatchDelayMs"),
+    *("image", "model", "memory", "maxBatchDelayMs", "runtime"),
     *("nodeSelector", "tolerations", "affinity"),
 )
 

@@ -42,7 +42,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -67,10 +68,41 @@ from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
+from packrat.serve.dispatcher.v2 import v2_routes
 
-__all__ = ["BackendGoneError", "Dispatcher", "QueueFullError"]
+__all__ = ["Backend", "BackendGoneError", "Dispatcher", "QueueFullError", "Stage"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Answer:
+    """One request's answer, who gave it (``dispatcher`` or the runtime's kind), and whether
+    its client left while it ran (then it is not counted as an answer)."""
+
+    response: web.Response
+    source: str
+    gone: bool = False
+
+
+class Stage:
+    """Where a request is (reading, queued, in_flight): a cancelled one is counted there."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self) -> None:
+        self.stage = "reading"
+
+
+class Backend(Protocol):
+    """Where the dispatcher sends a request for one plan instance: TorchServe's HTTP API
+    (:class:`~packrat.serve.dispatcher.upstream.Upstream`) or a runtime backend
+    (:mod:`packrat.serve.pod.runtime`)."""
+
+    async def forward(
+        self, name: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
+    ) -> web.Response: ...
+
 
 # TorchServe refuses bodies over 6.5 MB (max_request_size 6553500); stay below it.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
@@ -85,7 +117,8 @@ class Dispatcher(SwapMixin):
         *,
         model: str,
         instances: Sequence[InstanceSpec],
-        backend_url: str,
+        backend_url: str | None = None,
+        backend: Backend | None = None,
         queue_limit: int = 1024,
         queue_timeout_s: float = 60.0,
         retry_after_s: int = 1,
@@ -106,7 +139,17 @@ class Dispatcher(SwapMixin):
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
         self.instances = list(instances)
-        self.upstream = Upstream(backend_url)
+        if (backend is None) == (backend_url is None):
+            raise ValueError("give the dispatcher a backend_url or a backend, not both")
+        # Without a backend of its own the dispatcher proxies to TorchServe's HTTP API and
+        # owns that session; a runtime backend is its owner's to start and stop.
+        self.upstream: Upstream | None = None
+        self.backend: Backend
+        if backend is None:
+            self.upstream = self.backend = Upstream(str(backend_url))
+        else:
+            self.backend = backend
+        self.source = getattr(self.backend, "kind", "torchserve")  # who answered, in metrics
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
         self.slots = Slots(
             [inst.batch for inst in self.instances],
@@ -132,8 +175,12 @@ class Dispatcher(SwapMixin):
         self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
         self.payload_log = payload_log  # request and response logging, when on
         self.draining = False
+        # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
+        # user's .mar, whose handler decides. The owner sets them once the model is prepared.
+        self.inputs: list[dict[str, Any]] | None = None
         self._routes = [
             *read_only_routes(self, status=status, alive=alive),
+            *v2_routes(self, alive=alive),
             *canary_routes(self.canary, admin_token),  # POST /admin/canary, with a token only
             *routes,
         ]
@@ -198,14 +245,16 @@ class Dispatcher(SwapMixin):
         await self.close()
 
     async def start(self) -> None:
-        await self.upstream.start()
+        if self.upstream is not None:
+            await self.upstream.start()
         self.sampler.start()
         if self.payload_log is not None:
             await self.payload_log.start()
 
     async def close(self) -> None:
         await self.sampler.close()
-        await self.upstream.close()
+        if self.upstream is not None:
+            await self.upstream.close()
         await self.canary.close()
         if self.payload_log is not None:
             await self.payload_log.close()
@@ -214,10 +263,12 @@ class Dispatcher(SwapMixin):
     @property
     def backend_url(self) -> str:
         """TorchServe's inference API; the owner sets it again when TorchServe moved ports."""
+        assert self.upstream is not None, "the dispatcher has a runtime backend"
         return self.upstream.base_url
 
     @backend_url.setter
     def backend_url(self, url: str) -> None:
+        assert self.upstream is not None, "the dispatcher has a runtime backend"
         self.upstream.base_url = url.rstrip("/")
 
     def set_up(self, index: int, up: bool) -> None:
@@ -283,7 +334,44 @@ class Dispatcher(SwapMixin):
         if name != self.model:
             return error_response(404, f"Model not found: {name}")
         start = time.perf_counter()
-        # Admission, before a byte of the body is read.
+        track = Stage()
+        admitted = await self.admit(request, start, track)
+        if isinstance(admitted, web.Response):
+            return admitted
+        body, reserve = admitted
+        try:
+            if self.canary.take():  # a share of the traffic goes to the canary's Service
+                answered = await self.canary.forward(request.headers, request.query, body)
+                if answered is not None:  # else (canary failed): served here
+                    return self._answer(answered, start, source="canary")
+            headers = passthrough(request.headers.items())
+            answer = await self.run_one(request, headers, request.query, body, track)
+            if answer.gone:  # answered, but nobody to answer: not a 200
+                self.metrics.cancelled.labels(self.model, track.stage).inc()
+                return answer.response
+        except asyncio.CancelledError:
+            self.metrics.cancelled.labels(self.model, track.stage).inc()
+            raise
+        finally:
+            self.budget.release(reserve)
+        response = answer.response
+        if self.payload_log is not None:  # sampled, queued, never awaited
+            self.payload_log.offer(
+                headers=request.headers,
+                request_body=body,
+                status=response.status,
+                response_headers=response.headers,
+                response_body=response.body if isinstance(response.body, bytes) else b"",
+                latency_s=time.perf_counter() - start,
+            )
+        return self.finish(response, start, answer.source)
+
+    async def admit(
+        self, request: web.Request, start: float, track: Stage
+    ) -> tuple[bytes, int] | web.Response:
+        """Admission, before a byte of the body is read, then the body: ``(body, reserved
+        bytes)`` (the caller gives the bytes back to :attr:`budget`), or the refusal, already
+        counted."""
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
         length = request.content_length
@@ -296,67 +384,71 @@ class Dispatcher(SwapMixin):
             return self._shed(
                 error_response(503, "too many request bodies buffered", **self._retry()), start
             )
-        stage = "reading"
         try:
-            try:
-                body = await receive_body(request, length, self.max_body_bytes, self.body_timeout_s)
-            except BodyRefusedError as exc:
-                answer = self._too_large(None) if exc.status == 413 else None
-                answer = answer or error_response(exc.status, exc.message)
-                return self._refuse(request, answer, start)
-            # An arrival for the tuner only once admitted and whole: a flood the pod refuses
-            # (too large, queue full, broken bodies) must not buy its sender more replicas; a
-            # saturated pod shows as admitted arrivals at its capacity.
-            self.arrivals.record()
-            if self.canary.take():  # a share of the traffic goes to the canary's Service
-                answered = await self.canary.forward(request.headers, request.query, body)
-                if answered is not None:  # else (canary failed): served here
-                    return self._answer(answered, start, source="canary")
-            stage = "queued"
-            # This request stays with the set it was admitted to, even across a swap.
-            slots, instances, counters = self.slots, self.instances, self._per_instance
-            try:
-                index = await slots.acquire()
-            except QueueFullError:
-                return self._shed(error_response(503, "queue full", **self._retry()), start)
-            except TimeoutError:
-                msg = "no instance took the request in time"
-                return self._shed(error_response(503, msg, **self._retry()), start)
-            except BackendGoneError:
-                return self._shed(error_response(503, "the model server is gone"), start)
-            stage = "in_flight"
-            counters[index].inc()
-            headers = passthrough(request.headers.items())
-            # Once forwarded, the request runs to completion even if its client leaves: the
-            # worker has it, and its slot must stay taken until TorchServe answers.
-            shield(request, True)
-            try:
-                response = await self._forward_then_release(
-                    slots, index, instances[index], headers=headers, query=request.query, body=body
-                )
-            finally:
-                shield(request, False)
-            if disconnected(request):  # answered, but nobody to answer: not a 200
-                self.metrics.cancelled.labels(self.model, stage).inc()
-                return response
-        except asyncio.CancelledError:
-            self.metrics.cancelled.labels(self.model, stage).inc()
-            raise
-        finally:
+            body = await receive_body(request, length, self.max_body_bytes, self.body_timeout_s)
+        except BodyRefusedError as exc:
             self.budget.release(reserve)
+            answer = self._too_large(None) if exc.status == 413 else None
+            answer = answer or error_response(exc.status, exc.message)
+            return self._refuse(request, answer, start)
+        except asyncio.CancelledError:
+            self.budget.release(reserve)
+            self.metrics.cancelled.labels(self.model, track.stage).inc()
+            raise
+        # An arrival for the tuner only once admitted and whole: a flood the pod refuses (too
+        # large, queue full, broken bodies) must not buy its sender more replicas; a saturated
+        # pod shows as admitted arrivals at its capacity.
+        self.arrivals.record()
+        track.stage = "queued"
+        return body, reserve
+
+    async def run_one(
+        self,
+        request: web.Request,
+        headers: Mapping[str, str],
+        query: Mapping[str, str],
+        body: bytes,
+        track: Stage,
+        *,
+        shields: bool = True,
+    ) -> Answer:
+        """One request body through the queue and an instance: the runtime's answer, or the
+        dispatcher's own 503 (a shed); not counted yet (:meth:`finish`). ``shields``: keep the
+        client's disconnect from cancelling it once forwarded (a caller running several bodies
+        of one request at once shields them all itself)."""
+        # This request stays with the set it was admitted to, even across a swap.
+        slots, instances, counters = self.slots, self.instances, self._per_instance
+        try:
+            index = await slots.acquire()
+        except QueueFullError:
+            return Answer(error_response(503, "queue full", **self._retry()), "dispatcher")
+        except TimeoutError:
+            msg = "no instance took the request in time"
+            return Answer(error_response(503, msg, **self._retry()), "dispatcher")
+        except BackendGoneError:
+            return Answer(error_response(503, "the model server is gone"), "dispatcher")
+        track.stage = "in_flight"
+        counters[index].inc()
+        # Once forwarded, the request runs to completion even if its client leaves: the
+        # worker has it, and its slot must stay taken until the runtime answers.
+        if shields:
+            shield(request, True)
+        try:
+            response = await self._forward_then_release(
+                slots, index, instances[index], headers=headers, query=query, body=body
+            )
+        finally:
+            if shields:
+                shield(request, False)
+        return Answer(response, self.source, gone=disconnected(request))
+
+    def finish(self, response: web.Response, start: float, source: str) -> web.Response:
+        """Count the answer of one HTTP request (``source``: who answered, the dispatcher or
+        the runtime) and close its connection during a drain."""
         if self.draining:
             response.headers["Connection"] = "close"
             response.force_close()
-        if self.payload_log is not None:  # sampled, queued, never awaited
-            self.payload_log.offer(
-                headers=request.headers,
-                request_body=body,
-                status=response.status,
-                response_headers=response.headers,
-                response_body=response.body if isinstance(response.body, bytes) else b"",
-                latency_s=time.perf_counter() - start,
-            )
-        return self._count(response, start, source="torchserve")
+        return self._count(response, start, source=source)
 
     def _answer(self, response: web.Response, start: float, *, source: str) -> web.Response:
         if self.draining:
@@ -392,13 +484,13 @@ class Dispatcher(SwapMixin):
         index: int,
         inst: InstanceSpec,
         *,
-        headers: dict[str, str],
+        headers: Mapping[str, str],
         query: Mapping[str, str],
         body: bytes,
     ) -> web.Response:
         forwarded = time.perf_counter()
         try:
-            return await self.upstream.forward(inst.name, headers, query, body)
+            return await self.backend.forward(inst.name, headers, query, body)
         finally:
             slots.release(index)
             self.metrics.instance_duration.labels(self.model, inst.name).observe(

@@ -72,7 +72,8 @@ class ServeMetrics(MetricSet):
         self.errors = self._counter(
             "packrat_request_errors",
             "Prediction requests answered with an error status, by code and by who answered "
-            "(torchserve: passed through; dispatcher: shed, draining, backend unreachable).",
+            "(native or torchserve: the runtime's answer passed through; dispatcher: shed, "
+            "draining, backend unreachable, a malformed v2 request).",
             ["model", "code", "source"],
         )
         self.instance_requests = self._counter(
@@ -82,7 +83,7 @@ class ServeMetrics(MetricSet):
         )
         self.instance_duration = self._histogram(
             "packrat_instance_request_duration_seconds",
-            "Time TorchServe took to answer a forwarded request, per plan instance: the "
+            "Time the runtime took to answer a forwarded request, per plan instance: the "
             "instance's batch latency plus its batching delay (compare with the plan's "
             "expected batch latency).",
             ["model", "plan_instance"],

@@ -1,10 +1,11 @@
 """The serving pod's instance health: checking every instance's worker, warming a new one,
-and the monitor loop that keeps ``/ping`` true to what TorchServe and ``/proc`` say.
+and the monitor loop that keeps ``/ping`` true to what the runtime and ``/proc`` say.
 
 An instance is marked up only after its worker is READY, runnable, and answered a warm-up
-batch; a worker with a new pid (TorchServe restarted it) is warmed again before it is
-marked up. The monitor pings TorchServe's frontend (short timeout) and reads each worker's
-state from ``/proc`` (a stopped, SIGSTOPped, or zombie worker is down). The functions work on
+batch; a worker with a new pid (the runtime restarted it) is warmed again before it is
+marked up. The monitor pings the runtime's frontend (TorchServe's, with a short timeout; the
+native runtime has none) and reads each worker's state from ``/proc`` (a stopped,
+SIGSTOPped, or zombie worker is down). The functions work on
 a :class:`~packrat.serve.pod.server.PodServer` and run under its lock.
 """
 
@@ -77,13 +78,14 @@ def process_runnable(pid: int) -> bool:
 async def monitor(pod: PodServer) -> None:
     """Check the instances every ``health_interval_s`` until TorchServe is gone (raises
     :class:`TorchServeGoneError` after failing every queued request)."""
-    assert pod.torchserve is not None and pod.dispatcher is not None
+    assert pod.runtime is not None and pod.dispatcher is not None
+    runtime = pod.runtime
     while True:
         await asyncio.sleep(pod.opts.health_interval_s)
-        if not pod.torchserve.running:
+        if not runtime.running:
             pod.dispatcher.fail("the model server is gone")  # queued clients: 503 now
-            raise TorchServeGoneError(f"TorchServe exited:\n{pod.torchserve.log_tail()}")
-        if not await pod.torchserve.ping(timeout_s=pod.opts.health_timeout_s):
+            raise TorchServeGoneError(f"TorchServe exited:\n{runtime.log_tail()}")
+        if not await runtime.ping(timeout_s=pod.opts.health_timeout_s):
             for i, inst in enumerate(pod.instances):
                 if pod.health[inst.name].up:
                     log.warning("instance %s: TorchServe's frontend does not answer", inst.name)
@@ -102,8 +104,8 @@ async def monitor(pod: PodServer) -> None:
 async def check_instances(pod: PodServer, *, initial: bool) -> None:
     """Mark each instance up or down from its worker's state, warming new workers first;
     ``initial``: wait until every one is up, and let a failed warm-up raise."""
-    assert pod.torchserve is not None and pod.dispatcher is not None
-    ts, dispatcher = pod.torchserve, pod.dispatcher
+    assert pod.runtime is not None and pod.dispatcher is not None
+    ts, dispatcher = pod.runtime, pod.dispatcher
 
     async def check(i: int, inst: InstanceSpec) -> None:
         health = pod.health[inst.name]
@@ -149,17 +151,12 @@ async def warm(pod: PodServer, inst: InstanceSpec) -> None:
     """One full batch straight to the instance; its answers must not be server errors."""
     if pod.warmup is None:
         return
-    assert pod.torchserve is not None
-    url = f"{pod.torchserve.inference_url}/predictions/{inst.name}"
-    session = pod.torchserve.session
-    body = pod.warmup
+    assert pod.runtime is not None
+    runtime, body = pod.runtime, pod.warmup
+    headers = {"Content-Type": "application/octet-stream"}
 
     async def one() -> int:
-        async with session.post(
-            url, data=body, headers={"Content-Type": "application/octet-stream"}
-        ) as resp:
-            await resp.read()
-            return resp.status
+        return (await runtime.forward(inst.name, headers, {}, body)).status
 
     statuses = await asyncio.gather(*(one() for _ in range(inst.batch)), return_exceptions=True)
     bad = [s for s in statuses if not isinstance(s, int) or s >= 500]

@@ -1,8 +1,9 @@
-"""The in-pod plan switch: a new plan's instances beside the old ones, in the same TorchServe.
+"""The in-pod plan switch: a new plan's instances beside the old ones, in the same runtime.
 
 When a plan change keeps the pod's cores, model and image (the common case: the batch size
-changed), a new pod is not needed. :class:`InPodSwitch` registers the new plan's instances
-in the running TorchServe under new names (generation ``g``: ``{model}_g{g}_i{k}``), each
+changed), a new pod is not needed. :class:`InPodSwitch` adds the new plan's instances
+to the running runtime backend (TorchServe registrations or native workers) under new
+names (generation ``g``: ``{model}_g{g}_i{k}``), each
 pinned to its cores by the same settings file, waits until every worker is READY, warms
 each with one batch, and only then moves the dispatcher over in one step
 (:meth:`packrat.serve.dispatcher.app.Dispatcher.swap`): every new request goes to the new set,
@@ -75,8 +76,8 @@ class InPodSwitch:
 
     async def _switch(self, plan: Plan) -> dict[str, Any]:
         pod = self.pod
-        ts, dispatcher = pod.torchserve, pod.dispatcher
-        if ts is None or dispatcher is None or not dispatcher.ready:
+        runtime, dispatcher = pod.runtime, pod.dispatcher
+        if runtime is None or dispatcher is None or not dispatcher.ready:
             raise SwitchError(503, "the pod is not serving yet; nothing to switch")
         old_plan = pod.opts.plan
         if plan.to_dict() == old_plan.to_dict():
@@ -125,12 +126,12 @@ class InPodSwitch:
 
     async def _start(self, new: Sequence[InstanceSpec], registered: list[str]) -> list[int]:
         pod = self.pod
-        assert pod.torchserve is not None
-        ts = pod.torchserve
+        assert pod.runtime is not None
+        ts = pod.runtime
 
         async def one(inst: InstanceSpec) -> int:
-            await ts.register(pod.registration(inst))
-            registered.append(inst.name)
+            registered.append(inst.name)  # removed again if anything fails, even half-added
+            await ts.add(inst)
             deadline = time.monotonic() + self.ready_timeout_s
             while True:
                 workers = await ts.workers(inst.name)
@@ -138,7 +139,7 @@ class InPodSwitch:
                 if ready:
                     break
                 if not ts.running:
-                    raise RuntimeError("TorchServe exited")
+                    raise RuntimeError(f"the {ts.kind} runtime exited")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{inst.name} not READY in {self.ready_timeout_s:.0f} s")
                 await asyncio.sleep(0.1)
@@ -158,10 +159,10 @@ class InPodSwitch:
         log.info("in-pod switch: %s unregistered", ",".join(inst.name for inst in old))
 
     async def _unregister(self, names: Sequence[str]) -> None:
-        ts = self.pod.torchserve
+        ts = self.pod.runtime
         if ts is None or not ts.running:
             return
-        results = await asyncio.gather(*(ts.unregister(n) for n in names), return_exceptions=True)
+        results = await asyncio.gather(*(ts.remove(n) for n in names), return_exceptions=True)
         for name, result in zip(names, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("in-pod switch: could not unregister %s: %s", name, result)

@@ -1,19 +1,21 @@
-"""One serving pod, end to end: cpuset -> core sets -> TorchServe instances -> dispatcher.
+"""One serving pod, end to end: cpuset -> core sets -> runtime instances -> dispatcher.
 
 ``packrat serve`` calls :func:`serve`. Order matters for readiness: the dispatcher listens
-first (so ``/ping`` answers "not ready" while models load), then TorchServe starts on
-loopback, every instance is registered (one worker each, its batch size, the max batch
+first (so ``/ping`` answers "not ready" while models load), then the runtime backend starts
+(:mod:`packrat.serve.pod.runtime`: native workers forked from the zygote, or TorchServe on
+loopback), every instance is added (one pinned worker each, its batch size, the max batch
 delay), warmed with one batch, and only then marked up. A monitor
-(:mod:`packrat.serve.pod.health`) keeps polling TorchServe's management API: an instance whose
-worker is not READY is marked down, and a worker with a new pid (TorchServe restarted it) is
-warmed again before it is marked up, so ``/ping`` reflects worker restarts. The monitor also
-pings TorchServe's frontend (short timeout) and reads each worker's state from ``/proc`` (a
-stopped, SIGSTOPped, or zombie worker is down), so readiness fails within a few seconds of
-either one no longer answering. When TorchServe itself is gone, every queued request is
-answered 503 at once and the pod exits with status 1 within seconds, so Kubernetes restarts
-it. SIGTERM or SIGINT: stop listening, finish what is in flight (at most ``drain_seconds``;
-after an optional ``drain_grace_seconds`` during which it still accepts connections but
-reports not ready), stop TorchServe, return 0.
+(:mod:`packrat.serve.pod.health`) keeps asking the runtime for each worker's state: an
+instance whose worker is not READY is marked down, and a worker with a new pid (the runtime
+restarted it) is warmed again before it is marked up, so ``/ping`` reflects worker restarts
+(a native worker's death marks its instance down at once). The monitor also pings
+TorchServe's frontend (short timeout; the native runtime has none) and reads each worker's
+state from ``/proc`` (a stopped, SIGSTOPped, or zombie worker is down), so readiness fails
+within a few seconds of either one no longer answering. When TorchServe itself is gone,
+every queued request is answered 503 at once and the pod exits with status 1 within
+seconds, so Kubernetes restarts it. SIGTERM or SIGINT: stop listening, finish what is in
+flight (at most ``drain_seconds``; after an optional ``drain_grace_seconds`` during which it
+still accepts connections but reports not ready), stop the runtime, return 0.
 
 ``/status`` reports the plan, the estimates, the queue and each instance's health; never
 process ids or internal addresses.
@@ -39,12 +41,13 @@ from aiohttp import web
 from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import (
+    DEFAULT_RUNTIME,
     JVM_ARGS,
+    RUNTIMES,
     InstanceSpec,
     ServeConfigError,
     check_fits,
     plan_instances,
-    registration_query,
     status_document,
     worker_settings,
 )
@@ -56,6 +59,7 @@ from packrat.serve.dispatcher.app import (
 from packrat.serve.dispatcher.connections import ConnectionLimits
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
+from packrat.serve.native.runtime import NativeRuntime
 from packrat.serve.pod.health import (
     Health,
     TorchServeGoneError,
@@ -65,10 +69,9 @@ from packrat.serve.pod.health import (
     warm,
 )
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
-from packrat.serve.torchserve.archive import ModelArchive, build_archive, default_model_name
-from packrat.serve.torchserve.handler import CONFIG_ENV
-from packrat.serve.torchserve.process import TorchServe
-from packrat.serve.zygote.process import ZygoteProcess
+from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
+from packrat.serve.torchserve.archive import default_model_name
+from packrat.serve.zygote.process import ZygoteProcess, worker_imports
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 __all__ = [
@@ -119,6 +122,7 @@ class ServeOptions:
         True  # workers forked from one process that imported torch (packrat.serve.zygote.zygote)
     )
     jvm_args: tuple[str, ...] = JVM_ARGS  # TorchServe's JVM flags
+    runtime: str = DEFAULT_RUNTIME  # "native" or "torchserve" (packrat.serve.pod.runtime)
     zygote_process: ZygoteProcess | None = None  # already started for this workdir (prestart)
     owns_workdir: bool = False  # remove ``workdir`` after a clean exit (the caller made it)
     payload_log: PayloadLogConfig | None = None  # request and response logging (off: None)
@@ -137,20 +141,23 @@ def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], li
     return available, cores
 
 
-def sample_body(archive: ModelArchive, spec: str) -> bytes | None:
+def sample_body(inputs: list[dict[str, Any]] | None, spec: str) -> bytes | None:
     """One request body for warm-up, raw bytes, made without torch where it can be."""
-    if archive.inputs is None:
+    if inputs is None:
         return None
     from packrat.serve.codec import example_body, warmup_body
 
-    body = warmup_body(archive.inputs)
+    body = warmup_body(inputs)
     return body if body is not None else example_body(spec)
 
 
 class PodServer:
-    """The running pod: owns the work directory, TorchServe and the dispatcher."""
+    """The running pod: owns the work directory, the runtime backend and the dispatcher."""
 
     def __init__(self, opts: ServeOptions) -> None:
+        if opts.runtime not in RUNTIMES:
+            known = ", ".join(RUNTIMES)
+            raise ServeConfigError(f"unknown runtime {opts.runtime!r}: one of {known}")
         self.opts = opts
         self.name = opts.model_name or default_model_name(opts.model)
         self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
@@ -159,11 +166,10 @@ class PodServer:
         self.workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
         self.health = {inst.name: Health() for inst in self.instances}
         self.metrics = ServeMetrics()
-        self.torchserve: TorchServe | None = None
+        self.runtime: RuntimeBackend | None = None
         self.dispatcher: Dispatcher | None = None
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
-        self.mar: str | None = None  # the archive's name in TorchServe's model store
         given = opts.zygote_process if opts.zygote else None
         if given is not None and (given.workdir != self.workdir or given.model != opts.model):
             raise ServeConfigError("the prestarted zygote is for another work directory or model")
@@ -176,7 +182,13 @@ class PodServer:
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
         self.zygote = (
-            given or ZygoteProcess(self.workdir, model=opts.model, weights=self.weights)
+            given
+            or ZygoteProcess(
+                self.workdir,
+                model=opts.model,
+                weights=self.weights,
+                imports=worker_imports(opts.runtime, opts.model),
+            )
             if opts.zygote
             else None
         )
@@ -206,12 +218,6 @@ class PodServer:
         tmp.write_text(json.dumps(doc))
         tmp.replace(path)
 
-    def registration(self, inst: InstanceSpec) -> dict[str, str]:
-        assert self.torchserve is not None and self.mar is not None
-        return registration_query(
-            inst, mar=self.mar, max_batch_delay_ms=self.opts.max_batch_delay_ms
-        )
-
     def adopt(
         self, plan: Plan, instances: Sequence[InstanceSpec], pids: Sequence[int], *, generation: int
     ) -> None:
@@ -225,12 +231,11 @@ class PodServer:
         }
 
     def _alive(self) -> bool:
-        """Liveness: TorchServe runs, and no instance has been down for ``stuck_instance_s``
+        """Liveness: the runtime runs, and no instance has been down for ``stuck_instance_s``
         since it last served (its worker crash-loops: only a new pod can mend it)."""
-        ts = self.torchserve
-        if ts is None or ts.proc is None:
+        if self.runtime is None:
             return True  # not started yet counts as alive
-        if not ts.running:
+        if not self.runtime.running:
             return False
         now = asyncio.get_running_loop().time()
         limit = self.opts.stuck_instance_s
@@ -243,6 +248,15 @@ class PodServer:
             log.warning("instances down for over %.0f s: %s", limit, ", ".join(stuck))
         return not stuck
 
+    def _worker_died(self, name: str) -> None:
+        """A native worker died: its instance is down now (the monitor brings it back up once
+        the restarted worker is warm), so no request goes to it meanwhile."""
+        for i, inst in enumerate(self.instances):
+            if inst.name == name and self.dispatcher is not None:
+                self.health[name].up = False
+                self.health[name].status = "DEAD"
+                self.dispatcher.set_up(i, False)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -251,18 +265,22 @@ class PodServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         settings = self.workdir / "packrat-workers.json"
         self.write_settings(self.instances)
-        worker_python = self.zygote.start() if self.zygote is not None else None
-        self.torchserve = TorchServe(
+        self.runtime = runtime = make_runtime(
+            opts.runtime,
             workdir=self.workdir,
-            env={CONFIG_ENV: str(settings)},
+            settings=settings,
+            max_batch_delay_ms=opts.max_batch_delay_ms,
+            weights=self.weights,
+            zygote=self.zygote,
             port_base=opts.torchserve_port_base,
-            worker_python=worker_python,
             jvm_args=opts.jvm_args,
         )
+        if isinstance(runtime, NativeRuntime):
+            runtime.on_death = self._worker_died
         dispatcher = Dispatcher(
             model=self.name,
             instances=self.instances,
-            backend_url=self.torchserve.inference_url,
+            backend=runtime,
             queue_limit=opts.queue_limit,
             metrics=self.metrics,
             status=self.status,
@@ -288,10 +306,11 @@ class PodServer:
         addresses = runner.addresses
         self.port = int(addresses[0][1]) if addresses else opts.port
         log.info(
-            "packrat serve: %s plan %s on cpus %s, listening on http://%s:%d",
+            "packrat serve: %s plan %s on cpus %s (%s runtime), listening on http://%s:%d",
             self.name,
             opts.plan.label,
             ",".join(map(str, self.cpus)),
+            opts.runtime,
             opts.host,
             self.port,
         )
@@ -315,7 +334,7 @@ class PodServer:
                 if monitor in done:
                     try:
                         monitor.result()
-                    except TorchServeGoneError as exc:
+                    except TorchServeGoneError as exc:  # the runtime is gone
                         log.error("packrat serve: %s", exc)
                         code = 1
                         return code  # no drain: nothing can be served any more
@@ -347,7 +366,7 @@ class PodServer:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await monitor
             await runner.cleanup()
-            await self.torchserve.stop()
+            await runtime.stop()
             if self.zygote is not None:
                 await self.zygote.stop()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -359,39 +378,36 @@ class PodServer:
         return code
 
     async def _start_backend(self) -> None:
-        assert self.torchserve is not None
+        runtime = self.runtime
+        assert runtime is not None
 
-        async def prepare() -> ModelArchive:
-            archive = await asyncio.to_thread(
-                build_archive, self.opts.model, workdir=self.workdir / "archive", name=self.name
-            )
+        async def prepare() -> None:
+            inputs = await runtime.load_model(self.opts.model, self.name)
+            assert self.dispatcher is not None
+            self.dispatcher.inputs = inputs  # what the v2 protocol's metadata and infer use
+            if inputs:  # one sample's worth of JSON, not 6 MiB (issue 26)
+                from packrat.serve.codec import input_body_cap
+
+                cap = input_body_cap(inputs, self.opts.max_body_bytes)
+                self.dispatcher.max_body_bytes = cap
+                log.info("packrat serve: request bodies capped at %d bytes for this model", cap)
             if self.warmup is None:
-                self.warmup = await asyncio.to_thread(sample_body, archive, self.opts.model)
+                self.warmup = await asyncio.to_thread(sample_body, inputs, self.opts.model)
             if self.zygote is None and self.weights is not None:
                 await ensure_weights(self.opts.model, self.weights)  # the zygote writes its own
-            return archive
 
-        # The archive and the weight file are made while the JVM starts.
-        archive, _ = await asyncio.gather(prepare(), self.torchserve.start())
-        if archive.inputs and self.dispatcher is not None:  # one sample's worth, not 6 MiB
-            from packrat.serve.codec import input_body_cap
-
-            cap = input_body_cap(archive.inputs, self.opts.max_body_bytes)
-            self.dispatcher.max_body_bytes = cap
-            log.info("packrat serve: request bodies capped at %d bytes for this model", cap)
-        log.info("packrat serve: TorchServe is up and the archive is built")
-        assert self.dispatcher is not None
-        self.dispatcher.backend_url = self.torchserve.inference_url  # its ports are known now
-        self.mar = self.torchserve.add_archive(archive.path)
-        # Registration starts while the zygote may still be preparing: TorchServe unpacks the
-        # archive and starts each worker's launcher, which waits for the zygote. A zygote that
-        # fails ends the start (and the registrations waiting on it) with its own error.
+        # The model is prepared while the runtime starts (TorchServe's JVM).
+        await asyncio.gather(prepare(), runtime.start())
+        log.info("packrat serve: the %s runtime is up and the model is prepared", runtime.kind)
+        # Instances start while the zygote may still be preparing: TorchServe's launchers and
+        # the native runtime wait for it. A zygote that fails ends the start (and the
+        # instances waiting on it) with its own error.
         try:
             async with asyncio.TaskGroup() as group:
                 if self.zygote is not None:
                     group.create_task(self._zygote_ready())
                 for inst in self.instances:
-                    group.create_task(self.torchserve.register(self.registration(inst)))
+                    group.create_task(runtime.add(inst))
         except ExceptionGroup as failed:  # the first failure, as a plain error for the CLI
             raise failed.exceptions[0] from None
         async with self.lock:

@@ -24,10 +24,12 @@ import importlib
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from packrat.serve.modelservice import PRELOADED, ModelService, bad_request
+from packrat.serve.modelservice import preload_model as _preload_model
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +44,11 @@ ENTRY_SOURCE = (
 )
 
 _state: dict[str, Any] = {}  # this worker's service, created by the first (init) call
-# Models built before the fork by the pod's zygote (packrat.serve.zygote.zygote), by (spec, file).
-_preloaded: dict[tuple[str, str], Any] = {}
-
-
-def preload_model(spec: str, weights: Path, *, built: Any = None) -> None:
-    """A zoo model with its weights mapped from ``weights`` (``built``, or built here without
-    running a torch operation), for forked workers to use as they are."""
-    from packrat.runtime import modelid
-    from packrat.runtime.weights import load_shared
-
-    if modelid.is_zoo_name(spec):
-        model = built if built is not None else load_shared(spec, weights)
-        _preloaded[(spec, str(weights))] = model
+# Models built before the fork by the pod's zygote (shared with the native runtime's workers).
+_preloaded = PRELOADED
+preload_model = _preload_model
+_NativeService = ModelService
+_bad_request = bad_request
 
 
 def instance_settings(model_name: str, config_path: str | None) -> dict[str, Any] | None:
@@ -134,82 +128,3 @@ class _WrappedService:
 
     def handle(self, data: Any, context: Any) -> Any:
         return self.entry(data, context)
-
-
-# -- zoo models and TorchScript files ------------------------------------------------------
-class _NativeService:
-    def __init__(self, spec: dict[str, Any], model_dir: Path, weights: Path | None) -> None:
-        import torch
-
-        from packrat.runtime.zoo import load_model
-
-        self.torch = torch
-        source = str(spec["spec"])
-        if spec.get("file"):  # a TorchScript file shipped inside the archive
-            source = str(model_dir / source)
-        start = time.monotonic()
-        if weights is not None:  # map the pod's one copy (packrat.runtime.weights)
-            from packrat.runtime.weights import load_shared, mapped_bytes
-
-            self.model = _preloaded.get((source, str(weights))) or load_shared(source, weights)
-            how = f"{mapped_bytes(self.model, weights).fraction:.0%} mapped from {weights.name}"
-            if (source, str(weights)) in _preloaded:
-                how += ", built before the fork"
-        else:
-            self.model = load_model(source).eval()
-            how = "private copy"
-        log.info("packrat: model loaded in %.3f s (%s)", time.monotonic() - start, how)
-        self.inputs: list[dict[str, Any]] | None = spec.get("inputs")
-
-    def handle(self, data: list[dict[str, Any]], context: Any) -> list[Any]:
-        """One answer per request; a request that fails (decoding or in the model) gets a 400
-        of its own and the rest of the batch is answered normally."""
-        from packrat.serve.codec import decode_sample
-
-        samples: list[tuple[int, list[Any]]] = []
-        out: list[Any] = [None] * len(data)
-        for idx, row in enumerate(data):
-            try:
-                body = row.get("data", row.get("body")) if isinstance(row, dict) else row
-                samples.append((idx, decode_sample(body, self.inputs)))
-            except Exception as exc:  # CodecError, or anything a hostile row trips over
-                out[idx] = _bad_request(context, idx, str(exc) or type(exc).__name__)
-        groups: dict[tuple[tuple[int, ...], ...], list[tuple[int, list[Any]]]] = {}
-        for item in samples:
-            key = tuple(tuple(t.shape) for t in item[1])
-            groups.setdefault(key, []).append(item)
-        for items in groups.values():
-            try:
-                self._run(items, out, context)
-            except Exception as exc:
-                if len(items) == 1:
-                    log.warning("packrat: the model failed on one request: %s", exc)
-                    out[items[0][0]] = _bad_request(context, items[0][0], f"model failed: {exc}")
-                    continue
-                # One request may have broken the whole batch: run each alone to find it.
-                for item in items:
-                    try:
-                        self._run([item], out, context)
-                    except Exception as one:
-                        log.warning("packrat: the model failed on one request: %s", one)
-                        out[item[0]] = _bad_request(context, item[0], f"model failed: {one}")
-        return out
-
-    def _run(self, items: list[tuple[int, list[Any]]], out: list[Any], context: Any) -> None:
-        from packrat.serve.codec import encode_output
-
-        torch = self.torch
-        arity = len(items[0][1])
-        batch = [torch.stack([s[i] for _, s in items]) for i in range(arity)]
-        with torch.inference_mode():
-            result = self.model(*batch)
-        answers = [encode_output(result, row) for row in range(len(items))]
-        for (idx, _), answer in zip(items, answers, strict=True):
-            out[idx] = answer
-            context.set_response_content_type(idx, "application/json")
-
-
-def _bad_request(context: Any, idx: int, message: str) -> str:
-    context.set_response_status(code=400, phrase="Bad Request", idx=idx)
-    context.set_response_content_type(idx, "application/json")
-    return json.dumps({"code": 400, "type": "BadRequest", "message": message[:500]})

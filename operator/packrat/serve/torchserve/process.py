@@ -28,13 +28,18 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from packrat.serve.config import JVM_ARGS, LOOPBACK, render_properties, torchserve_settings
+from packrat.serve.config import (
+    JVM_ARGS,
+    LOOPBACK,
+    WorkerState,
+    render_properties,
+    torchserve_settings,
+)
 from packrat.serve.torchserve.jvm import CWD, archive_args
 from packrat.serve.torchserve.ports import (  # re-exported: tests and benchmarks import them here
     PORT_BASE_ENV,
@@ -82,16 +87,7 @@ def _torchserve_binary() -> str:
     raise TorchServeError("torchserve is not installed (pip install torchserve)")
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerInfo:
-    """One worker of one registered model, as the management API describes it."""
-
-    status: str
-    pid: int | None
-
-    @property
-    def ready(self) -> bool:
-        return self.status == "READY"
+WorkerInfo = WorkerState  # one worker of one registered model, as the management API says
 
 
 class TorchServe:

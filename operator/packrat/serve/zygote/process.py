@@ -15,16 +15,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shlex
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from packrat.serve.torchserve import worker_launcher
 from packrat.serve.zygote.shared_weights import shared_weights_file
+from packrat.serve.zygote.zygote import TORCHSERVE_IMPORTS
 
 SUBDIR = "zygote"
+
+
+NATIVE_WORKER = "packrat.serve.native.worker"
+
+
+def worker_imports(runtime: str, model: str) -> tuple[str, ...]:
+    """What the zygote imports before it forks, for the workers of ``runtime`` serving
+    ``model``: TorchServe's worker; or the native worker, and TorchServe's model loader only
+    for a user's .mar (whose handler it loads; a zoo model needs none of TorchServe)."""
+    if runtime != "native":
+        return TORCHSERVE_IMPORTS
+    if model.endswith(".mar"):
+        return (NATIVE_WORKER, "ts.service", "ts.model_loader")
+    return (NATIVE_WORKER,)
 
 
 class ZygoteStartError(RuntimeError):
@@ -34,8 +52,17 @@ class ZygoteStartError(RuntimeError):
 class ZygoteProcess:
     """One zygote for one pod."""
 
-    def __init__(self, workdir: Path, *, model: str, weights: Path | None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        model: str,
+        weights: Path | None,
+        imports: Sequence[str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        # The modules the workers run, imported before any fork (default: TorchServe's).
+        self.imports = tuple(imports) if imports is not None else TORCHSERVE_IMPORTS
         self.dir = workdir / SUBDIR
         self.socket = self.dir / "zygote.sock"
         self.python = self.dir / "python"
@@ -61,6 +88,8 @@ class ZygoteProcess:
         args = [sys.executable, "-m", "packrat.serve.zygote.zygote", str(self.socket)]
         if self.weights is not None:
             args += ["--model", self.model, "--weights", str(self.weights)]
+        for name in self.imports:
+            args += ["--import", name]
         with (self.dir / "zygote.log").open("wb") as log:
             self.proc = subprocess.Popen(
                 args,
@@ -92,6 +121,54 @@ class ZygoteProcess:
                 raise ZygoteStartError(f"the zygote was not ready after {timeout_s:.0f} s")
             await asyncio.sleep(0.05)
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def fork(
+        self,
+        *,
+        module: str,
+        argv: Sequence[str],
+        fds: Sequence[int],
+        env: Mapping[str, str],
+        cwd: Path,
+        timeout_s: float = 10.0,
+    ) -> tuple[socket.socket, int]:
+        """A worker forked from the zygote running ``python -m module argv``, with ``fds`` as
+        its descriptors 0, 1, 2, ...; returns the connection that owns it (closing it kills
+        the worker; the zygote writes ``exit N`` on it when the worker exits) and its pid."""
+        request = json.dumps(
+            {"argv": list(argv), "module": module, "cwd": str(cwd), "env": dict(env),
+             "report_pid": True}
+        ).encode()  # fmt: skip
+
+        def ask() -> tuple[socket.socket, int]:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout_s)
+                sock.connect(str(self.socket))
+                socket.send_fds(sock, [len(request).to_bytes(4, "big") + request], list(fds))
+                line = b""
+                while not line.endswith(b"\n") and len(line) < 64:
+                    chunk = sock.recv(1)
+                    if not chunk:
+                        raise ZygoteStartError("the zygote closed the connection before forking")
+                    line += chunk
+                word, _, pid = line.decode().partition(" ")
+                if word != "pid":
+                    raise ZygoteStartError(f"the zygote answered {line!r}")
+                sock.settimeout(None)
+                return sock, int(pid)
+            except BaseException:
+                sock.close()
+                raise
+
+        try:
+            return await asyncio.to_thread(ask)
+        except OSError as exc:
+            raise ZygoteStartError(f"cannot reach the zygote: {exc}") from None
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         await asyncio.to_thread(self.stop_now, timeout_s)
 
@@ -109,11 +186,13 @@ class ZygoteProcess:
             proc.wait()
 
 
-def prestart(model: str, workdir: Path, *, shared_weights: bool = True) -> ZygoteProcess:
+def prestart(
+    model: str, workdir: Path, *, shared_weights: bool = True, imports: Sequence[str] | None = None
+) -> ZygoteProcess:
     """Start a pod's zygote now, for :class:`packrat.serve.pod.server.ServeOptions`
     ``zygote_process``
     (``packrat serve`` calls it before importing the serving stack)."""
     weights = shared_weights_file(model, workdir, enabled=shared_weights)
-    zygote = ZygoteProcess(workdir, model=model, weights=weights)
+    zygote = ZygoteProcess(workdir, model=model, weights=weights, imports=imports)
     zygote.start()
     return zygote

@@ -15,7 +15,8 @@ on cores the JVM needs too.
 No intra-op thread pool may exist when the zygote forks (a forked OpenMP pool would hang):
 it builds the model, when it must, with one thread, so that no pool is started, and checks
 that; each worker sets its own threads after the fork, as before.
-``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE]``.
+``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE] [--import M]...``
+(``M``: the modules the workers run; default: TorchServe's worker).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
+import importlib
 import json
 import logging
 import os
@@ -36,7 +39,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# What a TorchServe worker imports (its script, its service, the base handler, the loader).
+TORCHSERVE_IMPORTS = (
+    "ts.model_service_worker",
+    "ts.service",
+    "ts.torch_handler.base_handler",
+    "ts.model_loader",
+)
 _MAX_REQUEST = 1 << 20
+_MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
 
 
 class ZygoteError(RuntimeError):
@@ -51,19 +62,21 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def preload(model: str | None, weights: Path | None) -> None:
-    """Import what every worker imports; write the pod's weight file unless it is there, and
-    build the model on it once. Each step's time goes to the zygote's log."""
+def preload(
+    model: str | None, weights: Path | None, imports: Sequence[str] = TORCHSERVE_IMPORTS
+) -> None:
+    """Import torch and ``imports`` (what the pod's runtime runs in its workers:
+    :func:`packrat.serve.zygote.process.worker_imports`); write the pod's weight file unless it
+    is there, and build the model on it once. Each step's time goes to the zygote's log."""
     start = time.monotonic()
     import torch
-    import ts.model_service_worker
-    import ts.service
-    import ts.torch_handler.base_handler  # noqa: F401
 
     from packrat.serve import codec  # noqa: F401
     from packrat.serve.torchserve import handler
 
-    _note("imported torch and TorchServe's worker", start)
+    for name in imports:
+        importlib.import_module(name)
+    _note(f"imported torch and {', '.join(imports) or 'nothing else'}", start)
     if model is None or weights is None:
         return
     start = time.monotonic()
@@ -96,7 +109,7 @@ def _note(what: str, start: float) -> None:
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
-    head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_REQUEST, 3)
+    head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_REQUEST, _MAX_FDS)
     size = int.from_bytes(head[:4], "big")
     body = head[4:]
     while len(body) < size:
@@ -107,14 +120,26 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
     return json.loads(body), list(fds)
 
 
-def _child(request: dict[str, object], fds: Sequence[int], listener: socket.socket) -> None:
-    """In the forked worker: become the process TorchServe launched, then run its script."""
+def _child(
+    request: dict[str, object],
+    fds: Sequence[int],
+    listener: socket.socket,
+    inherited: Sequence[socket.socket],
+) -> None:
+    """In the forked worker: become the process TorchServe launched, then run its script (or
+    a native worker's module). ``inherited``: the zygote's connections, not the worker's."""
     code = 1
     try:
         listener.close()
+        for conn in inherited:
+            conn.close()
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        for target, fd in enumerate(fds):
+        # Out of the way first: a received descriptor may have a target's number.
+        moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for target, fd in enumerate(moved):
             os.dup2(fd, target)
             os.close(fd)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
@@ -132,10 +157,15 @@ def _child(request: dict[str, object], fds: Sequence[int], listener: socket.sock
         sys.argv = argv
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-        runpy.run_path(argv[0], run_name="__main__")
-        code = 0
+        module = request.get("module")
+        if isinstance(module, str):  # a native worker: its module's main(ARGS), imported already
+            sys.argv = [module, *argv]
+            code = int(importlib.import_module(module).main(argv) or 0)
+        else:  # TorchServe's worker script
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # a worker that fails must still exit, never return
         logging.basicConfig(stream=sys.stderr)
         logging.exception("zygote worker failed")
@@ -179,9 +209,12 @@ def serve(path: Path) -> int:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(request, fds, listener)
+                    _child(request, fds, listener, [conn, *children.values()])
                 for fd in fds:
                     os.close(fd)
+                if request.get("report_pid"):
+                    with contextlib.suppress(OSError):
+                        conn.sendall(f"pid {pid}\n".encode())
                 children[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
             else:  # a launcher's socket is readable: it closed, so its worker must go
@@ -217,9 +250,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("socket", type=Path)
     parser.add_argument("--model")
     parser.add_argument("--weights", type=Path)
+    parser.add_argument(
+        "--import", dest="imports", action="append", help="a module the workers run (repeat)"
+    )
     args = parser.parse_args(argv)
     try:
-        preload(args.model, args.weights)
+        imports = TORCHSERVE_IMPORTS if args.imports is None else args.imports
+        preload(args.model, args.weights, imports)
     except ZygoteError as exc:
         print(f"packrat zygote: {exc}", file=sys.stderr)
         return 2
