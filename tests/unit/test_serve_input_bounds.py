@@ -112,7 +112,7 @@ def test_an_instance_down_too_long_fails_liveness(tmp_path: Path) -> None:
             model="tiny", plan=plan, cpus=[0], stuck_instance_s=60.0, workdir=tmp_path
         )
         pod = PodServer(opts)
-        pod.torchserve = SimpleNamespace(proc=object(), running=True)  # type: ignore[assignment]
+        pod.runtime = SimpleNamespace(running=True)  # type: ignore[assignment]
         now = asyncio.get_running_loop().time()
         (health,) = pod.health.values()
         health.up = True
