@@ -23,7 +23,8 @@ from typing import Any, TextIO
 from packrat.plan.baselines import BASELINES, baseline_pairs, even_split, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile
-from packrat.profiler.client import HandlerTarget, WorkerProcess
+from packrat.profiler.client import HandlerTarget, Worker, WorkerSource, worker_source
+from packrat.profiler.measure import check_pinning
 from packrat.profiler.profiler import ProfilerError, ProfileSettings, profile_cpus, run_profile
 from packrat.profiler.stats import Summary, summarize
 from packrat.runtime.cpus import CoreAssignmentError, assign_cores, format_cpu_list
@@ -144,24 +145,23 @@ class WorkerPool:
         *,
         startup_timeout_s: float = 300.0,
         handler: HandlerTarget | None = None,
+        source: WorkerSource | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.timeout = startup_timeout_s
-        self.workers: dict[tuple[int, tuple[int, ...]], WorkerProcess] = {}
+        self.source = source or worker_source("forked", spec, handler)
+        self.workers: dict[tuple[int, tuple[int, ...]], Worker] = {}
 
-    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[WorkerProcess]:
+    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[Worker]:
         """Workers for every (threads, cores), starting missing ones concurrently."""
         keys = [(t, tuple(sorted(c))) for t, c in wanted]
         new = [k for k in dict.fromkeys(keys) if k not in self.workers]
         for t, cores in new:
-            self.workers[(t, cores)] = WorkerProcess(
-                spec=self.spec, cpus=cores, threads=t, handler=self.handler
-            )
+            self.workers[(t, cores)] = self.source.spawn(cpus=cores, threads=t)
         for key in new:
             ready = self.workers[key].wait_ready(timeout=self.timeout)
-            if sorted(ready["affinity"]) != list(key[1]) or ready["threads"] != key[0]:
-                raise ProfilerError(f"worker pinning mismatch: {ready} for {key}")
+            check_pinning(ready, cores=key[1], threads=key[0])
         return [self.workers[k] for k in keys]
 
     def close(self) -> None:
@@ -175,7 +175,7 @@ class WorkerPool:
         self.workers.clear()
 
 
-def run_once(workers: Sequence[WorkerProcess], batches: Sequence[int], *, timeout: float) -> float:
+def run_once(workers: Sequence[Worker], batches: Sequence[int], *, timeout: float) -> float:
     """One synchronised run: every instance starts its batch now; ms until the last ends."""
     for worker, batch in zip(workers, batches, strict=True):
         worker.send({"cmd": "run", "batch": batch})
@@ -253,9 +253,12 @@ def run_bench(
     run_timeout_s: float = 600.0,
     names: Sequence[str] = CONFIG_NAMES,
     handler: HandlerTarget | None = None,
+    source: WorkerSource | None = None,
 ) -> list[BatchResult]:
     """Measure plan, fat and per-core side by side, interleaved, for every batch size
-    (``names``: a subset of the configurations; ``handler``: run an archive's handler)."""
+    (``names``: a subset of the configurations; ``handler``: run an archive's handler;
+    ``source``: where the workers come from, default forked from one process with the model
+    built; a given source is left open)."""
     if repeats < 1:
         raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
     base = profile_cpus(cpus, allowed=allowed)
@@ -265,12 +268,14 @@ def run_bench(
     except PlanError as exc:
         raise ProfilerError(str(exc)) from None
     table = profile.table()
-    pool = WorkerPool(spec, handler=handler)
+    own = source is None
+    source = source or worker_source("forked", spec, handler)
+    pool = WorkerPool(spec, handler=handler, source=source)
     results: list[BatchResult] = []
     try:
         for plan in plans:
             configs = [c for c in bench_configs(plan, table) if c.name in names]
-            runs: dict[str, tuple[list[WorkerProcess], list[int]]] = {}
+            runs: dict[str, tuple[list[Worker], list[int]]] = {}
             out: dict[str, ConfigResult] = {}
             for config in configs:
                 threads = [t for t, _ in config.instances]
@@ -307,6 +312,9 @@ def run_bench(
     except BaseException:
         pool.kill()
         raise
+    finally:
+        if own:
+            source.close()
     return results
 
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from packrat.bench.microbench import run_bench
 from packrat.plan.profile import VERIFIED_KEY, Profile
-from packrat.profiler.client import HandlerTarget
+from packrat.profiler.client import HandlerTarget, WorkerSource
 from packrat.profiler.profiler import ProfilerError
 
 CONFIGS = ("plan", "fat")
@@ -39,6 +39,7 @@ def verify_plans(
     warmup: int = 1,
     handler: HandlerTarget | None = None,
     stream: TextIO | None = None,
+    source: WorkerSource | None = None,
 ) -> dict[str, Any]:
     """Measure plan vs fat for ``batches``; the record kept under ``meta.extra["verified"]``:
     ``{"measuredAt", "repeats", "results": [{batch, plan, label, planMs, fatMs, speedup,
@@ -56,6 +57,7 @@ def verify_plans(
             names=CONFIGS,
             handler=handler,
             stream=stream,
+            source=source,
         )
     except (ProfilerError, OSError, TimeoutError, RuntimeError) as exc:
         return {"measuredAt": when, "error": f"{type(exc).__name__}: {exc}"[:500]}

@@ -1,8 +1,10 @@
 """``packrat profile``: measure a model's latency profile L(t, b) on this machine's cores.
 
 The profiling pod's command and the laptop command are the same: it measures every grid point
-in a fresh pinned worker process, shows progress with an ETA on stderr, checkpoints the JSON
-profile after every point (rerunning with the same ``-o`` resumes) and prints the table.
+with pinned workers forked from one process that built the model (co-located by default: as
+many instances as fit on the T cores, all timed), shows progress with an ETA on stderr,
+checkpoints the JSON profile after every point (rerunning with the same ``-o`` resumes) and
+prints the table.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from packrat.cli import CliError
 from packrat.cli.plan import parse_int_list
+from packrat.plan.profile import COLOCATED, MODES
 
 
 def register(subparsers: Any) -> None:
@@ -29,8 +32,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Measure L(t, b), the mean latency of one batch b by one instance with t threads "
             "pinned to t cores, for t in 1..T (or --threads) and b in powers of two up to "
-            "--max-batch. Each point runs alone in a fresh process; the output file is "
-            "checkpointed after every point and a rerun resumes."
+            "--max-batch. By default each point runs floor(T/t) identical instances together "
+            "on disjoint cores, all timed (--mode co-located), in workers forked from one "
+            "process that built the model; the output file is checkpointed after every point "
+            "and a rerun resumes."
         ),
     )
     parser.add_argument(
@@ -78,6 +83,30 @@ def register(subparsers: Any) -> None:
         type=float,
         metavar="S",
         help="seconds for the whole run; stops cleanly with what was measured",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=COLOCATED,
+        help=(
+            "co-located (default): floor(T/t) instances run each point together, all timed, "
+            "an untimed filler on the T mod t cores; alone: one instance, the other cores idle"
+        ),
+    )
+    parser.add_argument(
+        "--process",
+        choices=("forked", "fresh"),
+        default="forked",
+        help=(
+            "forked (default): workers forked from one process that imported torch and built "
+            "the model; fresh: a new process (torch import, model build) per instance"
+        ),
+    )
+    parser.add_argument(
+        "--remainder",
+        choices=("fill", "idle"),
+        default="fill",
+        help="co-located: keep the T mod t remainder cores busy (default) or idle",
     )
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches per point")
     parser.add_argument("--min-samples", type=int, default=5, help="samples before stopping")
@@ -169,7 +198,9 @@ def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
     )
 
 
-def _verify(args: argparse.Namespace, profile: Any, *, batches: list[int], handler: Any) -> None:
+def _verify(
+    args: argparse.Namespace, profile: Any, *, batches: list[int], handler: Any, source: Any
+) -> None:
     """Measure the plans against the fat instance and keep the result in the profile."""
     from packrat.bench.verify import format_verification, verify_plans, with_verification
 
@@ -181,6 +212,7 @@ def _verify(args: argparse.Namespace, profile: Any, *, batches: list[int], handl
         repeats=args.verify_repeats,
         handler=handler,
         stream=sys.stderr,
+        source=source,
     )
     with_verification(profile, record).save(args.output)
     print(format_verification(record), file=sys.stderr)
@@ -192,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
+    from packrat.profiler.client import worker_source
     from packrat.profiler.profiler import ProfilerError, ProfileSettings, run_profile
 
     handler = handler_target(args, workdir)
@@ -207,8 +240,12 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         time_budget_s=args.time_budget,
         warmup=args.warmup,
         min_samples=args.min_samples,
+        mode=args.mode,
+        process=args.process,
+        fill_remainder=args.remainder == "fill",
         **({"allow_contended": True} if args.allow_contended else {}),
     )
+    source = worker_source(args.process, args.model, handler)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         result = run_profile(
@@ -219,18 +256,21 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
             threads=threads,
             settings=settings,
             handler=handler,
+            source=source,
         )
         if verify and result.profile is not None and not result.missing:
-            _verify(args, result.profile, batches=verify, handler=handler)
+            _verify(args, result.profile, batches=verify, handler=handler, source=source)
     except ProfilerError as exc:
         raise CliError(str(exc)) from None
     finally:
+        source.close()
         signal.signal(signal.SIGTERM, previous)
     if result.profile is not None:
         print(format_profile_table(result.profile))
     print(
         f"wrote {args.output}: {len(result.measured)} measured, {len(result.kept)} kept, "
-        f"{len(result.missing)} missing ({result.stopped}) in {result.elapsed_s:.1f} s",
+        f"{len(result.missing)} missing ({result.stopped}) in {result.elapsed_s:.1f} s, "
+        f"worker start-up {result.startup_s:.1f} s",
         file=sys.stderr,
     )
     return 0
