@@ -202,6 +202,7 @@ class Reconciler:
                 max_batch=max_batch,
             )
             plan = keep_served(status.get("plan"), status_plan(optimizer.plan(batch)))
+            plan, refused = verified.guard(p, plan, profile)  # never serve a plan slower than fat
         except PlanError as exc:
             status.failed()
             p.result.result = "plan_error"
@@ -235,7 +236,7 @@ class Reconciler:
             if active_dep is not None:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
-        verified.publish(status, profile)
+        verified.publish(status, profile, refused=refused)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
         if auto and status.phase == "Ready" and "switch" not in status:
