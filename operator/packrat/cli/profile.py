@@ -64,7 +64,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
-    parser.add_argument("--threads", help="thread counts to profile, e.g. 1,2,4 (default 1..T)")
+    parser.add_argument(
+        "--threads", help="thread counts to profile, e.g. 1,2,4 (default: --thread-grid)"
+    )
+    parser.add_argument(
+        "--thread-grid",
+        choices=("auto", "full", "coarse", "refined"),
+        default="auto",
+        help=(
+            "without --threads: full (1..T), coarse (powers of two and T), refined (coarse, "
+            "then the midpoints around the thread counts the plans chose; its effect on the "
+            "plans is recorded), or auto (default: full up to 8 cores, refined above)"
+        ),
+    )
     parser.add_argument(
         "--precision",
         type=float,
@@ -218,6 +230,77 @@ def _verify(
     print(format_verification(record), file=sys.stderr)
 
 
+def _profile_grid(
+    args: argparse.Namespace, threads: list[int] | None, settings: Any, *, handler: Any,
+    source: Any,
+) -> Any:  # fmt: skip
+    """Profile the thread grid: the given threads, the full grid, or coarse then refined
+    (a second run over the same file resumes: only the new thread counts are measured)."""
+    from dataclasses import replace
+
+    from packrat.plan.grid import FULL_GRID_UP_TO, coarse_threads, refine_threads
+    from packrat.plan.optimizer import Optimizer, PlanError
+    from packrat.profiler.profiler import run_profile
+
+    grid = args.thread_grid
+    if grid == "auto":
+        grid = "full" if args.cpus <= FULL_GRID_UP_TO else "refined"
+    if threads is None and grid != "full":
+        threads = coarse_threads(args.cpus)
+
+    def once(ts: list[int] | None, budget: float | None) -> Any:
+        return run_profile(
+            spec=args.model,
+            cpus=args.cpus,
+            max_batch=args.max_batch,
+            output=args.output,
+            threads=ts,
+            settings=replace(settings, time_budget_s=budget),
+            handler=handler,
+            source=source,
+        )
+
+    result = once(threads, settings.time_budget_s)
+    if args.threads or grid != "refined" or result.missing or result.profile is None:
+        return result
+    coarse = result.profile
+    batches = coarse.batches
+    extra = refine_threads(coarse.table(), cpus=args.cpus, batches=batches)
+    if not extra:
+        return result
+    left = None
+    if settings.time_budget_s is not None:
+        left = max(settings.time_budget_s - result.elapsed_s, 1.0)
+    refined = once(sorted({*(threads or []), *extra}), left)
+    if refined.profile is not None and not refined.missing:
+        try:
+            before = Optimizer.for_profile(coarse, cpus=args.cpus, max_batch=max(batches))
+            after = Optimizer.for_profile(refined.profile, cpus=args.cpus, max_batch=max(batches))
+            gain = {
+                str(b): round(before.latency(b) / after.latency(b) - 1.0, 4)
+                for b in batches
+                if before.feasible(b) and after.feasible(b)
+            }
+        except PlanError:
+            gain = {}
+        info = {
+            "coarse": threads,
+            "refined": extra,
+            # per batch: how much slower the coarse grid's best plan was than the refined one's
+            "coarse_plan_excess": gain,
+        }
+        meta = refined.profile.meta
+        profile = replace(
+            refined.profile, meta=replace(meta, extra={**meta.extra, "thread_grid": info})
+        )
+        profile.save(args.output)
+        refined.profile = profile
+    refined.measured = [*result.measured, *refined.measured]
+    refined.startup_s += result.startup_s
+    refined.elapsed_s += result.elapsed_s
+    return refined
+
+
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="packrat-profile-") as tmp:
         return _run(args, Path(tmp))
@@ -225,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
     from packrat.profiler.client import worker_source
-    from packrat.profiler.profiler import ProfilerError, ProfileSettings, run_profile
+    from packrat.profiler.profiler import ProfilerError, ProfileSettings
 
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
@@ -248,16 +331,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     source = worker_source(args.process, args.model, handler)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        result = run_profile(
-            spec=args.model,
-            cpus=args.cpus,
-            max_batch=args.max_batch,
-            output=args.output,
-            threads=threads,
-            settings=settings,
-            handler=handler,
-            source=source,
-        )
+        result = _profile_grid(args, threads, settings, handler=handler, source=source)
         if verify and result.profile is not None and not result.missing:
             _verify(args, result.profile, batches=verify, handler=handler, source=source)
     except ProfilerError as exc:

@@ -332,12 +332,12 @@ def _run_profile(
                 f"measuring threads={threads_} batch={batch} failed: {exc}"
             ) from None
 
-    if source.kind == "forked" and not source.startup_s:
-        try:
-            source.start()
-        except WorkerError as exc:
-            raise ProfilerError(f"cannot start the profiling workers: {exc}") from None
-    run.startup_s += source.startup_s
+    before = source.startup_s
+    try:
+        source.start()  # once per source: a source shared by several runs is counted once
+    except WorkerError as exc:
+        raise ProfilerError(f"cannot start the profiling workers: {exc}") from None
+    run.startup_s += source.startup_s - before
 
     first = verifier.check()
     if first is not None and not first.quiet:
