@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -111,7 +111,9 @@ class BatchResult:
         return self.median("fat") / self.median("plan")
 
     @property
-    def per_core_speedup(self) -> float:
+    def per_core_speedup(self) -> float | None:
+        if "per_core" not in self.configs:  # a subset was benched (e.g. plan and fat)
+            return None
         return self.median("fat") / self.median("per_core")
 
     @property
@@ -254,17 +256,24 @@ def run_bench(
     names: Sequence[str] = CONFIG_NAMES,
     handler: HandlerTarget | None = None,
     source: WorkerSource | None = None,
+    others: Mapping[str, Profile] | None = None,
 ) -> list[BatchResult]:
     """Measure plan, fat and per-core side by side, interleaved, for every batch size
     (``names``: a subset of the configurations; ``handler``: run an archive's handler;
     ``source``: where the workers come from, default forked from one process with the model
-    built; a given source is left open)."""
+    built; a given source is left open; ``others``: more profiles whose plans run in the same
+    interleaving, as configurations ``plan-<name>``, e.g. an alone profile beside a
+    co-located one)."""
     if repeats < 1:
         raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
     base = profile_cpus(cpus, allowed=allowed)
     try:
         optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max(batches))
         plans = [optimizer.plan(b) for b in batches]
+        extra_plans = {
+            name: Optimizer.for_profile(other, cpus=cpus, max_batch=max(batches))
+            for name, other in (others or {}).items()
+        }
     except PlanError as exc:
         raise ProfilerError(str(exc)) from None
     table = profile.table()
@@ -275,6 +284,11 @@ def run_bench(
     try:
         for plan in plans:
             configs = [c for c in bench_configs(plan, table) if c.name in names]
+            for name, other in extra_plans.items():
+                theirs = other.plan(plan.batch)
+                configs.append(
+                    BenchConfig(f"plan-{name}", tuple(theirs.expand()), theirs.expected_latency_ms)
+                )
             runs: dict[str, tuple[list[Worker], list[int]]] = {}
             out: dict[str, ConfigResult] = {}
             for config in configs:
@@ -294,16 +308,16 @@ def run_bench(
                 for config in configs:
                     run_once(*runs[config.name], timeout=run_timeout_s)
                     time.sleep(pause_s)
-            names = [c.name for c in configs]
+            running = [c.name for c in configs]
             for r in range(repeats):
-                order = names[r % len(names) :] + names[: r % len(names)]
+                order = running[r % len(running) :] + running[: r % len(running)]
                 for name in order:
                     out[name].samples_ms.append(run_once(*runs[name], timeout=run_timeout_s))
                     time.sleep(pause_s)  # let the previous configuration's threads go idle
                 if stream is not None:
                     stream.write(
                         f"bench B={plan.batch}: repetition {r + 1}/{repeats} "
-                        + " ".join(f"{n}={out[n].samples_ms[-1]:.1f}ms" for n in names)
+                        + " ".join(f"{n}={out[n].samples_ms[-1]:.1f}ms" for n in running)
                         + "\n"
                     )
                     stream.flush()
@@ -356,7 +370,7 @@ def format_bench_table(results: Sequence[BatchResult]) -> str:
                 f"{r.measured_speedup:.2f}x",
                 "-" if expected is None else f"{expected:.2f}x",
                 "-" if ratio is None else f"{ratio:.2f}",
-                f"{r.per_core_speedup:.2f}x",
+                "-" if r.per_core_speedup is None else f"{r.per_core_speedup:.2f}x",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
