@@ -35,6 +35,7 @@ def _record(
         "label": plan.label,
         "plan": plan.to_dict(),
         "planMs": plan_ms,
+        "expectedMs": plan.expected_latency_ms,
         "fatMs": 2.5,
         "speedup": speedup,
         "expectedSpeedup": plan.expected_speedup,
@@ -80,6 +81,7 @@ def test_measured_matches_only_the_verified_plan() -> None:
     assert got is not None
     assert got["speedup"] == "1.25x" and got["batch"] == 4
     assert got["latencyMs"] == 2.0 and got["fatLatencyMs"] == 2.5
+    assert got["expectedLatencyMs"] == 1.8  # L(1, 2): the estimate the measurement corrects
     assert got["measuredAt"] == "2026-12-03T20:00:00Z"
     other = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=2).plan(2))
     assert measured(other, verified) is None  # another batch: nothing measured for it

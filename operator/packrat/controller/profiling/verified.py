@@ -64,6 +64,9 @@ def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[st
             "fatLatencyMs": round(fat_ms, 4),
             "source": "profiling run: plan and fat instance interleaved on the profiled cores",
         }
+        expected = _positive(entry.get("expectedMs"))
+        if expected is not None:  # the estimate the measurement corrects
+            out["expectedLatencyMs"] = round(expected, 4)
         when = record.get("measuredAt")
         if isinstance(when, str) and len(when) <= 40:
             out["measuredAt"] = when
