@@ -160,7 +160,7 @@ def _served(record: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str
     """A model through reconcile passes to Ready with a profile carrying ``record``: its
     status and every event of the passes."""
     text = with_verification(_profile(), record).to_json()
-    kube, rec = _setup()  # tiny, 2 cpus, batchSize 4: the optimizer's plan is 2x1t/b2
+    kube, rec = setup_model()  # tiny, 2 cpus, batchSize 4: the optimizer's plan is 2x1t/b2
     events = list(rec.reconcile(NS, "tiny", now=T0).events)
     kube.finish_job(ok=True, log=text)
     events += rec.reconcile(NS, "tiny", now=T0).events
