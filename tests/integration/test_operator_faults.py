@@ -8,16 +8,21 @@ failed requests are printed (benchmarks/controller_faults.py measures them), nev
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
-from models import tiny_spec
+from models import body, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
+from packrat.bench.verify import with_verification
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.core.model import stored
+from packrat.controller.serving.manifests import PLAN_KEY, plan_configmap_name
+from packrat.plan.optimizer import Optimizer
 
 # the session's profile may be measured in ``serving`` first (minutes on a loaded machine)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
@@ -333,3 +338,52 @@ def test_model_gone_while_the_operator_was_down_lets_its_deployments_go(
         timeout=300,
         what="the orphaned Deployment and its pods gone",
     )
+
+
+def test_a_plan_measured_slower_than_fat_is_not_served(
+    cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
+) -> None:
+    """The seeded profile's verification measured the optimizer's plan slower than the fat
+    instance: the operator deploys the fat instance instead, and its condition and one
+    Warning event say why. (Unit tests cover status.measured once Ready.)"""
+    name = "lose"
+    measured = tiny_profiles.profile(SPEC["profiling"]["maxBatch"])
+    # latencies that make 2x1t/b1 the optimizer's plan for batch 2 whatever was measured
+    synthetic = measured.with_points(
+        replace(p, latency_ms=(1.0 + p.batch) / (1 if p.threads == 1 else 1.2))
+        for p in measured.points
+    )
+    plan = Optimizer.for_profile(synthetic, cpus=2, max_batch=2).plan(2)
+    assert plan.label == "2x1t/b1"
+    record = {
+        "measuredAt": "2026-12-04T00:00:00Z",
+        "repeats": 5,
+        "results": [
+            {"batch": 2, "label": plan.label, "plan": plan.to_dict(), "planMs": 3.0,
+             "fatMs": 2.0, "speedup": 2.0 / 3.0, "expectedSpeedup": plan.expected_speedup}
+        ],
+    }  # fmt: skip
+    cluster.api.create("packratmodels", body(name, SPEC))
+    try:
+        seed_profile(cluster, name, with_verification(synthetic, record))
+        cond = wait_for(
+            lambda: cluster.condition(name, "PlanVerified") or None,
+            timeout=300,
+            what="the PlanVerified condition",
+            detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(10)}",
+        )
+        assert cond["status"] == "False" and cond["reason"] == "SlowerThanFat", cond
+        status = cluster.status(name)
+        assert status["plan"]["label"] == "1x2t/b2", status["plan"]  # the fat instance
+        events = [e for e in cluster.events("PlanSlowerThanFat") if name in str(e)]
+        assert len(events) == 1 and events[0]["type"] == "Warning"
+        assert "2x1t/b1" in events[0]["message"]
+        plan_cm = wait_for(
+            lambda: cluster.api.get("configmaps", plan_configmap_name(name, "a")),
+            timeout=120,
+            what="slot a's plan ConfigMap",
+        )
+        served = json.loads(plan_cm["data"][PLAN_KEY])  # what the pods start on
+        assert [(g["threads"], g["batch"], g["count"]) for g in served["instances"]] == [(2, 2, 1)]
+    finally:
+        cluster.api.delete("packratmodels", name)

@@ -190,7 +190,7 @@ def test_operator_profiles_retries_and_serves(cluster: OperatorCluster, served: 
     cm = cluster.api.get("configmaps", cm_name)
     assert cm is not None
     profile = json.loads(cm["data"]["profile.json"])
-    assert profile["format"] == "packrat.profile/v1"
+    assert profile["format"] == "packrat.profile/v2"
     assert profile["points"]
     assert {p["threads"] for p in profile["points"]} <= {1, 2}
     assert profile["meta"]["cpus"] == 2

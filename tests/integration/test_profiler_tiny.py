@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint, load_profile
-from packrat.profiler.client import WorkerProcess
+from packrat.profiler.client import ForkedWorkers, WorkerProcess
 from packrat.profiler.profiler import ProfilerError, ProfileRun, ProfileSettings, run_profile
 from packrat.runtime.cpus import allowed_cpus
 from packrat.runtime.zoo import model_digest
@@ -259,3 +259,59 @@ def test_bench_quick_profile_without_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "1x1t/b3" in done.stdout  # one core: the plan is the fat instance
     assert (1, 3) in load_profile(saved).index  # B itself was profiled
+
+
+def test_forked_workers_are_pinned_and_independent() -> None:
+    """Workers forked from one fork server: each pinned (every thread) to its own cores with
+    its own thread counts, killing one leaves the other serving."""
+    source = ForkedWorkers("tiny")
+    try:
+        source.start()
+        assert source.startup_s > 0 and source.server is not None
+        assert source.server.ready["threads"] == 1  # no thread pool in the server
+        workers = [source.spawn(cpus=[c], threads=1) for c in CPUS[:T]]
+        for worker, cpu in zip(workers, CPUS[:T], strict=False):
+            ready = worker.wait_ready(timeout=60)
+            assert ready["forked"] is True and ready["affinity"] == [cpu]
+            worker.request({"cmd": "warmup", "batch": 4, "n": 2}, timeout=60)
+            info = worker.request({"cmd": "info"}, timeout=60)
+            assert info["thread_affinity"] == [cpu]  # pools started after the fork, pinned
+            assert info["threads"] == 1 and info["interop_threads"] == 1
+        workers[0].kill()
+        run = workers[-1].request({"cmd": "run", "batch": 2}, timeout=60)
+        assert run["end"] >= run["start"] and run["cpu_s"] >= 0
+        wide = source.spawn(cpus=CPUS[:T], threads=T)
+        assert wide.wait_ready(timeout=60)["threads"] == T
+        wide.close()
+        workers[-1].close()
+    finally:
+        source.close()
+    assert source.server is None
+
+
+@pytest.mark.parametrize("mode", ["co-located", "alone"])
+def test_profile_modes_lay_out_their_instances(tmp_path: Path, mode: str) -> None:
+    """co-located: floor(T/t) timed instances on disjoint cores per point; alone: one. The
+    mode is in the profile's meta. (Fresh worker processes: test_worker_reports_its_pinning.)"""
+    reports: list[tuple[ProfilePoint, dict[str, Any]]] = []
+    run = run_profile(
+        spec="tiny",
+        cpus=T,
+        max_batch=1,
+        output=tmp_path / "p.json",
+        settings=replace(FAST, mode=mode),
+        on_point=lambda p, r: reports.append((p, r)),
+    )
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.meta.mode == mode and not run.missing
+    assert profile.meta.extra["startup_s"]["workers"] == pytest.approx(run.startup_s, abs=0.01)
+    for point, report in reports:
+        readies = report["readies"]
+        count = T // point.threads if mode == "co-located" else 1
+        assert report["instances"] == count == len(readies)
+        cores = [c for ready in readies for c in ready["affinity"]]
+        assert len(cores) == len(set(cores)) == count * point.threads  # disjoint
+        assert all(ready["forked"] is True for ready in readies)
+        assert point.samples is not None and point.samples >= count * FAST.min_samples
+        label = f"t{point.threads}b{point.batch}"
+        assert profile.meta.extra["colocated"][label]["instances"] == count

@@ -15,7 +15,7 @@ from packrat.controller.core.plans import to_status as status_plan
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import ModelStatus
 from packrat.controller.profiling import manifests as pm
-from packrat.controller.profiling.verified import measured, publish
+from packrat.controller.profiling.verified import CONDITION, loses_to_fat, measured, publish
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import VERIFIED_KEY, Profile, parse_profile
 
@@ -26,13 +26,16 @@ def _profile() -> Profile:
     return parse_profile(profile_json(), origin="test")
 
 
-def _record(profile: Profile, batch: int, *, speedup: Any = 1.25) -> dict[str, Any]:
+def _record(
+    profile: Profile, batch: int, *, speedup: Any = 1.25, plan_ms: float = 2.0
+) -> dict[str, Any]:
     plan = Optimizer.for_profile(profile, cpus=2, max_batch=batch).plan(batch)
     entry = {
         "batch": batch,
         "label": plan.label,
         "plan": plan.to_dict(),
-        "planMs": 2.0,
+        "planMs": plan_ms,
+        "expectedMs": plan.expected_latency_ms,
         "fatMs": 2.5,
         "speedup": speedup,
         "expectedSpeedup": plan.expected_speedup,
@@ -78,6 +81,7 @@ def test_measured_matches_only_the_verified_plan() -> None:
     assert got is not None
     assert got["speedup"] == "1.25x" and got["batch"] == 4
     assert got["latencyMs"] == 2.0 and got["fatLatencyMs"] == 2.5
+    assert got["expectedLatencyMs"] == 1.8  # L(1, 2): the estimate the measurement corrects
     assert got["measuredAt"] == "2026-12-03T20:00:00Z"
     other = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=2).plan(2))
     assert measured(other, verified) is None  # another batch: nothing measured for it
@@ -150,3 +154,56 @@ def test_with_verification_keeps_the_profile() -> None:
     assert out.points == profile.points
     assert out.meta.extra[VERIFIED_KEY] == {"measuredAt": "t", "error": "x"}
     assert dataclasses.replace(out.meta, extra={}) == dataclasses.replace(profile.meta, extra={})
+
+
+def _served(record: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+    """A model through reconcile passes to Ready with a profile carrying ``record``: its
+    status and every event of the passes."""
+    text = with_verification(_profile(), record).to_json()
+    kube, rec = setup_model()  # tiny, 2 cpus, batchSize 4: the optimizer's plan is 2x1t/b2
+    events = list(rec.reconcile(NS, "tiny", now=T0).events)
+    kube.finish_job(ok=True, log=text)
+    events += rec.reconcile(NS, "tiny", now=T0).events
+    kube.make_ready("tiny-a")
+    for k in range(1, 3):  # at rest: the refusal is stable, its event not repeated
+        events += rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=k)).events
+    obj = kube.get("packratmodels", NS, "tiny")
+    assert obj is not None
+    return obj["status"], events
+
+
+def _condition(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == CONDITION)
+
+
+def test_a_plan_slower_than_fat_is_not_served() -> None:
+    """Measured 3.0 ms against fat's 2.5 ms (0.83x, beyond the 5% noise): the fat instance
+    is served, the condition and one event say so, and the Measured column keeps 0.83x."""
+    status, events = _served(_record(_profile(), 4, speedup=2.5 / 3.0, plan_ms=3.0))
+    assert status["phase"] == "Ready"
+    assert status["plan"]["label"] == "1x2t/b4"  # the fat instance
+    assert status["plan"]["instances"] == [
+        {"threads": 2, "batch": 4, "count": 1, "latency_ms": 2.2}
+    ]
+    cond = _condition(status)
+    assert cond["status"] == "False" and cond["reason"] == "SlowerThanFat"
+    assert "2x1t/b2" in cond["message"] and "serving the fat instance 1x2t/b4" in cond["message"]
+    warnings = [e for e in events if e[1] == "PlanSlowerThanFat"]
+    assert len(warnings) == 1 and warnings[0][0] == "Warning"
+    assert status["measured"]["speedup"] == "0.83x"
+    assert status["measured"]["refusedPlan"] == "2x1t/b2"
+
+
+@pytest.mark.parametrize("plan_ms", [2.0, 2.6])  # faster; slower but within the noise
+def test_a_plan_not_slower_than_fat_beyond_noise_is_served(plan_ms: float) -> None:
+    status, events = _served(_record(_profile(), 4, speedup=2.5 / plan_ms, plan_ms=plan_ms))
+    assert status["plan"]["label"] == "2x1t/b2"
+    cond = _condition(status)
+    assert cond["status"] == "True" and cond["reason"] == "NotSlowerThanFat"
+    assert not [e for e in events if e[1] == "PlanSlowerThanFat"]
+    assert "refusedPlan" not in status["measured"]
+
+
+def test_loses_to_fat_is_beyond_noise_only() -> None:
+    assert loses_to_fat({"latencyMs": 2.63, "fatLatencyMs": 2.5})
+    assert not loses_to_fat({"latencyMs": 2.62, "fatLatencyMs": 2.5})

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from packrat.plan.profile import (
+    ALONE,
+    COLOCATED,
     FORMAT,
     Profile,
     ProfileError,
@@ -49,6 +51,23 @@ def test_json_round_trip(tmp_path: Path) -> None:
     assert loaded.points == tuple(sorted(profile.points, key=lambda p: p.key))
     assert loaded.meta.model == "tiny" and loaded.meta.cpus == 2
     assert loaded.latency(2, 1) == 1.0 and loaded.latency(2, 2) is None
+
+
+def test_mode_round_trips_and_old_files_read_as_alone() -> None:
+    colocated = Profile(
+        meta=ProfileMeta(model="tiny", cpus=2, mode=COLOCATED), points=sample_profile().points
+    )
+    again = parse_profile(colocated.to_json(), origin="v2.json")
+    assert again.meta.mode == COLOCATED
+    # a v1 file (before co-location) has no mode: its points were measured alone
+    v1 = sample_profile().to_dict()
+    v1["format"] = "packrat.profile/v1"
+    del v1["meta"]["mode"]
+    old = parse_profile(json.dumps(v1), origin="v1.json")
+    assert old.meta.mode == ALONE and old.table() == sample_profile().table()
+    assert parse_profile("threads,batch,latency_ms\n1,1,2.0\n", origin="p.csv").meta.mode == ALONE
+    with pytest.raises(ProfileError, match="mode must be one of"):
+        Profile(meta=ProfileMeta(mode="mixed"), points=sample_profile().points)
 
 
 def test_save_creates_missing_folders(tmp_path: Path) -> None:
@@ -106,6 +125,8 @@ def test_bad_csv_names_file_and_row(tmp_path: Path, text: str, message: str) -> 
         (lambda d: d["points"][1].update(latency_ms=math.nan), "latency_ms must be a finite"),
         (lambda d: d["points"][0].pop("batch"), "point 1: missing batch"),
         (lambda d: d["meta"].update(colour="red"), "unknown meta fields"),
+        (lambda d: d["meta"].update(mode="mixed"), "mode must be one of co-located, alone"),
+        (lambda d: d.update(format="packrat.profile/v1"), r"unknown meta fields \['mode'\]"),
         (lambda d: d.update(points=[]), "no points"),
     ],
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,7 +23,8 @@ from typing import Any, TextIO
 from packrat.plan.baselines import BASELINES, baseline_pairs, even_split, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile
-from packrat.profiler.client import HandlerTarget, WorkerProcess
+from packrat.profiler.client import HandlerTarget, Worker, WorkerSource, worker_source
+from packrat.profiler.measure import check_pinning
 from packrat.profiler.profiler import ProfilerError, ProfileSettings, profile_cpus, run_profile
 from packrat.profiler.stats import Summary, summarize
 from packrat.runtime.cpus import CoreAssignmentError, assign_cores, format_cpu_list
@@ -110,7 +111,9 @@ class BatchResult:
         return self.median("fat") / self.median("plan")
 
     @property
-    def per_core_speedup(self) -> float:
+    def per_core_speedup(self) -> float | None:
+        if "per_core" not in self.configs:  # a subset was benched (e.g. plan and fat)
+            return None
         return self.median("fat") / self.median("per_core")
 
     @property
@@ -144,24 +147,23 @@ class WorkerPool:
         *,
         startup_timeout_s: float = 300.0,
         handler: HandlerTarget | None = None,
+        source: WorkerSource | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.timeout = startup_timeout_s
-        self.workers: dict[tuple[int, tuple[int, ...]], WorkerProcess] = {}
+        self.source = source or worker_source("forked", spec, handler)
+        self.workers: dict[tuple[int, tuple[int, ...]], Worker] = {}
 
-    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[WorkerProcess]:
+    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[Worker]:
         """Workers for every (threads, cores), starting missing ones concurrently."""
         keys = [(t, tuple(sorted(c))) for t, c in wanted]
         new = [k for k in dict.fromkeys(keys) if k not in self.workers]
         for t, cores in new:
-            self.workers[(t, cores)] = WorkerProcess(
-                spec=self.spec, cpus=cores, threads=t, handler=self.handler
-            )
+            self.workers[(t, cores)] = self.source.spawn(cpus=cores, threads=t)
         for key in new:
             ready = self.workers[key].wait_ready(timeout=self.timeout)
-            if sorted(ready["affinity"]) != list(key[1]) or ready["threads"] != key[0]:
-                raise ProfilerError(f"worker pinning mismatch: {ready} for {key}")
+            check_pinning(ready, cores=key[1], threads=key[0])
         return [self.workers[k] for k in keys]
 
     def close(self) -> None:
@@ -175,7 +177,7 @@ class WorkerPool:
         self.workers.clear()
 
 
-def run_once(workers: Sequence[WorkerProcess], batches: Sequence[int], *, timeout: float) -> float:
+def run_once(workers: Sequence[Worker], batches: Sequence[int], *, timeout: float) -> float:
     """One synchronised run: every instance starts its batch now; ms until the last ends."""
     for worker, batch in zip(workers, batches, strict=True):
         worker.send({"cmd": "run", "batch": batch})
@@ -253,24 +255,41 @@ def run_bench(
     run_timeout_s: float = 600.0,
     names: Sequence[str] = CONFIG_NAMES,
     handler: HandlerTarget | None = None,
+    source: WorkerSource | None = None,
+    others: Mapping[str, Profile] | None = None,
 ) -> list[BatchResult]:
     """Measure plan, fat and per-core side by side, interleaved, for every batch size
-    (``names``: a subset of the configurations; ``handler``: run an archive's handler)."""
+    (``names``: a subset of the configurations; ``handler``: run an archive's handler;
+    ``source``: where the workers come from, default forked from one process with the model
+    built; a given source is left open; ``others``: more profiles whose plans run in the same
+    interleaving, as configurations ``plan-<name>``, e.g. an alone profile beside a
+    co-located one)."""
     if repeats < 1:
         raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
     base = profile_cpus(cpus, allowed=allowed)
     try:
         optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max(batches))
         plans = [optimizer.plan(b) for b in batches]
+        extra_plans = {
+            name: Optimizer.for_profile(other, cpus=cpus, max_batch=max(batches))
+            for name, other in (others or {}).items()
+        }
     except PlanError as exc:
         raise ProfilerError(str(exc)) from None
     table = profile.table()
-    pool = WorkerPool(spec, handler=handler)
+    own = source is None
+    source = source or worker_source("forked", spec, handler)
+    pool = WorkerPool(spec, handler=handler, source=source)
     results: list[BatchResult] = []
     try:
         for plan in plans:
             configs = [c for c in bench_configs(plan, table) if c.name in names]
-            runs: dict[str, tuple[list[WorkerProcess], list[int]]] = {}
+            for name, other in extra_plans.items():
+                theirs = other.plan(plan.batch)
+                configs.append(
+                    BenchConfig(f"plan-{name}", tuple(theirs.expand()), theirs.expected_latency_ms)
+                )
+            runs: dict[str, tuple[list[Worker], list[int]]] = {}
             out: dict[str, ConfigResult] = {}
             for config in configs:
                 threads = [t for t, _ in config.instances]
@@ -289,16 +308,16 @@ def run_bench(
                 for config in configs:
                     run_once(*runs[config.name], timeout=run_timeout_s)
                     time.sleep(pause_s)
-            names = [c.name for c in configs]
+            running = [c.name for c in configs]
             for r in range(repeats):
-                order = names[r % len(names) :] + names[: r % len(names)]
+                order = running[r % len(running) :] + running[: r % len(running)]
                 for name in order:
                     out[name].samples_ms.append(run_once(*runs[name], timeout=run_timeout_s))
                     time.sleep(pause_s)  # let the previous configuration's threads go idle
                 if stream is not None:
                     stream.write(
                         f"bench B={plan.batch}: repetition {r + 1}/{repeats} "
-                        + " ".join(f"{n}={out[n].samples_ms[-1]:.1f}ms" for n in names)
+                        + " ".join(f"{n}={out[n].samples_ms[-1]:.1f}ms" for n in running)
                         + "\n"
                     )
                     stream.flush()
@@ -307,6 +326,9 @@ def run_bench(
     except BaseException:
         pool.kill()
         raise
+    finally:
+        if own:
+            source.close()
     return results
 
 
@@ -348,7 +370,7 @@ def format_bench_table(results: Sequence[BatchResult]) -> str:
                 f"{r.measured_speedup:.2f}x",
                 "-" if expected is None else f"{expected:.2f}x",
                 "-" if ratio is None else f"{ratio:.2f}",
-                f"{r.per_core_speedup:.2f}x",
+                "-" if r.per_core_speedup is None else f"{r.per_core_speedup:.2f}x",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -1,8 +1,10 @@
 """``packrat profile``: measure a model's latency profile L(t, b) on this machine's cores.
 
 The profiling pod's command and the laptop command are the same: it measures every grid point
-in a fresh pinned worker process, shows progress with an ETA on stderr, checkpoints the JSON
-profile after every point (rerunning with the same ``-o`` resumes) and prints the table.
+with pinned workers forked from one process that built the model (co-located by default: as
+many instances as fit on the T cores, all timed), shows progress with an ETA on stderr,
+checkpoints the JSON profile after every point (rerunning with the same ``-o`` resumes) and
+prints the table.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from packrat.cli import CliError
 from packrat.cli.plan import parse_int_list
+from packrat.plan.profile import COLOCATED, MODES
 
 
 def register(subparsers: Any) -> None:
@@ -29,8 +32,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Measure L(t, b), the mean latency of one batch b by one instance with t threads "
             "pinned to t cores, for t in 1..T (or --threads) and b in powers of two up to "
-            "--max-batch. Each point runs alone in a fresh process; the output file is "
-            "checkpointed after every point and a rerun resumes."
+            "--max-batch. By default each point runs floor(T/t) identical instances together "
+            "on disjoint cores, all timed (--mode co-located), in workers forked from one "
+            "process that built the model; the output file is checkpointed after every point "
+            "and a rerun resumes."
         ),
     )
     parser.add_argument(
@@ -59,7 +64,19 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
-    parser.add_argument("--threads", help="thread counts to profile, e.g. 1,2,4 (default 1..T)")
+    parser.add_argument(
+        "--threads", help="thread counts to profile, e.g. 1,2,4 (default: --thread-grid)"
+    )
+    parser.add_argument(
+        "--thread-grid",
+        choices=("auto", "full", "coarse", "refined"),
+        default="auto",
+        help=(
+            "without --threads: full (1..T), coarse (powers of two and T), refined (coarse, "
+            "then the midpoints around the thread counts the plans chose; its effect on the "
+            "plans is recorded), or auto (default: full up to 8 cores, refined above)"
+        ),
+    )
     parser.add_argument(
         "--precision",
         type=float,
@@ -78,6 +95,30 @@ def register(subparsers: Any) -> None:
         type=float,
         metavar="S",
         help="seconds for the whole run; stops cleanly with what was measured",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=COLOCATED,
+        help=(
+            "co-located (default): floor(T/t) instances run each point together, all timed, "
+            "an untimed filler on the T mod t cores; alone: one instance, the other cores idle"
+        ),
+    )
+    parser.add_argument(
+        "--process",
+        choices=("forked", "fresh"),
+        default="forked",
+        help=(
+            "forked (default): workers forked from one process that imported torch and built "
+            "the model; fresh: a new process (torch import, model build) per instance"
+        ),
+    )
+    parser.add_argument(
+        "--remainder",
+        choices=("fill", "idle"),
+        default="fill",
+        help="co-located: keep the T mod t remainder cores busy (default) or idle",
     )
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches per point")
     parser.add_argument("--min-samples", type=int, default=5, help="samples before stopping")
@@ -169,7 +210,9 @@ def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
     )
 
 
-def _verify(args: argparse.Namespace, profile: Any, *, batches: list[int], handler: Any) -> None:
+def _verify(
+    args: argparse.Namespace, profile: Any, *, batches: list[int], handler: Any, source: Any
+) -> None:
     """Measure the plans against the fat instance and keep the result in the profile."""
     from packrat.bench.verify import format_verification, verify_plans, with_verification
 
@@ -181,9 +224,81 @@ def _verify(args: argparse.Namespace, profile: Any, *, batches: list[int], handl
         repeats=args.verify_repeats,
         handler=handler,
         stream=sys.stderr,
+        source=source,
     )
     with_verification(profile, record).save(args.output)
     print(format_verification(record), file=sys.stderr)
+
+
+def _profile_grid(
+    args: argparse.Namespace, threads: list[int] | None, settings: Any, *, handler: Any,
+    source: Any,
+) -> Any:  # fmt: skip
+    """Profile the thread grid: the given threads, the full grid, or coarse then refined
+    (a second run over the same file resumes: only the new thread counts are measured)."""
+    from dataclasses import replace
+
+    from packrat.plan.grid import FULL_GRID_UP_TO, coarse_threads, refine_threads
+    from packrat.plan.optimizer import Optimizer, PlanError
+    from packrat.profiler.profiler import run_profile
+
+    grid = args.thread_grid
+    if grid == "auto":
+        grid = "full" if args.cpus <= FULL_GRID_UP_TO else "refined"
+    if threads is None and grid != "full":
+        threads = coarse_threads(args.cpus)
+
+    def once(ts: list[int] | None, budget: float | None) -> Any:
+        return run_profile(
+            spec=args.model,
+            cpus=args.cpus,
+            max_batch=args.max_batch,
+            output=args.output,
+            threads=ts,
+            settings=replace(settings, time_budget_s=budget),
+            handler=handler,
+            source=source,
+        )
+
+    result = once(threads, settings.time_budget_s)
+    if args.threads or grid != "refined" or result.missing or result.profile is None:
+        return result
+    coarse = result.profile
+    batches = coarse.batches
+    extra = refine_threads(coarse.table(), cpus=args.cpus, batches=batches)
+    if not extra:
+        return result
+    left = None
+    if settings.time_budget_s is not None:
+        left = max(settings.time_budget_s - result.elapsed_s, 1.0)
+    refined = once(sorted({*(threads or []), *extra}), left)
+    if refined.profile is not None and not refined.missing:
+        try:
+            before = Optimizer.for_profile(coarse, cpus=args.cpus, max_batch=max(batches))
+            after = Optimizer.for_profile(refined.profile, cpus=args.cpus, max_batch=max(batches))
+            gain = {
+                str(b): round(before.latency(b) / after.latency(b) - 1.0, 4)
+                for b in batches
+                if before.feasible(b) and after.feasible(b)
+            }
+        except PlanError:
+            gain = {}
+        info = {
+            "coarse": threads,
+            "refined": extra,
+            # per batch: how much slower the coarse grid's best plan was than the refined one's
+            "coarse_plan_excess": gain,
+        }
+        meta = refined.profile.meta
+        profile = replace(
+            refined.profile, meta=replace(meta, extra={**meta.extra, "thread_grid": info})
+        )
+        profile.save(args.output)
+        refined.profile = profile
+    refined.measured = [*result.measured, *refined.measured]
+    refined.startup_s += result.startup_s
+    refined.elapsed_s += result.elapsed_s
+    return refined
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,7 +307,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, workdir: Path) -> int:
-    from packrat.profiler.profiler import ProfilerError, ProfileSettings, run_profile
+    from packrat.profiler.client import worker_source
+    from packrat.profiler.profiler import ProfilerError, ProfileSettings
 
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
@@ -207,30 +323,28 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         time_budget_s=args.time_budget,
         warmup=args.warmup,
         min_samples=args.min_samples,
+        mode=args.mode,
+        process=args.process,
+        fill_remainder=args.remainder == "fill",
         **({"allow_contended": True} if args.allow_contended else {}),
     )
+    source = worker_source(args.process, args.model, handler)
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        result = run_profile(
-            spec=args.model,
-            cpus=args.cpus,
-            max_batch=args.max_batch,
-            output=args.output,
-            threads=threads,
-            settings=settings,
-            handler=handler,
-        )
+        result = _profile_grid(args, threads, settings, handler=handler, source=source)
         if verify and result.profile is not None and not result.missing:
-            _verify(args, result.profile, batches=verify, handler=handler)
+            _verify(args, result.profile, batches=verify, handler=handler, source=source)
     except ProfilerError as exc:
         raise CliError(str(exc)) from None
     finally:
+        source.close()
         signal.signal(signal.SIGTERM, previous)
     if result.profile is not None:
         print(format_profile_table(result.profile))
     print(
         f"wrote {args.output}: {len(result.measured)} measured, {len(result.kept)} kept, "
-        f"{len(result.missing)} missing ({result.stopped}) in {result.elapsed_s:.1f} s",
+        f"{len(result.missing)} missing ({result.stopped}) in {result.elapsed_s:.1f} s, "
+        f"worker start-up {result.startup_s:.1f} s",
         file=sys.stderr,
     )
     return 0

@@ -3,6 +3,13 @@
 A profile is what Packrat measures once per (model, CPU model, cpuset size T) and what every
 plan is computed from, so it is stored in a strict, versioned file and every load checks it:
 a corrupt or inconsistent file fails with an error that names the file and the row.
+
+Versions: ``packrat.profile/v2`` adds ``meta.mode``, how each point was measured
+(:data:`MODES`): ``co-located``, floor(T/t) identical instances running together on
+disjoint cores, all timed (what an instance sees inside a plan that fills the node), or
+``alone``, one instance on otherwise idle cores. v1 files (and CSV imports, such as the
+paper's profiles) carry no mode and read as ``alone``, which is how they were measured; the
+optimizer and everything downstream accept either mode.
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-FORMAT = "packrat.profile/v1"
+FORMAT = "packrat.profile/v2"
+READABLE_FORMATS = ("packrat.profile/v1", FORMAT)
+COLOCATED = "co-located"
+ALONE = "alone"
+MODES = (COLOCATED, ALONE)
 CSV_COLUMNS = ("threads", "batch", "latency_ms")
 # Bounds that keep a hostile file from turning into a huge optimizer table: no machine has
 # more cores than MAX_CPUS, and no profiled batch is larger than MAX_BATCH.
@@ -70,6 +81,7 @@ class ProfileMeta:
     torch_version: str = ""
     created: str = ""
     source: str = ""
+    mode: str = ALONE  # how the points were measured: one of MODES (v1 files: alone)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -81,7 +93,10 @@ class Profile:
     points: tuple[ProfilePoint, ...]
 
     def __post_init__(self) -> None:
-        validate_points(self.points, origin=self.meta.source or "<profile>")
+        origin = self.meta.source or "<profile>"
+        if self.meta.mode not in MODES:
+            raise ProfileError(f"{origin}: meta: mode must be one of {', '.join(MODES)}")
+        validate_points(self.points, origin=origin)
 
     # -- queries -------------------------------------------------------------------------
     def latency(self, threads: int, batch: int) -> float | None:
@@ -224,12 +239,17 @@ def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
     if not isinstance(data, dict):
         raise ProfileError(f"{origin}: expected a JSON object with 'format', 'meta', 'points'")
     fmt = data.get("format")
-    if fmt != FORMAT:
-        raise ProfileError(f"{origin}: unsupported profile format {fmt!r} (expected {FORMAT!r})")
+    if fmt not in READABLE_FORMATS:
+        raise ProfileError(
+            f"{origin}: unsupported profile format {_show(fmt)} "
+            f"(expected one of {', '.join(READABLE_FORMATS)})"
+        )
     raw_meta = data.get("meta", {})
     if not isinstance(raw_meta, dict):
         raise ProfileError(f"{origin}: 'meta' must be an object")
     known = {f for f in ProfileMeta.__dataclass_fields__}
+    if fmt != FORMAT:
+        known.discard("mode")  # v1 had none: its points were measured alone
     unknown = set(raw_meta) - known
     if unknown:
         raise ProfileError(f"{origin}: unknown meta fields {sorted(unknown)}")
@@ -242,6 +262,11 @@ def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
     for key in ("model", "model_digest", "cpu_model", "torch_version", "created", "source"):
         if key in meta_kwargs and not isinstance(meta_kwargs[key], str):
             raise ProfileError(f"{origin}: meta: {key} must be a string")
+    if meta_kwargs.get("mode", ALONE) not in MODES:
+        raise ProfileError(
+            f"{origin}: meta: mode must be one of {', '.join(MODES)}, "
+            f"got {_show(meta_kwargs.get('mode'))}"
+        )
     if not isinstance(meta_kwargs.get("extra", {}), dict):
         raise ProfileError(f"{origin}: meta: extra must be an object")
     meta = ProfileMeta(**{**meta_kwargs, "source": meta_kwargs.get("source") or origin})

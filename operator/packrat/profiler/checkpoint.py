@@ -14,7 +14,8 @@ __all__ = ["existing_profile"]
 def existing_profile(
     path: Path, meta: ProfileMeta, through: dict[str, Any] | None = None
 ) -> Profile | None:
-    """The profile already at ``path`` if it is for the same model, T and CPU; else refuse."""
+    """The profile already at ``path`` if it is for the same model, T, CPU and mode; else
+    refuse."""
     if not path.exists():
         return None
     try:
@@ -30,6 +31,7 @@ def existing_profile(
             ("model digest", old.meta.model_digest, meta.model_digest),
             ("cpus", old.meta.cpus, meta.cpus),
             ("cpu model", old.meta.cpu_model, meta.cpu_model),
+            ("mode", old.meta.mode, meta.mode),
             *(
                 (key, old.meta.extra.get(key, "model" if key == "through" else None), want)
                 for key, want in (through or {}).items()

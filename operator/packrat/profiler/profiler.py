@@ -1,9 +1,14 @@
 """Measure a model's profile L(t, b) on this process's own cores, point by point.
 
-Each grid point (t threads, batch b) is measured by one instance alone, in a fresh worker
-process pinned to ``t`` cores taken from the allowed cpuset (see :mod:`.worker` for why a
-fresh process). The worker warms up and samples until the 95% confidence interval of the
-mean is within the target precision or the point's time budget ends. After every point the
+Each grid point (t threads, batch b) is measured on its layout (:mod:`.layout`): by default
+floor(T/t) identical instances co-located on disjoint cores of the profiled cpuset, all
+timed, the remainder cores kept busy by an untimed filler (``mode="alone"``: one instance,
+the other cores idle). The instances are worker processes forked from one process that
+imported torch and built the model once (:mod:`.forked`; ``process="fresh"``: a fresh
+process per instance, each with its own torch import and build), each pinned to its cores
+with its thread counts before its first batch, and checked. They run lockstep rounds until
+the 95% confidence interval of the mean is within the target precision or the point's time
+budget ends (:mod:`.measure`). After every point the
 profile file is rewritten atomically, so a killed run (a preempted Job, Ctrl-C) resumes
 where it stopped: points already in the file are kept when the file is for the same model
 digest, T and CPU model, and a file for anything else is refused rather than mixed.
@@ -21,12 +26,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
+from packrat.plan.profile import COLOCATED, MODES, Profile, ProfileMeta, ProfilePoint
 from packrat.profiler.checkpoint import existing_profile as _existing
-from packrat.profiler.client import HandlerTarget, WorkerError, WorkerProcess
+from packrat.profiler.client import (
+    PROCESS_KINDS,
+    HandlerTarget,
+    WorkerError,
+    WorkerSource,
+    worker_source,
+)
 from packrat.profiler.errors import ProfilerError
+from packrat.profiler.layout import point_layout
+from packrat.profiler.measure import measure_layout
 from packrat.profiler.progress import Progress, estimate_seconds, format_duration
-from packrat.profiler.stats import summarize
 from packrat.profiler.verify import Verifier, allow_contended_default, set_aside
 from packrat.runtime.cpus import (
     CoreAssignmentError,
@@ -93,8 +105,18 @@ class ProfileSettings:
     remeasure_rounds: int = 2
     check_every: int = 8  # points between core calibrations
     calibration_s: float = 0.2
+    # how each point is laid out (co-located | alone) and where its workers come from
+    mode: str = COLOCATED
+    process: str = "forked"  # forked from one process with the model built | fresh
+    fill_remainder: bool = True  # co-located: an untimed filler on the T mod t cores
 
     def check(self) -> None:
+        if self.mode not in MODES:
+            raise ProfilerError(f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.process not in PROCESS_KINDS:
+            raise ProfilerError(
+                f"--process must be one of {', '.join(PROCESS_KINDS)}, got {self.process!r}"
+            )
         if not 0 < self.precision < 1:
             raise ProfilerError(f"--precision must be in (0, 1), got {self.precision}")
         if self.point_budget_s <= 0:
@@ -150,63 +172,6 @@ def _torch_version() -> str:
         return "unknown"
 
 
-def measure_point(
-    *,
-    spec: str,
-    threads: int,
-    batch: int,
-    cores: Sequence[int],
-    settings: ProfileSettings,
-    budget_s: float,
-    handler: HandlerTarget | None = None,
-) -> tuple[ProfilePoint, dict[str, Any]]:
-    """Measure one point in a fresh worker; returns the point and the worker's reports."""
-    worker = WorkerProcess(spec=spec, cpus=cores, threads=threads, handler=handler)
-    try:
-        ready = worker.wait_ready(timeout=settings.startup_timeout_s)
-        if sorted(ready["affinity"]) != sorted(cores) or ready["threads"] != threads:
-            raise ProfilerError(
-                f"worker pinned to {ready['affinity']} with {ready['threads']} threads, "
-                f"expected {sorted(cores)} with {threads}"
-            )
-        reply = worker.request(
-            {
-                "cmd": "measure",
-                "batch": batch,
-                "warmup": settings.warmup,
-                "min_samples": settings.min_samples,
-                "max_samples": settings.max_samples,
-                "precision": settings.precision,
-                "budget_s": budget_s,
-            },
-            # a batch may be slow, but never pathologically: budget plus generous slack
-            timeout=budget_s * 3 + 600,
-        )
-        worker.close()
-    except BaseException:
-        worker.kill()
-        raise
-    summary = summarize(reply["samples_ms"])
-    point = ProfilePoint(
-        threads=threads,
-        batch=batch,
-        latency_ms=summary.mean,
-        samples=summary.n,
-        p50_ms=summary.p50,
-        p99_ms=summary.p99,
-        cv=summary.cv,
-    )
-    report = {
-        "ready": ready,
-        "startup_s": worker.startup_s,
-        "stopped": reply["stopped"],
-        "rel_ci": summary.rel_ci,
-        "cpu_share": reply.get("cpu_share"),
-        "elapsed_s": reply["elapsed_s"],
-    }
-    return point, report
-
-
 def run_profile(
     *,
     spec: str,
@@ -220,14 +185,54 @@ def run_profile(
     stream: TextIO | None = None,
     on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None = None,
     handler: HandlerTarget | None = None,
+    source: WorkerSource | None = None,
 ) -> ProfileRun:
     """Profile ``spec`` on a T-cpu grid; checkpoint to ``output`` after every point.
 
     With ``handler`` every point runs b copies of its sample request through the archive's
     handler (what a serving worker runs); ``spec`` still names the model and its digest.
+    ``source``: where workers come from (default: per ``settings.process``, closed at the
+    end; a given one is left open for the caller, e.g. to verify plans with it).
     """
     settings = settings or ProfileSettings()
     settings.check()
+    own = source is None
+    workers = source or worker_source(settings.process, spec, handler)
+    try:
+        return _run_profile(
+            spec=spec,
+            cpus=cpus,
+            max_batch=max_batch,
+            output=output,
+            threads=threads,
+            extra_batches=extra_batches,
+            settings=settings,
+            allowed=allowed,
+            stream=stream,
+            on_point=on_point,
+            handler=handler,
+            source=workers,
+        )
+    finally:
+        if own:
+            workers.close()
+
+
+def _run_profile(
+    *,
+    spec: str,
+    cpus: int,
+    max_batch: int,
+    output: str | Path | None,
+    threads: Sequence[int] | None,
+    extra_batches: Sequence[int],
+    settings: ProfileSettings,
+    allowed: Sequence[int] | None,
+    stream: TextIO | None,
+    on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None,
+    handler: HandlerTarget | None,
+    source: WorkerSource,
+) -> ProfileRun:
     began = time.monotonic()
     try:
         digest = model_digest(spec)
@@ -253,6 +258,7 @@ def run_profile(
         torch_version=_torch_version(),
         created=_now(),
         source="packrat profile",
+        mode=settings.mode,
     )
     through: dict[str, Any] = {"through": "model"}
     if handler is not None:
@@ -291,7 +297,17 @@ def run_profile(
             "point_budget_s": settings.point_budget_s,
             "warmup": settings.warmup,
             "min_samples": settings.min_samples,
-            "process": "fresh worker process per point",
+            "process": (
+                "workers forked from one process with the model built"
+                if source.kind == "forked"
+                else "fresh worker process per instance"
+            ),
+            "fill_remainder": settings.fill_remainder,
+            # seconds spent starting workers (and the fork server), of the run's seconds
+            "startup_s": {
+                "workers": round(run.startup_s, 3),
+                "elapsed": round(time.monotonic() - began, 3),
+            },
             # the machine's load while measuring: a busy machine inflates wide instances most
             "loadavg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
             "complete": all(k in points for k in grid),
@@ -306,21 +322,22 @@ def run_profile(
         return profile
 
     def measure(threads_: int, batch: int, budget: float) -> tuple[ProfilePoint, dict[str, Any]]:
-        cores = assign_cores([threads_], cpus=base, span_sockets=True)[0]
+        layout = point_layout(
+            threads_, base, mode=settings.mode, fill_remainder=settings.fill_remainder
+        )
         try:
-            return measure_point(
-                spec=spec,
-                threads=threads_,
-                batch=batch,
-                cores=cores,
-                settings=settings,
-                budget_s=budget,
-                handler=handler,
-            )
+            return measure_layout(source, layout, batch=batch, settings=settings, budget_s=budget)
         except WorkerError as exc:
             raise ProfilerError(
                 f"measuring threads={threads_} batch={batch} failed: {exc}"
             ) from None
+
+    before = source.startup_s
+    try:
+        source.start()  # once per source: a source shared by several runs is counted once
+    except WorkerError as exc:
+        raise ProfilerError(f"cannot start the profiling workers: {exc}") from None
+    run.startup_s += source.startup_s - before
 
     first = verifier.check()
     if first is not None and not first.quiet:
@@ -341,10 +358,18 @@ def run_profile(
         run.startup_s += report["startup_s"]
         points[point.key] = point
         run.measured.append(point.key)
+        label = f"t{threads_}b{batch}"
         if report["cpu_share"] is not None:
             shares = dict(extra.get("cpu_share", {}))
-            shares[f"t{threads_}b{batch}"] = round(report["cpu_share"], 3)
+            shares[label] = round(report["cpu_share"], 3)
             extra["cpu_share"] = shares
+        colocated = dict(extra.get("colocated", {}))
+        colocated[label] = {
+            "instances": report["instances"],
+            "filler_threads": report["filler"],
+            "slowest_ms": round(report["slowest_ms"], 4),
+        }
+        extra["colocated"] = colocated
         run.profile = save()
         if on_point is not None:
             on_point(point, report)
@@ -357,7 +382,7 @@ def run_profile(
             startup_s=run.startup_s / len(run.measured),
         )
         progress.step(
-            f"t={threads_} b={batch}: {point.latency_ms:.2f} ms "
+            f"t={threads_} b={batch} x{report['instances']}: {point.latency_ms:.2f} ms "
             f"±{report['rel_ci'] * 100:.1f}% n={point.samples} ({report['stopped']}) "
             f"cpu share {report['cpu_share'] or 0:.2f}",
             seconds=seconds,
@@ -393,6 +418,7 @@ def run_profile(
     progress.finish(
         f"{verdict}: {len(run.measured)} measured, {len(run.kept)} kept, "
         f"{len(run.missing)} missing, in {format_duration(run.elapsed_s)} "
-        f"(worker start-up {run.startup_s:.1f} s)"
+        f"(worker start-up {run.startup_s:.1f} s, "
+        f"{100 * run.startup_s / max(run.elapsed_s, 1e-9):.0f}%)"
     )
     return run

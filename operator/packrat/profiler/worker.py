@@ -30,6 +30,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,11 +54,77 @@ def _thread_affinities() -> list[int]:
     return sorted(cpus)
 
 
+@dataclass(slots=True)
+class Target:
+    """What a worker runs, loaded: the bare model, or an archive's handler with its request."""
+
+    spec: str
+    model: Any = None
+    service: Any = None
+    workdir: str | None = None
+    load_s: float = 0.0
+    sample_request: bytes = b""
+    content_type: str = "application/octet-stream"
+
+    def cleanup(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def load_target(
+    spec: str,
+    *,
+    archive: str | None = None,
+    sample_request: bytes | None = None,
+    content_type: str = "application/octet-stream",
+) -> Target:
+    """Build the model (or load the archive's handler); the caller has set its threads."""
+    from packrat.runtime.zoo import load_model
+
+    start = time.perf_counter()
+    target = Target(spec=spec, sample_request=sample_request or b"", content_type=content_type)
+    if archive is not None:
+        from packrat.runtime.mar import HandlerService
+
+        target.workdir = tempfile.mkdtemp(prefix="packrat-profile-")
+        target.service = HandlerService(mar=Path(archive), workdir=Path(target.workdir))
+    else:
+        target.model = load_model(spec)
+    target.load_s = time.perf_counter() - start
+    return target
+
+
 class Instance:
-    """The model, pinned, with cached example inputs per batch size."""
+    """The model, pinned, with cached example inputs per batch size.
+
+    ``target`` is loaded by this process (a fresh worker, after pinning itself) or by the
+    fork server this worker was forked from (``forked``: pinned after the fork, see
+    :func:`run_forked`)."""
 
     def __init__(
-        self,
+        self, target: Target, *, cpus: Sequence[int], threads: int, forked: bool = False
+    ) -> None:
+        import torch
+
+        from packrat.runtime.zoo import example_input
+
+        self.torch = torch
+        self.target = target
+        self.spec = target.spec
+        self.cpus = list(cpus)
+        self.threads = threads
+        self.forked = forked
+        self.service: Any = target.service
+        self.model: Any = target.model
+        self.sample_request = target.sample_request
+        self.content_type = target.content_type
+        self.load_s = target.load_s
+        self._example_input = example_input
+        self._inputs: dict[int, Any] = {}
+
+    @classmethod
+    def fresh(
+        cls,
         *,
         spec: str,
         cpus: Sequence[int],
@@ -65,36 +132,18 @@ class Instance:
         archive: str | None = None,
         sample_request: bytes | None = None,
         content_type: str = "application/octet-stream",
-    ) -> None:
+    ) -> Instance:
+        """Pin this (fresh) process, then import torch and load the model."""
         os.environ.update(thread_env(threads))
         os.environ.pop("PACKRAT_SERVE_CONFIG", None)  # pinned here, not by a serving config
         os.sched_setaffinity(0, set(cpus))  # before torch starts any thread
-        import torch
-
         from packrat.runtime.pinning import pin_current_process
-        from packrat.runtime.zoo import example_input, load_model
 
         pin_current_process(cpus, threads=threads)
-        self.torch = torch
-        self.spec = spec
-        self.cpus = list(cpus)
-        self.threads = threads
-        start = time.perf_counter()
-        self.service: Any = None
-        self.model: Any = None
-        self.workdir: str | None = None
-        self.sample_request = sample_request or b""
-        self.content_type = content_type
-        if archive is not None:
-            from packrat.runtime.mar import HandlerService
-
-            self.workdir = tempfile.mkdtemp(prefix="packrat-profile-")
-            self.service = HandlerService(mar=Path(archive), workdir=Path(self.workdir))
-        else:
-            self.model = load_model(spec)
-        self.load_s = time.perf_counter() - start
-        self._example_input = example_input
-        self._inputs: dict[int, Any] = {}
+        target = load_target(
+            spec, archive=archive, sample_request=sample_request, content_type=content_type
+        )
+        return cls(target, cpus=cpus, threads=threads)
 
     def _input(self, batch: int) -> Any:
         if batch not in self._inputs:
@@ -129,13 +178,14 @@ class Instance:
             "interop_threads": self.torch.get_num_interop_threads(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_s": self.load_s,
+            "forked": self.forked,
             "through": "handler" if self.service is not None else "model",
             "handler": self.service.handler if self.service is not None else None,
         }
 
     def cleanup(self) -> None:
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if not self.forked:  # a forked worker's target belongs to the fork server
+            self.target.cleanup()
 
     def measure(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Warm up, then sample until the CI is within ``precision`` or the budget ends."""
@@ -194,14 +244,54 @@ def _serve(instance: Instance, lines: TextIO, out: Callable[[dict[str, Any]], No
                 runs = [instance.once(batch) for _ in range(int(msg.get("n", 1)))]
                 out({"ms": [(e - s) * 1000.0 for s, e in runs]})
             elif cmd == "run":
+                cpu0 = time.process_time()
                 start, end = instance.once(int(msg["batch"]))
-                out({"start": start, "end": end})
+                out({"start": start, "end": end, "cpu_s": time.process_time() - cpu0})
             else:
                 out({"error": f"unknown command {cmd!r}"})
         except Exception as exc:  # report, keep serving: the parent decides
             traceback.print_exc()
             out({"error": f"{type(exc).__name__}: {exc}"})
     return 0
+
+
+def _protocol_out() -> Callable[[dict[str, Any]], None]:
+    """stdout is the protocol channel: keep a private copy, send everything else to stderr."""
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+
+    def out(obj: dict[str, Any]) -> None:
+        proto.write(json.dumps(obj) + "\n")
+        proto.flush()
+
+    return out
+
+
+def run_forked(target: Target, request: dict[str, Any]) -> int:
+    """A worker forked from the fork server (:mod:`packrat.profiler.forked`): pin this process
+    to its cores and set its threads before anything runs, then serve the protocol.
+
+    After the fork this process has one thread and no thread pool (the server checked), so
+    the affinity set here is inherited by every thread torch starts later, and the intra-op
+    and inter-op counts are still free to set."""
+    from packrat.runtime.pinning import pin_current_process
+
+    out = _protocol_out()
+    try:
+        cpus = [int(c) for c in request["cpus"]]
+        threads = int(request["threads"])
+        os.environ.update(thread_env(threads))
+        os.environ.pop("PACKRAT_SERVE_CONFIG", None)
+        os.sched_setaffinity(0, set(cpus))
+        pin_current_process(cpus, threads=threads)
+        instance = Instance(target, cpus=cpus, threads=threads, forked=True)
+    except Exception as exc:
+        traceback.print_exc()
+        out({"event": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    out({"event": "ready", **instance.info()})
+    return _serve(instance, sys.stdin, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,17 +304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--content-type", default="application/octet-stream")
     args = parser.parse_args(argv)
 
-    # stdout is the protocol channel: keep a private copy, send everything else to stderr.
-    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-
-    def out(obj: dict[str, Any]) -> None:
-        proto.write(json.dumps(obj) + "\n")
-        proto.flush()
-
+    out = _protocol_out()
     try:
         sample = Path(args.sample_request).read_bytes() if args.sample_request else None
-        instance = Instance(
+        instance = Instance.fresh(
             spec=args.model,
             cpus=parse_cpu_list(args.cpus),
             threads=args.threads,

@@ -4,8 +4,9 @@ written.
 
 ``MeasuredProfiles`` runs the real ``packrat profile`` once per session (the widest grid any
 test asks for, every point measured: no time budget, so a loaded machine makes it slower,
-never incomplete) and hands out the subset for a smaller ``maxBatch``: every point runs alone
-in a fresh process, so the subset is what a run over the smaller grid measures.
+never incomplete) and hands out the subset for a smaller ``maxBatch``: every point is
+measured on its own (its co-located instances forked afresh), so the subset is what a run
+over the smaller grid measures.
 
 ``seed_profile`` waits for the operator's first pass over a new model (its status names the
 profile key, and its profiling Job has started), then stores the measured profile under that

@@ -64,6 +64,7 @@ class Profiling:
     backoff_limit: int
     allow_contended: bool
     verify: bool
+    mode: str = "co-located"  # how each point is measured: co-located | alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,7 @@ class ModelSpec:
             "cpus": self.cpus,
             "maxBatch": self.profiling.max_batch,
             "threads": sorted(threads),
+            "mode": self.profiling.mode,  # a co-located profile is not an alone one
             "nodeSelector": thaw(self.node_selector),
             "affinity": thaw(self.affinity),
         }
@@ -290,6 +292,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             backoff_limit=int(prof["backoffLimit"]),
             allow_contended=bool(prof.get("allowContended")),
             verify=prof.get("verify") is not False,
+            mode=str(prof.get("mode") or "co-located"),
         ),
         "switch": SwitchTiming(
             ready_timeout_seconds=float(switch["readyTimeoutSeconds"]),

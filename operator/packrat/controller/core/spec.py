@@ -54,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "timeBudgetSeconds": 600,
         "timeoutSeconds": 1800,
         "backoffLimit": 2,
+        "mode": "co-located",
     },
     "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 10},
 }
@@ -105,7 +106,10 @@ _PROFILING_FIELDS = {
     "backoffLimit",
     "allowContended",
     "verify",
+    "mode",
 }
+# spec.profiling.mode: how each profile point is measured (packrat.plan.profile.MODES)
+PROFILING_MODES = ("co-located", "alone")
 _SWITCH_FIELDS = {"readyTimeoutSeconds", "drainSeconds"}
 _TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -214,6 +218,11 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
         value = profiling.get(flag)
         if value is not None and not isinstance(value, bool):
             errors.append(f"spec.profiling.{flag} must be a boolean, got {value!r}")
+    mode = profiling.get("mode")
+    if mode not in PROFILING_MODES:
+        errors.append(
+            f"spec.profiling.mode must be one of {', '.join(PROFILING_MODES)}, got {mode!r}"
+        )
     precision = profiling.get("precision")
     if (
         isinstance(precision, bool)

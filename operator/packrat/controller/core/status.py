@@ -214,6 +214,12 @@ class Status(Mapping[str, Any]):
             now=now,
         )
 
+    def drop_condition(self, type_: str) -> None:
+        """Remove the condition of ``type_`` (when there is one)."""
+        kept = [c for c in self._data.get("conditions") or [] if c.get("type") != type_]
+        if kept != (self._data.get("conditions") or []):
+            self._data["conditions"] = kept
+
     def finish(self, generation: int | None) -> str:
         """Set ``phase`` (the machine's answer) and ``observedGeneration`` as a pass ends;
         returns the phase."""

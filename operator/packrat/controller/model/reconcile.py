@@ -214,6 +214,7 @@ class Reconciler:
                 max_batch=max_batch,
             )
             plan = keep_served(status.served_plan, optimizer.plan(batch))
+            plan, slower = verified.guard(p, plan, profile)  # never serve a plan slower than fat
         except PlanError as exc:
             status.failed()
             p.result.result = "plan_error"
@@ -252,7 +253,7 @@ class Reconciler:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
         self._canary(p, model)
-        verified.publish(status, profile)
+        verified.publish(status, profile, refused=slower)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
         if auto and status.phase == "Ready" and "switch" not in status:

@@ -59,6 +59,8 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
         str(spec.spec["profiling"]["precision"]),  # as given: 0.02, or 1 (an int)
         "--time-budget",
         str(profiling.time_budget_seconds),
+        "--mode",
+        profiling.mode,
         "-o",
         output,
     ]

@@ -92,6 +92,7 @@ def ensure_profile(
             configMap=obj_name,
             digest=hashlib.sha256(text.encode()).hexdigest(),
             cpuModel=profile.meta.cpu_model,
+            mode=profile.meta.mode,
         )
         for stale in ("job", "retryAt", "lastFailure", "attempts", "stuck"):
             pstatus.pop(stale, None)

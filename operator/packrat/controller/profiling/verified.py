@@ -7,6 +7,12 @@ this module picks the record that matches the served plan, so ``kubectl get prm`
 measured speedup only where one was measured for exactly that plan (same cores, batch and
 instances), and nothing otherwise. The profile arrives through a pod's log: every field is
 checked before it reaches status.
+
+The served plan never loses to fat: when the verification measured the optimizer's plan
+slower than the fat instance beyond noise (:data:`NOISE`), :func:`guard` serves the fat
+instance instead, says so in the ``PlanVerified`` condition and a ``PlanSlowerThanFat``
+event, and :func:`publish` keeps the refused plan's measured speedup in ``status.measured``
+(the Measured column), naming the plan that was refused.
 """
 
 from __future__ import annotations
@@ -15,9 +21,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.core.plans import layout
-from packrat.controller.core.status import ModelStatus
+from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.plans import layout, to_status
+from packrat.controller.core.status import ModelStatus, get_condition
+from packrat.plan.baselines import FAT, baseline_plan
+from packrat.plan.optimizer import Plan
 from packrat.plan.profile import VERIFIED_KEY, Profile
+
+# A plan whose measured median is more than this much slower than the fat instance's loses.
+NOISE = 0.05
+CONDITION = "PlanVerified"
 
 
 def _positive(value: Any) -> float | None:
@@ -52,6 +65,9 @@ def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[st
             "fatLatencyMs": round(fat_ms, 4),
             "source": "profiling run: plan and fat instance interleaved on the profiled cores",
         }
+        expected = _positive(entry.get("expectedMs"))
+        if expected is not None:  # the estimate the measurement corrects
+            out["expectedLatencyMs"] = round(expected, 4)
         when = record.get("measuredAt")
         if isinstance(when, str) and len(when) <= 40:
             out["measuredAt"] = when
@@ -59,6 +75,43 @@ def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[st
     return None
 
 
-def publish(status: ModelStatus, profile: Profile | None) -> None:
-    """Set ``status.measured`` for the served plan, or drop a stale one."""
-    status.set_measured(measured(status.get("plan"), profile))
+def loses_to_fat(found: Mapping[str, Any], *, noise: float = NOISE) -> bool:
+    """A :func:`measured` record whose plan ran slower than fat beyond ``noise``."""
+    return float(found["latencyMs"]) > float(found["fatLatencyMs"]) * (1 + noise)
+
+
+def guard(p: Pass, plan: Plan, profile: Profile) -> tuple[Plan, Plan | None]:
+    """The plan to serve and the refused one: ``plan`` itself, or the fat instance when the
+    profiling run measured ``plan`` slower than fat beyond noise. Sets the PlanVerified
+    condition; a new refusal is also a Warning event."""
+    found = measured(to_status(plan), profile)
+    if found is None:
+        p.status.drop_condition(CONDITION)
+        return plan, None
+    shown = (
+        f"plan {plan.label} measured {found['latencyMs']:.4g} ms against the fat instance's "
+        f"{found['fatLatencyMs']:.4g} ms ({found['speedup']}) at batch {found['batch']}"
+    )
+    if not loses_to_fat(found) or _is_fat(plan):
+        p.cond(CONDITION, True, "NotSlowerThanFat", shown)
+        return plan, None
+    fat = baseline_plan(FAT, cpus=plan.cpus, batch=plan.batch, table=profile.table())
+    message = f"{shown}: serving the fat instance {fat.label} instead"
+    before = get_condition(p.status.get("conditions"), CONDITION) or {}
+    if before.get("reason") != "SlowerThanFat" or before.get("message") != message:
+        p.emit("Warning", "PlanSlowerThanFat", message)
+    p.cond(CONDITION, False, "SlowerThanFat", message)
+    return fat, plan
+
+
+def _is_fat(plan: Plan) -> bool:
+    return len(plan.instances) == 1 and plan.instances[0].threads == plan.cpus
+
+
+def publish(status: ModelStatus, profile: Profile | None, *, refused: Plan | None = None) -> None:
+    """Set ``status.measured`` for the served plan (or for the ``refused`` plan that lost to
+    fat, naming it), or drop a stale one."""
+    found = measured(to_status(refused) if refused is not None else status.get("plan"), profile)
+    if found is not None and refused is not None:
+        found["refusedPlan"] = refused.label
+    status.set_measured(found)
