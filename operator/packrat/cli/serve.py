@@ -280,13 +280,12 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
         return None, None
     import tempfile
 
-    from packrat.serve.zygote.process import prestart, worker_imports
+    from packrat.serve.zygote.process import prestart
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="packrat-serve-"))
-    imports = worker_imports(args.runtime, args.model)
     try:
         zygote = prestart(
-            args.model, workdir, shared_weights=not args.private_weights, imports=imports
+            args.model, workdir, shared_weights=not args.private_weights, runtime=args.runtime
         )
     except Exception:  # e.g. an unreadable model file: the pod reports it as before
         return None, workdir

@@ -45,13 +45,13 @@ from packrat.serve.config import InstanceSpec, WorkerState
 from packrat.serve.dispatcher.upstream import error_response
 from packrat.serve.native import protocol
 from packrat.serve.native.protocol import Item, Result
-from packrat.serve.zygote.process import ZygoteProcess, ZygoteStartError
+from packrat.serve.zygote.process import NATIVE_WORKER, ZygoteProcess, ZygoteStartError
 
 __all__ = ["WORKER_MODULE", "NativeRuntime", "NativeStartError"]
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "packrat.serve.native.worker"
+WORKER_MODULE = NATIVE_WORKER  # the zygote imports it before forking
 LOAD_TIMEOUT_S = 600.0  # a big model on a busy node; the pod's readiness waits anyway
 RESPONSE_TIMEOUT_S = 300.0  # a batch not answered by then: the worker is replaced (TorchServe's)
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)

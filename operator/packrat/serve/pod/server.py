@@ -71,7 +71,7 @@ from packrat.serve.pod.health import (
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
 from packrat.serve.torchserve.archive import default_model_name
-from packrat.serve.zygote.process import ZygoteProcess, worker_imports
+from packrat.serve.zygote.process import ZygoteProcess
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 __all__ = [
@@ -171,8 +171,14 @@ class PodServer:
         self.warmup: bytes | None = opts.warmup_body
         self.port: int | None = None
         given = opts.zygote_process if opts.zygote else None
-        if given is not None and (given.workdir != self.workdir or given.model != opts.model):
-            raise ServeConfigError("the prestarted zygote is for another work directory or model")
+        if given is not None and (
+            given.workdir != self.workdir
+            or given.model != opts.model
+            or given.runtime != opts.runtime
+        ):
+            raise ServeConfigError(
+                "the prestarted zygote is for another work directory, model or runtime"
+            )
         self.weights = (  # a model file is hashed once: by whoever names the weight file first
             given.weights
             if given is not None
@@ -187,7 +193,7 @@ class PodServer:
                 self.workdir,
                 model=opts.model,
                 weights=self.weights,
-                imports=worker_imports(opts.runtime, opts.model),
+                runtime=opts.runtime,
             )
             if opts.zygote
             else None

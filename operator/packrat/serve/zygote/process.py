@@ -26,23 +26,12 @@ from pathlib import Path
 
 from packrat.serve.torchserve import worker_launcher
 from packrat.serve.zygote.shared_weights import shared_weights_file
-from packrat.serve.zygote.zygote import TORCHSERVE_IMPORTS
+from packrat.serve.zygote.zygote import NATIVE_WORKER, worker_imports
 
 SUBDIR = "zygote"
 
 
-NATIVE_WORKER = "packrat.serve.native.worker"
-
-
-def worker_imports(runtime: str, model: str) -> tuple[str, ...]:
-    """What the zygote imports before it forks, for the workers of ``runtime`` serving
-    ``model``: TorchServe's worker; or the native worker, and TorchServe's model loader only
-    for a user's .mar (whose handler it loads; a zoo model needs none of TorchServe)."""
-    if runtime != "native":
-        return TORCHSERVE_IMPORTS
-    if model.endswith(".mar"):
-        return (NATIVE_WORKER, "ts.service", "ts.model_loader")
-    return (NATIVE_WORKER,)
+__all__ = ["NATIVE_WORKER", "ZygoteProcess", "ZygoteStartError", "prestart", "worker_imports"]
 
 
 class ZygoteStartError(RuntimeError):
@@ -58,11 +47,10 @@ class ZygoteProcess:
         *,
         model: str,
         weights: Path | None,
-        imports: Sequence[str] | None = None,
+        runtime: str = "torchserve",
     ) -> None:
         self.workdir = workdir
-        # The modules the workers run, imported before any fork (default: TorchServe's).
-        self.imports = tuple(imports) if imports is not None else TORCHSERVE_IMPORTS
+        self.runtime = runtime  # what the workers run (the zygote imports it before forking)
         self.dir = workdir / SUBDIR
         self.socket = self.dir / "zygote.sock"
         self.python = self.dir / "python"
@@ -88,8 +76,7 @@ class ZygoteProcess:
         args = [sys.executable, "-m", "packrat.serve.zygote.zygote", str(self.socket)]
         if self.weights is not None:
             args += ["--model", self.model, "--weights", str(self.weights)]
-        for name in self.imports:
-            args += ["--import", name]
+        args += ["--runtime", self.runtime]
         with (self.dir / "zygote.log").open("wb") as log:
             self.proc = subprocess.Popen(
                 args,
@@ -187,12 +174,12 @@ class ZygoteProcess:
 
 
 def prestart(
-    model: str, workdir: Path, *, shared_weights: bool = True, imports: Sequence[str] | None = None
+    model: str, workdir: Path, *, shared_weights: bool = True, runtime: str = "torchserve"
 ) -> ZygoteProcess:
     """Start a pod's zygote now, for :class:`packrat.serve.pod.server.ServeOptions`
     ``zygote_process``
     (``packrat serve`` calls it before importing the serving stack)."""
     weights = shared_weights_file(model, workdir, enabled=shared_weights)
-    zygote = ZygoteProcess(workdir, model=model, weights=weights, imports=imports)
+    zygote = ZygoteProcess(workdir, model=model, weights=weights, runtime=runtime)
     zygote.start()
     return zygote

@@ -15,8 +15,8 @@ on cores the JVM needs too.
 No intra-op thread pool may exist when the zygote forks (a forked OpenMP pool would hang):
 it builds the model, when it must, with one thread, so that no pool is started, and checks
 that; each worker sets its own threads after the fork, as before.
-``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE] [--import M]...``
-(``M``: the modules the workers run; default: TorchServe's worker).
+``python -m packrat.serve.zygote.zygote SOCKET [--model SPEC --weights FILE]
+[--runtime torchserve|native]`` (what the workers run: :func:`worker_imports`).
 """
 
 from __future__ import annotations
@@ -46,6 +46,21 @@ TORCHSERVE_IMPORTS = (
     "ts.torch_handler.base_handler",
     "ts.model_loader",
 )
+NATIVE_WORKER = "packrat.serve.native.worker"
+RUNTIMES = ("torchserve", "native")
+
+
+def worker_imports(runtime: str, model: str | None) -> tuple[str, ...]:
+    """What the zygote imports before it forks, for the workers of ``runtime`` serving
+    ``model``: TorchServe's worker; or the native worker, and TorchServe's model loader only
+    for a user's .mar (whose handler it loads; a zoo model needs none of TorchServe)."""
+    if runtime != "native":
+        return TORCHSERVE_IMPORTS
+    if model is not None and model.endswith(".mar"):
+        return (NATIVE_WORKER, "ts.service", "ts.model_loader")
+    return (NATIVE_WORKER,)
+
+
 _MAX_REQUEST = 1 << 20
 _MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
 
@@ -66,7 +81,7 @@ def preload(
     model: str | None, weights: Path | None, imports: Sequence[str] = TORCHSERVE_IMPORTS
 ) -> None:
     """Import torch and ``imports`` (what the pod's runtime runs in its workers:
-    :func:`packrat.serve.zygote.process.worker_imports`); write the pod's weight file unless it
+    :func:`worker_imports`); write the pod's weight file unless it
     is there, and build the model on it once. Each step's time goes to the zygote's log."""
     start = time.monotonic()
     import torch
@@ -250,13 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("socket", type=Path)
     parser.add_argument("--model")
     parser.add_argument("--weights", type=Path)
-    parser.add_argument(
-        "--import", dest="imports", action="append", help="a module the workers run (repeat)"
-    )
+    parser.add_argument("--runtime", choices=RUNTIMES, default="torchserve")
     args = parser.parse_args(argv)
     try:
-        imports = TORCHSERVE_IMPORTS if args.imports is None else args.imports
-        preload(args.model, args.weights, imports)
+        preload(args.model, args.weights, worker_imports(args.runtime, args.model))
     except ZygoteError as exc:
         print(f"packrat zygote: {exc}", file=sys.stderr)
         return 2
