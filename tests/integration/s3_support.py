@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,22 @@ class S3Server:
             raise
         self.key: str = creds["key"]
         self.secret: str = creds["secret"]
+        self._until_auth_is_enforced()
         # temporary credentials of a role with S3 access (AccessKeyId, SecretAccessKey, Token)
         self.role: dict[str, str] = creds["role"]
+
+    def _until_auth_is_enforced(self) -> None:
+        """moto counts the requests it lets through unchecked, and which of the setup's count
+        can vary (an STS call, a retried one): an anonymous ListBuckets is refused once checks
+        are on (moto answers 500 or 403), and each one let through uses up one more unchecked
+        request, so a few of them leave the server checking every request from here on."""
+        for _ in range(SETUP_ACTIONS + 4):
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/", timeout=30):
+                    continue  # let through unchecked: one fewer left
+            except urllib.error.HTTPError:
+                return  # refused (403; moto answers an unsigned request 500 once it checks)
+        raise RuntimeError("moto_server does not check credentials")
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + 180
