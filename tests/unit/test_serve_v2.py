@@ -347,3 +347,26 @@ def test_the_routes_answer_health_metadata_and_inference() -> None:
             await runner.cleanup()
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_v2_batch_may_exceed_the_one_sample_body_cap() -> None:
+    """The pod lowers ``max_body_bytes`` to one sample's worth for ``/predictions``; a v2
+    request carries a batch, so it is held to the pod's own ceiling instead."""
+
+    async def go() -> None:
+        d, runner, url = await _stack()
+        try:
+            for i in range(2):
+                d.set_up(i, True)
+            body = _request(_rows(64))
+            d.max_body_bytes = len(body) // 4  # what the pod sets for one sample
+            async with aiohttp.ClientSession() as s:
+                async with s.post(url + "/v2/models/tiny/infer", data=body) as r:
+                    assert r.status == 200
+                    assert (await r.json())["outputs"][0]["shape"] == [64, 1]
+                async with s.post(url + "/predictions/tiny", data=body) as r:
+                    assert r.status == 413
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(asyncio.wait_for(go(), 30))

@@ -159,6 +159,9 @@ class Dispatcher(SwapMixin):
         )
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
+        # The pod's own ceiling, kept when the owner lowers max_body_bytes to one sample's worth:
+        # a v2 request may carry a batch of samples.
+        self.batch_body_bytes = max_body_bytes
         self.max_buffered_bytes = max_buffered_bytes
         self.body_timeout_s = body_timeout_s
         self.budget = BufferBudget(max_buffered_bytes)
@@ -230,7 +233,7 @@ class Dispatcher(SwapMixin):
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.batch_body_bytes)
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
         app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
@@ -367,28 +370,29 @@ class Dispatcher(SwapMixin):
         return self.finish(response, start, answer.source)
 
     async def admit(
-        self, request: web.Request, start: float, track: Stage
+        self, request: web.Request, start: float, track: Stage, *, cap: int | None = None
     ) -> tuple[bytes, int] | web.Response:
         """Admission, before a byte of the body is read, then the body: ``(body, reserved
         bytes)`` (the caller gives the bytes back to :attr:`budget`), or the refusal, already
-        counted."""
+        counted. ``cap``: the largest body (default :attr:`max_body_bytes`, one request)."""
+        limit = cap or self.max_body_bytes
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
         length = request.content_length
-        if length is not None and length > self.max_body_bytes:
-            return self._refuse(request, self._too_large(length), start)
+        if length is not None and length > limit:
+            return self._refuse(request, self._too_large(length, limit), start)
         if not self.slots.admissible():
             return self._shed(error_response(503, "queue full", **self._retry()), start)
-        reserve = length if length is not None else self.max_body_bytes
+        reserve = length if length is not None else limit
         if not self.budget.reserve(reserve):
             return self._shed(
                 error_response(503, "too many request bodies buffered", **self._retry()), start
             )
         try:
-            body = await receive_body(request, length, self.max_body_bytes, self.body_timeout_s)
+            body = await receive_body(request, length, limit, self.body_timeout_s)
         except BodyRefusedError as exc:
             self.budget.release(reserve)
-            answer = self._too_large(None) if exc.status == 413 else None
+            answer = self._too_large(None, limit) if exc.status == 413 else None
             answer = answer or error_response(exc.status, exc.message)
             return self._refuse(request, answer, start)
         except asyncio.CancelledError:
@@ -456,11 +460,10 @@ class Dispatcher(SwapMixin):
             response.force_close()
         return self._count(response, start, source=source)
 
-    def _too_large(self, length: int | None) -> web.Response:
+    def _too_large(self, length: int | None, limit: int | None = None) -> web.Response:
         got = f"{length} bytes" if length is not None else "a longer body"
-        return error_response(
-            413, f"request body too large: {got}, at most {self.max_body_bytes} bytes"
-        )
+        most = limit or self.max_body_bytes
+        return error_response(413, f"request body too large: {got}, at most {most} bytes")
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}

@@ -122,7 +122,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     start = time.perf_counter()
     track = Stage()
     header = request.headers.get(HEADER_LENGTH)
-    admitted = await d.admit(request, start, track)
+    admitted = await d.admit(request, start, track, cap=d.batch_body_bytes)  # a batch
     if isinstance(admitted, web.Response):
         return _as_v2(admitted)
     body, reserve = admitted
