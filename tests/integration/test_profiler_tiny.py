@@ -99,23 +99,33 @@ def test_profile_tiny_grid_and_pinning(tmp_path: Path) -> None:
 
 def _budgeted_partial_run(out: Path) -> ProfileRun:
     """A run its time budget stops after some but not all points. Which budget does that
-    depends on how busy the machine is (worker start-up, calibration), so it doubles from
-    1.5 s until one does."""
+    depends on how busy the machine is (worker start-up, calibration): a budget stops a run
+    partway when it leaves the first point its second of budget but not the last, a window
+    from about start-up + 1 s to start-up + 2 points' budgets. The budget is searched for:
+    a run that measured nothing raises it (aimed at the middle of the window from the
+    start-up it saw), a run that finished lowers it, halving the gap each time."""
+    settings = replace(SLOW, point_budget_s=2.0)
+    low, high = 0.0, float("inf")
     budget = 1.5
-    while budget < 200:
+    for _attempt in range(12):
         out.unlink(missing_ok=True)
         run = run_profile(
             spec="tiny",
             cpus=1,
             max_batch=4,
             output=out,
-            settings=replace(SLOW, time_budget_s=budget),
+            settings=replace(settings, time_budget_s=budget),
         )
         if run.stopped == "time_budget" and run.measured and run.missing:
             return run
-        assert run.stopped == "time_budget", "the whole grid fit before a budget stopped it"
-        budget *= 2
-    raise AssertionError("no budget up to 200 s let a point finish")
+        if run.stopped == "time_budget":  # stopped before a point: too little
+            low = budget
+            aim = max(budget * 1.3, run.startup_s + 1.0 + settings.point_budget_s)
+            budget = aim if high == float("inf") else (low + high) / 2
+        else:  # the whole grid fit: too much
+            high = budget
+            budget = (low + high) / 2
+    raise AssertionError(f"no budget stopped the run partway (last tried {budget:.1f} s)")
 
 
 def _kept_unless_remeasured(before: dict[Any, Any], after: Profile) -> None:
