@@ -32,6 +32,17 @@ def register(subparsers: Any) -> None:
             "inference API and the Open Inference Protocol (v2)."
         ),
     )
+    _add_model_args(parser)
+    _add_dispatcher_args(parser)
+    _add_worker_args(parser)
+    _add_admin_token_args(parser)
+    _add_limit_args(parser)
+    _add_request_log_args(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """What to serve: the model, its plan and the runtime that runs the plan's instances."""
     parser.add_argument(
         "--model", required=True, help="zoo name, TorchScript file (.pt) or model archive (.mar)"
     )
@@ -49,6 +60,10 @@ def register(subparsers: Any) -> None:
         "fed batches by the dispatcher over Unix sockets; no JVM) or torchserve (TorchServe on "
         f"loopback); default {DEFAULT_RUNTIME}",
     )
+
+
+def _add_dispatcher_args(parser: argparse.ArgumentParser) -> None:
+    """The dispatcher's port, queue, batch estimate and SIGTERM drain."""
     parser.add_argument("--host", default="0.0.0.0", help="dispatcher address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
     parser.add_argument("--max-batch-delay-ms", type=int, default=5, help="TorchServe batch delay")
@@ -77,6 +92,10 @@ def register(subparsers: Any) -> None:
         help="SIGTERM: keep accepting new connections (reporting not ready) this long before "
         "closing the port, for load balancers that notice a terminating pod late (default 0)",
     )
+
+
+def _add_worker_args(parser: argparse.ArgumentParser) -> None:
+    """Where and how the workers start: workdir, warm-up, cpus, weights, JVM, zygote."""
     parser.add_argument(
         "--workdir", type=Path, help="writable directory for archives, TorchServe temp and logs"
     )
@@ -107,6 +126,10 @@ def register(subparsers: Any) -> None:
         help="start every worker as its own fresh interpreter instead of forking it from the "
         "pod's zygote, which imported torch and mapped the weights once (for comparisons)",
     )
+
+
+def _add_admin_token_args(parser: argparse.ArgumentParser) -> None:
+    """The admin bearer token that enables POST /admin/plan (a file or a variable)."""
     token = parser.add_mutually_exclusive_group()
     token.add_argument(
         "--admin-token-file",
@@ -121,6 +144,10 @@ def register(subparsers: Any) -> None:
         help="environment variable holding the bearer token instead (every process the pod "
         "starts inherits it: prefer --admin-token-file)",
     )
+
+
+def _add_limit_args(parser: argparse.ArgumentParser) -> None:
+    """The dispatcher's bounds on bodies, buffers, connections and timeouts."""
     limits = parser.add_argument_group("limits (docs/serving.md)")
     limits.add_argument(
         "--max-body-bytes",
@@ -158,6 +185,10 @@ def register(subparsers: Any) -> None:
         help="TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
         "the next free block of 10 when taken)",
     )
+
+
+def _add_request_log_args(parser: argparse.ArgumentParser) -> None:
+    """Sampled request and response logging to a file or a CloudEvents sink."""
     logs = parser.add_argument_group(
         "request and response logging (off by default; docs/serving.md)"
     )
@@ -202,7 +233,6 @@ def register(subparsers: Any) -> None:
         default="/packrat",
         help="the CloudEvents source attribute (default /packrat)",
     )
-    parser.set_defaults(func=run)
 
 
 def payload_log_config(args: argparse.Namespace) -> Any:
