@@ -26,6 +26,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "account, else the current kubeconfig."
         ),
     )
+    _add_scope_args(parser)
+    _add_endpoint_args(parser)
+    _add_timing_args(parser)
+    _add_pod_args(parser)
+    add_limit_flags(parser)
+    _add_planner_args(parser)
+    _add_policy_args(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_scope_args(parser: argparse.ArgumentParser) -> None:
+    """Which namespaces the operator watches."""
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace",
@@ -36,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="watch this namespace (repeatable; glob patterns allowed)",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch all namespaces")
+
+
+def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
+    """The operator's own endpoints (liveness, metrics), peering and default image."""
     parser.add_argument(
         "--liveness",
         metavar="URL",
@@ -60,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.environ.get("PACKRAT_SERVING_IMAGE"),
         help="default serving image (env PACKRAT_SERVING_IMAGE)",
     )
+
+
+def _add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """How often models are looked at, retried and re-checked (env overrides read here)."""
     parser.add_argument(
         "--resync-seconds",
         type=float,
@@ -107,6 +127,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=3,
         help="profiling Jobs per profile before the model is Failed (default 3)",
     )
+
+
+def _add_pod_args(parser: argparse.ArgumentParser) -> None:
+    """How the operator reaches a model's Service and pods, and whether plans switch in-pod."""
     parser.add_argument(
         "--serving-url",
         default="http://{service}.{namespace}.svc:8080",
@@ -126,7 +150,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_false",
         help="every plan change switches slots (new pods), even when only the batch changed",
     )
-    add_limit_flags(parser)
+
+
+def _add_planner_args(parser: argparse.ArgumentParser) -> None:
+    """The limits of the child that runs a pipeline plan."""
     planner = parser.add_argument_group("pipeline planner (runs in a child with these limits)")
     planner.add_argument(
         "--pipeline-plan-seconds",
@@ -140,6 +167,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=320,
         help="address space of the planning child, MiB (default 320; at least 128)",
     )
+
+
+def _add_policy_args(parser: argparse.ArgumentParser) -> None:
+    """Allow-lists that bound what model authors may ask for."""
     policy = parser.add_argument_group(
         "allow-lists for model authors (unset: unrestricted; see docs/security.md)"
     )
@@ -150,7 +181,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         ("--allow-env-secret", "a Secret spec.pod.env may read (secretKeyRef)"),
     ):
         policy.add_argument(flag, action="append", default=None, metavar="NAME", help=what)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
