@@ -38,6 +38,17 @@ def register(subparsers: Any) -> None:
             "and a rerun resumes."
         ),
     )
+    _add_model_args(parser)
+    _add_grid_args(parser)
+    _add_budget_args(parser)
+    _add_instance_args(parser)
+    _add_sampling_args(parser)
+    _add_verify_args(parser)
+    parser.set_defaults(func=run)
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model and the sample request its handler is profiled with."""
     parser.add_argument(
         "--model", required=True, help="zoo name, TorchScript file or TorchServe .mar archive"
     )
@@ -61,6 +72,10 @@ def register(subparsers: Any) -> None:
         default="application/octet-stream",
         help="the sample request's Content-Type (default application/octet-stream)",
     )
+
+
+def _add_grid_args(parser: argparse.ArgumentParser) -> None:
+    """The grid of points measured (cores, batches, thread counts) and the output file."""
     parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
     parser.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
@@ -77,6 +92,10 @@ def register(subparsers: Any) -> None:
             "plans is recorded), or auto (default: full up to 8 cores, refined above)"
         ),
     )
+
+
+def _add_budget_args(parser: argparse.ArgumentParser) -> None:
+    """How precisely, and for how long, each point and the whole run are measured."""
     parser.add_argument(
         "--precision",
         type=float,
@@ -96,6 +115,10 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds for the whole run; stops cleanly with what was measured",
     )
+
+
+def _add_instance_args(parser: argparse.ArgumentParser) -> None:
+    """How the instances of a point run: co-located or alone, forked or fresh, remainder."""
     parser.add_argument(
         "--mode",
         choices=MODES,
@@ -120,6 +143,10 @@ def register(subparsers: Any) -> None:
         default="fill",
         help="co-located: keep the T mod t remainder cores busy (default) or idle",
     )
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """Warm-up, minimum samples, and whether a contended profile is kept."""
     parser.add_argument("--warmup", type=int, default=2, help="warm-up batches per point")
     parser.add_argument("--min-samples", type=int, default=5, help="samples before stopping")
     parser.add_argument(
@@ -132,6 +159,10 @@ def register(subparsers: Any) -> None:
             "PACKRAT_ALLOW_CONTENDED=1"
         ),
     )
+
+
+def _add_verify_args(parser: argparse.ArgumentParser) -> None:
+    """The optional verification of the optimizer's plan against the fat instance."""
     parser.add_argument(
         "--verify-batches",
         metavar="LIST",
@@ -144,7 +175,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--verify-repeats", type=int, default=5, help="repetitions per verified batch (default 5)"
     )
-    parser.set_defaults(func=run)
 
 
 def format_profile_table(profile: Any) -> str:
