@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,81 +221,100 @@ def _owner_key(meta: Mapping[str, Any]) -> str | None:
     return f"{meta.get('namespace', 'default')}/{name}"
 
 
-def build_registry(
-    options: OperatorOptions, *, kube: KubeApi | None = None
-) -> kopf.OperatorRegistry:
-    """A kopf registry with the PackratModel and PackratPipeline handlers (no global state:
-    one per operator)."""
-    registry = kopf.OperatorRegistry()
-    wakeups = Wakeups()
-    pool = ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="reconcile")
-    state: dict[str, Any] = {}
+@dataclass(frozen=True)
+class _Parts:
+    """The operator's clients of the cluster and of the pods (one shared fan-out pool)."""
 
-    def parts() -> tuple[Reconciler, EstimateReader, ArrivalReader]:
-        if "r" not in state:
-            api = kube or Kube()
-            fanout = shared_fanout()  # every read from and post to a pod, one pool
-            poster = PlanPoster(fanout)
-            pods = PodClient(options.pod_url, poster) if options.inpod_switch else None
-            canary = CanaryClient(options.pod_url, options.serving_url, fanout=fanout)
-            state["r"] = Reconciler(api, config=options.config, pods=pods, canary=canary)
-            state["e"] = EstimateReader(
-                api, pod_url=options.pod_url, service_url=options.serving_url, fanout=fanout
-            )
-            state["a"] = ArrivalReader(api, pod_url=options.pod_url, fanout=fanout)
-            state["p"] = PipelineReconciler(api, config=options.config)
-            state["l"] = RouterLatency(api, pod_url=options.pod_url, fanout=fanout)
-        return state["r"], state["e"], state["a"]
+    reconciler: Reconciler
+    estimates: EstimateReader
+    arrivals: ArrivalReader
+    pipelines: PipelineReconciler
+    latency: RouterLatency
 
-    def pipelines() -> PipelineReconciler:
-        parts()
-        reconciler: PipelineReconciler = state["p"]
-        return reconciler
 
-    def latency() -> RouterLatency:
-        parts()
-        reader: RouterLatency = state["l"]
-        return reader
+def _build_parts(options: OperatorOptions, kube: KubeApi | None) -> _Parts:
+    api = kube or Kube()
+    fanout = shared_fanout()  # every read from and post to a pod, one pool
+    poster = PlanPoster(fanout)
+    pods = PodClient(options.pod_url, poster) if options.inpod_switch else None
+    canary = CanaryClient(options.pod_url, options.serving_url, fanout=fanout)
+    return _Parts(
+        reconciler=Reconciler(api, config=options.config, pods=pods, canary=canary),
+        estimates=EstimateReader(
+            api, pod_url=options.pod_url, service_url=options.serving_url, fanout=fanout
+        ),
+        arrivals=ArrivalReader(api, pod_url=options.pod_url, fanout=fanout),
+        pipelines=PipelineReconciler(api, config=options.config),
+        latency=RouterLatency(api, pod_url=options.pod_url, fanout=fanout),
+    )
 
-    def run_pass(namespace: str, name: str, want_estimates: bool, want_arrivals: bool) -> Result:
-        reconciler, estimates, arrivals = parts()
-        reading, seen = read_before_pass(
-            estimates,
-            arrivals,
-            namespace,
-            name,
-            want_estimates=want_estimates,
-            want_arrivals=want_arrivals,
-        )
-        return reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
 
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = f"{GROUP}/finalizer"
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=GROUP, key="last-handled-configuration"
-        )
-        settings.execution.max_workers = options.max_workers
-        # kopf's own per-handler messages stay out of the cluster's Events and the log; the
-        # reconcile pass posts its own Events for transitions.
-        settings.posting.level = logging.WARNING
-        if not logging.getLogger().isEnabledFor(logging.DEBUG):
-            logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-        settings.watching.server_timeout = 300
-        # watch only what is ours: the API server filters the children's watch streams by
-        # label (kopf's ``labels=`` on a handler filters in the operator, after every object
-        # of the kind in the cluster has been sent and parsed), so the operator's memory and
-        # watch traffic grow with Packrat's objects, not with the cluster's
-        for api_version, plural, labels in CHILD_WATCHES:
-            settings.watching.label_selectors[api_version, plural] = label_selector(labels)
-        settings.scanning.disabled = not options.scanning
-        # a deleted model's daemon is cancelled at once, so the finalizer goes promptly
-        settings.background.cancellation_polling = 1.0
+class _LazyParts:
+    """The parts, built on first use (in a reconcile thread: the first pass, not
+    build_registry, reads the kubeconfig)."""
 
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> Any:
-        return kopf.login_via_client(**kwargs)
+    def __init__(self, options: OperatorOptions, kube: KubeApi | None) -> None:
+        self._options = options
+        self._kube = kube
+        self._parts: _Parts | None = None
+
+    def __call__(self) -> _Parts:
+        if self._parts is None:
+            self._parts = _build_parts(self._options, self._kube)
+        return self._parts
+
+
+def _run_pass(
+    parts: _LazyParts, namespace: str, name: str, want_estimates: bool, want_arrivals: bool
+) -> Result:
+    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread)."""
+    built = parts()
+    reading, seen = read_before_pass(
+        built.estimates,
+        built.arrivals,
+        namespace,
+        name,
+        want_estimates=want_estimates,
+        want_arrivals=want_arrivals,
+    )
+    return built.reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
+
+
+def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
+    """kopf's settings at startup: persistence under our group, quiet events, watches
+    filtered by label on the server."""
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.execution.max_workers = options.max_workers
+    # kopf's own per-handler messages stay out of the cluster's Events and the log; the
+    # reconcile pass posts its own Events for transitions.
+    settings.posting.level = logging.WARNING
+    if not logging.getLogger().isEnabledFor(logging.DEBUG):
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    settings.watching.server_timeout = 300
+    # watch only what is ours: the API server filters the children's watch streams by
+    # label (kopf's ``labels=`` on a handler filters in the operator, after every object
+    # of the kind in the cluster has been sent and parsed), so the operator's memory and
+    # watch traffic grow with Packrat's objects, not with the cluster's
+    for api_version, plural, labels in CHILD_WATCHES:
+        settings.watching.label_selectors[api_version, plural] = label_selector(labels)
+    settings.scanning.disabled = not options.scanning
+    # a deleted model's daemon is cancelled at once, so the finalizer goes promptly
+    settings.background.cancellation_polling = 1.0
+
+
+def _register_model_daemon(
+    registry: kopf.OperatorRegistry,
+    options: OperatorOptions,
+    *,
+    pool: ThreadPoolExecutor,
+    parts: _LazyParts,
+    wakeups: Wakeups,
+) -> None:
+    """The PackratModel daemon: each pass runs in ``pool``; its result sets the next delay."""
 
     async def one_pass(body: kopf.Body, namespace: str, name: str) -> float | None:
         model = typed(body, options)
@@ -303,11 +322,11 @@ def build_registry(
         estimating = _wants_estimates(model, body)
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(
-            pool, run_pass, namespace, name, estimating, tuning is not None
+            pool, _run_pass, parts, namespace, name, estimating, tuning is not None
         )
         if result.result == "gone":
             metrics.forget_model(namespace, name)
-            parts()[0].tuners.forget(namespace, name)
+            parts().reconciler.tuners.forget(namespace, name)
             return None
         _publish(body, result)
         # keyed on the spec, not the status: the body's status is still the one from
@@ -337,10 +356,38 @@ def build_registry(
         ids=("model_daemon", "updated", "wake-on-generation"),
     )
 
-    wake_pipeline = register_pipelines(
-        registry, options, pool=pool, reconciler=pipelines, latency=latency, wakeups=Wakeups()
-    )
 
+LetGo = Callable[[str, Mapping[str, Any] | None], Awaitable[None]]
+
+
+def _orphan_release(pool: ThreadPoolExecutor, parts: _LazyParts, wakeups: Wakeups) -> LetGo:
+    """``let_go(key, meta)``: let the model's serving Deployments go, but those a live
+    model owns; ``meta`` None (a model's delete) raises for kopf to retry, a child's
+    event (its ``meta``) logs and tries again at the next listing."""
+
+    async def let_go(key: str, meta: Mapping[str, Any] | None) -> None:
+        namespace, _, name = key.partition("/")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(pool, parts().reconciler.release_orphans, namespace, name)
+        except Exception as exc:
+            if meta is None:
+                raise  # kopf retries the delete handler
+            wakeups.forget(meta)  # the next listing of the Deployment tries again
+            logger.warning("could not let %s go: %s", meta.get("name"), exc)
+
+    return let_go
+
+
+def _register_child_watches(
+    registry: kopf.OperatorRegistry,
+    wakeups: Wakeups,
+    *,
+    let_go: LetGo,
+    wake_pipeline: Callable[[Mapping[str, Any]], None],
+) -> None:
+    """A change to a child (found by its labels) wakes its model's daemon; a held
+    Deployment whose model has no daemon is let go."""
     for api_version, plural, labels in CHILD_WATCHES:
 
         @kopf.on.event(
@@ -357,21 +404,41 @@ def build_registry(
                     await let_go(key, meta)  # no pass of its model runs
                 wake_pipeline(meta)  # a pipeline's router objects carry its label
 
-    async def let_go(key: str, meta: Mapping[str, Any] | None = None) -> None:
-        """Let the model's serving Deployments go, but those a live model owns."""
-        namespace, _, name = key.partition("/")
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.run_in_executor(pool, parts()[0].release_orphans, namespace, name)
-        except Exception as exc:
-            if meta is None:
-                raise  # kopf retries the delete handler
-            wakeups.forget(meta)  # the next listing of the Deployment tries again
-            logger.warning("could not let %s go: %s", meta.get("name"), exc)
+
+def build_registry(
+    options: OperatorOptions, *, kube: KubeApi | None = None
+) -> kopf.OperatorRegistry:
+    """A kopf registry with the PackratModel and PackratPipeline handlers (no global state:
+    one per operator). kopf names a handler without an ``id`` by its qualified name, kept
+    in annotations: ``configure``, ``login`` and ``deleted`` stay defined here."""
+    registry = kopf.OperatorRegistry()
+    wakeups = Wakeups()
+    pool = ThreadPoolExecutor(max_workers=options.max_workers, thread_name_prefix="reconcile")
+    parts = _LazyParts(options, kube)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        _configure(settings, options)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    _register_model_daemon(registry, options, pool=pool, parts=parts, wakeups=wakeups)
+    wake_pipeline = register_pipelines(
+        registry,
+        options,
+        pool=pool,
+        reconciler=lambda: parts().pipelines,
+        latency=lambda: parts().latency,
+        wakeups=Wakeups(),
+    )
+    let_go = _orphan_release(pool, parts, wakeups)
+    _register_child_watches(registry, wakeups, let_go=let_go, wake_pipeline=wake_pipeline)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=2.0, registry=registry)
     async def deleted(meta: kopf.Meta, **_: Any) -> None:
         """Let the model's Deployments go: the garbage collector deletes them after it."""
-        await let_go(f"{meta.get('namespace', 'default')}/{meta['name']}")
+        await let_go(f"{meta.get('namespace', 'default')}/{meta['name']}", None)
 
     return registry
