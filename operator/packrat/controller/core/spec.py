@@ -14,7 +14,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from packrat.controller.core.model_source import MODEL_FORMATS, ZOO_MODELS, validate_model
@@ -184,6 +184,17 @@ def validate_spec(raw: Any, *, name: str | None = None) -> list[str]:
 
 
 def _check(errors: list[str], spec: dict[str, Any]) -> None:
+    """Every problem with a defaulted spec, appended to ``errors`` field by field."""
+    _check_top_level(errors, spec)
+    profiling = _check_profiling(errors, spec)
+    _check_batching(errors, spec, max_batch=profiling.get("maxBatch"))
+    _check_switch(errors, spec)
+    _check_placement(errors, spec)
+    validate_pod(errors, spec.get("pod"))
+
+
+def _check_top_level(errors: list[str], spec: dict[str, Any]) -> None:
+    """The model, its cores and sizes, runtime, memory and image."""
     _unknown(errors, spec, _SPEC_FIELDS, where="spec.")
     if "model" not in spec:
         errors.append("spec.model is required")
@@ -205,6 +216,9 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     if image is not None and (not isinstance(image, str) or not image or len(image) > 512):
         errors.append("spec.image must be a non-empty string")
 
+
+def _check_profiling(errors: list[str], spec: dict[str, Any]) -> Mapping[str, Any]:
+    """spec.profiling; returns it ({} when it is not an object) for the checks against it."""
     profiling = spec["profiling"]
     if not isinstance(profiling, Mapping):
         errors.append("spec.profiling must be an object")
@@ -230,6 +244,13 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
         or not (0 < precision <= 1)
     ):
         errors.append(f"spec.profiling.precision must be in (0, 1], got {precision!r}")
+    _check_profiling_threads(errors, spec, profiling)
+    return cast("Mapping[str, Any]", profiling)
+
+
+def _check_profiling_threads(
+    errors: list[str], spec: dict[str, Any], profiling: Mapping[str, Any]
+) -> None:
     threads = profiling.get("threads")
     if threads is not None:
         if (
@@ -245,6 +266,10 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
         elif _is_int(spec.get("cpus")) and any(t > spec["cpus"] for t in threads):
             errors.append("every profiling.threads entry must be at most cpus")
 
+
+def _check_batching(errors: list[str], spec: dict[str, Any], *, max_batch: Any) -> None:
+    """How the batch is chosen (batchSize, autoBatch or an SLO), with the features that
+    depend on it; ``max_batch``: spec.profiling.maxBatch as given."""
     has_batch = "batchSize" in spec
     has_auto = "autoBatch" in spec
     if has_batch == has_auto and "slo" not in spec:
@@ -252,7 +277,6 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     validate_slo(errors, spec)
     validate_request_logging(errors, spec)
     validate_canary(errors, spec)
-    max_batch = profiling.get("maxBatch")
     if (
         has_batch
         and _is_int(spec["batchSize"])
@@ -263,30 +287,35 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
             f"batchSize {spec['batchSize']} must not exceed profiling.maxBatch {max_batch}"
         )
     if has_auto:
-        auto = spec["autoBatch"]
-        if not isinstance(auto, Mapping):
-            errors.append("spec.autoBatch must be an object")
-        else:
-            _unknown(errors, auto, {*AUTO_BATCH_DEFAULTS, "rounding"}, where="spec.autoBatch.")
-            rounding = auto.get("rounding", DEFAULT_ROUNDING)
-            if rounding not in ESTIMATE_ROUNDINGS:
-                errors.append(
-                    f"spec.autoBatch.rounding must be one of {', '.join(ESTIMATE_ROUNDINGS)}, "
-                    f"got {rounding!r}"
-                )
-            _int_in(errors, auto, "min", where="spec.autoBatch.", lo=1, hi=1024)
-            _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
-            _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
-            _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
-            gain = auto.get("minGain")
-            if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
-                errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")
-            lo, hi = auto.get("min"), auto.get("max")
-            if _is_int(lo) and _is_int(hi) and lo > hi:
-                errors.append("autoBatch.min must not exceed autoBatch.max")
-            if _is_int(hi) and _is_int(max_batch) and hi > max_batch:
-                errors.append(f"autoBatch.max {hi} must not exceed profiling.maxBatch {max_batch}")
+        _check_auto_batch(errors, spec["autoBatch"], max_batch=max_batch)
 
+
+def _check_auto_batch(errors: list[str], auto: Any, *, max_batch: Any) -> None:
+    if not isinstance(auto, Mapping):
+        errors.append("spec.autoBatch must be an object")
+    else:
+        _unknown(errors, auto, {*AUTO_BATCH_DEFAULTS, "rounding"}, where="spec.autoBatch.")
+        rounding = auto.get("rounding", DEFAULT_ROUNDING)
+        if rounding not in ESTIMATE_ROUNDINGS:
+            errors.append(
+                f"spec.autoBatch.rounding must be one of {', '.join(ESTIMATE_ROUNDINGS)}, "
+                f"got {rounding!r}"
+            )
+        _int_in(errors, auto, "min", where="spec.autoBatch.", lo=1, hi=1024)
+        _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
+        _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
+        _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
+        gain = auto.get("minGain")
+        if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
+            errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")
+        lo, hi = auto.get("min"), auto.get("max")
+        if _is_int(lo) and _is_int(hi) and lo > hi:
+            errors.append("autoBatch.min must not exceed autoBatch.max")
+        if _is_int(hi) and _is_int(max_batch) and hi > max_batch:
+            errors.append(f"autoBatch.max {hi} must not exceed profiling.maxBatch {max_batch}")
+
+
+def _check_switch(errors: list[str], spec: dict[str, Any]) -> None:
     switch = spec["switch"]
     if not isinstance(switch, Mapping):
         errors.append("spec.switch must be an object")
@@ -295,6 +324,9 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
         _int_in(errors, switch, "readyTimeoutSeconds", where="spec.switch.", lo=5, hi=3600)
         _int_in(errors, switch, "drainSeconds", where="spec.switch.", lo=0, hi=600)
 
+
+def _check_placement(errors: list[str], spec: dict[str, Any]) -> None:
+    """Where the pods may run: nodeSelector, tolerations, affinity."""
     selector = spec.get("nodeSelector")
     if selector is not None and not (
         isinstance(selector, Mapping) and all(isinstance(v, str) for v in selector.values())
@@ -312,7 +344,6 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     affinity = spec.get("affinity")
     if affinity is not None and not isinstance(affinity, Mapping):
         errors.append("spec.affinity must be an object")
-    validate_pod(errors, spec.get("pod"))
 
 
 # -- derived values (typed ones are on ModelSpec, :mod:`packrat.controller.core.model`) --------
