@@ -249,7 +249,6 @@ def _run_profile(
         calibration_s=settings.calibration_s,
         enabled=settings.verify,
     )
-    grid = [(t, b) for b in bs for t in ts]  # small batches first: cheapest, most used
     meta = ProfileMeta(
         model=model_name(spec),
         model_digest=digest,
@@ -260,105 +259,182 @@ def _run_profile(
         source="packrat profile",
         mode=settings.mode,
     )
-    through: dict[str, Any] = {"through": "model"}
-    if handler is not None:
-        through = {
-            "through": "handler",
-            "sample_request_sha256": sha256_bytes(handler.sample_request.read_bytes()),
-            "sample_content_type": handler.content_type,
-        }
-    path = Path(output) if output is not None else None
-    old = _existing(path, meta, through) if path is not None else None
-    points: dict[tuple[int, int], ProfilePoint] = {}
-    extra: dict[str, Any] = {}
-    if old is not None:
-        points = dict(old.index)
-        extra = dict(old.meta.extra)
-        meta = replace(meta, created=old.meta.created or meta.created)
-    run = ProfileRun(profile=None, cpus=base)
-    load_start = round(os.getloadavg()[0], 2)
-    run.kept = [k for k in grid if k in points]
-    todo = [k for k in grid if k not in points]
-    progress = Progress(len(grid), stream=stream, label=f"profile {meta.model}")
-    progress.done = len(run.kept)
-    if run.kept:
-        progress.show(f"resuming: {len(run.kept)} point(s) already in {path}")
+    session = _Session(
+        settings=settings,
+        source=source,
+        began=began,
+        ts=ts,
+        bs=bs,
+        grid=[(t, b) for b in bs for t in ts],  # small batches first: cheapest, most used
+        base=base,
+        verifier=verifier,
+        meta=meta,
+        through=_through(handler),
+        path=Path(output) if output is not None else None,
+        run=ProfileRun(profile=None, cpus=base),
+    )
+    session.resume(stream)
+    session.start_workers()
+    session.measure_todo(on_point)
+    session.verify()
+    return session.finish()
 
-    def save() -> Profile | None:
-        if not points:
-            return None
-        grid_info = {"threads": ts, "batches": bs}
+
+def _through(handler: HandlerTarget | None) -> dict[str, Any]:
+    """How the batches reach the model (recorded in the profile: a resumed run must match)."""
+    if handler is None:
+        return {"through": "model"}
+    return {
+        "through": "handler",
+        "sample_request_sha256": sha256_bytes(handler.sample_request.read_bytes()),
+        "sample_content_type": handler.content_type,
+    }
+
+
+@dataclass(slots=True)
+class _Session:
+    """One profiling run: its grid, the points measured or kept, the file it checkpoints to."""
+
+    settings: ProfileSettings
+    source: WorkerSource
+    began: float
+    ts: list[int]
+    bs: list[int]
+    grid: list[tuple[int, int]]
+    base: list[int]
+    verifier: Verifier
+    meta: ProfileMeta
+    through: dict[str, Any]
+    path: Path | None
+    run: ProfileRun
+    points: dict[tuple[int, int], ProfilePoint] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    load_start: float = 0.0
+    todo: list[tuple[int, int]] = field(default_factory=list)
+    progress: Progress | None = None
+
+    def resume(self, stream: TextIO | None) -> None:
+        """Keep the points an earlier run of the same profile left in the file."""
+        path = self.path
+        old = _existing(path, self.meta, self.through) if path is not None else None
+        if old is not None:
+            self.points = dict(old.index)
+            self.extra = dict(old.meta.extra)
+            self.meta = replace(self.meta, created=old.meta.created or self.meta.created)
+        run = self.run
+        self.load_start = round(os.getloadavg()[0], 2)
+        run.kept = [k for k in self.grid if k in self.points]
+        self.todo = [k for k in self.grid if k not in self.points]
+        progress = Progress(len(self.grid), stream=stream, label=f"profile {self.meta.model}")
+        progress.done = len(run.kept)
+        if run.kept:
+            progress.show(f"resuming: {len(run.kept)} point(s) already in {path}")
+        self.progress = progress
+
+    def _progress(self) -> Progress:
+        assert self.progress is not None, "resume() first"
+        return self.progress
+
+    def info(self) -> dict[str, Any]:
+        """The profile's meta.extra: the grid, the settings and how the run went."""
+        settings, run = self.settings, self.run
+        grid_info = {"threads": self.ts, "batches": self.bs}
         info = {
-            **extra,
-            **through,
+            **self.extra,
+            **self.through,
             "grid": grid_info,
-            "cpuset": format_cpu_list(base),
+            "cpuset": format_cpu_list(self.base),
             "precision": settings.precision,
             "point_budget_s": settings.point_budget_s,
             "warmup": settings.warmup,
             "min_samples": settings.min_samples,
             "process": (
                 "workers forked from one process with the model built"
-                if source.kind == "forked"
+                if self.source.kind == "forked"
                 else "fresh worker process per instance"
             ),
             "fill_remainder": settings.fill_remainder,
             # seconds spent starting workers (and the fork server), of the run's seconds
             "startup_s": {
                 "workers": round(run.startup_s, 3),
-                "elapsed": round(time.monotonic() - began, 3),
+                "elapsed": round(time.monotonic() - self.began, 3),
             },
             # the machine's load while measuring: a busy machine inflates wide instances most
-            "loadavg_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
-            "complete": all(k in points for k in grid),
+            "loadavg_1m": {"start": self.load_start, "end": round(os.getloadavg()[0], 2)},
+            "complete": all(k in self.points for k in self.grid),
             "updated": _now(),
         }
         if run.isolation:
             info["isolation"] = run.isolation
-        profile = Profile(meta=replace(meta, extra=info), points=tuple(points.values()))
+        return info
+
+    def save(self) -> Profile | None:
+        """The profile so far, written to the file (atomically) when there is one."""
+        if not self.points:
+            return None
+        info = self.info()
+        profile = Profile(meta=replace(self.meta, extra=info), points=tuple(self.points.values()))
         profile = profile.with_points(profile.points)
-        if path is not None:
-            profile.save(path)
+        if self.path is not None:
+            profile.save(self.path)
         return profile
 
-    def measure(threads_: int, batch: int, budget: float) -> tuple[ProfilePoint, dict[str, Any]]:
+    def measure(
+        self, threads_: int, batch: int, budget: float
+    ) -> tuple[ProfilePoint, dict[str, Any]]:
+        settings = self.settings
         layout = point_layout(
-            threads_, base, mode=settings.mode, fill_remainder=settings.fill_remainder
+            threads_, self.base, mode=settings.mode, fill_remainder=settings.fill_remainder
         )
         try:
-            return measure_layout(source, layout, batch=batch, settings=settings, budget_s=budget)
+            return measure_layout(
+                self.source, layout, batch=batch, settings=settings, budget_s=budget
+            )
         except WorkerError as exc:
             raise ProfilerError(
                 f"measuring threads={threads_} batch={batch} failed: {exc}"
             ) from None
 
-    before = source.startup_s
-    try:
-        source.start()  # once per source: a source shared by several runs is counted once
-    except WorkerError as exc:
-        raise ProfilerError(f"cannot start the profiling workers: {exc}") from None
-    run.startup_s += source.startup_s - before
+    def start_workers(self) -> None:
+        source = self.source
+        before = source.startup_s
+        try:
+            source.start()  # once per source: a source shared by several runs is counted once
+        except WorkerError as exc:
+            raise ProfilerError(f"cannot start the profiling workers: {exc}") from None
+        self.run.startup_s += source.startup_s - before
 
-    first = verifier.check()
-    if first is not None and not first.quiet:
-        progress.show("warning: " + "; ".join(first.reasons()))
-    for index, (threads_, batch) in enumerate(todo):
-        if index and settings.check_every and index % settings.check_every == 0:
-            verifier.check()
-        left = None
-        if settings.time_budget_s is not None:
-            left = settings.time_budget_s - (time.monotonic() - began)
-            if left < 1.0:
-                run.stopped = "time_budget"
-                break
-        budget = settings.point_budget_s if left is None else min(settings.point_budget_s, left)
-        point_began = time.monotonic()
-        point, report = measure(threads_, batch, budget)
-        seconds = time.monotonic() - point_began
+    def measure_todo(self, on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None) -> None:
+        """Measure the points not kept, in grid order, checkpointing after each, until the
+        run's time budget ends."""
+        settings, run = self.settings, self.run
+        first = self.verifier.check()
+        if first is not None and not first.quiet:
+            self._progress().show("warning: " + "; ".join(first.reasons()))
+        for index, (threads_, batch) in enumerate(self.todo):
+            if index and settings.check_every and index % settings.check_every == 0:
+                self.verifier.check()
+            left = None
+            if settings.time_budget_s is not None:
+                left = settings.time_budget_s - (time.monotonic() - self.began)
+                if left < 1.0:
+                    run.stopped = "time_budget"
+                    break
+            budget = settings.point_budget_s if left is None else min(settings.point_budget_s, left)
+            point_began = time.monotonic()
+            point, report = self.measure(threads_, batch, budget)
+            seconds = time.monotonic() - point_began
+            self.record(point, report, label=f"t{threads_}b{batch}")
+            if on_point is not None:
+                on_point(point, report)
+            self.show_step(threads_, batch, point, report, seconds=seconds, left=left)
+
+    def record(self, point: ProfilePoint, report: dict[str, Any], *, label: str) -> None:
+        """Keep a measured point and its report, and checkpoint the profile."""
+        run, extra = self.run, self.extra
         run.startup_s += report["startup_s"]
-        points[point.key] = point
+        self.points[point.key] = point
         run.measured.append(point.key)
-        label = f"t{threads_}b{batch}"
         if report["cpu_share"] is not None:
             shares = dict(extra.get("cpu_share", {}))
             shares[label] = round(report["cpu_share"], 3)
@@ -370,18 +446,28 @@ def _run_profile(
             "slowest_ms": round(report["slowest_ms"], 4),
         }
         extra["colocated"] = colocated
-        run.profile = save()
-        if on_point is not None:
-            on_point(point, report)
+        run.profile = self.save()
+
+    def show_step(
+        self,
+        threads_: int,
+        batch: int,
+        point: ProfilePoint,
+        report: dict[str, Any],
+        *,
+        seconds: float,
+        left: float | None,
+    ) -> None:
+        """The progress line of one point, with the run's estimated time left."""
         cap = None if left is None else left - seconds
-        remaining = [k for k in todo if k not in points]
+        remaining = [k for k in self.todo if k not in self.points]
         estimate = estimate_seconds(
             remaining,
-            points,
-            settings=settings,
-            startup_s=run.startup_s / len(run.measured),
+            self.points,
+            settings=self.settings,
+            startup_s=self.run.startup_s / len(self.run.measured),
         )
-        progress.step(
+        self._progress().step(
             f"t={threads_} b={batch} x{report['instances']}: {point.latency_ms:.2f} ms "
             f"±{report['rel_ci'] * 100:.1f}% n={point.samples} ({report['stopped']}) "
             f"cpu share {report['cpu_share'] or 0:.2f}",
@@ -389,36 +475,44 @@ def _run_profile(
             cap=cap,
             estimate=estimate,
         )
-    run.missing = [k for k in grid if k not in points]
-    if settings.verify and points:
 
-        def again(key: tuple[int, int]) -> ProfilePoint:
-            point, _ = measure(key[0], key[1], settings.point_budget_s)
-            progress.show(f"re-measured t={key[0]} b={key[1]}: {point.latency_ms:.2f} ms")
-            return point
+    def verify(self) -> None:
+        """Whether the cores stayed quiet; suspect points are re-measured (--verify)."""
+        settings, run, progress = self.settings, self.run, self._progress()
+        run.missing = [k for k in self.grid if k not in self.points]
+        if settings.verify and self.points:
 
-        run.isolation = verifier.finish(
-            points,
-            again,
-            rounds=settings.remeasure_rounds,
-            allowed=settings.allow_contended,
-            show=progress.show,
+            def again(key: tuple[int, int]) -> ProfilePoint:
+                point, _ = self.measure(key[0], key[1], settings.point_budget_s)
+                progress.show(f"re-measured t={key[0]} b={key[1]}: {point.latency_ms:.2f} ms")
+                return point
+
+            run.isolation = self.verifier.finish(
+                self.points,
+                again,
+                rounds=settings.remeasure_rounds,
+                allowed=settings.allow_contended,
+                show=progress.show,
+            )
+
+    def finish(self) -> ProfileRun:
+        """The last checkpoint; a contaminated profile is set aside and refused."""
+        run = self.run
+        run.profile = self.save()
+        run.elapsed_s = time.monotonic() - self.began
+        if run.isolation.get("contaminated") and not self.settings.allow_contended:
+            kept = set_aside(self.path)
+            raise ProfilerError(
+                "refusing to store a contaminated profile: "
+                + "; ".join(run.isolation["reasons"])
+                + (f" (measurements kept in {kept})" if kept else "")
+                + "; profile on exclusive, quiet cores, or allow it with --allow-contended"
+            )
+        verdict = "complete" if not run.missing else f"stopped by {run.stopped.replace('_', ' ')}"
+        self._progress().finish(
+            f"{verdict}: {len(run.measured)} measured, {len(run.kept)} kept, "
+            f"{len(run.missing)} missing, in {format_duration(run.elapsed_s)} "
+            f"(worker start-up {run.startup_s:.1f} s, "
+            f"{100 * run.startup_s / max(run.elapsed_s, 1e-9):.0f}%)"
         )
-    run.profile = save()
-    run.elapsed_s = time.monotonic() - began
-    if run.isolation.get("contaminated") and not settings.allow_contended:
-        kept = set_aside(path)
-        raise ProfilerError(
-            "refusing to store a contaminated profile: "
-            + "; ".join(run.isolation["reasons"])
-            + (f" (measurements kept in {kept})" if kept else "")
-            + "; profile on exclusive, quiet cores, or allow it with --allow-contended"
-        )
-    verdict = "complete" if not run.missing else f"stopped by {run.stopped.replace('_', ' ')}"
-    progress.finish(
-        f"{verdict}: {len(run.measured)} measured, {len(run.kept)} kept, "
-        f"{len(run.missing)} missing, in {format_duration(run.elapsed_s)} "
-        f"(worker start-up {run.startup_s:.1f} s, "
-        f"{100 * run.startup_s / max(run.elapsed_s, 1e-9):.0f}%)"
-    )
-    return run
+        return run
