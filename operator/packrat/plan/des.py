@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -197,6 +197,101 @@ def simulate(
     return SimResult(latencies_ms=latencies)
 
 
+@dataclass(frozen=True, slots=True)
+class _Instances:
+    """Every instance of every replica, by global index ``g`` (replica ``g // k_per``): its
+    batch size, latency by batch size and outstanding cap, and its state in the run."""
+
+    bat: list[int]
+    lat: list[list[float]]
+    caps: list[int]
+    inv: list[float]  # 1 / batch: the routing key is (outstanding + 1) / batch
+    outstanding: list[int]  # forwarded here, not answered yet
+    pending: list[deque[int]]  # forwarded here, not in a running batch (TorchServe's queue)
+    busy: list[bool]
+    collecting: list[int]  # token of the open collection; 0 = none
+    running: list[list[int]]  # the queries of the running batch
+
+
+def _instances(
+    batches: list[int], lats: list[list[float]], replicas: int, cap_factor: int
+) -> _Instances:
+    bat = batches * replicas
+    total = len(bat)
+    return _Instances(
+        bat=bat,
+        lat=lats * replicas,
+        caps=[cap_factor * b for b in bat],
+        inv=[1.0 / b for b in bat],
+        outstanding=[0] * total,
+        pending=[deque() for _ in range(total)],
+        busy=[False] * total,
+        collecting=[0] * total,
+        running=[[] for _ in range(total)],
+    )
+
+
+Refill = Callable[[int, deque[int], float, int, int], tuple[int, int]]
+
+
+def _refiller(
+    inst: _Instances,
+    *,
+    k_per: int,
+    delay: float,
+    heap: list[tuple[float, int, int]],
+    factors: list[float],
+) -> Refill:
+    """``refill(g, w, now, seq, nb)``: instance ``g`` answered a batch at ``now``; forward
+    what waits in its replica's dispatcher queue ``w`` while an instance has room, starting
+    (or collecting) batches on the others; returns the updated ``(seq, nb)`` counters (``g``
+    itself starts in the loop). A closure over the run's state: one cheap call per batch."""
+    bat, lat, caps, inv = inst.bat, inst.lat, inst.caps, inst.inv
+    outstanding, pending, busy = inst.outstanding, inst.pending, inst.busy
+    collecting, running = inst.collecting, inst.running
+    push = heapq.heappush
+    inf = math.inf
+    single = k_per == 1
+
+    def refill(g: int, w: deque[int], now: float, seq: int, nb: int) -> tuple[int, int]:
+        while w:
+            if single:
+                h = g
+                if outstanding[h] >= caps[h]:
+                    break
+            else:  # the dispatcher's rule, as for an arrival in _run
+                base = (g // k_per) * k_per
+                h = -1
+                best_key = inf
+                for c in range(base, base + k_per):
+                    o = outstanding[c]
+                    if o < caps[c]:
+                        key = (o + 1) * inv[c]
+                        if key < best_key:
+                            h, best_key = c, key
+                if h < 0:
+                    break
+            outstanding[h] += 1
+            pending[h].append(w.popleft())
+            if h != g and not busy[h]:
+                if len(pending[h]) >= bat[h] or delay <= 0:
+                    q = pending[h]
+                    k = min(bat[h], len(q))
+                    running[h] = [q.popleft() for _ in range(k)]
+                    busy[h] = True
+                    collecting[h] = 0
+                    seq += 1
+                    push(heap, (now + lat[h][k] * factors[nb], seq, h))
+                    nb += 1
+                elif not collecting[h]:
+                    seq += 1
+                    collecting[h] = seq
+                    push(heap, (now + delay, seq, -h - 1))
+        return seq, nb
+
+    return refill
+
+
 def _run(
     *,
     times: list[float],
@@ -209,7 +304,9 @@ def _run(
     queue_limit: int,
     factors: list[float],
 ) -> list[float]:
-    """The event loop (inlined for speed: it runs once per query of every candidate).
+    """The event loop (the arrival path inlined for speed: it runs once per query of every
+    candidate). Each turn takes the next event, a collection deadline, a completed batch or
+    an arrival, then lets the instance it concerns start a batch (or begin collecting one).
 
     Instances are ordered by (-batch, index) within a replica, so the first minimum of
     ``(n + 1) / b`` found is the routing rule's tie-break winner. A request forwarded to an
@@ -217,21 +314,16 @@ def _run(
     yet in a running batch (TorchServe's own queue). The j-th batch started lasts its
     profiled latency times ``factors[j]`` (there are at most as many batches as queries).
     """
-    inf = math.inf
+    inst = _instances(batches, lats, replicas, cap_factor)
+    bat, lat, caps, inv = inst.bat, inst.lat, inst.caps, inst.inv
+    outstanding, pending, busy = inst.outstanding, inst.pending, inst.busy
+    collecting, running = inst.collecting, inst.running
     k_per = len(batches)
-    total = replicas * k_per
-    bat = batches * replicas
-    lat = lats * replicas
-    caps = [cap_factor * b for b in bat]
-    inv = [1.0 / b for b in bat]
-    outstanding = [0] * total
-    pending: list[deque[int]] = [deque() for _ in range(total)]
-    busy = [False] * total
-    collecting = [0] * total  # token of the open collection; 0 = none
-    running: list[list[int]] = [[] for _ in range(total)]
     waiters: list[deque[int]] = [deque() for _ in range(replicas)]
+    inf = math.inf
     done = [inf] * len(times)
     heap: list[tuple[float, int, int]] = []  # (time, seq, code): code >= 0 done g, < 0 deadline
+    refill = _refiller(inst, k_per=k_per, delay=delay, heap=heap, factors=factors)
     seq = 0
     push = heapq.heappush
     pop = heapq.heappop
@@ -246,6 +338,7 @@ def _run(
                 g = -code - 1
                 if collecting[g] != tok or busy[g]:
                     continue
+                due = True
             else:  # a batch completed: answer it, refill from the dispatcher queue
                 g = code
                 batch = running[g]
@@ -254,51 +347,44 @@ def _run(
                 outstanding[g] -= len(batch)
                 busy[g] = False
                 w = waiters[g // k_per]
-                while w:
-                    if single:
-                        h = g
-                        if outstanding[h] >= caps[h]:
-                            break
-                    else:
-                        base = (g // k_per) * k_per
-                        h = -1
-                        best_key = inf
-                        for c in range(base, base + k_per):
-                            o = outstanding[c]
-                            if o < caps[c]:
-                                key = (o + 1) * inv[c]
-                                if key < best_key:
-                                    h, best_key = c, key
-                        if h < 0:
-                            break
-                    outstanding[h] += 1
-                    pending[h].append(w.popleft())
-                    if h != g and not busy[h]:
-                        if len(pending[h]) >= bat[h] or delay <= 0:
-                            q = pending[h]
-                            k = min(bat[h], len(q))
-                            running[h] = [q.popleft() for _ in range(k)]
-                            busy[h] = True
-                            collecting[h] = 0
-                            seq += 1
-                            push(heap, (now + lat[h][k] * factors[nb], seq, h))
-                            nb += 1
-                        elif not collecting[h]:
-                            seq += 1
-                            collecting[h] = seq
-                            push(heap, (now + delay, seq, -h - 1))
-                q = pending[g]
-                if not q:
-                    running[g] = []
+                if w:
+                    seq, nb = refill(g, w, now, seq, nb)
+                if not pending[g]:
                     continue
-                if len(q) < bat[g] and delay > 0:
-                    running[g] = []
-                    if not collecting[g]:
-                        seq += 1
-                        collecting[g] = seq
-                        push(heap, (now + delay, seq, -g - 1))
-                    continue
-            q = pending[g]
+                due = False
+        else:  # an arrival: to an instance with room, else the queue, else shed
+            if i >= n:
+                break
+            now = times[i]
+            r = target[i]
+            w = waiters[r]
+            g = -1
+            if not w:  # the dispatcher's rule: the least (n + 1) / b under its cap
+                if single:
+                    if outstanding[r] < caps[r]:
+                        g = r
+                else:
+                    base = r * k_per
+                    best_key = inf
+                    for c in range(base, base + k_per):
+                        o = outstanding[c]
+                        if o < caps[c]:
+                            key = (o + 1) * inv[c]
+                            if key < best_key:
+                                g, best_key = c, key
+            if g < 0:
+                if len(w) < queue_limit:
+                    w.append(i)
+                i += 1
+                continue
+            outstanding[g] += 1
+            pending[g].append(i)
+            i += 1
+            if busy[g]:
+                continue
+            due = False
+        q = pending[g]  # g is idle: start a batch when it is full (or due), else collect
+        if due or len(q) >= bat[g] or delay <= 0:
             k = min(bat[g], len(q))
             running[g] = [q.popleft() for _ in range(k)]
             busy[g] = True
@@ -306,47 +392,8 @@ def _run(
             seq += 1
             push(heap, (now + lat[g][k] * factors[nb], seq, g))
             nb += 1
-            continue
-        if i >= n:
-            break
-        now = times[i]
-        r = target[i]
-        w = waiters[r]
-        h = -1
-        if not w:
-            if single:
-                if outstanding[r] < caps[r]:
-                    h = r
-            else:
-                base = r * k_per
-                best_key = inf
-                for c in range(base, base + k_per):
-                    o = outstanding[c]
-                    if o < caps[c]:
-                        key = (o + 1) * inv[c]
-                        if key < best_key:
-                            h, best_key = c, key
-        if h < 0:
-            if len(w) < queue_limit:
-                w.append(i)
-            i += 1
-            continue
-        outstanding[h] += 1
-        q = pending[h]
-        q.append(i)
-        i += 1
-        if busy[h]:
-            continue
-        if len(q) >= bat[h] or delay <= 0:
-            k = min(bat[h], len(q))
-            running[h] = [q.popleft() for _ in range(k)]
-            busy[h] = True
-            collecting[h] = 0
+        elif not collecting[g]:
             seq += 1
-            push(heap, (now + lat[h][k] * factors[nb], seq, h))
-            nb += 1
-        elif not collecting[h]:
-            seq += 1
-            collecting[h] = seq
-            push(heap, (now + delay, seq, -h - 1))
+            collecting[g] = seq
+            push(heap, (now + delay, seq, -g - 1))
     return done
