@@ -276,80 +276,9 @@ def serving_deployment(
     changes."""
     owner = spec.owner()
     name = spec.name
-    image = spec.image
     selector = {**base_labels(name), LABEL_SLOT: slot}
     pod_labels = {**selector, LABEL_MODEL: name, LABEL_SERVING_HASH: serving_hash}
-    _, model_volumes, model_mounts = model_source(spec, limits=limits)
-    probe_get = {"path": "/ping", "port": "http"}
-    init: list[dict[str, Any]] = []
-    fetch = fetch_init_container(spec, limits=limits)
-    if fetch is not None:
-        init.append(fetch)
-    pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        # the switch's drain happens before a slot is scaled down (the operator waits), so
-        # the grace period covers only the preStop delay and in-flight requests: switch
-        # timings stay out of the template, and changing them needs no switch
-        "terminationGracePeriodSeconds": PRESTOP_SECONDS + 30,
-        "securityContext": pod_security(),
-        "containers": [
-            {
-                "name": "serve",
-                "image": image,
-                "command": serve_command(spec),
-                "env": [
-                    *base_env(),
-                    _env_from(
-                        PLAN_ENV, "configMapKeyRef", plan_configmap_name(name, slot), PLAN_KEY
-                    ),
-                ],
-                "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-                "resources": guaranteed_resources(spec),
-                "securityContext": container_security(),
-                "volumeMounts": [
-                    {"name": "tmp", "mountPath": "/tmp"},
-                    *model_mounts,
-                    {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
-                ],
-                "startupProbe": {
-                    "httpGet": probe_get,
-                    "periodSeconds": 2,
-                    "failureThreshold": 300,
-                    "timeoutSeconds": 2,
-                },
-                "readinessProbe": {
-                    "httpGet": probe_get,
-                    "periodSeconds": 2,
-                    "failureThreshold": 2,
-                    "timeoutSeconds": 2,
-                },
-                # liveness is /healthz: /ping is 503 while a worker restarts or the pod drains,
-                # which must take the pod out of the Service, not get it killed
-                "livenessProbe": {
-                    "httpGet": {"path": "/healthz", "port": "http"},
-                    "periodSeconds": 10,
-                    "failureThreshold": 6,
-                    "timeoutSeconds": 5,
-                },
-                # keep serving until every endpoint list dropped this pod, then drain
-                "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }
-        ],
-        "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            *model_volumes,
-            *storage.credentials_volume(thaw(spec.source))[0],
-            {
-                "name": ADMIN_TOKEN_VOLUME,
-                "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},
-            },
-        ],
-        **scheduling(spec),
-    }
-    if init:
-        pod_spec["initContainers"] = init
+    pod_spec = build_serving_pod_spec(spec, slot=slot, limits=limits)
     template_meta: dict[str, Any] = {
         "labels": dict(pod_labels),
         "annotations": scrape_annotations(),
@@ -372,6 +301,96 @@ def serving_deployment(
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
             "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def build_serving_pod_spec(
+    spec: ModelSpec, *, slot: str, limits: storage.StorageLimits
+) -> dict[str, Any]:
+    """The serving pod of one slot, before the model's pod overrides (``spec.pod``): the
+    serve container, the model's volumes, a fetch init container for a storageUri model."""
+    name = spec.name
+    _, model_volumes, model_mounts = model_source(spec, limits=limits)
+    init: list[dict[str, Any]] = []
+    fetch = fetch_init_container(spec, limits=limits)
+    if fetch is not None:
+        init.append(fetch)
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        # the switch's drain happens before a slot is scaled down (the operator waits), so
+        # the grace period covers only the preStop delay and in-flight requests: switch
+        # timings stay out of the template, and changing them needs no switch
+        "terminationGracePeriodSeconds": PRESTOP_SECONDS + 30,
+        "securityContext": pod_security(),
+        "containers": [build_serve_container(spec, slot=slot, model_mounts=model_mounts)],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            *model_volumes,
+            *storage.credentials_volume(thaw(spec.source))[0],
+            {
+                "name": ADMIN_TOKEN_VOLUME,
+                "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},
+            },
+        ],
+        **scheduling(spec),
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    return pod_spec
+
+
+def build_serve_container(
+    spec: ModelSpec, *, slot: str, model_mounts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The ``serve`` container: ``packrat serve`` on the slot's plan ConfigMap, Guaranteed,
+    non-root on a read-only root, probed on its dispatcher port."""
+    return {
+        "name": "serve",
+        "image": spec.image,
+        "command": serve_command(spec),
+        "env": [
+            *base_env(),
+            _env_from(PLAN_ENV, "configMapKeyRef", plan_configmap_name(spec.name, slot), PLAN_KEY),
+        ],
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "resources": guaranteed_resources(spec),
+        "securityContext": container_security(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            *model_mounts,
+            {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+        ],
+        **_serve_probes(),
+        # keep serving until every endpoint list dropped this pod, then drain
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _serve_probes() -> dict[str, Any]:
+    probe_get = {"path": "/ping", "port": "http"}
+    return {
+        "startupProbe": {
+            "httpGet": probe_get,
+            "periodSeconds": 2,
+            "failureThreshold": 300,
+            "timeoutSeconds": 2,
+        },
+        "readinessProbe": {
+            "httpGet": probe_get,
+            "periodSeconds": 2,
+            "failureThreshold": 2,
+            "timeoutSeconds": 2,
+        },
+        # liveness is /healthz: /ping is 503 while a worker restarts or the pod drains,
+        # which must take the pod out of the Service, not get it killed
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+            "timeoutSeconds": 5,
         },
     }
 
