@@ -25,6 +25,7 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
+from packrat.controller.core.slo_spec import TunerReference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
@@ -47,7 +48,8 @@ from packrat.controller.switch.canary import CanaryClient, reconcile_canary
 from packrat.controller.switch.failover import lost_active, release_unneeded
 from packrat.controller.switch.inpod import PodClient, switch_in_pod
 from packrat.controller.switch.plan_poster import switchable
-from packrat.plan.optimizer import PlanError
+from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.profile import Profile
 
 __all__ = ["Config", "Reconciler", "Result", "merge_patch", "pod_failure"]
 
@@ -64,6 +66,20 @@ class Children:
     deployments: dict[str, dict[str, Any] | None]
     configmap: dict[str, Any] | None
     jobs: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """What a pass planned: the rendering to serve, on how many replicas, and what the
+    steady state needs of the planning (the optimizer, the replica reference, the plan
+    refused for being slower than fat)."""
+
+    desired: Rendering
+    replicas: int
+    profile: Profile
+    optimizer: Optimizer
+    reference: TunerReference | None
+    slower: Plan | None
 
 
 def observe(kube: KubeApi, namespace: str, name: str, model: ModelSpec | None) -> Children:
@@ -139,40 +155,14 @@ class Reconciler:
 
     # -- the pass ------------------------------------------------------------------------------
     def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
-        status = p.status
-        try:
-            model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
-            invalid: InvalidSpec | None = None
-        except InvalidSpec as exc:
-            model, invalid = None, exc
-        refused = self._refused(model)
-        if refused:  # outside the platform's allow-lists: as invalid, with its own reason
-            model, invalid = None, InvalidSpec(refused)
-        unavailable = False
-        if model is not None:  # a storageUri model's version (ETag) is part of its identity
-            resolved = resolve_version(p, model)
-            unavailable, model = resolved is None, resolved or model
+        model, invalid, refused, unavailable = self._read_model(p)
         children = observe(self.kube, p.namespace, p.name, model)
 
         # 1. serving repairs, from the last good configuration, before anything else
-        good = last_good(p, fallback=model)
-        replicas = model.replicas if model else (good.spec.replicas if good else 1)
-        if model is not None:
-            replicas = asc.serving_replicas(model, status)
-        active_dep: dict[str, Any] | None = None
-        active_slot = str(status["activeSlot"]) if good is not None else None
-        release_unneeded(p, children.deployments, active=active_slot)
-        if good is not None:
-            active = str(status["activeSlot"])
-            status.keep_serving_spec(good.spec.stored_spec())
-            status.set_endpoint(p.name, p.namespace, m.PORT)
-            deps, svc = children.deployments, children.service
-            if lost_active(p, deps, svc, good=good, replicas=replicas):
-                return  # serving from the deleted slot's pods until the other slot is ready
-            ensure_service(p, svc, slot=active)
-            active_dep = ensure_deployment(
-                p, deps[active], slot=active, rendering=good, replicas=replicas
-            )
+        repaired = self._repair_serving(p, model, children)
+        if repaired is None:
+            return  # serving from the deleted slot's pods until the other slot is ready
+        good, replicas, active_dep = repaired
 
         if invalid is not None or model is None:
             reason = "PolicyRefused" if refused else "InvalidSpec"
@@ -186,12 +176,82 @@ class Reconciler:
         if profile is None:
             return
         if model.profile_only and good is None:  # a pipeline's stage before its plan
-            status.awaiting_plan()
+            p.status.awaiting_plan()
             message = "profiled; waiting for the pipeline's plan (packrat.dev/profile-only)"
             p.cond("Ready", False, "AwaitingPipelinePlan", message)
             return
 
         # 3. plan (with an SLO: replicas, CPUs per replica and batch from the provisioning)
+        planned = self._plan(p, model, profile, replicas=replicas)
+        if planned is None:
+            return
+
+        # 4. serving slots and the switch
+        if good is None:
+            self._first_deploy(p, children, desired=planned.desired, replicas=planned.replicas)
+            return
+        if self._switching(p, children, model, desired=planned.desired, replicas=planned.replicas):
+            return
+        self._serve_steadily(
+            p,
+            model,
+            planned,
+            children=children,
+            active_dep=active_dep,
+            reading=reading,
+            arrivals=arrivals,
+        )
+
+    def _read_model(self, p: Pass) -> tuple[ModelSpec | None, InvalidSpec | None, list[str], bool]:
+        """The typed spec, or why there is none (invalid, or refused by the platform's
+        allow-lists); whether a storageUri model's store is unavailable."""
+        try:
+            model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
+            invalid: InvalidSpec | None = None
+        except InvalidSpec as exc:
+            model, invalid = None, exc
+        refused = self._refused(model)
+        if refused:  # outside the platform's allow-lists: as invalid, with its own reason
+            model, invalid = None, InvalidSpec(refused)
+        unavailable = False
+        if model is not None:  # a storageUri model's version (ETag) is part of its identity
+            resolved = resolve_version(p, model)
+            unavailable, model = resolved is None, resolved or model
+        return model, invalid, refused, unavailable
+
+    def _repair_serving(
+        self, p: Pass, model: ModelSpec | None, children: Children
+    ) -> tuple[Rendering | None, int, dict[str, Any] | None] | None:
+        """Keep the last good configuration serving (its Service and active slot): the last
+        good rendering, the replicas to serve and the active Deployment; None while the
+        active slot was lost and the other one takes over."""
+        status = p.status
+        good = last_good(p, fallback=model)
+        replicas = model.replicas if model else (good.spec.replicas if good else 1)
+        if model is not None:
+            replicas = asc.serving_replicas(model, status)
+        active_dep: dict[str, Any] | None = None
+        active_slot = str(status["activeSlot"]) if good is not None else None
+        release_unneeded(p, children.deployments, active=active_slot)
+        if good is not None:
+            active = str(status["activeSlot"])
+            status.keep_serving_spec(good.spec.stored_spec())
+            status.set_endpoint(p.name, p.namespace, m.PORT)
+            deps, svc = children.deployments, children.service
+            if lost_active(p, deps, svc, good=good, replicas=replicas):
+                return None
+            ensure_service(p, svc, slot=active)
+            active_dep = ensure_deployment(
+                p, deps[active], slot=active, rendering=good, replicas=replicas
+            )
+        return good, replicas, active_dep
+
+    def _plan(
+        self, p: Pass, model: ModelSpec, profile: Profile, *, replicas: int
+    ) -> _Planned | None:
+        """The plan to serve (never one measured slower than fat) on the serving size; None
+        when there is none yet (an SLO being provisioned) or none at all (PlanFailed)."""
+        status = p.status
         batch = batch_to_plan(model, status)
         auto = model.auto
         max_batch = max(batch, auto.max) if auto else batch
@@ -202,7 +262,7 @@ class Reconciler:
         if model.slo is not None:
             prov = provision_model(p, model, profile, self.provisions)
             if prov is None:
-                return
+                return None
             batch, max_batch = slo_batch(model, status, prov.batch)
             serving = model.on_cpus(prov.cpus)
             replicas = asc.serving_replicas(model, status, prov.reference)
@@ -224,20 +284,38 @@ class Reconciler:
             status.set_message(message)
             p.cond("Planned", False, "PlanFailed", message)
             p.cond("Ready", False, "PlanFailed", message)
-            return
+            return None
         p.result.plan = plan
         p.cond("Planned", True, "Planned", f"plan {plan.label}")
         desired = Rendering(spec=serving, plan=plan, serving_hash=serving.serving_hash(plan))
+        return _Planned(
+            desired=desired,
+            replicas=replicas,
+            profile=profile,
+            optimizer=optimizer,
+            reference=prov.reference if prov is not None else model.reference,
+            slower=slower,
+        )
 
-        # 4. serving slots and the switch
-        if good is None:
-            self._first_deploy(p, children, desired=desired, replicas=replicas)
-            return
-        if self._switching(p, children, model, desired=desired, replicas=replicas):
-            return
+    def _serve_steadily(
+        self,
+        p: Pass,
+        model: ModelSpec,
+        planned: _Planned,
+        *,
+        children: Children,
+        active_dep: dict[str, Any] | None,
+        reading: ab.Reading | None,
+        arrivals: asc.Arrivals | None,
+    ) -> None:
+        """No switch under way: the passive slot at zero, the active one at the tuned
+        replicas, the canary, published measurements and scale, the batch estimate read."""
+        status = p.status
+        replicas, profile, plan = planned.replicas, planned.profile, planned.desired.plan
+        auto = model.auto
         passive = m.other_slot(str(status["activeSlot"]))
         scale(p, children.deployments[passive], 0)
-        ref = prov.reference if prov is not None else model.reference
+        ref = planned.reference
         if ref is not None and asc.mode(model) == "envelope":
             replicas = asc.tune(
                 p,
@@ -253,13 +331,13 @@ class Reconciler:
                 active_dep = {**active_dep, "spec": {**active_dep["spec"], "replicas": replicas}}
         steady(p, active_dep, replicas=replicas)
         self._canary(p, model)
-        verified.publish(status, profile, refused=slower)
+        verified.publish(status, profile, refused=planned.slower)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
         if auto and status.phase == "Ready" and "switch" not in status:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))
-            observe_batch(p, model, reading=reading, optimizer=optimizer, profile=profile)
+            observe_batch(p, model, reading=reading, optimizer=planned.optimizer, profile=profile)
 
     def _switching(
         self,
