@@ -269,9 +269,38 @@ class PodServer:
     async def run(self) -> int:
         opts = self.opts
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.runtime = runtime = self._make_runtime()
+        self.dispatcher = dispatcher = self._make_dispatcher(runtime)
+        runner = dispatcher.runner(opts.limits, handle_signals=False)
+        site = await self._listen(runner)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        monitors: list[asyncio.Task[None]] = []  # the monitor, once started
+        stop_wait = asyncio.create_task(self._stop.wait())
+        code = 0
+        try:
+            if not await self._serve_until_stopped(stop_wait, monitors):
+                code = 1
+                return code  # no drain: nothing can be served any more
+            stop_wait.cancel()
+            await self._drain(site)
+        except Exception:
+            code = 1
+            raise
+        finally:
+            stop_wait.cancel()
+            await self._shut_down(runner, runtime, monitors, code=code)
+        log.info("packrat serve: stopped")
+        return code
+
+    def _make_runtime(self) -> RuntimeBackend:
+        """The runtime that runs the plan's instances, on the worker settings written now."""
+        opts = self.opts
         settings = self.workdir / "packrat-workers.json"
         self.write_settings(self.instances)
-        self.runtime = runtime = make_runtime(
+        runtime = make_runtime(
             opts.runtime,
             workdir=self.workdir,
             settings=settings,
@@ -283,7 +312,11 @@ class PodServer:
         )
         if isinstance(runtime, NativeRuntime):
             runtime.on_death = self._worker_died
-        dispatcher = Dispatcher(
+        return runtime
+
+    def _make_dispatcher(self, runtime: RuntimeBackend) -> Dispatcher:
+        opts = self.opts
+        return Dispatcher(
             model=self.name,
             instances=self.instances,
             backend=runtime,
@@ -304,8 +337,10 @@ class PodServer:
                 else None
             ),
         )
-        self.dispatcher = dispatcher
-        runner = dispatcher.runner(opts.limits, handle_signals=False)
+
+    async def _listen(self, runner: web.AppRunner) -> web.TCPSite:
+        """Open the public port (the instances are not loaded yet: not ready)."""
+        opts = self.opts
         await runner.setup()
         site = web.TCPSite(runner, opts.host, opts.port, shutdown_timeout=opts.drain_seconds)
         await site.start()
@@ -320,68 +355,75 @@ class PodServer:
             opts.host,
             self.port,
         )
+        return site
+
+    async def _serve_until_stopped(
+        self, stop_wait: asyncio.Task[Any], monitors: list[asyncio.Task[None]]
+    ) -> bool:
+        """Start the instances, then watch them until a stop is requested; False when the
+        runtime is gone (nothing left to drain). A startup error is raised."""
+        starting = asyncio.create_task(self._start_backend())
+        done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if starting not in done:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await starting
+            return True
+        starting.result()  # raises a startup error
+        log.info("packrat serve: every instance is loaded and warmed; ready")
+        monitor = asyncio.create_task(self._monitor())
+        monitors.append(monitor)
+        done, _ = await asyncio.wait({monitor, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if monitor in done:
+            try:
+                monitor.result()
+            except TorchServeGoneError as exc:  # the runtime is gone
+                log.error("packrat serve: %s", exc)
+                return False
+        return True
+
+    async def _drain(self, site: web.TCPSite) -> None:
+        """Report not ready, close the port (after the grace), wait for what is in flight."""
+        opts, dispatcher = self.opts, self.dispatcher
+        assert dispatcher is not None
+        log.info("packrat serve: draining (%d outstanding)", dispatcher.pending)
+        dispatcher.begin_drain()
+        if opts.drain_grace_seconds > 0:
+            # Endpoints and load balancers notice a terminating pod late: keep serving,
+            # reporting not-ready, until they have stopped sending new connections.
+            await asyncio.sleep(opts.drain_grace_seconds)
+        await site.stop()
+        if not await dispatcher.wait_idle(opts.drain_seconds):
+            log.warning(
+                "packrat serve: %d requests still outstanding after the drain",
+                dispatcher.pending,
+            )
+
+    async def _shut_down(
+        self,
+        runner: web.AppRunner,
+        runtime: RuntimeBackend,
+        monitors: list[asyncio.Task[None]],
+        *,
+        code: int,
+    ) -> None:
+        """Stop everything run started, in reverse; the private workdir goes after a clean
+        stop."""
+        await self.switcher.close()
+        for task in monitors:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await runner.cleanup()
+        await runtime.stop()
+        if self.zygote is not None:
+            await self.zygote.stop()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.request_stop)
-        monitor: asyncio.Task[None] | None = None
-        stop_wait = asyncio.create_task(self._stop.wait())
-        code = 0
-        try:
-            starting = asyncio.create_task(self._start_backend())
-            done, _ = await asyncio.wait({starting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            if starting in done:
-                starting.result()  # raises a startup error
-                log.info("packrat serve: every instance is loaded and warmed; ready")
-                monitor = asyncio.create_task(self._monitor())
-                done, _ = await asyncio.wait(
-                    {monitor, stop_wait}, return_when=asyncio.FIRST_COMPLETED
-                )
-                if monitor in done:
-                    try:
-                        monitor.result()
-                    except TorchServeGoneError as exc:  # the runtime is gone
-                        log.error("packrat serve: %s", exc)
-                        code = 1
-                        return code  # no drain: nothing can be served any more
-            else:
-                starting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await starting
-            stop_wait.cancel()
-            log.info("packrat serve: draining (%d outstanding)", dispatcher.pending)
-            dispatcher.begin_drain()
-            if opts.drain_grace_seconds > 0:
-                # Endpoints and load balancers notice a terminating pod late: keep serving,
-                # reporting not-ready, until they have stopped sending new connections.
-                await asyncio.sleep(opts.drain_grace_seconds)
-            await site.stop()
-            if not await dispatcher.wait_idle(opts.drain_seconds):
-                log.warning(
-                    "packrat serve: %d requests still outstanding after the drain",
-                    dispatcher.pending,
-                )
-        except Exception:
-            code = 1
-            raise
-        finally:
-            stop_wait.cancel()
-            await self.switcher.close()
-            if monitor is not None:
-                monitor.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await monitor
-            await runner.cleanup()
-            await runtime.stop()
-            if self.zygote is not None:
-                await self.zygote.stop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.remove_signal_handler(sig)
-            if self._own_workdir and code == 0:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-        log.info("packrat serve: stopped")
-        return code
+                loop.remove_signal_handler(sig)
+        if self._own_workdir and code == 0:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     async def _start_backend(self) -> None:
         runtime = self.runtime
