@@ -59,6 +59,14 @@ class ServeMetrics(MetricSet):
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         super().__init__(registry)
+        self._add_request_metrics()
+        self._add_instance_traffic_metrics()
+        self._add_queue_metrics()
+        self._add_health_metrics()
+        self._add_robustness_metrics()
+
+    def _add_request_metrics(self) -> None:
+        """Predictions answered: their duration, status codes and errors."""
         self.request_duration = self._histogram(
             "packrat_request_duration_seconds",
             "Time from receiving a prediction request to sending its answer (dispatcher view).",
@@ -76,6 +84,9 @@ class ServeMetrics(MetricSet):
             "draining, backend unreachable, a malformed v2 request).",
             ["model", "code", "source"],
         )
+
+    def _add_instance_traffic_metrics(self) -> None:
+        """What each plan instance was sent, and how long it took."""
         self.instance_requests = self._counter(
             "packrat_instance_requests",
             "Prediction requests forwarded to each instance.",
@@ -88,6 +99,9 @@ class ServeMetrics(MetricSet):
             "expected batch latency).",
             ["model", "plan_instance"],
         )
+
+    def _add_queue_metrics(self) -> None:
+        """Requests in flight and queued, and the batch-size estimator's readings."""
         self.in_flight = self._gauge(
             "packrat_requests_in_flight",
             "Requests forwarded to TorchServe and not answered yet.",
@@ -114,6 +128,9 @@ class ServeMetrics(MetricSet):
             "The estimator's moving average of outstanding requests (queued + in flight).",
             ["model"],
         )
+
+    def _add_health_metrics(self) -> None:
+        """Instances up and restarted, the pod's readiness and the plan's batch size."""
         self.instance_up = self._gauge(
             "packrat_instance_up",
             "1 when the instance's worker is loaded, warmed and ready.",
@@ -134,7 +151,9 @@ class ServeMetrics(MetricSet):
             "The batch size B the running plan was computed for.",
             ["model"],
         )
-        # -- robustness (issue 10): what the dispatcher refused, dropped or is holding --------
+
+    def _add_robustness_metrics(self) -> None:
+        """Robustness (issue 10): what the dispatcher refused, dropped or is holding."""
         self.cancelled = self._counter(
             "packrat_requests_cancelled",
             "Prediction requests whose client disconnected before the answer, by the stage "
