@@ -325,11 +325,9 @@ def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:
 def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     import asyncio
 
-    from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
-    from packrat.serve.config import JVM_ARGS, ServeConfigError, parse_plan
-    from packrat.serve.dispatcher.connections import ConnectionLimits
+    from packrat.serve.config import ServeConfigError, parse_plan
     from packrat.serve.native.runtime import NativeStartError
-    from packrat.serve.pod.server import ServeOptions, TorchServeGoneError, serve
+    from packrat.serve.pod.server import TorchServeGoneError, serve
     from packrat.serve.torchserve.archive import ArchiveError
     from packrat.serve.torchserve.process import TorchServeError
     from packrat.serve.zygote.process import ZygoteStartError
@@ -337,78 +335,22 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
 
     text, origin = read_plan_text(args)
     payload_log = payload_log_config(args)
-    cpus = None
-    if args.cpus:
-        try:
-            cpus = parse_cpu_list(args.cpus)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        outside = sorted(set(cpus) - set(allowed_cpus()))
-        if outside:
-            raise CliError(f"--cpus {args.cpus}: cpus {outside} are outside this process's cpuset")
-    if args.queue_limit < 0:
-        raise CliError("--queue-limit must be >= 0")
-    if not 1 <= args.max_body_bytes <= args.max_buffered_bytes:
-        raise CliError("need 1 <= --max-body-bytes <= --max-buffered-bytes")
-    try:
-        limits = ConnectionLimits(
-            max_connections=args.max_connections,
-            header_timeout_s=args.header_timeout,
-            max_per_client=args.max_connections_per_client,
-        )
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if args.body_timeout <= 0:
-        raise CliError("--body-timeout must be > 0")
-    token: Any = None
-    if args.admin_token_file is not None:
-        from packrat.serve.pod.inpod import TokenFile
-
-        token = TokenFile(args.admin_token_file)
-        if token() is None:
-            raise CliError(f"{args.admin_token_file} must hold a token of at least 16 characters")
-    elif args.admin_token_env:
-        token = (args.admin_token or "").strip()  # taken out of the environment at start
-        if len(token) < 16:
-            raise CliError(
-                f"environment variable {args.admin_token_env} must hold a token of at least "
-                "16 characters"
-            )
-    warmup = None
-    if args.warmup_body is not None:
-        try:
-            warmup = args.warmup_body.read_bytes()
-        except OSError as exc:
-            raise CliError(f"cannot read {args.warmup_body}: {exc}") from None
+    cpus = _cpus(args)
+    limits = _connection_limits(args)
+    token = _admin_token(args)
+    warmup = _warmup_body(args)
     try:
         plan = parse_plan(text, origin=origin)
-        opts = ServeOptions(
-            model=args.model,
+        opts = _serve_options(
+            args,
             plan=plan,
-            model_name=args.model_name,
-            host=args.host,
-            port=args.port,
-            max_batch_delay_ms=args.max_batch_delay_ms,
-            queue_limit=args.queue_limit,
-            drain_seconds=args.drain_seconds,
-            drain_grace_seconds=args.drain_grace_seconds,
+            zygote=zygote,
             workdir=workdir,
-            owns_workdir=workdir is not None and args.workdir is None,
-            zygote_process=zygote,
             payload_log=payload_log,
             cpus=cpus,
-            warmup_body=warmup,
-            shared_weights=not args.private_weights,
-            max_body_bytes=args.max_body_bytes,
-            max_buffered_bytes=args.max_buffered_bytes,
-            body_timeout_s=args.body_timeout,
             limits=limits,
-            torchserve_port_base=args.torchserve_port_base,
-            admin_token=token,
-            zygote=not args.no_zygote,
-            jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
-            estimator_rounding=args.batch_estimate,
-            runtime=args.runtime,
+            token=token,
+            warmup=warmup,
         )
         return asyncio.run(serve(opts))
     except (
@@ -423,3 +365,116 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     except TorchServeGoneError as exc:  # not the user's input: exit 1, the log has the tail
         print(f"packrat serve: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
+
+
+def _cpus(args: argparse.Namespace) -> list[int] | None:
+    """--cpus, checked against this process's cpuset (None: the whole cpuset)."""
+    from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
+
+    if not args.cpus:
+        return None
+    try:
+        cpus = parse_cpu_list(args.cpus)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    outside = sorted(set(cpus) - set(allowed_cpus()))
+    if outside:
+        raise CliError(f"--cpus {args.cpus}: cpus {outside} are outside this process's cpuset")
+    return cpus
+
+
+def _connection_limits(args: argparse.Namespace) -> Any:
+    """The dispatcher's bounds, checked; returns its ConnectionLimits."""
+    from packrat.serve.dispatcher.connections import ConnectionLimits
+
+    if args.queue_limit < 0:
+        raise CliError("--queue-limit must be >= 0")
+    if not 1 <= args.max_body_bytes <= args.max_buffered_bytes:
+        raise CliError("need 1 <= --max-body-bytes <= --max-buffered-bytes")
+    try:
+        limits = ConnectionLimits(
+            max_connections=args.max_connections,
+            header_timeout_s=args.header_timeout,
+            max_per_client=args.max_connections_per_client,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.body_timeout <= 0:
+        raise CliError("--body-timeout must be > 0")
+    return limits
+
+
+def _admin_token(args: argparse.Namespace) -> Any:
+    """The admin token (a TokenFile, read again when it changes, or the variable's text),
+    or None: no admin routes."""
+    token: Any = None
+    if args.admin_token_file is not None:
+        from packrat.serve.pod.inpod import TokenFile
+
+        token = TokenFile(args.admin_token_file)
+        if token() is None:
+            raise CliError(f"{args.admin_token_file} must hold a token of at least 16 characters")
+    elif args.admin_token_env:
+        token = (args.admin_token or "").strip()  # taken out of the environment at start
+        if len(token) < 16:
+            raise CliError(
+                f"environment variable {args.admin_token_env} must hold a token of at least "
+                "16 characters"
+            )
+    return token
+
+
+def _warmup_body(args: argparse.Namespace) -> bytes | None:
+    if args.warmup_body is None:
+        return None
+    try:
+        body: bytes = args.warmup_body.read_bytes()
+    except OSError as exc:
+        raise CliError(f"cannot read {args.warmup_body}: {exc}") from None
+    return body
+
+
+def _serve_options(
+    args: argparse.Namespace,
+    *,
+    plan: Any,
+    zygote: Any,
+    workdir: Path | None,
+    payload_log: Any,
+    cpus: list[int] | None,
+    limits: Any,
+    token: Any,
+    warmup: bytes | None,
+) -> Any:
+    """The pod's ServeOptions from the flags and what was read and checked above."""
+    from packrat.serve.config import JVM_ARGS
+    from packrat.serve.pod.server import ServeOptions
+
+    return ServeOptions(
+        model=args.model,
+        plan=plan,
+        model_name=args.model_name,
+        host=args.host,
+        port=args.port,
+        max_batch_delay_ms=args.max_batch_delay_ms,
+        queue_limit=args.queue_limit,
+        drain_seconds=args.drain_seconds,
+        drain_grace_seconds=args.drain_grace_seconds,
+        workdir=workdir,
+        owns_workdir=workdir is not None and args.workdir is None,
+        zygote_process=zygote,
+        payload_log=payload_log,
+        cpus=cpus,
+        warmup_body=warmup,
+        shared_weights=not args.private_weights,
+        max_body_bytes=args.max_body_bytes,
+        max_buffered_bytes=args.max_buffered_bytes,
+        body_timeout_s=args.body_timeout,
+        limits=limits,
+        torchserve_port_base=args.torchserve_port_base,
+        admin_token=token,
+        zygote=not args.no_zygote,
+        jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
+        estimator_rounding=args.batch_estimate,
+        runtime=args.runtime,
+    )
