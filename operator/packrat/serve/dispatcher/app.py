@@ -139,17 +139,7 @@ class Dispatcher(SwapMixin):
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
         self.instances = list(instances)
-        if (backend is None) == (backend_url is None):
-            raise ValueError("give the dispatcher a backend_url or a backend, not both")
-        # Without a backend of its own the dispatcher proxies to TorchServe's HTTP API and
-        # owns that session; a runtime backend is its owner's to start and stop.
-        self.upstream: Upstream | None = None
-        self.backend: Backend
-        if backend is None:
-            self.upstream = self.backend = Upstream(str(backend_url))
-        else:
-            self.backend = backend
-        self.source = getattr(self.backend, "kind", "torchserve")  # who answered, in metrics
+        self._attach_backend(backend, backend_url)
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
         self.slots = Slots(
             [inst.batch for inst in self.instances],
@@ -187,6 +177,25 @@ class Dispatcher(SwapMixin):
             *canary_routes(self.canary, admin_token),  # POST /admin/canary, with a token only
             *routes,
         ]
+        self._init_metrics(queue_limit=queue_limit, max_buffered_bytes=max_buffered_bytes)
+
+    def _attach_backend(self, backend: Backend | None, backend_url: str | None) -> None:
+        """Exactly one of a runtime backend or TorchServe's URL (then an Upstream session)."""
+        if (backend is None) == (backend_url is None):
+            raise ValueError("give the dispatcher a backend_url or a backend, not both")
+        # Without a backend of its own the dispatcher proxies to TorchServe's HTTP API and
+        # owns that session; a runtime backend is its owner's to start and stop.
+        self.upstream: Upstream | None = None
+        self.backend: Backend
+        if backend is None:
+            self.upstream = self.backend = Upstream(str(backend_url))
+        else:
+            self.backend = backend
+        self.source = getattr(self.backend, "kind", "torchserve")  # who answered, in metrics
+
+    def _init_metrics(self, *, queue_limit: int, max_buffered_bytes: int) -> None:
+        """The dispatcher's series, labelled once, set to their starting values."""
+        model = self.model
         m = self.metrics
         m.queue_limit.labels(model).set(queue_limit)
         self._label_instances()
