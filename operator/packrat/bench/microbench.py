@@ -267,15 +267,7 @@ def run_bench(
     if repeats < 1:
         raise ProfilerError(f"--repeats must be >= 1, got {repeats}")
     base = profile_cpus(cpus, allowed=allowed)
-    try:
-        optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max(batches))
-        plans = [optimizer.plan(b) for b in batches]
-        extra_plans = {
-            name: Optimizer.for_profile(other, cpus=cpus, max_batch=max(batches))
-            for name, other in (others or {}).items()
-        }
-    except PlanError as exc:
-        raise ProfilerError(str(exc)) from None
+    plans, extra_plans = _plans(profile, others, cpus=cpus, batches=batches)
     table = profile.table()
     own = source is None
     source = source or worker_source("forked", spec, handler)
@@ -283,27 +275,8 @@ def run_bench(
     results: list[BatchResult] = []
     try:
         for plan in plans:
-            configs = [c for c in bench_configs(plan, table) if c.name in names]
-            for name, other in extra_plans.items():
-                theirs = other.plan(plan.batch)
-                configs.append(
-                    BenchConfig(f"plan-{name}", tuple(theirs.expand()), theirs.expected_latency_ms)
-                )
-            runs: dict[str, tuple[list[Worker], list[int]]] = {}
-            out: dict[str, ConfigResult] = {}
-            for config in configs:
-                threads = [t for t, _ in config.instances]
-                try:
-                    cores = assign_cores(threads, cpus=base)
-                except CoreAssignmentError:
-                    if config.name != "fat":
-                        raise
-                    cores = assign_cores(threads, cpus=base, span_sockets=True)
-                workers = pool.get_all(
-                    [(t, c) for (t, _), c in zip(config.instances, cores, strict=True)]
-                )
-                runs[config.name] = (workers, [b for _, b in config.instances])
-                out[config.name] = ConfigResult(config, cores)
+            configs = _configs(plan, table, names=names, extra_plans=extra_plans)
+            runs, out = _start_configs(configs, pool, base)
             for _ in range(warmup):
                 for config in configs:
                     run_once(*runs[config.name], timeout=run_timeout_s)
@@ -330,6 +303,64 @@ def run_bench(
         if own:
             source.close()
     return results
+
+
+def _plans(
+    profile: Profile,
+    others: Mapping[str, Profile] | None,
+    *,
+    cpus: int,
+    batches: Sequence[int],
+) -> tuple[list[Plan], dict[str, Optimizer]]:
+    """The plan for every batch size, and an optimizer for each other profile."""
+    try:
+        optimizer = Optimizer.for_profile(profile, cpus=cpus, max_batch=max(batches))
+        plans = [optimizer.plan(b) for b in batches]
+        extra_plans = {
+            name: Optimizer.for_profile(other, cpus=cpus, max_batch=max(batches))
+            for name, other in (others or {}).items()
+        }
+    except PlanError as exc:
+        raise ProfilerError(str(exc)) from None
+    return plans, extra_plans
+
+
+def _configs(
+    plan: Plan,
+    table: dict[tuple[int, int], float],
+    *,
+    names: Sequence[str],
+    extra_plans: Mapping[str, Optimizer],
+) -> list[BenchConfig]:
+    """The configurations run at ``plan``'s batch: those named, then the other profiles'."""
+    configs = [c for c in bench_configs(plan, table) if c.name in names]
+    for name, other in extra_plans.items():
+        theirs = other.plan(plan.batch)
+        configs.append(
+            BenchConfig(f"plan-{name}", tuple(theirs.expand()), theirs.expected_latency_ms)
+        )
+    return configs
+
+
+def _start_configs(
+    configs: Sequence[BenchConfig], pool: WorkerPool, base: list[int]
+) -> tuple[dict[str, tuple[list[Worker], list[int]]], dict[str, ConfigResult]]:
+    """Each configuration's pinned workers (the fat instance may span sockets) and batches,
+    and its empty result."""
+    runs: dict[str, tuple[list[Worker], list[int]]] = {}
+    out: dict[str, ConfigResult] = {}
+    for config in configs:
+        threads = [t for t, _ in config.instances]
+        try:
+            cores = assign_cores(threads, cpus=base)
+        except CoreAssignmentError:
+            if config.name != "fat":
+                raise
+            cores = assign_cores(threads, cpus=base, span_sockets=True)
+        workers = pool.get_all([(t, c) for (t, _), c in zip(config.instances, cores, strict=True)])
+        runs[config.name] = (workers, [b for _, b in config.instances])
+        out[config.name] = ConfigResult(config, cores)
+    return runs, out
 
 
 def _ms(value: float | None) -> str:
