@@ -181,6 +181,21 @@ class TorchServe:
     async def _start_once(self, *, timeout_s: float) -> None:
         for d in (self.model_store, self.tmpdir, self.logdir):
             d.mkdir(parents=True, exist_ok=True)
+        config = self._write_config()
+        env = {
+            **os.environ,
+            "TMPDIR": str(self.tmpdir),
+            "LOG_LOCATION": str(self.logdir),
+            "METRICS_LOCATION": str(self.logdir),
+            "TS_DISABLE_TOKEN_AUTHORIZATION": "true",
+            **self.extra_env,
+        }
+        self.proc = proc = self._spawn(self._command(config), env)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        await self._wait_until_up(proc, timeout_s)
+
+    def _write_config(self) -> Path:
+        """TorchServe's config.properties in the workdir."""
         config = self.workdir / "config.properties"
         config.write_text(
             render_properties(
@@ -194,19 +209,14 @@ class TorchServe:
                 )
             )
         )
-        env = {
-            **os.environ,
-            "TMPDIR": str(self.tmpdir),
-            "LOG_LOCATION": str(self.logdir),
-            "METRICS_LOCATION": str(self.logdir),
-            "TS_DISABLE_TOKEN_AUTHORIZATION": "true",
-            **self.extra_env,
-        }
+        return config
+
+    def _command(self, config: Path) -> list[str]:
         launch = [_torchserve_binary()]
         if self.worker_python is not None:
             # TorchServe passes its own interpreter to the JVM as the workers' python.
             launch = [sys.executable, "-c", _START_WITH_WORKER_PYTHON, str(self.worker_python)]
-        cmd = [
+        return [
             *launch,
             "--start",
             "--foreground",
@@ -217,6 +227,9 @@ class TorchServe:
             "--model-store",
             str(self.model_store),
         ]
+
+    def _spawn(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start TorchServe in its own session, pinned when asked, its output to a file."""
         cwd = self.workdir / CWD  # empty: TorchServe's class path has ".", and CDS needs it so
         cwd.mkdir(parents=True, exist_ok=True)
         out = (self.workdir / "torchserve.out").open("wb")
@@ -227,7 +240,7 @@ class TorchServe:
             def preexec() -> None:
                 os.sched_setaffinity(0, cpus)
 
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             cmd,
             cwd=cwd,
             env=env,
@@ -238,17 +251,21 @@ class TorchServe:
             preexec_fn=preexec,  # noqa: PLW1509 (only sched_setaffinity, no locks taken)
         )
         out.close()
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        return proc
+
+    async def _wait_until_up(self, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+        """Until our TorchServe announced its start and its management API answers; an
+        exit, or no answer in ``timeout_s``, is a TorchServeError with its log's tail."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            if proc.poll() is not None:
                 if "Address already in use" in self.log_tail(100_000):
                     raise TorchServeError(
                         f"TorchServe could not bind its ports ({self.ports.inference}..): "
                         "Address already in use"
                     )
                 raise TorchServeError(
-                    f"TorchServe exited with status {self.proc.returncode}:\n{self.log_tail()}"
+                    f"TorchServe exited with status {proc.returncode}:\n{self.log_tail()}"
                 )
             if not self._announced_start():
                 # Until our own TorchServe says it bound its ports, an answer on them may
