@@ -138,37 +138,62 @@ def ensure_deployment(
         p.kube.create("deployments", p.namespace, want)
         p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
         return want
+    patch = _drift_patch(p, current, want, replicas=replicas, pod_hash=pod_hash)
+    if patch:
+        return p.kube.patch("deployments", p.namespace, dep_name, patch)
+    return dict(current)
+
+
+def _drift_patch(
+    p: Pass,
+    current: Mapping[str, Any],
+    want: Mapping[str, Any],
+    *,
+    replicas: int,
+    pod_hash: str,
+) -> dict[str, Any]:
+    """The merge patch that brings back what we set on our Deployment: its labels and pod
+    template (a put-back template is a DriftRepaired event), else its replicas; and our
+    finalizer. Empty when nothing differs."""
+    spec = current.get("spec") or {}
     meta = current.get("metadata") or {}
     patch: dict[str, Any] = {}
     template = spec.get("template") or {}
     if not covers(template, want["spec"]["template"]) or not covers(
         meta.get("labels"), want["metadata"]["labels"]
     ):
-        new_template = want["spec"]["template"]
-        pod_spec = dict(new_template["spec"])
-        for key in _REMOVABLE:
-            if key in (template.get("spec") or {}) and key not in pod_spec:
-                pod_spec[key] = None
-        # the plan label annotation of operators before the plan ConfigMap goes (null)
-        stale = {m.ANNOTATION_PLAN: None}
-        template_meta = dict(new_template["metadata"])
-        template_meta["annotations"] = {**stale, **template_meta.get("annotations", {})}
-        patch = {
-            "metadata": {"labels": want["metadata"]["labels"], "annotations": stale},
-            "spec": {
-                "template": {"metadata": template_meta, "spec": pod_spec},
-                "replicas": replicas,
-            },
-        }
+        patch = _template_patch(template, want, replicas=replicas)
         if (meta.get("labels") or {}).get(m.LABEL_SERVING_HASH) == pod_hash:
+            dep_name = want["metadata"]["name"]
             p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: template put back")
     elif int(spec.get("replicas", 0)) != replicas:
         patch = {"spec": {"replicas": replicas}}
     if (protect := protect_patch(current)) is not None:
         patch["metadata"] = {**patch.get("metadata", {}), **protect["metadata"]}
-    if patch:
-        return p.kube.patch("deployments", p.namespace, dep_name, patch)
-    return dict(current)
+    return patch
+
+
+def _template_patch(
+    template: Mapping[str, Any], want: Mapping[str, Any], *, replicas: int
+) -> dict[str, Any]:
+    """Our labels and pod template over what is there: pod fields we no longer set are
+    nulled, and so is the plan annotation of operators before the plan ConfigMap."""
+    new_template = want["spec"]["template"]
+    pod_spec = dict(new_template["spec"])
+    for key in _REMOVABLE:
+        if key in (template.get("spec") or {}) and key not in pod_spec:
+            pod_spec[key] = None
+    # the plan label annotation of operators before the plan ConfigMap goes (null)
+    stale = {m.ANNOTATION_PLAN: None}
+    template_meta = dict(new_template["metadata"])
+    template_meta["annotations"] = {**stale, **template_meta.get("annotations", {})}
+    return {
+        "metadata": {"labels": want["metadata"]["labels"], "annotations": stale},
+        "spec": {
+            "template": {"metadata": template_meta, "spec": pod_spec},
+            "replicas": replicas,
+        },
+    }
 
 
 def scale(p: Pass, current: Mapping[str, Any] | None, replicas: int) -> None:
