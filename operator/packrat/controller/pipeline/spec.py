@@ -203,6 +203,47 @@ def _parse(obj: Mapping[str, Any], *, default_image: str) -> PipelineObject:
     if not isinstance(spec, Mapping):
         raise InvalidSpec([*errors, "spec must be an object"])
     _unknown(errors, spec, SPEC_FIELDS, "spec.")
+    stages, all_stages = _stages(
+        errors, spec, name, namespace=namespace, default_image=default_image
+    )
+    edges, all_edges = _edges(errors, spec, {s.name for s in stages})
+    slo, hop, auto = _slo(errors, spec)
+    deadline = spec.get("deadlineMs")
+    if deadline is not None and (
+        isinstance(deadline, bool) or not isinstance(deadline, int) or deadline < 1
+    ):
+        errors.append(f"spec.deadlineMs must be a positive integer, got {deadline!r}")
+    if not errors and all_stages and all_edges:
+        try:  # the DAG's own rules (no cycle, no edge declared twice), on placeholder tables
+            Pipeline([Stage(s.name, {(1, 1): 1.0}) for s in stages], edges)
+        except PipelineError as exc:
+            errors.append(f"spec.edges: {exc}")
+    if errors:
+        raise InvalidSpec(errors)
+    generation = meta.get("generation")
+    return PipelineObject(
+        name=name,
+        namespace=namespace,
+        uid=meta.get("uid"),
+        generation=generation if isinstance(generation, int) else None,
+        stages=tuple(stages),
+        edges=tuple(edges),
+        slo=slo,
+        deadline_ms=float(deadline) if deadline is not None else None,
+        hop_overhead_ms=float(hop),
+        autoscaling=auto,
+    )
+
+
+def _stages(
+    errors: list[str],
+    spec: Mapping[str, Any],
+    name: str,
+    *,
+    namespace: str,
+    default_image: str,
+) -> tuple[list[StageSpec], bool]:
+    """spec.stages, and whether every one of them was read (no name used twice)."""
     stages_doc = spec.get("stages")
     stages: list[StageSpec] = []
     if not isinstance(stages_doc, list) or not 1 <= len(stages_doc) <= MAX_STAGES:
@@ -215,15 +256,26 @@ def _parse(obj: Mapping[str, Any], *, default_image: str) -> PipelineObject:
     names = [s.name for s in stages]
     for dupe in sorted({n for n in names if names.count(n) > 1}):
         errors.append(f"spec.stages: the name {dupe!r} is used twice")
+    return stages, len(stages) == len(stages_doc)
+
+
+def _edges(errors: list[str], spec: Mapping[str, Any], names: set[str]) -> tuple[list[Edge], bool]:
+    """spec.edges between the stages ``names``, and whether every one of them was read."""
     edges_doc = spec.get("edges", [])
     edges: list[Edge] = []
     if not isinstance(edges_doc, list) or len(edges_doc) > MAX_EDGES:
         errors.append(f"spec.edges must be a list of at most {MAX_EDGES} edges")
         edges_doc = []
     for i, doc in enumerate(edges_doc):
-        edge = _edge(errors, i, doc, set(names))
+        edge = _edge(errors, i, doc, names)
         if edge is not None:
             edges.append(edge)
+    return edges, len(edges) == len(edges_doc)
+
+
+def _slo(errors: list[str], spec: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
+    """spec.slo with its defaults (less the hop overhead), the hop overhead (ms) and
+    spec.autoscaling with its defaults (None when absent)."""
     slo = spec.get("slo")
     hop: Any = DEFAULT_HOP_OVERHEAD_MS
     auto: Any = None
@@ -246,28 +298,4 @@ def _parse(obj: Mapping[str, Any], *, default_image: str) -> PipelineObject:
                 errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
                 auto.pop("reference")
         validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
-    deadline = spec.get("deadlineMs")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int) or deadline < 1
-    ):
-        errors.append(f"spec.deadlineMs must be a positive integer, got {deadline!r}")
-    if not errors and len(stages) == len(stages_doc) and len(edges) == len(edges_doc):
-        try:  # the DAG's own rules (no cycle, no edge declared twice), on placeholder tables
-            Pipeline([Stage(s.name, {(1, 1): 1.0}) for s in stages], edges)
-        except PipelineError as exc:
-            errors.append(f"spec.edges: {exc}")
-    if errors:
-        raise InvalidSpec(errors)
-    generation = meta.get("generation")
-    return PipelineObject(
-        name=name,
-        namespace=namespace,
-        uid=meta.get("uid"),
-        generation=generation if isinstance(generation, int) else None,
-        stages=tuple(stages),
-        edges=tuple(edges),
-        slo=slo,
-        deadline_ms=float(deadline) if deadline is not None else None,
-        hop_overhead_ms=float(hop),
-        autoscaling=auto,
-    )
+    return slo, hop, auto
