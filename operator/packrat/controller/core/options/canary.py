@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.model_source import validate_model
+from packrat.controller.core.options.fields import known_object
 
 FIELD = "canary"
 _FIELDS = {"model", "trafficPercent", "replicas", "rollback"}
@@ -81,14 +82,10 @@ def _float(value: Any) -> float | None:
 
 def validate_canary(errors: list[str], spec: Mapping[str, Any]) -> None:
     """Append a message for every problem with ``spec.canary`` (as the CRD checks)."""
-    canary = spec.get(FIELD)
+    where = f"spec.{FIELD}"
+    canary = known_object(errors, spec.get(FIELD), where=where, fields=_FIELDS)
     if canary is None:
         return
-    where = f"spec.{FIELD}"
-    if not isinstance(canary, Mapping):
-        errors.append(f"{where} must be an object")
-        return
-    errors += [f"{where}.{k}: unknown field" for k in sorted(set(canary) - _FIELDS)]
     if "model" not in canary:
         errors.append(f"{where}.model is required")
     else:
@@ -99,15 +96,11 @@ def validate_canary(errors: list[str], spec: Mapping[str, Any]) -> None:
             errors.append(f"{where}.model is spec.model: a canary serves a different model")
     _int(errors, canary, "trafficPercent", where=where, bounds=(0, 100), required=True)
     _int(errors, canary, "replicas", where=where, bounds=(1, 100))
-    rollback = canary.get("rollback")
+    rollback = known_object(
+        errors, canary.get("rollback"), where=f"{where}.rollback", fields=_ROLLBACK_FIELDS
+    )
     if rollback is None:
         return
-    if not isinstance(rollback, Mapping):
-        errors.append(f"{where}.rollback must be an object")
-        return
-    errors += [
-        f"{where}.rollback.{k}: unknown field" for k in sorted(set(rollback) - _ROLLBACK_FIELDS)
-    ]
     rate = rollback.get("maxErrorRate")
     if rate is not None and not (_number(rate) and 0 <= rate <= 1):
         errors.append(f"{where}.rollback.maxErrorRate must be in [0, 1], got {rate!r}")

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.options.fields import known_object
+
 FIELD = "requestLogging"
 _FIELDS = {"sink", "sampleRate", "mode", "queueSize", "maxBodyBytes"}
 _SINK = re.compile(r"^(stdout|https?://\S+)$")
@@ -17,14 +19,10 @@ _SINK = re.compile(r"^(stdout|https?://\S+)$")
 
 def validate_request_logging(errors: list[str], spec: Mapping[str, Any]) -> None:
     """Append a message for every problem with ``spec.requestLogging`` (as the CRD checks)."""
-    logging = spec.get(FIELD)
+    where = f"spec.{FIELD}"
+    logging = known_object(errors, spec.get(FIELD), where=where, fields=_FIELDS)
     if logging is None:
         return
-    where = f"spec.{FIELD}"
-    if not isinstance(logging, Mapping):
-        errors.append(f"{where} must be an object")
-        return
-    errors += [f"{where}.{k}: unknown field" for k in sorted(set(logging) - _FIELDS)]
     sink = logging.get("sink")
     if not isinstance(sink, str) or len(sink) > 2048 or not _SINK.match(sink):
         errors.append(f"{where}.sink must be stdout or an http(s):// URL, got {sink!r}")
