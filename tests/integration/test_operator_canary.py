@@ -28,10 +28,10 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-from harness import OperatorCluster, wait_for
+from harness import ClientThreads, OperatorCluster, wait_for
 from models import FIRST_READY_S, body
 from seeding import seed_profile
 
@@ -68,9 +68,13 @@ def _profile() -> Profile:
 
 
 @dataclass
-class CanaryLoad:
+class CanaryLoad(ClientThreads):
     """Closed-loop load through the Service proxy recording, per request, when it started,
     its status and whether the canary answered it."""
+
+    pause_s: ClassVar[float] = 0.005
+    join_s: ClassVar[float] = 60.0
+    thread_name: ClassVar[str] = "canary-load"
 
     cluster: OperatorCluster
     clients: int = 2
@@ -98,23 +102,6 @@ class CanaryLoad:
         except (urllib.error.URLError, OSError) as exc:
             self.records.append((start, 0, False))
             self.failures.append((start, 0, str(exc)[:200]))
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._one()
-            time.sleep(0.005)
-
-    def __enter__(self) -> CanaryLoad:
-        for i in range(self.clients):
-            thread = threading.Thread(target=self._run, name=f"canary-load-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(60)
 
     def after(self, t: float) -> list[tuple[float, int, bool]]:
         return [r for r in list(self.records) if r[0] >= t]

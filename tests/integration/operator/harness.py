@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from agent import Agent, free_port
 from emulator import Api, EmulatorThread
@@ -234,8 +234,41 @@ class OperatorCluster:
         return "\n".join(text.splitlines()[-lines:])
 
 
+class ClientThreads:
+    """Closed-loop client threads for a ``with`` block: each calls ``_one`` (one request,
+    recorded as the subclass likes) then pauses ``pause_s``, until the block ends. A
+    subclass (a dataclass) declares ``clients``, ``_stop`` and ``_threads``."""
+
+    clients: int
+    _stop: threading.Event
+    _threads: list[threading.Thread]
+    pause_s: ClassVar[float] = 0.01
+    join_s: ClassVar[float] = 30.0
+    thread_name: ClassVar[str] = "load"
+
+    def _one(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._one()
+            time.sleep(self.pause_s)
+
+    def __enter__(self) -> Self:
+        for i in range(self.clients):
+            thread = threading.Thread(target=self._run, name=f"{self.thread_name}-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.join_s)
+
+
 @dataclass
-class Load:
+class Load(ClientThreads):
     """Steady closed-loop load through the Service proxy; records every request."""
 
     cluster: OperatorCluster
@@ -247,26 +280,12 @@ class Load:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            code, body = self.cluster.predict(self.service, self.model)
-            now = time.monotonic()
-            self.results.append((now, code))
-            if code != 200:
-                self.failures.append((now, code, str(body)[:200]))
-            time.sleep(0.01)
-
-    def __enter__(self) -> Load:
-        for i in range(self.clients):
-            thread = threading.Thread(target=self._run, name=f"load-{i}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(30)
+    def _one(self) -> None:
+        code, body = self.cluster.predict(self.service, self.model)
+        now = time.monotonic()
+        self.results.append((now, code))
+        if code != 200:
+            self.failures.append((now, code, str(body)[:200]))
 
     def served_between(self, start: float, end: float) -> tuple[int, int]:
         window = [code for t, code in self.results if start <= t <= end]
