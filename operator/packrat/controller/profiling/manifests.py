@@ -99,13 +99,33 @@ def profiling_job(
     container ``publish`` prints the finished JSON, so the operator reads the profile from
     that container's log (the pod needs no API credentials). Both are Guaranteed-sized.
     """
-    owner, name, image, key = spec.owner(), spec.name, spec.image, spec.profile_key
+    owner, name, key = spec.owner(), spec.name, spec.profile_key
     job_name = profile_object_name(name, key)
     labels = {
         **base_labels(name, app=PROFILING_APP),
         LABEL_MODEL: name,
         LABEL_PROFILE_KEY: key[:16],
     }
+    pod_spec = build_profiling_pod_spec(spec, limits=limits)
+    template_meta: dict[str, Any] = {"labels": dict(labels)}
+    apply_pod(template_meta, pod_spec, thaw(spec.pod))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(owner, name=job_name, labels=labels),
+        "spec": {
+            "backoffLimit": spec.profiling.backoff_limit,
+            "activeDeadlineSeconds": spec.profiling.timeout_seconds,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def build_profiling_pod_spec(spec: ModelSpec, *, limits: storage.StorageLimits) -> dict[str, Any]:
+    """The profiling pod, before the model's pod overrides: a fetch init container for a
+    storageUri model, the ``profile`` init container, the ``publish`` container."""
+    image = spec.image
     _, model_volumes, model_mounts = model_source(spec, limits=limits)
     output = f"{PROFILE_DIR}/{PROFILE_FILE}"
     mounts = [
@@ -129,8 +149,7 @@ def profiling_job(
             "terminationMessagePolicy": "FallbackToLogsOnError",
         }
     )
-    profiling = spec.profiling
-    pod_spec: dict[str, Any] = {
+    return {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -154,19 +173,6 @@ def profiling_job(
             *storage.credentials_volume(thaw(spec.source))[0],
         ],
         **scheduling(spec),
-    }
-    template_meta: dict[str, Any] = {"labels": dict(labels)}
-    apply_pod(template_meta, pod_spec, thaw(spec.pod))
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(owner, name=job_name, labels=labels),
-        "spec": {
-            "backoffLimit": profiling.backoff_limit,
-            "activeDeadlineSeconds": profiling.timeout_seconds,
-            "ttlSecondsAfterFinished": 86400,
-            "template": {"metadata": template_meta, "spec": pod_spec},
-        },
     }
 
 
