@@ -122,25 +122,9 @@ def measure_layout(
     steps = Lockstep(timed, batch=batch, filler=filler, timeout=budget_s * 3 + 600)
     try:
         measured_from = time.monotonic()
-        for _ in range(settings.warmup):
-            steps.round()
-        steps.cpu_s = steps.wall_s = 0.0
-        samples: list[float] = []
-        slowest: list[float] = []
-        stopped = "max_samples"
-        while len(samples) < settings.max_samples:
-            values = steps.round()
-            samples += values
-            slowest.append(max(values))
-            enough = len(slowest) >= settings.min_samples
-            if enough and precise_enough(
-                samples, precision=settings.precision, min_samples=settings.min_samples
-            ):
-                stopped = "precision"
-                break
-            if time.monotonic() - measured_from >= budget_s:
-                stopped = "budget"
-                break
+        samples, slowest, stopped = _sample(
+            steps, settings, measured_from=measured_from, budget_s=budget_s
+        )
         elapsed = time.monotonic() - measured_from
     finally:
         if filler is not None:
@@ -174,3 +158,31 @@ def measure_layout(
         "slowest_ms": mean(slowest),
     }
     return point, report
+
+
+def _sample(
+    steps: Lockstep, settings: ProfileSettings, *, measured_from: float, budget_s: float
+) -> tuple[list[float], list[float], str]:
+    """Warm up, then run lockstep rounds until the mean is precise enough, the point's
+    budget (from ``measured_from``) ends or max_samples were taken: every instance's
+    latencies, each round's slowest, and why it stopped."""
+    for _ in range(settings.warmup):
+        steps.round()
+    steps.cpu_s = steps.wall_s = 0.0
+    samples: list[float] = []
+    slowest: list[float] = []
+    stopped = "max_samples"
+    while len(samples) < settings.max_samples:
+        values = steps.round()
+        samples += values
+        slowest.append(max(values))
+        enough = len(slowest) >= settings.min_samples
+        if enough and precise_enough(
+            samples, precision=settings.precision, min_samples=settings.min_samples
+        ):
+            stopped = "precision"
+            break
+        if time.monotonic() - measured_from >= budget_s:
+            stopped = "budget"
+            break
+    return samples, slowest, stopped
