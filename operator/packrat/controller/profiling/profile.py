@@ -184,12 +184,7 @@ def _follow_job(
     status.set_profiling_progress(None)  # progress is shown while the Job runs, below
     failure: str | None = None
     if state == "succeeded":
-        text = None
-        for pod in pods:
-            if (pod.get("status") or {}).get("phase") == "Succeeded":
-                text = p.kube.read_log(p.namespace, pod["metadata"]["name"], container="publish")
-                if text:
-                    break
+        text = _published(p, pods)
         finished = parse_time((job.get("status") or {}).get("completionTime"))
         if not text and (finished is None or (p.now - finished).total_seconds() < 60):
             return None  # the pod's status or log may lag the Job's condition
@@ -201,50 +196,95 @@ def _follow_job(
             state = "failed"
             failure = f"profile unreadable: {exc}"
         else:
-            cm_body = pm.profile_configmap(
-                model, profile_json=profile.to_json(), cpu_model=profile.meta.cpu_model
-            )
-            p.kube.create("configmaps", p.namespace, cm_body)
-            _delete_job(p, obj_name, pods)
-            started = (job.get("status") or {}).get("startTime") or pstatus.get("startedAt")
-            p.result.profiling_seconds = p.seconds_since(started)
-            p.emit(
-                "Normal",
-                "Profiled",
-                f"profile stored in configmap {obj_name} "
-                f"({len(profile.points)} points, cpu {profile.meta.cpu_model})",
-            )
-            exclusive, reason, message = cores_exclusive(profile)
-            if exclusive is False:
-                p.emit("Warning", reason, f"profiling pod: {message}"[:1000])
-            return ensure_profile(p, model, configmap=cm_body, jobs=[])
+            return _store(p, model, pstatus, profile, job=job, obj_name=obj_name, pods=pods)
     if state != "failed":
         stuck = _stuck(p, pods)
         if stuck is None or stuck[1] is None:
-            p.result.profiling_progress = _progress(p, pods)
-            status.set_profiling_progress(p.result.profiling_progress)
-            message = f"profiling job {obj_name} running" + (f": {stuck[0]}" if stuck else "")
-            if stuck and pstatus.get("stuck") != stuck[0]:
-                p.emit("Warning", "ProfilingStuck", message[:1000])
-                pstatus["stuck"] = stuck[0]
-                status.set_profile(pstatus)
-            status.set_message(message[:2000])
-            p.cond("Profiled", False, "ProfilingStuck" if stuck else "Profiling", message[:2000])
+            _show_running(p, pstatus, obj_name=obj_name, pods=pods, stuck=stuck)
             return None
         failure = stuck[1]
     if failure is None:
-        reasons = [r for r in (pod_failure(pod) for pod in pods) if r]
-        job_reason = next(
-            (
-                f"{c.get('reason', '')}: {c.get('message', '')}"
-                for c in (job.get("status") or {}).get("conditions") or []
-                if c.get("type") == "Failed"
-            ),
-            "job failed",
-        )
-        failure = reasons[-1] if reasons else job_reason
+        failure = _job_failure(job, pods)
     _failed_attempt(p, pstatus, failure=failure, obj_name=obj_name, pods=pods)
     return None
+
+
+def _published(p: Pass, pods: Sequence[Mapping[str, Any]]) -> str | None:
+    """The profile JSON a succeeded pod's ``publish`` container printed (None: no log yet)."""
+    text = None
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") == "Succeeded":
+            text = p.kube.read_log(p.namespace, pod["metadata"]["name"], container="publish")
+            if text:
+                break
+    return text
+
+
+def _store(
+    p: Pass,
+    model: ModelSpec,
+    pstatus: dict[str, Any],
+    profile: Profile,
+    *,
+    job: Mapping[str, Any],
+    obj_name: str,
+    pods: Sequence[Mapping[str, Any]],
+) -> Profile | None:
+    """Keep a finished profile in its ConfigMap, delete the Job, say so (and warn when its
+    cores were not exclusive); then read it back as any stored profile is."""
+    cm_body = pm.profile_configmap(
+        model, profile_json=profile.to_json(), cpu_model=profile.meta.cpu_model
+    )
+    p.kube.create("configmaps", p.namespace, cm_body)
+    _delete_job(p, obj_name, pods)
+    started = (job.get("status") or {}).get("startTime") or pstatus.get("startedAt")
+    p.result.profiling_seconds = p.seconds_since(started)
+    p.emit(
+        "Normal",
+        "Profiled",
+        f"profile stored in configmap {obj_name} "
+        f"({len(profile.points)} points, cpu {profile.meta.cpu_model})",
+    )
+    exclusive, reason, message = cores_exclusive(profile)
+    if exclusive is False:
+        p.emit("Warning", reason, f"profiling pod: {message}"[:1000])
+    return ensure_profile(p, model, configmap=cm_body, jobs=[])
+
+
+def _show_running(
+    p: Pass,
+    pstatus: dict[str, Any],
+    *,
+    obj_name: str,
+    pods: Sequence[Mapping[str, Any]],
+    stuck: tuple[str, str | None] | None,
+) -> None:
+    """The running Job's progress and message; a pod newly stuck (not failed yet) is a
+    ProfilingStuck warning, once."""
+    status = p.status
+    p.result.profiling_progress = _progress(p, pods)
+    status.set_profiling_progress(p.result.profiling_progress)
+    message = f"profiling job {obj_name} running" + (f": {stuck[0]}" if stuck else "")
+    if stuck and pstatus.get("stuck") != stuck[0]:
+        p.emit("Warning", "ProfilingStuck", message[:1000])
+        pstatus["stuck"] = stuck[0]
+        status.set_profile(pstatus)
+    status.set_message(message[:2000])
+    p.cond("Profiled", False, "ProfilingStuck" if stuck else "Profiling", message[:2000])
+
+
+def _job_failure(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) -> str:
+    """Why a failed Job failed: its last pod's failure, else the Job's Failed condition."""
+    reasons = [r for r in (pod_failure(pod) for pod in pods) if r]
+    job_reason = next(
+        (
+            f"{c.get('reason', '')}: {c.get('message', '')}"
+            for c in (job.get("status") or {}).get("conditions") or []
+            if c.get("type") == "Failed"
+        ),
+        "job failed",
+    )
+    return reasons[-1] if reasons else job_reason
 
 
 def _progress(p: Pass, pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
