@@ -269,7 +269,6 @@ def _profile_grid(
     from dataclasses import replace
 
     from packrat.plan.grid import FULL_GRID_UP_TO, coarse_threads, refine_threads
-    from packrat.plan.optimizer import Optimizer, PlanError
     from packrat.profiler.profiler import run_profile
 
     grid = args.thread_grid
@@ -303,32 +302,56 @@ def _profile_grid(
         left = max(settings.time_budget_s - result.elapsed_s, 1.0)
     refined = once(sorted({*(threads or []), *extra}), left)
     if refined.profile is not None and not refined.missing:
-        try:
-            before = Optimizer.for_profile(coarse, cpus=args.cpus, max_batch=max(batches))
-            after = Optimizer.for_profile(refined.profile, cpus=args.cpus, max_batch=max(batches))
-            gain = {
-                str(b): round(before.latency(b) / after.latency(b) - 1.0, 4)
-                for b in batches
-                if before.feasible(b) and after.feasible(b)
-            }
-        except PlanError:
-            gain = {}
-        info = {
-            "coarse": threads,
-            "refined": extra,
-            # per batch: how much slower the coarse grid's best plan was than the refined one's
-            "coarse_plan_excess": gain,
-        }
-        meta = refined.profile.meta
-        profile = replace(
-            refined.profile, meta=replace(meta, extra={**meta.extra, "thread_grid": info})
+        refined.profile = _record_refinement(
+            args.output,
+            coarse,
+            refined.profile,
+            cpus=args.cpus,
+            coarse_threads=threads,
+            extra=extra,
         )
-        profile.save(args.output)
-        refined.profile = profile
     refined.measured = [*result.measured, *refined.measured]
     refined.startup_s += result.startup_s
     refined.elapsed_s += result.elapsed_s
     return refined
+
+
+def _record_refinement(
+    output: Path,
+    coarse: Any,
+    refined: Any,
+    *,
+    cpus: int,
+    coarse_threads: list[int] | None,
+    extra: list[int],
+) -> Any:
+    """The refined profile with ``meta.extra.thread_grid`` (the coarse and added thread
+    counts, and per batch how much slower the coarse grid's best plan was), saved."""
+    from dataclasses import replace
+
+    from packrat.plan.optimizer import Optimizer, PlanError
+
+    batches = coarse.batches
+    try:
+        before = Optimizer.for_profile(coarse, cpus=cpus, max_batch=max(batches))
+        after = Optimizer.for_profile(refined, cpus=cpus, max_batch=max(batches))
+        gain = {
+            str(b): round(before.latency(b) / after.latency(b) - 1.0, 4)
+            for b in batches
+            if before.feasible(b) and after.feasible(b)
+        }
+    except PlanError:
+        gain = {}
+    info = {
+        "coarse": coarse_threads,
+        "refined": extra,
+        # per batch: how much slower the coarse grid's best plan was than the refined one's
+        "coarse_plan_excess": gain,
+    }
+    meta = refined.meta
+    profile = replace(refined, meta=replace(meta, extra={**meta.extra, "thread_grid": info}))
+    profile.save(output)
+    return profile
 
 
 def run(args: argparse.Namespace) -> int:
