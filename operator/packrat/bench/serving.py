@@ -215,19 +215,44 @@ async def bench(settings: BenchSettings) -> BenchResult:
         return await _bench(settings, Path(tmp))
 
 
-async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
+def _bench_cpus(settings: BenchSettings) -> tuple[int, list[int]]:
+    """T (``--cpus``, else all of this process's cpus) and the first T of them."""
     from packrat.runtime.cpus import allowed_cpus
+
+    available = allowed_cpus()
+    t = settings.cpus or len(available)
+    if t > len(available):
+        raise BenchError(f"--cpus {t} but only {len(available)} cpus are available")
+    return t, available[:t]
+
+
+def _config_plans(
+    settings: BenchSettings, optimizer: Optimizer, result: BenchResult
+) -> dict[int, dict[str, Plan | None]]:
+    """Every configuration's plan per batch size; each batch's optimal plan, with its
+    expected speedup over one instance per core, goes into ``result.plans``."""
+    plans: dict[int, dict[str, Plan | None]] = {}
+    for b in settings.batches:
+        plan = optimizer.plan(b)
+        plans[b] = config_plans(plan, optimizer.table)
+        per_core_plan = plans[b][PER_CORE]
+        assert per_core_plan is not None
+        per_core_expected = expected_latency(tuple(per_core_plan.expand()), optimizer.table)
+        doc = plan.to_dict()
+        if per_core_expected is not None:
+            doc["expected_speedup_per_core"] = per_core_expected / plan.expected_latency_ms
+        result.plans[b] = doc
+    return plans
+
+
+async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
     from packrat.serve.codec import example_body
 
     task = asyncio.current_task()
     if task is not None:  # SIGTERM: stop the server being measured, then exit
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    available = allowed_cpus()
-    t = settings.cpus or len(available)
-    if t > len(available):
-        raise BenchError(f"--cpus {t} but only {len(available)} cpus are available")
-    cpus = available[:t]
+    t, cpus = _bench_cpus(settings)
     workdir.mkdir(parents=True, exist_ok=True)
     profile = await asyncio.to_thread(obtain_profile, settings, cpus=t)
     optimizer = Optimizer.for_profile(profile, cpus=t, max_batch=max(settings.batches))
@@ -244,17 +269,7 @@ async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
         },
         cpus=cpus,
     )
-    plans: dict[int, dict[str, Plan | None]] = {}
-    for b in settings.batches:
-        plan = optimizer.plan(b)
-        plans[b] = config_plans(plan, optimizer.table)
-        per_core_plan = plans[b][PER_CORE]
-        assert per_core_plan is not None
-        per_core_expected = expected_latency(tuple(per_core_plan.expand()), optimizer.table)
-        doc = plan.to_dict()
-        if per_core_expected is not None:
-            doc["expected_speedup_per_core"] = per_core_expected / plan.expected_latency_ms
-        result.plans[b] = doc
+    plans = _config_plans(settings, optimizer, result)
     configs = [c for c in CONFIGS if c in settings.configs]
     for repeat in range(settings.repeats):
         for b in settings.batches:
