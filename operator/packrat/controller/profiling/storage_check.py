@@ -88,50 +88,71 @@ def resolve_version(
         ask = version_of or _store_version(p)
         version = str(seen["version"]) if fresh else ask(uri, credentials)
     except FetchError as exc:
-        held = isinstance(exc, _HeldError)
-        message = exc.message if held else f"model {uri}: {exc.message}"[:1000]
-        if seen.get("error") != message:
-            p.emit("Warning", exc.reason, message)
-        known = seen.get("version") if seen.get("uri") == uri else None
-        failures = int(seen.get("failures") or 0) + (0 if held else 1)
-        storage = {
-            "uri": uri,
-            **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
-            "error": message,
-            "reason": exc.reason,
-            "failures": failures,
-            **({"tried": tried} if tried else {}),
-            "checkedAt": seen["checkedAt"] if held else now_iso(p.now),
-        }
-        p.status.set_storage(storage)
-        p.cond(CONDITION, False, exc.reason, message)
-        # look again when the backoff ends (the object or the Secret may appear meanwhile)
-        p.result.retry_seconds = _retry_left(p, storage)
-        if known:  # the version profiled and served stays in use; nothing is re-profiled
-            return _with_version(model, str(known))
-        p.status.set_message(message)
-        p.cond("Ready", False, exc.reason, message)
-        p.status.failed()
-        p.result.result = "storage_error"
-        return None
+        return _failed_check(p, model, exc, seen=seen, uri=uri, tried=tried)
     if not fresh:
-        previous = seen.get("version")
-        if previous and previous != version and seen.get("uri") == uri:
-            p.emit(
-                "Normal",
-                "ModelChanged",
-                f"{uri} changed (version {previous} -> {version}): re-profiling",
-            )
-        p.status.set_storage(
-            {
-                "uri": uri,
-                "version": version,
-                "fingerprint": fingerprint,
-                "checkedAt": now_iso(p.now),
-            }
-        )
+        _record_version(p, seen, uri=uri, version=version, fingerprint=fingerprint)
     p.cond(CONDITION, True, "Found", f"{uri} version {version}")
     return _with_version(model, version)
+
+
+def _failed_check(
+    p: Pass,
+    model: ModelSpec,
+    exc: FetchError,
+    *,
+    seen: Mapping[str, Any],
+    uri: str,
+    tried: str | None,
+) -> ModelSpec | None:
+    """A failed version check: status, condition and event (once per message), a retry at
+    the backoff's end; the model on the version last found, else None (the model fails)."""
+    held = isinstance(exc, _HeldError)
+    message = exc.message if held else f"model {uri}: {exc.message}"[:1000]
+    if seen.get("error") != message:
+        p.emit("Warning", exc.reason, message)
+    known = seen.get("version") if seen.get("uri") == uri else None
+    failures = int(seen.get("failures") or 0) + (0 if held else 1)
+    storage = {
+        "uri": uri,
+        **({"version": known, "fingerprint": seen.get("fingerprint")} if known else {}),
+        "error": message,
+        "reason": exc.reason,
+        "failures": failures,
+        **({"tried": tried} if tried else {}),
+        "checkedAt": seen["checkedAt"] if held else now_iso(p.now),
+    }
+    p.status.set_storage(storage)
+    p.cond(CONDITION, False, exc.reason, message)
+    # look again when the backoff ends (the object or the Secret may appear meanwhile)
+    p.result.retry_seconds = _retry_left(p, storage)
+    if known:  # the version profiled and served stays in use; nothing is re-profiled
+        return _with_version(model, str(known))
+    p.status.set_message(message)
+    p.cond("Ready", False, exc.reason, message)
+    p.status.failed()
+    p.result.result = "storage_error"
+    return None
+
+
+def _record_version(
+    p: Pass, seen: Mapping[str, Any], *, uri: str, version: str, fingerprint: str
+) -> None:
+    """The version just read, in status; a new version of the same URI is re-profiled."""
+    previous = seen.get("version")
+    if previous and previous != version and seen.get("uri") == uri:
+        p.emit(
+            "Normal",
+            "ModelChanged",
+            f"{uri} changed (version {previous} -> {version}): re-profiling",
+        )
+    p.status.set_storage(
+        {
+            "uri": uri,
+            "version": version,
+            "fingerprint": fingerprint,
+            "checkedAt": now_iso(p.now),
+        }
+    )
 
 
 def _store_version(p: Pass) -> VersionOf:
