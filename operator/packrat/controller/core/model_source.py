@@ -46,24 +46,7 @@ def validate_model(errors: list[str], model: Any) -> None:
         if not isinstance(uri, str) or not re.fullmatch(r"https?://\S+", uri) or len(uri) > 2048:
             errors.append(f"spec.model.uri must be an http(s) URL, got {uri!r}")
     if "volume" in model:
-        volume = model["volume"]
-        if not isinstance(volume, Mapping):
-            errors.append("spec.model.volume must be an object")
-        else:
-            _unknown(errors, volume, _VOLUME_FIELDS, where="spec.model.volume.")
-            if ("persistentVolumeClaim" in volume) == ("configMap" in volume):
-                errors.append("set exactly one of model.volume.persistentVolumeClaim and configMap")
-            pvc = volume.get("persistentVolumeClaim")
-            if pvc is not None and not (isinstance(pvc, Mapping) and pvc.get("claimName")):
-                errors.append("spec.model.volume.persistentVolumeClaim.claimName is required")
-            cm = volume.get("configMap")
-            if cm is not None and not (isinstance(cm, Mapping) and cm.get("name")):
-                errors.append("spec.model.volume.configMap.name is required")
-            path = volume.get("path")
-            if not isinstance(path, str) or not _PATH_RE.fullmatch(path) or ".." in path:
-                errors.append(
-                    f"spec.model.volume.path must be a relative path without '..', got {path!r}"
-                )
+        _check_volume(errors, model["volume"])
     validate_storage(errors, model)
     fmt = model.get("format")
     if "zoo" in model and fmt is not None:
@@ -72,6 +55,30 @@ def validate_model(errors: list[str], model: Any) -> None:
         errors.append("model.format is required with model.uri, model.volume or model.storageUri")
     if fmt is not None and fmt not in MODEL_FORMATS:
         errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
+    _check_name_and_sample(errors, model, fmt=fmt)
+
+
+def _check_volume(errors: list[str], volume: Any) -> None:
+    """spec.model.volume: one PVC or ConfigMap, and a relative path inside it."""
+    if not isinstance(volume, Mapping):
+        errors.append("spec.model.volume must be an object")
+        return
+    _unknown(errors, volume, _VOLUME_FIELDS, where="spec.model.volume.")
+    if ("persistentVolumeClaim" in volume) == ("configMap" in volume):
+        errors.append("set exactly one of model.volume.persistentVolumeClaim and configMap")
+    pvc = volume.get("persistentVolumeClaim")
+    if pvc is not None and not (isinstance(pvc, Mapping) and pvc.get("claimName")):
+        errors.append("spec.model.volume.persistentVolumeClaim.claimName is required")
+    cm = volume.get("configMap")
+    if cm is not None and not (isinstance(cm, Mapping) and cm.get("name")):
+        errors.append("spec.model.volume.configMap.name is required")
+    path = volume.get("path")
+    if not isinstance(path, str) or not _PATH_RE.fullmatch(path) or ".." in path:
+        errors.append(f"spec.model.volume.path must be a relative path without '..', got {path!r}")
+
+
+def _check_name_and_sample(errors: list[str], model: Mapping[str, Any], *, fmt: Any) -> None:
+    """spec.model.name, and the sample request a mar model is profiled with."""
     name = model.get("name")
     if name is not None and (
         not isinstance(name, str) or not _MODEL_NAME_RE.fullmatch(name) or len(name) > 63
