@@ -215,9 +215,9 @@ class Feed:
     """A synthetic stream of per-pod estimates, one list per reconcile pass."""
 
     def __init__(self) -> None:
-        self.next: list[int] | None = None
+        self.next: list[int] | ab.Reading | None = None
 
-    def __call__(self, namespace: str, name: str) -> list[int] | None:
+    def __call__(self, namespace: str, name: str) -> list[int] | ab.Reading | None:
         return self.next
 
 
@@ -373,3 +373,60 @@ def test_no_estimates_no_decision() -> None:
     res = rec.reconcile(NS, "tiny", now=_at(1))
     assert res.decision is None and res.observed_batch is None
     assert "lastDecision" not in _batch(kube)
+
+
+# -- the fast trigger (issue 27 item 4) ------------------------------------------------------------
+def test_parse_pod_estimate_validates_the_fast_triggers_evidence() -> None:
+    def doc(**extra: Any) -> dict[str, Any]:
+        return {"batch_size_estimate": {"estimate": 4, **extra}}
+
+    good = ab.parse_pod_estimate(doc(stable_seconds=1.5, batches={"full": 3, "timeout": 9}))
+    assert good == ab.PodEstimate(4, 1.5, (3, 9))
+    for bad in (float("nan"), float("inf"), -1, True, "2", 1e12):
+        assert ab.parse_pod_estimate(doc(stable_seconds=bad)) == ab.PodEstimate(4, None, None)
+    for counts in ({"full": -1, "timeout": 0}, {"full": True, "timeout": 0}, {"full": 1},
+                   {"full": 2**60, "timeout": 0}, [1, 2], {"full": 1.5, "timeout": 0}):  # fmt: skip
+        assert ab.parse_pod_estimate(doc(batches=counts)) == ab.PodEstimate(4, None, None)
+    assert ab.parse_pod_estimate(doc(estimate=0)) is None
+    # a round's evidence only when every pod gave it: the smallest hold, the summed counts
+    both = [ab.PodEstimate(4, 2.0, (1, 2)), ab.PodEstimate(4, 0.5, (10, 20))]
+    assert ab.reading_of(both, "pods") == ab.Reading((4, 4), "pods", 0.5, (11, 22))
+    mixed = [ab.PodEstimate(4, 2.0, (1, 2)), ab.PodEstimate(8, None, None)]
+    assert ab.reading_of(mixed, "pods") == ab.Reading((4, 8), "pods")
+    assert ab.reading_of([], "pods") is None
+
+
+def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeouts() -> None:
+    kube, rec, feed = _auto_model(sustainObservations=5, sustainSeconds=1)
+    feed.next = ab.Reading((8,), "pods", stable_s=0.3)
+    assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
+    feed.next = ab.Reading((8,), "pods", stable_s=1.5)  # held a second: no third observation
+    res = rec.reconcile(NS, "tiny", now=_at(2))
+    assert res.decision == Outcome.SWITCH
+    assert _batch(kube)["lastDecision"]["fast"].startswith("sustained")
+    assert _batch(kube)["fast"]["lastFrom"] == 1
+    assert rec.reconcile(NS, "tiny", now=_at(3)).phase == "Reconfiguring"
+    _finish_switch(kube, rec, at=4)  # lastSwitch at t=14
+    # the load falls; batches leave on their timeout rather than full
+    feed.next = ab.Reading((1,), "pods", stable_s=0.1, batches=(0, 0))
+    assert rec.reconcile(NS, "tiny", now=_at(15)).decision == Outcome.HOLD_NOT_SUSTAINED
+    feed.next = ab.Reading((1,), "pods", stable_s=0.2, batches=(5, 40))
+    res = rec.reconcile(NS, "tiny", now=_at(16))  # frequent, but 2 s after the last switch
+    assert res.decision == Outcome.HOLD_NOT_SUSTAINED
+    assert _batch(kube)["fast"]["timeoutFraction"] == round(40 / 45, 4)
+    feed.next = ab.Reading((1,), "pods", stable_s=0.3, batches=(5, 60))
+    res = rec.reconcile(NS, "tiny", now=_at(20))  # 1 is the batch the last switch left:
+    assert res.decision == Outcome.HOLD_NOT_SUSTAINED  # back to it only after 60 s
+    feed.next = ab.Reading((1,), "pods", stable_s=0.3, batches=(5, 80))
+    res = rec.reconcile(NS, "tiny", now=_at(75))  # 61 s after the switch: allowed
+    assert res.decision == Outcome.SWITCH and _batch(kube)["target"] == 1
+    assert _batch(kube)["lastDecision"]["fast"].startswith("timeouts")
+    assert _batch(kube)["fast"]["armed"] is False  # until the fraction falls to 0.2
+
+
+def test_without_sustain_seconds_a_held_reading_waits_for_the_observations() -> None:
+    kube, rec, feed = _auto_model(sustainObservations=3)
+    feed.next = ab.Reading((8,), "pods", stable_s=30.0, batches=(0, 10_000))
+    assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
+    assert rec.reconcile(NS, "tiny", now=_at(2)).decision == Outcome.HOLD_NOT_SUSTAINED
+    assert "fast" not in _batch(kube)

@@ -43,6 +43,9 @@ def test_autobatch_model_at_rest_is_sampled_not_left_to_the_resync() -> None:
     rest = {"waiting": False, "tuning": None}
     assert next_delay(opts, wants_estimates=False, **rest) == 300  # idle: the resync only
     assert next_delay(opts, wants_estimates=True, **rest) == 5  # autoBatch: an observation
+    # autoBatch's fast trigger reads the pods every sustainSeconds
+    assert next_delay(opts, wants_estimates=True, estimate_every=1.0, **rest) == 1.0
+    assert next_delay(opts, wants_estimates=False, estimate_every=1.0, **rest) == 300
     assert next_delay(opts, waiting=True, wants_estimates=True, tuning=None) == 2
     assert next_delay(opts, waiting=False, wants_estimates=True, tuning=1.5) == 1.5
     assert next_delay(opts, waiting=False, wants_estimates=False, tuning=30) == 30

@@ -147,6 +147,18 @@ def test_estimate_follows_outstanding_requests() -> None:
             async with s.get(f"{url}/status") as r:
                 doc = await r.json()
             assert doc["batch_size_estimate"]["estimate"] == 8
+            assert doc["batch_size_estimate"]["stable_seconds"] >= 0
+            assert doc["batch_size_estimate"]["batches"] == {"full": 0, "timeout": 0}
+            d.record_batch("m_i0", full=True)
+            d.record_batch("m_i0", full=False)
+            d.record_batch("m_i0", full=False)
+            async with s.get(f"{url}/status") as r:
+                counts = (await r.json())["batch_size_estimate"]["batches"]
+            assert counts == {"full": 1, "timeout": 2}
+            async with s.get(f"{url}/metrics") as r:
+                text = await r.text()
+            series = 'packrat_batches_total{model="m",plan_instance="m_i0",reason="timeout"}'
+            assert f"{series} 2.0" in text
             assert doc["outstanding"]["in_flight"] == 9
             fake.gate.set()
             await asyncio.gather(*tasks)

@@ -136,8 +136,11 @@ def test_requests_are_batched_up_to_the_batch_size(tmp_path: Path) -> None:
 
     async def go() -> None:
         runtime = _runtime(tmp_path, worker, delay_ms=200)
+        sent: list[tuple[str, bool]] = []
+        runtime.on_batch = lambda name, full: sent.append((name, full))
         await runtime.add(INST)
         answers = await _forward(runtime, 8)  # two full batches, no delay waited for
+        assert sent == [("m_i0", True), ("m_i0", True)]  # both left full
         assert [a.status for a in answers] == [200] * 8
         assert [json.loads(a.body) for a in answers] == [4] * 8
         assert [len(b) for b in worker.batches] == [4, 4]
@@ -153,9 +156,12 @@ def test_a_part_batch_leaves_after_the_delay(tmp_path: Path) -> None:
 
     async def go() -> None:
         runtime = _runtime(tmp_path, worker, delay_ms=20)
+        sent: list[tuple[str, bool]] = []
+        runtime.on_batch = lambda name, full: sent.append((name, full))
         await runtime.add(INST)
         answers = await _forward(runtime, 3)
         assert [json.loads(a.body) for a in answers] == [3, 3, 3]
+        assert sent == [("m_i0", False)]  # it left on the delay timeout
         await runtime.stop()
 
     _run(go)

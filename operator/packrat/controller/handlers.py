@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -159,6 +160,7 @@ def next_delay(
     tuning: float | None,
     checks_store: bool = False,
     retry: float | None = None,
+    estimate_every: float | None = None,
 ) -> float:
     """Seconds until a model's next pass when no watch event comes first.
 
@@ -167,10 +169,11 @@ def next_delay(
     for a storageUri model without a digest, the store's version of the object (every
     ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
     ``retry`` is a pass's own backoff (the store after a failure), which bounds the delay.
+    ``estimate_every``: a model's own, shorter estimate interval (autoBatch's fast trigger).
     """
     delay = options.poll_seconds if waiting else options.resync_seconds
     if wants_estimates:
-        delay = min(delay, options.estimate_seconds)
+        delay = min(delay, options.estimate_seconds, estimate_every or math.inf)
     if tuning is not None:
         delay = min(delay, tuning)
     if checks_store:
@@ -178,6 +181,19 @@ def next_delay(
     if retry is not None:
         delay = min(delay, retry)
     return delay
+
+
+FAST_MIN_INTERVAL = 0.5
+"""The shortest interval between two reads of a model's estimates (the fast trigger)."""
+
+
+def fast_estimate_interval(model: ModelSpec | None) -> float | None:
+    """How often the fast trigger reads the pods (``autoBatch.sustainSeconds``, at least
+    ``FAST_MIN_INTERVAL``): the estimate held that long is seen within one more interval."""
+    auto = model.auto if model is not None else None
+    if auto is None or auto.sustain_seconds <= 0:
+        return None
+    return max(FAST_MIN_INTERVAL, auto.sustain_seconds)
 
 
 def _tuner_interval(model: ModelSpec | None, body: Mapping[str, Any]) -> float | None:
@@ -338,6 +354,7 @@ def _register_model_daemon(
             tuning=tuning,
             checks_store=model is not None and needs_version_check(model.source),
             retry=result.retry_seconds,
+            estimate_every=fast_estimate_interval(model),
         )
 
     def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:

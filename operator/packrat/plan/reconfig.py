@@ -232,3 +232,147 @@ def _decide_pinned(
         f"batch {current} -> {target}: pinned by annotation{note}; expected {new_latency:.1f} ms "
         f"vs {keep_latency:.1f} ms keeping the current plan",
     )
+
+
+# -- the fast trigger: reacting within seconds, without flapping ---------------------------------
+class Fast(StrEnum):
+    """Why the fast trigger fired (or did not), also a status value."""
+
+    SUSTAINED = "sustained"  # the pods' estimate has held a new value for ``sustain_s``
+    TIMEOUTS = "timeouts"  # most batches left on their delay timeout: the batch is too large
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class FastPolicy:
+    """When to decide at once rather than after ``Policy.sustain`` observations and
+    ``Policy.min_interval_s`` (the Packrat paper reacts on a 1 s timeout and on frequent batch
+    timeouts).
+
+    ``sustain_s``: the pods' estimate must have held its value this long (0 disables the fast
+    trigger). ``min_interval_s``: fast switches at least this far apart. ``timeout_high`` /
+    ``timeout_low``: the batch-timeout fraction that fires the trigger, and the one it must
+    fall below before it can fire again (hysteresis). ``min_batches``: a fraction over fewer
+    batches is no evidence.
+    """
+
+    sustain_s: float = 1.0
+    min_interval_s: float = 5.0
+    timeout_high: float = 0.5
+    timeout_low: float = 0.2
+    min_batches: int = 20
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.sustain_s) and self.sustain_s >= 0):
+            raise ValueError("sustain_s must be a finite number >= 0")
+        if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
+            raise ValueError("min_interval_s must be a finite number >= 0")
+        if not 0 <= self.timeout_low < self.timeout_high <= 1:
+            raise ValueError("need 0 <= timeout_low < timeout_high <= 1")
+        if self.min_batches < 1:
+            raise ValueError("min_batches must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.sustain_s > 0
+
+
+@dataclass(frozen=True, slots=True)
+class FastState:
+    """What the fast trigger remembers between looks (kept in status by the caller).
+
+    ``armed``: the timeout trigger may fire (it disarms when it fires and re-arms once the
+    timeout fraction falls to ``timeout_low``). ``last_at`` / ``last_from``: when the last
+    switch (fast or not) happened and the batch it left.
+    """
+
+    armed: bool = True
+    last_at: float | None = None
+    last_from: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FastLook:
+    """One look at the pods: their combined estimate, how long every pod's estimate has held
+    (the smallest), and the fraction of batches that left on timeout since the last evidence
+    (None: too few batches, or the runtime does not count them)."""
+
+    observed: int
+    stable_s: float | None
+    timeout_fraction: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class FastVerdict:
+    reason: Fast
+    state: FastState
+    message: str
+
+    @property
+    def fire(self) -> bool:
+        return self.reason is not Fast.NONE
+
+
+def fast_trigger(
+    *,
+    fast: FastPolicy,
+    policy: Policy,
+    current: int,
+    look: FastLook,
+    state: FastState,
+    now: float,
+) -> FastVerdict:
+    """Whether to decide at once on ``look`` (the caller then runs :func:`decide` on this one
+    observation, ignoring the interval: the gain rule still applies).
+
+    Fires on a sustained change (an estimate other than ``current``, held by every pod for
+    ``sustain_s``) or on frequent batch timeouts (at least ``timeout_high`` of the batches,
+    with a smaller estimate to move to), and never:
+    - within ``fast.min_interval_s`` of the last switch;
+    - back to the batch the last switch left within ``policy.min_interval_s`` (a reversal
+      waits for the slow rules: the hysteresis that stops A -> B -> A flapping);
+    - on timeouts again before their fraction has fallen to ``timeout_low`` (re-arming).
+    """
+    target = policy.clamp(look.observed)
+    fraction = look.timeout_fraction
+    armed = state.armed or (fraction is not None and fraction <= fast.timeout_low)
+    kept = FastState(armed=armed, last_at=state.last_at, last_from=state.last_from)
+    if not fast.enabled or target == current:
+        return FastVerdict(Fast.NONE, kept, "")
+    since = None if state.last_at is None else now - state.last_at
+    if since is not None and since < fast.min_interval_s:
+        return FastVerdict(Fast.NONE, kept, f"last switch {since:.1f}s ago")
+    if target == state.last_from and since is not None and since < policy.min_interval_s:
+        return FastVerdict(Fast.NONE, kept, f"batch {target} was left {since:.0f}s ago")
+    reason = Fast.NONE
+    if look.stable_s is not None and look.stable_s >= fast.sustain_s:
+        reason = Fast.SUSTAINED
+        message = f"estimate {target} held {look.stable_s:.1f}s on every pod"
+    elif armed and fraction is not None and fraction >= fast.timeout_high and target < current:
+        reason = Fast.TIMEOUTS
+        message = f"{fraction:.0%} of batches left on their delay timeout"
+    if reason is Fast.NONE:
+        return FastVerdict(Fast.NONE, kept, "")
+    fired = FastState(
+        armed=armed and reason is not Fast.TIMEOUTS,
+        last_at=state.last_at,
+        last_from=state.last_from,
+    )
+    return FastVerdict(reason, fired, message)
+
+
+def timeout_fraction(
+    baseline: tuple[int, int] | None, totals: tuple[int, int], *, min_batches: int
+) -> tuple[float | None, tuple[int, int]]:
+    """The fraction of batches that left on timeout between ``baseline`` and ``totals``
+    (cumulative (full, timeout) counts summed over the pods), and the baseline to keep.
+
+    Counts that went down (a pod restarted or left) restart the baseline; a fraction over
+    fewer than ``min_batches`` is None and the baseline is kept, so evidence accumulates.
+    """
+    if baseline is None or totals[0] < baseline[0] or totals[1] < baseline[1]:
+        return None, totals
+    full, timeout = totals[0] - baseline[0], totals[1] - baseline[1]
+    if full + timeout < min_batches:
+        return None, baseline
+    return timeout / (full + timeout), totals

@@ -77,6 +77,9 @@ class AutoBatch:
     min_interval_seconds: float
     min_gain: float
     rounding: str
+    sustain_seconds: float = 0.0
+    """The fast trigger (``plan.reconfig.fast_trigger``): decide at once on an estimate the
+    pods have held this long, or on frequent batch timeouts; 0: off."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +280,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
                 min_interval_seconds=float(auto["minIntervalSeconds"]),
                 min_gain=float(auto["minGain"]),
                 rounding=str(auto.get("rounding") or DEFAULT_ROUNDING),
+                sustain_seconds=float(auto["sustainSeconds"]),
             )
             if isinstance(auto, Mapping)
             else None

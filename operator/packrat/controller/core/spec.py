@@ -73,6 +73,7 @@ AUTO_BATCH_DEFAULTS: dict[str, Any] = {
     "sustainObservations": 3,
     "minIntervalSeconds": 60,
     "minGain": 0.05,
+    "sustainSeconds": 0,
 }
 
 # Known fields per object, for rejecting unknown ones (the API server prunes/rejects them).
@@ -305,6 +306,11 @@ def _check_auto_batch(errors: list[str], auto: Any, *, max_batch: Any) -> None:
         _int_in(errors, auto, "max", where="spec.autoBatch.", lo=1, hi=1024)
         _int_in(errors, auto, "sustainObservations", where="spec.autoBatch.", lo=1, hi=100)
         _int_in(errors, auto, "minIntervalSeconds", where="spec.autoBatch.", lo=0, hi=86400)
+        held = auto.get("sustainSeconds")
+        if isinstance(held, bool) or not isinstance(held, int | float) or not 0 <= held <= 60:
+            errors.append(
+                f"spec.autoBatch.sustainSeconds must be a number in [0, 60], got {held!r}"
+            )
         gain = auto.get("minGain")
         if isinstance(gain, bool) or not isinstance(gain, int | float) or not 0 <= gain <= 1:
             errors.append(f"spec.autoBatch.minGain must be a number in [0, 1], got {gain!r}")

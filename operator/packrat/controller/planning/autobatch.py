@@ -20,7 +20,18 @@ from packrat.controller.core.model import AutoBatch
 from packrat.controller.core.status import parse_time
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import Profile
-from packrat.plan.reconfig import Decision, Observation, Policy, combine_estimates
+from packrat.plan.reconfig import (
+    Decision,
+    FastLook,
+    FastPolicy,
+    FastState,
+    FastVerdict,
+    Observation,
+    Policy,
+    combine_estimates,
+    fast_trigger,
+    timeout_fraction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +45,14 @@ HISTORY_LIMIT = 10
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """One round of estimates: one per ready pod, and where they came from."""
+    """One round of estimates: one per ready pod, and where they came from; with the fast
+    trigger's evidence when every pod gave it: how long the pods' estimates have held (the
+    smallest) and their batches' (full, timeout) counts (summed)."""
 
     estimates: tuple[int, ...]
     source: str  # "pods" (each ready pod's /status) or "service" (one pod, via the Service)
+    stable_s: float | None = None
+    batches: tuple[int, int] | None = None
 
     @property
     def combined(self) -> int | None:
@@ -66,6 +81,73 @@ def policy_from_spec(auto: AutoBatch) -> Policy:
         min_interval_s=auto.min_interval_seconds,
         min_gain=auto.min_gain,
     )
+
+
+def fast_policy_from_spec(auto: AutoBatch) -> FastPolicy:
+    """The fast trigger of a model's ``spec.autoBatch`` (off at ``sustainSeconds`` 0)."""
+    return FastPolicy(sustain_s=auto.sustain_seconds)
+
+
+def fast_look(
+    batch_status: Mapping[str, Any],
+    *,
+    reading: Reading,
+    fast: FastPolicy,
+    policy: Policy,
+    current: int,
+    last_switch_at: float | None,
+    now: float,
+) -> tuple[FastVerdict, dict[str, Any]]:
+    """The fast trigger on this round's reading, and ``status.batchSize`` with its state
+    (``fast``: armed, the batch counts' baseline, the last timeout fraction, the batch the
+    last switch left and when it was decided)."""
+    out = dict(batch_status)
+    kept = out.get("fast") if isinstance(out.get("fast"), Mapping) else {}
+    assert isinstance(kept, Mapping)
+    base = kept.get("baseline")
+    baseline = (
+        (int(base[0]), int(base[1]))
+        if isinstance(base, list) and len(base) == 2 and all(_count(v) is not None for v in base)
+        else None
+    )
+    fraction, baseline = (
+        timeout_fraction(baseline, reading.batches, min_batches=fast.min_batches)
+        if reading.batches is not None
+        else (None, baseline)
+    )
+    decided_at = kept.get("decidedAt")
+    last_at = max(
+        [t for t in (last_switch_at, decided_at) if isinstance(t, int | float)], default=None
+    )
+    left = kept.get("lastFrom")
+    state = FastState(
+        armed=kept.get("armed") is not False,
+        last_at=float(last_at) if last_at is not None else None,
+        last_from=left if isinstance(left, int) and not isinstance(left, bool) else None,
+    )
+    combined = reading.combined
+    assert combined is not None
+    look = FastLook(observed=combined, stable_s=reading.stable_s, timeout_fraction=fraction)
+    verdict = fast_trigger(
+        fast=fast, policy=policy, current=current, look=look, state=state, now=now
+    )
+    saved: dict[str, Any] = {**kept, "armed": verdict.state.armed}
+    if baseline is not None:
+        saved["baseline"] = list(baseline)
+    if fraction is not None:
+        saved["timeoutFraction"] = round(fraction, 4)
+    out["fast"] = saved
+    return verdict, out
+
+
+def fast_switched(batch_status: dict[str, Any], *, left: int, now: float) -> None:
+    """Remember a decided switch for the fast trigger's hysteresis."""
+    kept = batch_status.get("fast")
+    batch_status["fast"] = {
+        **(kept if isinstance(kept, Mapping) else {}),
+        "lastFrom": left,
+        "decidedAt": now,
+    }
 
 
 def parse_pin(annotations: Mapping[str, str] | None) -> tuple[int | None, str | None]:
@@ -178,6 +260,67 @@ def parse_estimate(doc: Any) -> int | None:
         return None
     number = int(value)
     return number if 1 <= number <= MAX_ESTIMATE else None
+
+
+MAX_STABLE_SECONDS = 1e7
+MAX_BATCH_COUNT = 1 << 53
+"""Bounds on what a pod may report (beyond them the value is no evidence)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodEstimate:
+    """One pod's ``/status`` estimate section, validated."""
+
+    estimate: int
+    stable_s: float | None
+    batches: tuple[int, int] | None
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_BATCH_COUNT else None
+
+
+def parse_pod_estimate(doc: Any) -> PodEstimate | None:
+    """The estimate (:func:`parse_estimate`), and when valid the seconds it has held (a
+    finite number in 0..``MAX_STABLE_SECONDS``) and the batch counts (``{"full": n,
+    "timeout": m}``, integers in 0..2^53); an invalid extra is absent, not an error."""
+    estimate = parse_estimate(doc)
+    if estimate is None:
+        return None
+    section = doc["batch_size_estimate"]
+    stable = section.get("stable_seconds")
+    stable_s = (
+        float(stable)
+        if isinstance(stable, int | float)
+        and not isinstance(stable, bool)
+        and 0 <= stable <= MAX_STABLE_SECONDS  # NaN fails both comparisons
+        else None
+    )
+    counts = section.get("batches")
+    full = _count(counts.get("full")) if isinstance(counts, Mapping) else None
+    timeout = _count(counts.get("timeout")) if isinstance(counts, Mapping) else None
+    batches = (full, timeout) if full is not None and timeout is not None else None
+    return PodEstimate(estimate, stable_s, batches)
+
+
+def reading_of(pods: Sequence[PodEstimate], source: str) -> Reading | None:
+    """One round's :class:`Reading`; the fast trigger's evidence only when every pod gave it."""
+    if not pods:
+        return None
+    stables = [p.stable_s for p in pods]
+    counts = [p.batches for p in pods]
+    return Reading(
+        tuple(p.estimate for p in pods),
+        source,
+        stable_s=None if None in stables else min(s for s in stables if s is not None),
+        batches=(
+            None
+            if None in counts
+            else (sum(c[0] for c in counts if c), sum(c[1] for c in counts if c))
+        ),
+    )
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

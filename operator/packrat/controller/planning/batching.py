@@ -10,6 +10,7 @@ more (or less) per replica moves its scaling thresholds with it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
@@ -19,7 +20,7 @@ from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
-from packrat.plan.reconfig import decide
+from packrat.plan.reconfig import FastVerdict, Observation, decide
 
 
 def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
@@ -87,16 +88,31 @@ def observe_batch(
     current_plan = status.served_plan
     if current_plan is None:
         return  # nothing serves yet to decide against
+    fast: FastVerdict | None = None
+    history = ab.observations(seen)
+    if reading is not None and reading.combined is not None and model.auto.sustain_seconds > 0:
+        fast, seen = ab.fast_look(
+            seen,
+            reading=reading,
+            fast=ab.fast_policy_from_spec(model.auto),
+            policy=policy,
+            current=current_plan.batch,
+            last_switch_at=last_at.timestamp() if last_at else None,
+            now=p.now.timestamp(),
+        )
+        if fast.fire:  # decide on this one observation, the interval waived (gain applies)
+            policy = replace(policy, sustain=1)
+            history = [Observation(p.now.timestamp(), policy.clamp(reading.combined))]
     decision = decide(
         policy=policy,
         current_plan=current_plan,
         table=profile.table(),
         optimal_latency=optimizer.latency,
-        history=ab.observations(seen),
+        history=history,
         last_switch_at=last_at.timestamp() if last_at else None,
         now=p.now.timestamp(),
         pinned=pinned,
-        ignore_interval=trigger is not None,
+        ignore_interval=trigger is not None or (fast is not None and fast.fire),
     )
     previous = (seen.get("lastDecision") or {}).get("outcome")
     seen["lastDecision"] = ab.decision_status(decision, now=stamp, trigger=trigger)
@@ -104,9 +120,12 @@ def observe_batch(
         seen["lastDecision"]["message"] += f" ({pin_error})"
     if trigger is not None:
         seen["reconfigureHandled"] = trigger
+    if fast is not None and fast.fire:
+        seen["lastDecision"]["fast"] = f"{fast.reason.value}: {fast.message}"
     p.result.decision = decision.outcome.value
     if decision.switch and decision.target is not None:
         seen["target"] = decision.target
+        ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
         p.emit("Normal", "BatchSizeChanged", decision.message)
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)

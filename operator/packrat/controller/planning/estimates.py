@@ -17,7 +17,13 @@ from typing import Any
 
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.core.fanout import PodFanout, read_json, shared_fanout
-from packrat.controller.planning.autobatch import Reading, parse_estimate, pod_ready
+from packrat.controller.planning.autobatch import (
+    PodEstimate,
+    Reading,
+    parse_pod_estimate,
+    pod_ready,
+    reading_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,14 +80,14 @@ class EstimateReader:
     def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return ready_pods(self.kube, namespace, name)
 
-    def _read_all(self, owner: str, urls: list[str]) -> list[int]:
+    def _read_all(self, owner: str, urls: list[str]) -> list[PodEstimate]:
         answers = self.fanout.get(
             owner,
             [url.rstrip("/") + "/status" for url in urls],
             deadline=self.deadline,
             max_bytes=MAX_BYTES,
         )
-        values = [parse_estimate(read_json(answer)) for answer in answers]
+        values = [parse_pod_estimate(read_json(answer)) for answer in answers]
         return [v for v in values if v is not None]
 
     def __call__(
@@ -93,8 +99,6 @@ class EstimateReader:
             pods = self.ready_pods(namespace, name)
         if pods:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
-            values = self._read_all(owner, urls)
-            return Reading(tuple(values), "pods") if values else None
+            return reading_of(self._read_all(owner, urls), "pods")
         service = self.service_url.format(service=name, namespace=namespace)
-        values = self._read_all(owner, [service])
-        return Reading((values[0],), "service") if values else None
+        return reading_of(self._read_all(owner, [service])[:1], "service")

@@ -165,6 +165,8 @@ class Dispatcher(SwapMixin):
             model=model,
         )
         self.arrivals = ArrivalLog()
+        # batches the runtime sent, by why they left (the native runtime reports them)
+        self.batch_counts: dict[str, int] = {"full": 0, "timeout": 0}
         self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
         self.payload_log = payload_log  # request and response logging, when on
         self.draining = False
@@ -318,6 +320,12 @@ class Dispatcher(SwapMixin):
     def begin_drain(self) -> None:
         self.draining = True
         self._update_ready()
+
+    def record_batch(self, instance: str, *, full: bool) -> None:
+        """The runtime sent ``instance`` a batch, ``full`` or on its delay timeout."""
+        reason = "full" if full else "timeout"
+        self.batch_counts[reason] += 1
+        self.metrics.batches.labels(self.model, instance, reason).inc()
 
     @property
     def pending(self) -> int:

@@ -58,6 +58,8 @@ def read_only_routes(
             "estimate": d.estimator.estimate,
             "ewma": d.estimator.ewma,
             "samples": d.estimator.samples,
+            "stable_seconds": round(d.sampler.stable_s(), 3),
+            "batches": dict(d.batch_counts),
         }
         return web.json_response(doc)
 

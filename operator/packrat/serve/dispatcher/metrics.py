@@ -123,6 +123,13 @@ class ServeMetrics(MetricSet):
             "of two, mode over the recent window.",
             ["model"],
         )
+        self.batches = self._counter(
+            "packrat_batches",
+            "Batches the native runtime sent to an instance's worker, by why they left: full "
+            "(the instance's batch size reached) or timeout (the batch delay ran out first). "
+            "Frequent timeouts mean the plan's batch is larger than the load forms.",
+            ["model", "plan_instance", "reason"],
+        )
         self.outstanding_ewma = self._gauge(
             "packrat_outstanding_requests_ewma",
             "The estimator's moving average of outstanding requests (queued + in flight).",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 from packrat.plan.estimator import BatchSizeEstimator
@@ -34,6 +35,17 @@ class EstimatorSampler:
         self._model = model
         self._task: asyncio.Task[None] | None = None
         self._busy = asyncio.Event()  # set while anything is outstanding: the loop runs
+        self._held: tuple[int, float] = (estimator.estimate, time.monotonic())
+
+    def stable_s(self) -> float:
+        """Seconds the estimate has held its current value (the operator's fast trigger acts
+        on an estimate held for a second, as the Packrat paper's 1 s timeout)."""
+        value, since = self._held
+        now = time.monotonic()
+        if self.estimator.estimate != value:
+            self._held = (self.estimator.estimate, now)
+            return 0.0
+        return now - since
 
     def wake(self) -> None:
         self._busy.set()
@@ -62,6 +74,7 @@ class EstimatorSampler:
             depth = self._pending()
             if depth > 0:
                 self.estimator.observe(depth)
+                self.stable_s()  # notes when the estimate changed
             estimate.set(self.estimator.estimate)
             ewma.set(self.estimator.ewma)
             if depth == 0:

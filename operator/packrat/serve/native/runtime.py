@@ -182,6 +182,7 @@ class NativeInstance:
             batch = [p for p in batch if not p.future.done()]
             if not batch:
                 continue
+            self.runtime.on_batch(self.inst.name, len(batch) >= self.inst.batch)
             self._batch_id = (self._batch_id + 1) & 0xFFFFFFFF
             self._inflight = batch
             self._replied = asyncio.get_running_loop().create_future()
@@ -312,6 +313,9 @@ class NativeRuntime:
         # Told the name of an instance whose worker just died (the pod marks it down at once,
         # before its monitor's next look); the default does nothing.
         self.on_death: Callable[[str], None] = lambda _name: None
+        # Told each batch sent to a worker: the instance's name and whether the batch was full
+        # (else it left on the delay timeout); the pod counts them in its metrics.
+        self.on_batch: Callable[[str, bool], None] = lambda _name, _full: None
 
     # -- the backend contract -----------------------------------------------------------------
     @property

@@ -316,7 +316,7 @@ class PodServer:
 
     def _make_dispatcher(self, runtime: RuntimeBackend) -> Dispatcher:
         opts = self.opts
-        return Dispatcher(
+        dispatcher = Dispatcher(
             model=self.name,
             instances=self.instances,
             backend=runtime,
@@ -337,6 +337,9 @@ class PodServer:
                 else None
             ),
         )
+        if isinstance(runtime, NativeRuntime):  # it reports each batch: full or timed out
+            runtime.on_batch = lambda name, full: dispatcher.record_batch(name, full=full)
+        return dispatcher
 
     async def _listen(self, runner: web.AppRunner) -> web.TCPSite:
         """Open the public port (the instances are not loaded yet: not ready)."""

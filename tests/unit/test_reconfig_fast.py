@@ -1,0 +1,142 @@
+"""The fast reconfiguration trigger (issue 27 item 4): fires on a sustained change and on
+frequent batch timeouts, and never flaps on noisy input (hypothesis)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packrat.plan.reconfig import (
+    Fast,
+    FastLook,
+    FastPolicy,
+    FastState,
+    FastVerdict,
+    Policy,
+    fast_trigger,
+    timeout_fraction,
+)
+
+POLICY = Policy(min_batch=1, max_batch=64, sustain=3, min_interval_s=60, min_gain=0.05)
+FAST = FastPolicy(sustain_s=1.0, min_interval_s=5.0, timeout_high=0.5, timeout_low=0.2)
+
+
+def look(observed: int, stable: float | None = None, fraction: float | None = None) -> FastLook:
+    return FastLook(observed=observed, stable_s=stable, timeout_fraction=fraction)
+
+
+def verdict(
+    current: int, lk: FastLook, state: FastState | None = None, now: float = 100.0
+) -> FastVerdict:
+    return fast_trigger(
+        fast=FAST, policy=POLICY, current=current, look=lk, state=state or FastState(), now=now
+    )
+
+
+def test_a_change_held_for_the_sustain_time_fires() -> None:
+    assert verdict(8, look(16, stable=1.2)).reason is Fast.SUSTAINED
+    assert verdict(8, look(16, stable=0.5)).reason is Fast.NONE  # not held long enough
+    assert verdict(8, look(16, stable=None)).reason is Fast.NONE  # the pods did not say
+    assert verdict(8, look(8, stable=30.0)).reason is Fast.NONE  # no change
+    assert verdict(64, look(1000, stable=5.0)).reason is Fast.NONE  # clamped to the range: same
+
+
+def test_frequent_timeouts_fire_only_towards_a_smaller_batch_and_disarm() -> None:
+    fired = verdict(16, look(4, stable=0.1, fraction=0.8))
+    assert fired.reason is Fast.TIMEOUTS and not fired.state.armed
+    assert verdict(4, look(16, stable=0.1, fraction=0.9)).reason is Fast.NONE  # larger: no
+    assert verdict(16, look(4, fraction=0.3)).reason is Fast.NONE  # not frequent
+    again = verdict(16, look(4, fraction=0.9), state=fired.state)
+    assert again.reason is Fast.NONE  # disarmed until the fraction falls to timeout_low
+    rearmed = verdict(16, look(16, fraction=0.1), state=fired.state)
+    assert rearmed.state.armed
+
+
+def test_no_fast_switch_too_soon_nor_back_to_the_batch_just_left() -> None:
+    recent = FastState(last_at=97.0, last_from=4)
+    assert verdict(8, look(16, stable=9.0), state=recent).reason is Fast.NONE  # 3 s ago
+    left = FastState(last_at=80.0, last_from=4)
+    assert verdict(8, look(4, stable=9.0), state=left).reason is Fast.NONE  # a reversal
+    assert verdict(8, look(16, stable=9.0), state=left).reason is Fast.SUSTAINED
+    assert verdict(8, look(4, stable=9.0), state=left, now=141.0).fire  # after min_interval
+
+
+def test_disabled_never_fires() -> None:
+    off = FastPolicy(sustain_s=0)
+    out = fast_trigger(
+        fast=off, policy=POLICY, current=8, look=look(1, 99.0, 1.0), state=FastState(), now=0
+    )
+    assert not out.fire
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"sustain_s": -1.0},
+        {"sustain_s": float("nan")},
+        {"min_interval_s": float("inf")},
+        {"timeout_low": 0.6, "timeout_high": 0.5},
+        {"timeout_high": 1.5},
+        {"min_batches": 0},
+    ],
+)
+def test_fast_policy_rejects_bad_settings(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        FastPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_timeout_fraction_accumulates_and_restarts_on_a_counter_reset() -> None:
+    assert timeout_fraction(None, (10, 5), min_batches=20) == (None, (10, 5))
+    assert timeout_fraction((10, 5), (20, 5), min_batches=20) == (None, (10, 5))  # 10 batches
+    assert timeout_fraction((10, 5), (20, 20), min_batches=20) == (15 / 25, (20, 20))
+    assert timeout_fraction((10, 5), (3, 9), min_batches=20) == (None, (3, 9))  # a pod restarted
+
+
+LOOKS = st.lists(
+    st.tuples(
+        st.floats(min_value=0.2, max_value=3.0),  # seconds to the next look
+        st.sampled_from([1, 2, 4, 8, 16, 32]),
+        st.one_of(st.none(), st.floats(min_value=0.0, max_value=5.0)),
+        st.one_of(st.none(), st.floats(min_value=0.0, max_value=1.0)),
+    ),
+    max_size=200,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(LOOKS)
+def test_noisy_input_never_flaps(
+    looks: list[tuple[float, int, float | None, float | None]],
+) -> None:
+    """Whatever the pods report, switching on every fire: fast switches are at least
+    ``FAST.min_interval_s`` apart, no switch returns to the batch the previous one left
+    within ``POLICY.min_interval_s``, and two timeout fires have a calm look between them."""
+    now, current, state = 0.0, 8, FastState()
+    switches: list[tuple[float, int, int]] = []  # (time, from, to)
+    calm_since_timeouts = True
+    for gap, observed, stable, fraction in looks:
+        now += gap
+        out = fast_trigger(
+            fast=FAST,
+            policy=POLICY,
+            current=current,
+            look=look(observed, stable, fraction),
+            state=state,
+            now=now,
+        )
+        if fraction is not None and fraction <= FAST.timeout_low:
+            calm_since_timeouts = True
+        state = out.state
+        if not out.fire:
+            continue
+        if out.reason is Fast.TIMEOUTS:
+            assert calm_since_timeouts
+            calm_since_timeouts = False
+        if switches:
+            at, left, _ = switches[-1]
+            assert now - at >= FAST.min_interval_s
+            assert not (observed == left and now - at < POLICY.min_interval_s)
+        switches.append((now, current, observed))
+        state = FastState(armed=state.armed, last_at=now, last_from=current)
+        current = observed
