@@ -10,29 +10,39 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import yaml
 from prometheus_client import generate_latest
-from test_controller_pipeline import NAME, Cluster
+from test_controller_pipeline import NAME, Cluster, _body
 
 from conftest import NS, FakeKube
 from packrat.controller.pipeline.latency import (
     MIN_QUERIES,
     WINDOW_SECONDS,
+    EdgeCounts,
     LatencyWindow,
     Measured,
     PodReading,
     RouterLatency,
+    counts_increase,
     increase,
     measure,
     parse_buckets,
+    parse_edge_counts,
     quantile,
 )
+from packrat.controller.pipeline.manifests import CONFIG_KEY, router_name
 from packrat.serve.router import RouterMetrics
 
 
-def _metrics(pipeline: str, seconds: list[float]) -> str:
+def _metrics(pipeline: str, seconds: list[float], *, taken: int = 0) -> str:
+    """A router's metrics: ``seconds`` answered, each by stage a; ``taken`` went on to b."""
     m = RouterMetrics()
     for s in seconds:
         m.duration.labels(pipeline).observe(s)
+        m.stage_answers.labels(pipeline, "a").inc()
+    if taken:
+        m.edges_taken.labels(pipeline, "a", "b").inc(taken)
+    m.edges_taken.labels("other", "a", "b").inc(1000)
     m.duration.labels("other").observe(100.0)  # another pipeline's series is not ours
     return generate_latest(m.registry).decode()
 
@@ -61,8 +71,8 @@ def test_parse_buckets_of_the_router_metrics() -> None:
 def routers() -> Iterator[list[str]]:
     """Two router pods' /metrics on a local server (path /<pod>/metrics)."""
     texts = {
-        "r1": _metrics(NAME, [0.004] * 60),
-        "r2": _metrics(NAME, [0.004] * 39 + [0.3]),
+        "r1": _metrics(NAME, [0.004] * 60, taken=10),
+        "r2": _metrics(NAME, [0.004] * 39 + [0.3], taken=5),
     }
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -112,11 +122,15 @@ def test_reader_adds_every_ready_router_pod(routers: list[str]) -> None:
     reader = RouterLatency(kube, pod_url=url + "/{pod}", clock=lambda: NOW)
     # 100 queries in all, one slow: P99 at the top of the 0.0025..0.005 s bucket (both
     # pods started within the window: all they answered counts)
-    assert reader(NS, NAME) == Measured(pytest.approx(5.0), 100)  # type: ignore[arg-type]
+    first = reader(NS, NAME)
+    assert first == Measured(pytest.approx(5.0), 100, first.edges)  # type: ignore[arg-type, union-attr]
+    # the edge counters, summed over the pods (the first reading: all of them)
+    assert first is not None and first.edges == EdgeCounts({("a", "b"): 15.0}, {"a": 100.0})
     kube.delete("pods", NS, "r2")
     kube.create("pods", NS, _pod("r2", ready=False))  # a pod not ready is not read
     measured = reader(NS, NAME)
     assert measured is not None and measured.queries == 60
+    assert measured.edges == EdgeCounts({("a", "b"): 0.0}, {"a": 0.0})  # r1: no increase
     assert measured.p99_ms == pytest.approx(2.5 + 2.5 * (0.99 * 60) / 60, abs=0.001)
     kube.delete("pods", NS, "r1")
     assert reader(NS, NAME) is None  # nothing to read
@@ -181,3 +195,51 @@ def test_measured_p99_in_status_decides_slo_met() -> None:
     status = c.status()
     assert "measuredP99Ms" not in status and status["measuredQueries"] == 3
     assert status["sloMet"] is True
+
+
+def test_edge_counts_are_validated_and_restart_on_a_reset() -> None:
+    text = _metrics(NAME, [0.004] * 30, taken=12)
+    assert parse_edge_counts(text, NAME) == EdgeCounts({("a", "b"): 12.0}, {"a": 30.0})
+    assert parse_edge_counts(text, "absent") == EdgeCounts()
+    series = f'packrat_pipeline_edges_taken_total{{dst="b",pipeline="{NAME}",src="a"}}'
+    bad = text.replace(f"{series} 12.0", f"{series} -3")
+    assert bad != text and parse_edge_counts(bad, NAME) is None
+    assert parse_edge_counts("not { prometheus", NAME) is None
+    before = EdgeCounts({("a", "b"): 10.0}, {"a": 40.0})
+    later = EdgeCounts({("a", "b"): 15.0}, {"a": 60.0})
+    assert counts_increase(later, before) == EdgeCounts({("a", "b"): 5.0}, {"a": 20.0})
+    restarted = EdgeCounts({("a", "b"): 2.0}, {"a": 9.0})
+    assert counts_increase(restarted, before) == restarted
+
+
+def test_measured_fractions_replace_the_declared_ones_after_enough_samples() -> None:
+    c = Cluster(_body(edges=[{"from": "first", "to": "second", "fraction": 0.5}]))
+    assert c.settle()["phase"] == "Serving"
+    planned = c.status()["planSignature"]
+    assert c.status()["edges"] == [{"from": "first", "to": "second", "declared": 0.5}]
+
+    def read(taken: float, answered: float) -> dict[str, object]:
+        counts = EdgeCounts({("first", "second"): taken}, {"first": answered})
+        c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(20.0, 100, counts))
+        return c.status()
+
+    status = read(30, 100)  # 100 answers: not enough to plan on
+    (edge,) = status["edges"]  # type: ignore[misc]
+    assert (edge["measured"], edge["samples"], "used" in edge) == (0.3, 100, False)
+    assert status["planSignature"] == planned
+    status = read(30, 100)  # 200: the planner takes the measured fraction
+    (edge,) = status["edges"]  # type: ignore[misc]
+    assert edge["used"] == pytest.approx(0.3) and edge["declared"] == 0.5
+    assert status["planSignature"] != planned
+    second = {s["name"]: s for s in status["stages"]}["second"]  # type: ignore[attr-defined]
+    assert second["scaleFactor"] == pytest.approx(0.3, abs=0.05)  # simulated on 0.3
+    replanned = status["planSignature"]
+    for taken in (33, 27, 32):  # noise: no new plan
+        assert read(taken, 100)["planSignature"] == replanned
+    before = c.status()["edges"]
+    assert read(-5, 100)["edges"] == before  # junk counts: no evidence
+    assert read(150, 100)["edges"] == before  # more took the edge than reached its source
+    # the router keeps drawing the declared fraction
+    router = c.obj("configmaps", router_name(NAME))
+    (edge_config,) = yaml.safe_load(router["data"][CONFIG_KEY])["edges"]
+    assert edge_config["fraction"] == 0.5

@@ -399,6 +399,11 @@ class PipelineStatus(Status):
         self._data["measuredQueries"] = int(queries)
         self._set("measuredP99Ms", p99_ms)
 
+    def set_edges(self, edges: list[dict[str, Any]] | None) -> None:
+        """``status.edges``: per edge the declared fraction, the measured one (smoothed, its
+        weight and samples) and the one the planner uses once there are enough samples."""
+        self._set("edges", edges)
+
     def judge_slo(self, slo_ms: float) -> None:
         """``sloMet`` from the measured P99 when there is one (else the simulated one's)."""
         if "measuredP99Ms" in self._data:

@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,6 +47,10 @@ MIN_QUERIES = 20
 WINDOW_SECONDS = 300.0
 
 Buckets = dict[float, float]  # upper bound (s) -> cumulative count
+EDGES_METRIC = "packrat_pipeline_edges_taken"
+ANSWERS_METRIC = "packrat_pipeline_stage_answers"
+MAX_SERIES = 1024  # edge and stage series taken from one router pod
+MAX_COUNT = float(2**53)
 
 
 def parse_buckets(text: str, pipeline: str) -> Buckets | None:
@@ -69,6 +73,65 @@ def parse_buckets(text: str, pipeline: str) -> Buckets | None:
         logger.debug("unreadable router metrics: %s", exc)
         return None
     return out or None
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeCounts:
+    """The router's per-edge and per-stage counters (cumulative, or an increase): queries
+    that took each edge, answers each stage gave (the measured scale factors' evidence)."""
+
+    taken: dict[tuple[str, str], float] = field(default_factory=dict)
+    answered: dict[str, float] = field(default_factory=dict)
+
+
+def parse_edge_counts(text: str, pipeline: str) -> EdgeCounts | None:
+    """``packrat_pipeline_edges_taken_total`` and ``..._stage_answers_total`` for
+    ``pipeline``; None for junk (a value not finite, negative or beyond 2^53, too many
+    series)."""
+    out = EdgeCounts()
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name not in (EDGES_METRIC, ANSWERS_METRIC):
+                continue
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name != f"{family.name}_total" or labels.get("pipeline") != pipeline:
+                    continue
+                value = float(sample.value)
+                if not 0 <= value <= MAX_COUNT:  # NaN fails too
+                    return None
+                if family.name == EDGES_METRIC:
+                    out.taken[(str(labels["src"]), str(labels["dst"]))] = value
+                else:
+                    out.answered[str(labels["stage"])] = value
+                if len(out.taken) + len(out.answered) > MAX_SERIES:
+                    return None
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        logger.debug("unreadable router metrics: %s", exc)
+        return None
+    return out
+
+
+def counts_increase(now: EdgeCounts, before: EdgeCounts | None) -> EdgeCounts:
+    """What ``now`` adds to ``before``: all of ``now`` when there is nothing before or any
+    count went down (the router pod restarted)."""
+    if (
+        before is None
+        or any(v < before.taken.get(k, 0.0) for k, v in now.taken.items())
+        or any(v < before.answered.get(k, 0.0) for k, v in now.answered.items())
+    ):
+        return EdgeCounts(dict(now.taken), dict(now.answered))
+    return EdgeCounts(
+        {k: v - before.taken.get(k, 0.0) for k, v in now.taken.items()},
+        {k: v - before.answered.get(k, 0.0) for k, v in now.answered.items()},
+    )
+
+
+def add_counts(total: EdgeCounts, more: EdgeCounts) -> None:
+    for key, value in more.taken.items():
+        total.taken[key] = total.taken.get(key, 0.0) + value
+    for stage, value in more.answered.items():
+        total.answered[stage] = total.answered.get(stage, 0.0) + value
 
 
 def add(total: Buckets, more: Mapping[float, float]) -> None:
@@ -106,6 +169,7 @@ class Measured:
 
     p99_ms: float | None
     queries: int
+    edges: EdgeCounts | None = None  # the counters' increase since the last reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +257,7 @@ class RouterLatency:
         self.window_s = window_s
         self.clock = clock
         self._windows: dict[str, LatencyWindow] = {}
+        self._counts: dict[str, dict[str, EdgeCounts]] = {}  # by pipeline, by pod: last read
         self._lock = threading.Lock()
 
     def __call__(self, namespace: str, name: str) -> Measured | None:
@@ -206,19 +271,30 @@ class RouterLatency:
             f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES
         )
         readings: dict[str, PodReading] = {}
+        counts: dict[str, EdgeCounts] = {}
         for pod, answer in zip(pods, answers, strict=True):
             text = answer.body.decode("utf-8", "replace") if answer.ok else None
             buckets = parse_buckets(text, name) if text else None
             if buckets:
                 key = str((pod.get("metadata") or {}).get("uid") or pod["metadata"]["name"])
                 readings[key] = PodReading(buckets, pod_started(pod))
+                found = parse_edge_counts(text, name) if text else None
+                if found is not None:
+                    counts[key] = found
         if not readings:
             return None
+        owner = f"{namespace}/{name}"
         with self._lock:
-            window = self._windows.setdefault(f"{namespace}/{name}", LatencyWindow(self.window_s))
+            window = self._windows.setdefault(owner, LatencyWindow(self.window_s))
             total = window.observe(self.clock(), readings)
-        return measure(total)
+            before = self._counts.get(owner, {})
+            edges = EdgeCounts()
+            for key, found in counts.items():
+                add_counts(edges, counts_increase(found, before.get(key)))
+            self._counts[owner] = counts
+        return replace(measure(total), edges=edges)
 
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._windows.pop(f"{namespace}/{name}", None)
+            self._counts.pop(f"{namespace}/{name}", None)

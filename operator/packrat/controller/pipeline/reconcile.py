@@ -38,6 +38,7 @@ from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.status import PipelineStatus, get_condition
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
+from packrat.controller.pipeline.fractions import feed_back
 from packrat.controller.pipeline.latency import Measured
 from packrat.controller.pipeline.plan_job import PlanBudget
 from packrat.controller.pipeline.planning import (
@@ -175,8 +176,9 @@ class PipelineReconciler:
             found = stage_profile(p, stage, children.models[stage.name])
             if found is not None:
                 profiles[stage.name] = found
+        planned = feed_back(p, pipe, measured)  # the measured edge fractions, once known
         configs = self._plan(
-            p, pipe, profiles, previous_message=(p.obj.get("status") or {}).get("message")
+            p, planned, profiles, previous_message=(p.obj.get("status") or {}).get("message")
         )
 
         targets: dict[str, pc.StageTarget] = {}
