@@ -140,3 +140,31 @@ def test_noisy_input_never_flaps(
         switches.append((now, current, observed))
         state = FastState(armed=state.armed, last_at=now, last_from=current)
         current = observed
+
+
+def test_a_step_in_the_load_is_acted_on_within_about_two_seconds() -> None:
+    """The pod's estimator (sampled every 5 ms, nearest rounding, its 200-sample window) on
+    a queue depth stepping from 2 to 16 at t=10 s, read by the operator every second: the
+    fast trigger fires about 2 s after the step (the slow rules: 3 reads and 60 s apart)."""
+    from packrat.plan.estimator import BatchSizeEstimator
+
+    est = BatchSizeEstimator(window=200, rounding="nearest")
+    held_since, value, fired_at = 0.0, est.estimate, None
+    for i in range(int(20 / 0.005)):
+        t = i * 0.005
+        est.observe(2.0 if t < 10.0 else 16.0)
+        if est.estimate != value:
+            value, held_since = est.estimate, t
+        if i % 200 == 0 and t > 0:  # the operator's read, every second
+            out = fast_trigger(
+                fast=FAST,
+                policy=POLICY,
+                current=2,
+                look=look(est.estimate, stable=t - held_since),
+                state=FastState(),
+                now=t,
+            )
+            if out.fire:
+                fired_at = t
+                break
+    assert fired_at is not None and 10.0 < fired_at <= 12.5  # measured: 12.0
