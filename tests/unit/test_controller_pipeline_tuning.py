@@ -106,7 +106,10 @@ def test_envelope_autoscaling_scales_a_stage_from_its_own_arrivals() -> None:
     assert len(ref["windowsSeconds"]) == len(ref["ratesPerSecond"]) >= 2
     spec = c.obj("packratmodels", model)["spec"]
     defaults = {"mode": "envelope", "intervalSeconds": 5, "startupFloorSeconds": 0}
-    assert spec["autoscaling"] == {**defaults, **AUTO} | {"reference": ref}
+    # a downstream stage's tuner reads the pipeline's ingress times its scale factor
+    ingress = {"service": NAME, "scaleFactor": stage["scaleFactor"]}
+    assert spec["autoscaling"] == {**defaults, **AUTO} | {"reference": ref, "ingress": ingress}
+    assert "ingress" not in c.obj("packratmodels", MODELS[0])["spec"]["autoscaling"]  # a root
     parsed = parse(c.obj("packratmodels", model), default_image="img")  # a valid model
     assert parsed.spec["replicas"] == stage["replicas"]
     generation = c.obj("packratmodels", model)["metadata"]["generation"]

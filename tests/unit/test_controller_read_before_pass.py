@@ -128,3 +128,36 @@ def test_no_ready_pod_shared_estimates_go_through_the_service(
     assert reading == ab.Reading((2,), "service")
     assert seen is None
     assert kube.calls == {"get services": 1, "list pods": 1}
+
+
+def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    kube, est, arr = readers
+    selector = {"app.kubernetes.io/name": "router"}
+    kube.create("services", NS, {"metadata": {"name": "pipe"}, "spec": {"selector": selector}})
+    kube.create(
+        "pods",
+        NS,
+        {
+            "metadata": {"name": "pipe-router-1", "labels": dict(selector)},
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.9",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            },
+        },
+    )
+    fanout.arrivals["http://10.0.0.9"] = [100.0, 200.0, 300.0, 400.0]
+    ingress = ("pipe", 0.5)
+    reading, seen = read_before_pass(
+        est, arr, NS, "m", want_estimates=True, want_arrivals=True, ingress=ingress
+    )
+    assert reading == ab.Reading((8, 4), "pods")  # the estimates stay the model's own
+    assert seen == Arrivals(times=[0.2, 0.4], pods=1)  # half the ingress, evenly
+    # another stage reading the same router keeps its own cursor: it sees them all too
+    _, other = read_before_pass(
+        est, arr, NS, "m2", want_estimates=False, want_arrivals=True, ingress=("pipe", 1.0)
+    )
+    assert other == Arrivals(times=[0.1, 0.2, 0.3, 0.4], pods=1)

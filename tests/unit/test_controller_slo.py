@@ -51,6 +51,20 @@ def _spec(**extra: Any) -> dict[str, Any]:
             "minReplicas must not exceed",
         ),
         (_spec(slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"mode": "hpa"}), "mode must"),
+        *(
+            (
+                _spec(slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"ingress": ingress}),
+                message,
+            )
+            for ingress, message in (
+                ({"service": "Bad_Name", "scaleFactor": 0.5}, "ingress.service must be"),
+                ({"service": "pipe", "scaleFactor": 0}, "ingress.scaleFactor must be"),
+                ({"service": "pipe", "scaleFactor": 1.5}, "ingress.scaleFactor must be"),
+                ({"service": "pipe", "scaleFactor": float("nan")}, "ingress.scaleFactor"),
+                ({"service": "pipe", "scaleFactor": 0.5, "x": 1}, "ingress.x: unknown"),
+                ("pipe", "ingress must be an object"),
+            )
+        ),
     ],
 )
 def test_bad_slo_specs_are_refused(spec: dict[str, Any], message: str) -> None:
@@ -64,6 +78,8 @@ def test_good_slo_specs_pass() -> None:
     assert validate_spec(_spec(slo=trace, autoscaling={"maxReplicas": 4}), name="tiny") == []
     external = _spec(batchSize=4, autoscaling={"mode": "external"})
     assert validate_spec(external, name="tiny") == []
+    ingress = {"ingress": {"service": "pipe", "scaleFactor": 0.25}}
+    assert validate_spec(_spec(slo=trace, autoscaling=ingress), name="tiny") == []
 
 
 def _model(kube: FakeKube, spec: dict[str, Any]) -> Reconciler:

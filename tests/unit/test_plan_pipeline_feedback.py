@@ -16,6 +16,7 @@ from packrat.plan.pipeline.feedback import (
     fractions_used,
     scale_factors,
     stage_demand,
+    thin,
     update_edge,
 )
 
@@ -136,3 +137,13 @@ def test_feedback_policy_rejects_bad_settings() -> None:
     for kwargs in ({"min_samples": 0}, {"half_life": 0.0}, {"min_change": 1.0}, {"step": 0}):
         with pytest.raises(ValueError):
             FeedbackPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 500), st.floats(0.0, 1.0))
+def test_thinning_keeps_the_scale_factors_share_evenly(n: int, s: float) -> None:
+    times = [float(i) for i in range(n)]
+    kept = thin(times, s)
+    assert len(kept) == math.floor(n * s)
+    assert kept == sorted(kept) and set(kept) <= set(times)
+    assert thin(times, math.nan) == [] and thin(times, 2.0) == times

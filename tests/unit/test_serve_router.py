@@ -235,6 +235,13 @@ def test_metrics_count_queries_and_stages() -> None:
                 await ask(s, url, doc)
             async with s.get(url.replace("/predictions/p", "/metrics")) as r:
                 text = await r.text()
+            # the ingress, for the stages' tuners: every admitted query, as a pod's /arrivals
+            async with s.get(url.replace("/predictions/p", "/arrivals?after=0")) as r:
+                ingress = await r.json()
+            assert len(ingress["offsets_ms"]) == 3 and ingress["total"] == 3
+            for bad in ("after=nan", "after=x", "limit=0"):
+                async with s.get(url.replace("/predictions/p", f"/arrivals?{bad}")) as r:
+                    assert r.status == 400
         samples = {
             (x.name, tuple(sorted(x.labels.items()))): x.value
             for m in text_string_to_metric_families(text)

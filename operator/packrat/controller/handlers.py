@@ -16,6 +16,7 @@ delete lets every one go, and so does the event of a held Deployment whose model
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,6 +47,7 @@ from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
+from packrat.plan.pipeline.feedback import thin
 
 logger = logging.getLogger(__name__)
 
@@ -219,14 +221,34 @@ def read_before_pass(
     *,
     want_estimates: bool,
     want_arrivals: bool,
+    ingress: tuple[str, float] | None = None,
 ) -> tuple[ab.Reading | None, Arrivals | None]:
     """The pods' batch-size estimates and the arrivals they saw, read before a pass (never
     during it). A model that wants both reads its Service and lists its ready pods once,
-    for the two readers."""
-    pods = estimates.ready_pods(namespace, name) if want_estimates and want_arrivals else None
+    for the two readers. ``ingress`` (``spec.autoscaling.ingress``: a Service and a scale
+    factor): the arrivals are that Service's pods' (a pipeline's router), thinned to the
+    scale factor, in place of the model's own."""
+    shared = want_estimates and want_arrivals and ingress is None
+    pods = estimates.ready_pods(namespace, name) if shared else None
     reading = ab.as_reading(estimates(namespace, name, pods)) if want_estimates else None
-    seen = arrivals(namespace, name, pods) if want_arrivals else None
-    return reading, seen
+    if not want_arrivals:
+        return reading, None
+    if ingress is None:
+        return reading, arrivals(namespace, name, pods)
+    service, factor = ingress
+    seen = arrivals(namespace, service, reader=name)
+    if seen is None:
+        return reading, None
+    return reading, Arrivals(times=thin(seen.times, factor), pods=seen.pods)
+
+
+def ingress_of(model: ModelSpec | None) -> tuple[str, float] | None:
+    """``spec.autoscaling.ingress`` as (Service, scale factor), when set (validated)."""
+    auto = model.autoscaling if model is not None else None
+    ingress = auto.get("ingress") if auto is not None else None
+    if not isinstance(ingress, Mapping):
+        return None
+    return str(ingress["service"]), float(ingress["scaleFactor"])
 
 
 def _owner_key(meta: Mapping[str, Any]) -> str | None:
@@ -281,9 +303,16 @@ class _LazyParts:
 
 
 def _run_pass(
-    parts: _LazyParts, namespace: str, name: str, want_estimates: bool, want_arrivals: bool
+    parts: _LazyParts,
+    namespace: str,
+    name: str,
+    want_estimates: bool,
+    want_arrivals: bool,
+    *,
+    ingress: tuple[str, float] | None = None,
 ) -> Result:
-    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread)."""
+    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread);
+    ``ingress``: where its tuner reads its arrivals when not from its own pods."""
     built = parts()
     reading, seen = read_before_pass(
         built.estimates,
@@ -292,6 +321,7 @@ def _run_pass(
         name,
         want_estimates=want_estimates,
         want_arrivals=want_arrivals,
+        ingress=ingress,
     )
     return built.reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
 
@@ -337,8 +367,9 @@ def _register_model_daemon(
         tuning = _tuner_interval(model, body)
         estimating = _wants_estimates(model, body)
         loop = asyncio.get_running_loop()
+        run = functools.partial(_run_pass, ingress=ingress_of(model))
         result = await loop.run_in_executor(
-            pool, _run_pass, parts, namespace, name, estimating, tuning is not None
+            pool, run, parts, namespace, name, estimating, tuning is not None
         )
         if result.result == "gone":
             metrics.forget_model(namespace, name)

@@ -53,6 +53,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from packrat.plan.pipeline.branch import Condition, parse_condition
 from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
+from packrat.serve.dispatcher.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.dispatcher.connections import (
     BodyRefusedError,
     BufferBudget,
@@ -168,6 +169,8 @@ class Router:
         self.rng = rng or random.Random()
         self.metrics = metrics or RouterMetrics()
         self.budget = BufferBudget(config.max_buffered_bytes)
+        # the pipeline's ingress, for the stages' tuners (each reads it times its scale factor)
+        self.arrivals = ArrivalLog()
         self._session: aiohttp.ClientSession | None = None
 
     # -- HTTP ---------------------------------------------------------------------------------
@@ -182,6 +185,7 @@ class Router:
         app.router.add_post("/predictions/{name}", self.handle_predict)
         app.router.add_get("/ping", self.handle_ping)
         app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/arrivals", self.handle_arrivals)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -201,6 +205,19 @@ class Router:
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_arrivals(self, request: web.Request) -> web.Response:
+        """The pipeline's ingress after ``?after=`` (seconds since the epoch), as a serving
+        pod's ``/arrivals``: the stages' tuners read it (``spec.autoscaling.ingress``)."""
+        try:
+            after = float(request.query.get("after", "0"))
+            limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
+        except ValueError:
+            return web.json_response({"error": "after and limit must be numbers"}, status=400)
+        if not math.isfinite(after) or not 1 <= limit <= DEFAULT_LIMIT:
+            text = f"after must be finite, limit in 1..{DEFAULT_LIMIT}"
+            return web.json_response({"error": text}, status=400)
+        return web.json_response(self.arrivals.after(after, limit=limit))
 
     async def handle_predict(self, request: web.Request) -> web.Response:
         start = time.monotonic()
@@ -230,6 +247,7 @@ class Router:
             except BodyRefusedError as exc:
                 text = "request body too large" if exc.status == 413 else exc.message
                 return self._refuse(request, exc.status, text)
+            self.arrivals.record()  # admitted, its body whole: the pipeline's ingress
             ctype = request.headers.get("Content-Type", "application/octet-stream")
             deadline = start + budget_ms / 1000.0
             resp = await self._run(Answer(body, ctype), deadline, held)

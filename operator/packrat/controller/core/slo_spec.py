@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -43,7 +44,9 @@ AUTOSCALING_DEFAULTS: dict[str, Any] = {
 MODES = ("envelope", "external")
 SLO_FIELDS = {"latencyP99Ms", "trace", "rate", "cv", "durationSeconds", "maxCores"}
 TRACE_FIELDS = {"configMap", "key"}
-AUTOSCALING_FIELDS = {*AUTOSCALING_DEFAULTS, "reference"}
+AUTOSCALING_FIELDS = {*AUTOSCALING_DEFAULTS, "reference", "ingress"}
+INGRESS_FIELDS = {"service", "scaleFactor"}
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 REFERENCE_FIELDS = {"replicas", "capacityPerReplica", "windowsSeconds", "ratesPerSecond"}
 MAX_WINDOWS = 32
 
@@ -188,6 +191,8 @@ def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> Non
     lo_r, hi_r = auto.get("minReplicas"), auto.get("maxReplicas")
     if _int(lo_r) and _int(hi_r) and lo_r > hi_r:
         errors.append("autoscaling.minReplicas must not exceed autoscaling.maxReplicas")
+    if "ingress" in auto:
+        _validate_ingress(errors, auto["ingress"])
     ref = auto.get("reference")
     if ref is not None:
         if has_slo:
@@ -200,6 +205,21 @@ def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> Non
             "autoscaling.mode envelope needs spec.slo or autoscaling.reference "
             "(the plan the tuner scales)"
         )
+
+
+def _validate_ingress(errors: list[str], ingress: Any) -> None:
+    where = "spec.autoscaling.ingress"
+    if not isinstance(ingress, Mapping):
+        errors.append(f"{where} must be an object with service and scaleFactor")
+        return
+    for key in sorted(set(ingress) - INGRESS_FIELDS):
+        errors.append(f"{where}.{key}: unknown field")
+    service = ingress.get("service")
+    if not isinstance(service, str) or not _DNS_LABEL.match(service):
+        errors.append(f"{where}.service must be a Service name (DNS-1035 label), got {service!r}")
+    factor = ingress.get("scaleFactor")
+    if not _finite(factor, 0.0, 1.0) or factor <= 0:
+        errors.append(f"{where}.scaleFactor must be a number in (0, 1], got {factor!r}")
 
 
 def _finite(value: Any, lo: float, hi: float) -> TypeGuard[int | float]:

@@ -81,10 +81,11 @@ def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool
 
 
 def stage_autoscaling(
-    pipe: PipelineObject, want: Mapping[str, Any] | None
+    pipe: PipelineObject, want: Mapping[str, Any] | None, stage: str | None = None
 ) -> dict[str, Any] | None:
     """The stage model's ``spec.autoscaling``: the pipeline's, with the stage's tuner
-    reference in envelope mode (none before a plan that has one)."""
+    reference in envelope mode (none before a plan that has one); a downstream ``stage``
+    is tuned from the pipeline's ingress times its scale factor (``ingress``)."""
     if pipe.autoscaling is None or want is None:
         return None
     auto = dict(pipe.autoscaling)
@@ -93,6 +94,10 @@ def stage_autoscaling(
         if not isinstance(ref, Mapping):
             return None
         auto["reference"] = dict(ref)
+        factor = want.get("scaleFactor")
+        downstream = any(e.dst == stage for e in pipe.edges)
+        if downstream and isinstance(factor, int | float) and 0 < factor <= 1:
+            auto["ingress"] = {"service": pipe.name, "scaleFactor": float(factor)}
     return auto
 
 
@@ -110,7 +115,7 @@ def stage_target(
         batch=batch,
         replicas=int(want["replicas"]),
         serving_cpus=cpus,
-        autoscaling=stage_autoscaling(pipe, want),
+        autoscaling=stage_autoscaling(pipe, want, stage.name),
     )
 
 

@@ -84,17 +84,25 @@ class ArrivalReader:
         self._lock = threading.Lock()
 
     def __call__(
-        self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
+        self,
+        namespace: str,
+        name: str,
+        pods: list[dict[str, Any]] | None = None,
+        *,
+        reader: str | None = None,
     ) -> Arrivals | None:
-        """``pods``: the model's ready pods when the caller has listed them already."""
+        """``pods``: the ready pods of Service ``name`` when the caller has listed them
+        already. ``reader``: whose cursors these are when it is not ``name`` (several stage
+        models read one pipeline router's arrivals, each from where it left off)."""
         if pods is None:
             pods = ready_pods(self.kube, namespace, name)
         if not pods:
             return None
         now = self.clock()
         keys, urls = [], []
+        who = f"{reader or name}@{name}" if reader else name
         for pod in pods:
-            key = (namespace, name, str(pod["metadata"]["name"]))
+            key = (namespace, who, str(pod["metadata"]["name"]))
             with self._lock:
                 after = self._cursors.setdefault(key, now)
             keys.append(key)
@@ -114,7 +122,7 @@ class ArrivalReader:
                     newest = max(times)
                     self._cursors[key] = max(self._cursors.get(key, 0.0), newest)
                 merged.extend(times)
-        self._forget_gone(namespace, name, {str(p["metadata"]["name"]) for p in pods})
+        self._forget_gone(namespace, who, {str(p["metadata"]["name"]) for p in pods})
         if not answered:
             return None
         merged.sort()

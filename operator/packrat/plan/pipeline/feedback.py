@@ -144,3 +144,11 @@ def stage_demand(ingress_rate: float, scale_factor: float) -> float:
     if not (math.isfinite(ingress_rate) and math.isfinite(scale_factor)):
         return 0.0
     return max(0.0, ingress_rate) * min(1.0, max(0.0, scale_factor))
+
+
+def thin(times: Sequence[float], scale_factor: float) -> list[float]:
+    """The share ``scale_factor`` of ``times``, evenly spread (deterministic): the ingress a
+    stage's tuner reads as its own demand. Arrival ``i`` is kept when ``floor((i + 1) s)``
+    passes an integer, so ``n`` arrivals keep ``floor(n s)`` of them."""
+    s = min(1.0, max(0.0, scale_factor)) if math.isfinite(scale_factor) else 0.0
+    return [t for i, t in enumerate(times) if math.floor((i + 1) * s) > math.floor(i * s)]
