@@ -9,6 +9,7 @@ more (or less) per replica moves its scaling thresholds with it."""
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -20,7 +21,7 @@ from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
-from packrat.plan.reconfig import FastVerdict, Observation, decide
+from packrat.plan.reconfig import FastVerdict, Policy, decide
 
 
 def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
@@ -88,21 +89,13 @@ def observe_batch(
     current_plan = status.served_plan
     if current_plan is None:
         return  # nothing serves yet to decide against
-    fast: FastVerdict | None = None
+    fast, seen = _fast(
+        p, model, seen, reading=reading, policy=policy, current=current_plan.batch, last_at=last_at
+    )
     history = ab.observations(seen)
-    if reading is not None and reading.combined is not None and model.auto.sustain_seconds > 0:
-        fast, seen = ab.fast_look(
-            seen,
-            reading=reading,
-            fast=ab.fast_policy_from_spec(model.auto),
-            policy=policy,
-            current=current_plan.batch,
-            last_switch_at=last_at.timestamp() if last_at else None,
-            now=p.now.timestamp(),
-        )
-        if fast.fire:  # decide on this one observation, the interval waived (gain applies)
-            policy = replace(policy, sustain=1)
-            history = [Observation(p.now.timestamp(), policy.clamp(reading.combined))]
+    if fast is not None and fast.fire:  # decide on this one observation, the interval
+        policy = replace(policy, sustain=1)  # waived (the gain rule applies)
+        history = history[-1:]
     decision = decide(
         policy=policy,
         current_plan=current_plan,
@@ -130,3 +123,29 @@ def observe_batch(
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)
     status.set_batch_size(seen)
+
+
+def _fast(
+    p: Pass,
+    model: ModelSpec,
+    seen: dict[str, Any],
+    *,
+    reading: ab.Reading | None,
+    policy: Policy,
+    current: int,
+    last_at: datetime.datetime | None,
+) -> tuple[FastVerdict | None, dict[str, Any]]:
+    """autoBatch's fast trigger on this pass's reading (None when off or nothing was read),
+    and ``status.batchSize`` with its state."""
+    assert model.auto is not None
+    if reading is None or reading.combined is None or model.auto.sustain_seconds <= 0:
+        return None, seen
+    return ab.fast_look(
+        seen,
+        reading=reading,
+        fast=ab.fast_policy_from_spec(model.auto),
+        policy=policy,
+        current=current,
+        last_switch_at=last_at.timestamp() if last_at else None,
+        now=p.now.timestamp(),
+    )
