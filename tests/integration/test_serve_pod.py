@@ -367,6 +367,13 @@ def test_metrics_and_status(pod: Pod) -> None:
     status = pod.status()
     assert status["plan"]["label"] == "2x1t/b2"
     assert status["batch_size_estimate"]["estimate"] >= 1
+    assert status["batch_size_estimate"]["stable_seconds"] >= 0
+    counts = status["batch_size_estimate"]["batches"]
+    if pod.runtime == "native":  # every batch a worker got: full, or on its delay timeout
+        assert counts["full"] + counts["timeout"] > 0, counts
+        assert 'packrat_batches_total{model="tiny",plan_instance="tiny_i0",reason=' in metrics
+    else:  # TorchServe forms its batches inside itself: nothing counted
+        assert counts == {"full": 0, "timeout": 0}
 
 
 @native
