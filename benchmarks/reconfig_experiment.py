@@ -9,7 +9,8 @@ the same stepped closed-loop load, concurrency 2 -> 8 -> 16 -> 8 -> 2, against t
 PackratModels one after another:
 
 - ``auto``: ``spec.autoBatch`` {min 1, max 16}: the operator re-plans online (``auto-floor``
-  and ``auto-nearest``: the same with the pods' batch-size estimate rounding set);
+  and ``auto-nearest``: the same with the pods' batch-size estimate rounding set;
+  ``auto-fast``: with the fast trigger, ``sustainSeconds: 1``);
 - ``fat``: one instance with all T threads, batch 16 (a profile with only t=T points);
 - ``mean``: the optimizer's plan for the mean load (batch 8), static.
 
@@ -55,6 +56,7 @@ from packrat.controller.serving import manifests as m  # noqa: E402
 from packrat.plan.profile import parse_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+ROUNDED = ("auto-nearest", "auto-floor")
 PROFILING: dict[str, Any] = {
     "maxBatch": 16,
     "threads": [1, 2],
@@ -81,14 +83,16 @@ def spec_for(
         "profiling": profiling,
         "switch": {"readyTimeoutSeconds": 180, "drainSeconds": 2},
     }
-    if config in ("auto", "auto-nearest", "auto-floor"):
+    if config in ("auto", "auto-nearest", "auto-floor", "auto-fast"):
         spec["autoBatch"] = {
             "min": 1,
             "max": 16,
             "sustainObservations": sustain,
             "minIntervalSeconds": interval,
             "minGain": 0.05,
-            **({"rounding": config.removeprefix("auto-")} if config != "auto" else {}),
+            **({"rounding": config.removeprefix("auto-")} if config in ROUNDED else {}),
+            # the fast trigger: an estimate every pod has held 1 s, read every second
+            **({"sustainSeconds": 1} if config == "auto-fast" else {}),
         }
     elif config == "fat":
         spec["batchSize"] = 16
