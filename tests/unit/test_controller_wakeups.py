@@ -116,3 +116,17 @@ def test_the_pass_loop_stops_when_kopf_says_so() -> None:
         raise AssertionError("no pass once stopped")
 
     asyncio.run(run_passes(True, asyncio.Event(), one_pass, backoff_s=1, on_error=print))
+
+
+def test_the_fast_trigger_reads_the_pods_every_sustain_seconds() -> None:
+    from packrat.controller.core.model import ModelSpec, model_spec
+    from packrat.controller.handlers import fast_estimate_interval
+
+    def model(**auto: object) -> ModelSpec:
+        spec = {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"min": 1, "max": 8, **auto}}
+        return model_spec(spec)
+
+    assert fast_estimate_interval(model()) is None  # sustainSeconds 0: off
+    assert fast_estimate_interval(model(sustainSeconds=2)) == 2.0
+    assert fast_estimate_interval(model(sustainSeconds=0.1)) == 0.5  # at least 0.5 s
+    assert fast_estimate_interval(None) is None
