@@ -131,6 +131,10 @@ def test_reader_adds_every_ready_router_pod(routers: list[str]) -> None:
     measured = reader(NS, NAME)
     assert measured is not None and measured.queries == 60
     assert measured.edges == EdgeCounts({("a", "b"): 0.0}, {"a": 0.0})  # r1: no increase
+    # a reader started after the pods (a restarted operator): their counts are a base only
+    later = RouterLatency(kube, pod_url=url + "/{pod}", clock=lambda: NOW + 60)
+    first = later(NS, NAME)
+    assert first is not None and first.edges == EdgeCounts()
     assert measured.p99_ms == pytest.approx(2.5 + 2.5 * (0.99 * 60) / 60, abs=0.001)
     kube.delete("pods", NS, "r1")
     assert reader(NS, NAME) is None  # nothing to read

@@ -258,6 +258,9 @@ class RouterLatency:
         self.clock = clock
         self._windows: dict[str, LatencyWindow] = {}
         self._counts: dict[str, dict[str, EdgeCounts]] = {}  # by pipeline, by pod: last read
+        # a pod first read that started before this reader (a restarted operator) gives a
+        # base only: what it counted before is in status.edges already
+        self._began = clock()
         self._lock = threading.Lock()
 
     def __call__(self, namespace: str, name: str) -> Measured | None:
@@ -290,6 +293,9 @@ class RouterLatency:
             before = self._counts.get(owner, {})
             edges = EdgeCounts()
             for key, found in counts.items():
+                started = readings[key].started
+                if key not in before and (started is None or started < self._began):
+                    continue  # counted before this reader began (status has those): a base
                 add_counts(edges, counts_increase(found, before.get(key)))
             self._counts[owner] = counts
         return replace(measure(total), edges=edges)
