@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from conftest import NS, FakeKube
+from conftest import NS, FakeKube, admin_secret
 from packrat.controller.core.fanout import Answer, PodFanout, read_json
 from packrat.controller.core.plans import from_status
 from packrat.controller.planning import autobatch as ab
@@ -113,6 +113,7 @@ def _pods(kube: FakeKube, name: str, ports: list[int]) -> None:
     """A model whose Service selects one ready pod per port (``pod_url`` http://{ip}:{pod})."""
     selector = {"app.kubernetes.io/instance": name, "packrat.dev/slot": "a"}
     kube.create("services", NS, {"metadata": {"name": name}, "spec": {"selector": selector}})
+    admin_secret(kube, name)
     for port in ports:
         kube.create(
             "pods",

@@ -409,7 +409,7 @@ def _admin_token(args: argparse.Namespace) -> Any:
     or None: no admin routes."""
     token: Any = None
     if args.admin_token_file is not None:
-        from packrat.serve.pod.inpod import TokenFile
+        from packrat.serve.auth import TokenFile
 
         token = TokenFile(args.admin_token_file)
         if token() is None:

@@ -138,10 +138,19 @@ class PodFanout:
 
     # -- the callers' side (any thread) -----------------------------------------------------
     def get(
-        self, owner: str, urls: Sequence[str], *, deadline: float, max_bytes: int
+        self,
+        owner: str,
+        urls: Sequence[str],
+        *,
+        deadline: float,
+        max_bytes: int,
+        headers: Mapping[str, str] | None = None,
     ) -> list[Answer]:
-        """``GET`` every URL at once; the answers in the order of ``urls``."""
-        return self._run(owner, "GET", urls, None, {}, deadline=deadline, max_bytes=max_bytes)
+        """``GET`` every URL at once (with ``headers``: the admin token for ``/arrivals``);
+        the answers in the order of ``urls``."""
+        return self._run(
+            owner, "GET", urls, None, headers or {}, deadline=deadline, max_bytes=max_bytes
+        )
 
     def post(
         self,

@@ -35,7 +35,8 @@ from packrat.controller.core.status import now_iso
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.estimates import pod_address
 from packrat.controller.serving import manifests as m
-from packrat.controller.serving.pod_config import ensure_plan, ensure_token
+from packrat.controller.serving.admin_token import ensure_token
+from packrat.controller.serving.pod_config import ensure_plan
 from packrat.controller.serving.slots import Rendering, deployment_ready
 from packrat.controller.switch.plan_poster import PodAnswer
 from packrat.plan.optimizer import Plan
