@@ -10,15 +10,19 @@ Anything else keeps the active-passive Deployment switch
 token the pod was started with, and reads its answer as untrusted input (bounded, no
 redirects, one total deadline) through the operator's one pod client, as
 :mod:`packrat.controller.planning.estimates` does; :class:`PlanPoster` asks every pod of a slot
-at once. The request is idempotent: a pod that already serves the plan answers 200
-at once (``switched: false``), so a pass that finds some pods switched and others not simply
-asks them all again. The pass that uses these is :mod:`packrat.controller.switch.inpod`.
+at once, and never holds a reconcile pass longer than a short inline wait: a post still
+outstanding is picked up by a later pass. The request is idempotent: a pod that already
+serves the plan answers 200 at once (``switched: false``), so a pass that finds some pods
+switched and others not simply asks them all again. The pass that uses these is
+:mod:`packrat.controller.switch.inpod`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -78,12 +82,28 @@ def pod_answer(answer: Answer) -> PodAnswer:
     return PodAnswer(ok=answer.status == 200, status=answer.status, message=message)
 
 
-class PlanPoster:
-    """Posts a plan to every pod of a slot at once, through the operator's one pod client;
-    the whole post is bounded by ``timeout`` (at most ``MAX_DEADLINE_SECONDS``)."""
+Key = tuple[str, tuple[str, ...], bytes, str]
 
-    def __init__(self, fanout: PodFanout | None = None) -> None:
+
+class PlanPoster:
+    """Posts a plan to every pod of a slot at once, through the operator's one pod client,
+    without holding a reconcile thread for the pods' sake.
+
+    The post is submitted to the pod client's event loop and waited on for at most
+    ``inline_wait`` seconds (an in-pod switch answers well within that); a post still
+    outstanding then is kept, and the call answers None: *pending*. A later pass asking the
+    same (the same model, pods, plan and token) picks up its answers once they are in; a pass
+    asking something else for that model supersedes it (the old post is cancelled). The whole
+    post is bounded by ``timeout`` (at most ``MAX_DEADLINE_SECONDS``), so a pending post always
+    ends, with every pod's answer or "no answer within ...". At most one post per model is
+    kept; the posts are idempotent, so an operator that restarts (and forgets them) posts
+    again."""
+
+    def __init__(self, fanout: PodFanout | None = None, *, inline_wait: float = 2.0) -> None:
         self.fanout = fanout or shared_fanout()
+        self.inline_wait = inline_wait
+        self._pending: dict[str, tuple[Key, concurrent.futures.Future[list[Answer]]]] = {}
+        self._lock = threading.Lock()
 
     def __call__(
         self,
@@ -93,21 +113,48 @@ class PlanPoster:
         token: str,
         timeout: float,
         owner: str = "",
-    ) -> list[PodAnswer]:
-        """Every pod's answer, in the order of ``urls``."""
+    ) -> list[PodAnswer] | None:
+        """Every pod's answer, in the order of ``urls``; None while the post is outstanding."""
         body, headers = plan_request(plan, token=token)
-        answers = self.fanout.post(
-            owner,
-            [url.rstrip("/") + PATH for url in urls],
-            body,
-            headers,
-            deadline=min(timeout, MAX_DEADLINE_SECONDS),
-            max_bytes=MAX_BYTES,
-        )
+        targets = tuple(url.rstrip("/") + PATH for url in urls)
+        key: Key = (owner, targets, body, token)
+        with self._lock:
+            kept = self._pending.pop(owner, None)
+            if kept is not None and kept[0] != key:
+                kept[1].cancel()  # superseded: another plan, other pods or another token
+                kept = None
+            if kept is None:
+                future = self.fanout.submit(
+                    owner,
+                    "POST",
+                    targets,
+                    body,
+                    headers,
+                    deadline=min(timeout, MAX_DEADLINE_SECONDS),
+                    max_bytes=MAX_BYTES,
+                )
+            else:
+                future = kept[1]
+        concurrent.futures.wait([future], timeout=self.inline_wait)
+        if not future.done():
+            with self._lock:
+                self._pending[owner] = (key, future)
+            return None
+        try:
+            answers = future.result()
+        except concurrent.futures.CancelledError:
+            answers = [Answer(0, error="cancelled") for _ in targets]
         return [pod_answer(answer) for answer in answers]
+
+    def outstanding(self) -> int:
+        """How many models' posts are pending."""
+        with self._lock:
+            return len(self._pending)
 
 
 def post_plan(url: str, plan: Plan, *, token: str, timeout: float) -> PodAnswer:
     """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
-    ``plan`` in place; never raises."""
-    return PlanPoster()([url], plan, token=token, timeout=timeout)[0]
+    ``plan`` in place, waiting for its answer (at most ``timeout``); never raises."""
+    answers = PlanPoster(inline_wait=timeout + 5.0)([url], plan, token=token, timeout=timeout)
+    assert answers is not None  # done within its deadline, before the wait is over
+    return answers[0]
