@@ -23,6 +23,7 @@ import concurrent.futures
 import json
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,8 @@ MAX_BYTES = 8 * 1024
 # the whole post to a slot's pods: an in-pod switch takes well under a second (see
 # docs/measurements.md); a pod that takes longer is switched by the Deployment switch
 MAX_DEADLINE_SECONDS = 30.0
+# a post kept for a later pass is forgotten after this long (its model never asked again)
+KEEP_SECONDS = 600.0
 
 
 def switchable(
@@ -103,6 +106,7 @@ class PlanPoster:
         self.fanout = fanout or shared_fanout()
         self.inline_wait = inline_wait
         self._pending: dict[str, tuple[Key, concurrent.futures.Future[list[Answer]]]] = {}
+        self._since: dict[str, float] = {}  # when each kept post was kept
         self._lock = threading.Lock()
 
     def __call__(
@@ -119,6 +123,7 @@ class PlanPoster:
         targets = tuple(url.rstrip("/") + PATH for url in urls)
         key: Key = (owner, targets, body, token)
         with self._lock:
+            self._forget_stale()
             kept = self._pending.pop(owner, None)
             if kept is not None and kept[0] != key:
                 kept[1].cancel()  # superseded: another plan, other pods or another token
@@ -139,12 +144,23 @@ class PlanPoster:
         if not future.done():
             with self._lock:
                 self._pending[owner] = (key, future)
+                self._since[owner] = time.monotonic()
             return None
         try:
             answers = future.result()
         except concurrent.futures.CancelledError:
             answers = [Answer(0, error="cancelled") for _ in targets]
         return [pod_answer(answer) for answer in answers]
+
+    def _forget_stale(self) -> None:
+        """Drop posts kept for longer than ``KEEP_SECONDS`` (a model deleted, or switched by
+        other means, never asks again); called with the lock held."""
+        horizon = time.monotonic() - KEEP_SECONDS
+        for owner in [o for o, since in self._since.items() if since < horizon]:
+            self._since.pop(owner)
+            kept = self._pending.pop(owner, None)
+            if kept is not None:
+                kept[1].cancel()
 
     def outstanding(self) -> int:
         """How many models' posts are pending."""
