@@ -187,3 +187,15 @@ def test_read_token_is_the_models_own() -> None:
     admin_secret(kube, "m")
     assert at.read_token(kube, NS, "m", T0) == ADMIN_TOKEN
     assert at.read_token(kube, NS, "other", T0) is None
+
+
+def test_a_secret_without_a_rotation_time_is_stamped_not_rotated() -> None:
+    """A Secret made by an older operator: its pods may read no ``previous`` file, so the
+    first pass records the time and the token rotates a full period later."""
+    kube, rec = _rotating(600)
+    kube.patch("secrets", NS, "tiny-admin-token", {"metadata": {"annotations": None}})
+    token = at.secret_token(_secret(kube))
+    rec.reconcile(NS, "tiny", now=T0 + 10 * S)
+    assert at.secret_token(_secret(kube)) == token and at.rotated_at(_secret(kube)) == T0 + 10 * S
+    rec.reconcile(NS, "tiny", now=T0 + 611 * S)
+    assert at.secret_token(_secret(kube)) != token

@@ -102,7 +102,7 @@ def rotation_due(
 ) -> float | None:
     """Seconds until the Secret's token is due to rotate (<= 0: now); None when it never is
     (``every_seconds`` 0). A Secret without a readable rotation time (made by an older
-    operator, or the annotation edited) is due now."""
+    operator, or the annotation edited) is due now: the pass stamps it with the time."""
     if every_seconds <= 0:
         return None
     last = rotated_at(secret)
@@ -140,6 +140,13 @@ def rotation_patch(
     return {"metadata": meta, "data": data}
 
 
+def stamp_patch(secret: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
+    """The merge patch that records ``now`` as the Secret's rotation time, token unchanged."""
+    patch = rotation_patch(secret, token="", now=now)
+    del patch["data"]
+    return patch
+
+
 def ensure_token(p: Pass) -> str | None:
     """The token to call the model's pods with (:func:`token_for_calls`), its Secret made
     when missing and rotated when due. None: ours holds no token, or the Secret under that
@@ -163,7 +170,9 @@ def ensure_token(p: Pass) -> str | None:
 
 def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
     """The Secret after rotating it when due (as it was when not due, or when someone changed
-    it meanwhile); asks for a pass by the next due time."""
+    it meanwhile); asks for a pass by the next due time. A Secret without a readable rotation
+    time (made by an older operator) is stamped with ``now`` instead: its pods may run an image
+    that reads no ``previous`` file, and they are replaced long before the first rotation."""
     every = p.config.admin_token_rotation_seconds
     due = rotation_due(secret, p.now, every)
     if due is None:
@@ -171,20 +180,27 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
     if due > 0:
         p.result.retry_seconds = min(p.result.retry_seconds or due, due)
         return secret
+    p.result.retry_seconds = min(p.result.retry_seconds or every, every)
+    if rotated_at(secret) is None:
+        return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
     patch = rotation_patch(secret, token=secrets.token_urlsafe(TOKEN_BYTES), now=p.now)
+    rotated = _patched(p, secret, patch)
+    if rotated is None:
+        return secret
+    p.emit("Normal", "AdminTokenRotated", f"Secret {m.admin_token_name(p.name)}: new token")
+    return rotated
+
+
+def _patched(p: Pass, secret: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any] | None:
+    """The Secret after ``patch`` (None: changed meanwhile, a 409, or gone)."""
     name = m.admin_token_name(p.name)
     try:
-        rotated = p.kube.patch("secrets", p.namespace, name, patch)
+        return p.kube.patch("secrets", p.namespace, name, patch)
     except KubeError as exc:
         if exc.status != 409:
             raise
-        logger.info("%s/%s changed meanwhile: rotated by the next pass", p.namespace, name)
-        return secret
-    if rotated is None:
-        return secret
-    p.emit("Normal", "AdminTokenRotated", f"Secret {name}: new admin token")
-    p.result.retry_seconds = min(p.result.retry_seconds or every, every)
-    return rotated
+        logger.info("%s/%s changed meanwhile: the next pass looks again", p.namespace, name)
+        return None
 
 
 def read_token(
