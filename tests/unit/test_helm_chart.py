@@ -155,6 +155,7 @@ def test_lint_reports_bad_values() -> None:
         ({"image": {"tag": 3}}, "/image/tag"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
         ({"resources": {"limits": {"cpu": True}}}, "/resources/limits/cpu"),
+        ({"adminToken": {"rotationSeconds": 60}}, "/adminToken/rotationSeconds"),
     ],
 )
 def test_values_schema_rejects_wrong_types(values: dict[str, Any], where: str) -> None:
