@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
 from packrat.controller.core.model import ModelSpec
@@ -70,22 +70,40 @@ class PodAnswer:
     ok: bool
     status: int  # HTTP status, 0 when it could not be reached
     message: str
+    # the whole post's duration, from its submission to its last answer (0: not measured)
+    seconds: float = field(default=0.0, compare=False)
 
 
-def pod_answer(answer: Answer) -> PodAnswer:
+def pod_answer(answer: Answer, *, seconds: float = 0.0) -> PodAnswer:
     """A pod's answer to the plan, read as untrusted input: its status, and a short message
     from a JSON object's ``message`` or ``plan`` (anything else, a list included: none)."""
     if answer.status == 0:
-        return PodAnswer(ok=False, status=0, message=f"unreachable: {answer.error}"[:300])
+        message = f"unreachable: {answer.error}"[:300]
+        return PodAnswer(ok=False, status=0, message=message, seconds=seconds)
     doc = read_json(answer, any_status=True)
     message = ""
     if isinstance(doc, dict):
         text = doc.get("message") or doc.get("plan") or ""
         message = text[:300] if isinstance(text, str) else ""
-    return PodAnswer(ok=answer.status == 200, status=answer.status, message=message)
+    return PodAnswer(
+        ok=answer.status == 200, status=answer.status, message=message, seconds=seconds
+    )
 
 
 Key = tuple[str, tuple[str, ...], bytes, str]
+
+
+@dataclass(slots=True)
+class _Post:
+    """One post to a slot's pods, kept between passes while it is outstanding."""
+
+    key: Key
+    future: concurrent.futures.Future[list[Answer]]
+    started: float  # time.monotonic() at submission
+    ended: float | None = None  # ... when the last answer came (set on the pod client's loop)
+
+    def end(self, _future: concurrent.futures.Future[list[Answer]]) -> None:
+        self.ended = time.monotonic()
 
 
 class PlanPoster:
@@ -99,14 +117,14 @@ class PlanPoster:
     asking something else for that model supersedes it (the old post is cancelled). The whole
     post is bounded by ``timeout`` (at most ``MAX_DEADLINE_SECONDS``), so a pending post always
     ends, with every pod's answer or "no answer within ...". At most one post per model is
-    kept; the posts are idempotent, so an operator that restarts (and forgets them) posts
-    again."""
+    kept, and none past ``KEEP_SECONDS``; the posts are idempotent, so an operator that
+    restarts (and forgets them) posts again. Each answer's ``seconds`` is the whole post's,
+    from its submission to its last answer, whichever pass picked it up."""
 
     def __init__(self, fanout: PodFanout | None = None, *, inline_wait: float = 2.0) -> None:
         self.fanout = fanout or shared_fanout()
         self.inline_wait = inline_wait
-        self._pending: dict[str, tuple[Key, concurrent.futures.Future[list[Answer]]]] = {}
-        self._since: dict[str, float] = {}  # when each kept post was kept
+        self._pending: dict[str, _Post] = {}
         self._lock = threading.Lock()
 
     def __call__(
@@ -124,11 +142,11 @@ class PlanPoster:
         key: Key = (owner, targets, body, token)
         with self._lock:
             self._forget_stale()
-            kept = self._pending.pop(owner, None)
-            if kept is not None and kept[0] != key:
-                kept[1].cancel()  # superseded: another plan, other pods or another token
-                kept = None
-            if kept is None:
+            post = self._pending.pop(owner, None)
+            if post is not None and post.key != key:
+                post.future.cancel()  # superseded: another plan, other pods or another token
+                post = None
+            if post is None:
                 future = self.fanout.submit(
                     owner,
                     "POST",
@@ -138,29 +156,26 @@ class PlanPoster:
                     deadline=min(timeout, MAX_DEADLINE_SECONDS),
                     max_bytes=MAX_BYTES,
                 )
-            else:
-                future = kept[1]
-        concurrent.futures.wait([future], timeout=self.inline_wait)
-        if not future.done():
+                post = _Post(key, future, time.monotonic())
+                future.add_done_callback(post.end)
+        concurrent.futures.wait([post.future], timeout=self.inline_wait)
+        if not post.future.done():
             with self._lock:
-                self._pending[owner] = (key, future)
-                self._since[owner] = time.monotonic()
+                self._pending[owner] = post
             return None
         try:
-            answers = future.result()
+            answers = post.future.result()
         except concurrent.futures.CancelledError:
             answers = [Answer(0, error="cancelled") for _ in targets]
-        return [pod_answer(answer) for answer in answers]
+        seconds = (post.ended or time.monotonic()) - post.started
+        return [pod_answer(answer, seconds=seconds) for answer in answers]
 
     def _forget_stale(self) -> None:
-        """Drop posts kept for longer than ``KEEP_SECONDS`` (a model deleted, or switched by
+        """Drop posts started more than ``KEEP_SECONDS`` ago (a model deleted, or switched by
         other means, never asks again); called with the lock held."""
         horizon = time.monotonic() - KEEP_SECONDS
-        for owner in [o for o, since in self._since.items() if since < horizon]:
-            self._since.pop(owner)
-            kept = self._pending.pop(owner, None)
-            if kept is not None:
-                kept[1].cancel()
+        for owner in [o for o, post in self._pending.items() if post.started < horizon]:
+            self._pending.pop(owner).future.cancel()
 
     def outstanding(self) -> int:
         """How many models' posts are pending."""
