@@ -155,6 +155,30 @@ def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
     assert load.failures == [], load.failures[:5]
     assert not cluster.events("InPodSwitchFailed")
 
+    # 1b. the admin token rotates (its time made due) while the pod still holds the old token
+    # files (the agent, like a slow kubelet, never updates them): the operator calls with the
+    # previous token, which the pod holds, so batch 4 -> 2 still switches in the pod
+    old_token = secret["data"]["token"]
+    stale = {"packrat.dev/admin-token-rotated-at": "2020-01-01T00:00:00Z"}
+    cluster.api.patch("secrets", f"{NAME}-admin-token", {"metadata": {"annotations": stale}})
+    with Load(cluster, NAME, NAME, clients=2) as load:
+        wait_for(lambda: len(load.results) > 20, timeout=SLOW, what="load warm-up")
+        cluster.api.patch("packratmodels", NAME, {"spec": {"batchSize": 2}})
+        _await_switch(
+            cluster,
+            load,
+            lambda: (cluster.status(NAME).get("plan") or {}).get("batch") == 2,
+            what="the in-pod switch after a rotation",
+        )
+    rotated = cluster.api.get("secrets", f"{NAME}-admin-token")
+    assert rotated is not None and rotated["data"]["previous"] == old_token
+    assert rotated["data"]["token"] != old_token
+    assert cluster.status(NAME)["lastSwitch"]["mode"] == "InPod"
+    assert pod.proc.poll() is None and pod.proc.pid == pid  # the same pod, its old files
+    assert _pod_status(cluster, pod.name)["plan"]["batch"] == 2
+    assert load.failures == [], load.failures[:5]
+    assert not cluster.events("InPodSwitchFailed")
+
     # 2. 2 cpus -> 1: the pod template changes, so the Deployment switch (slot b)
     key = status["profile"]["key"]
     with Load(cluster, NAME, NAME, clients=2) as load:

@@ -13,6 +13,7 @@ from typing import Any
 
 from packrat.controller.core.fanout import Answer
 from packrat.controller.model.reconcile import Config, Reconciler
+from packrat.controller.serving.admin_token import admin_token_secret
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 
 NS = "ns"
@@ -224,20 +225,40 @@ def set_spec(kube: FakeKube, **changes: Any) -> None:
     kube.patch("packratmodels", NS, "tiny", {"spec": changes})
 
 
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+
+
+def admin_secret(kube: Any, model: str, *, token: str = ADMIN_TOKEN) -> None:
+    """The model's admin token Secret, as the operator makes it (owned by the model)."""
+    owner = {"metadata": {"name": model, "namespace": NS}}
+    kube.create("secrets", NS, admin_token_secret(owner, token=token, now=T0))
+
+
 class FakeFanout:
     """The operator's pod client, answering from a table: ``estimates`` by pod address
     (``/status``), ``arrivals`` (``/arrivals``: offsets in ms after base 0) likewise; any
-    other URL is unreachable. Records every URL asked (``asked``)."""
+    other URL is unreachable. Records every URL asked (``asked``) and the headers sent with it
+    (``headers``)."""
 
     def __init__(self) -> None:
         self.estimates: dict[str, Any] = {}
         self.arrivals: dict[str, list[float]] = {}
         self.asked: list[str] = []
+        self.headers: list[dict[str, str]] = []  # sent with each URL asked
 
-    def get(self, owner: str, urls: list[str], *, deadline: float, max_bytes: int) -> list[Answer]:
+    def get(
+        self,
+        owner: str,
+        urls: list[str],
+        *,
+        deadline: float,
+        max_bytes: int,
+        headers: Mapping[str, str] | None = None,
+    ) -> list[Answer]:
         out = []
         for url in urls:
             self.asked.append(url)
+            self.headers.append(dict(headers or {}))
             base, _, rest = url.partition("/status")
             doc: Any = None
             if not rest and url.endswith("/status") and base in self.estimates:

@@ -12,6 +12,7 @@ from dispatcher_support import all_up, post, run, stack
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import ADMIN_TOKEN, admin_secret
 from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals
 from packrat.serve.dispatcher.arrivals import ArrivalLog
 
@@ -60,26 +61,60 @@ def test_a_clock_stepping_back_keeps_the_log_sorted() -> None:
     assert doc["offsets_ms"] == [0.0, 0.0]
 
 
+BEARER = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
 def test_dispatcher_stamps_each_request_and_serves_them_after_a_cursor() -> None:
     async def body() -> None:
-        async with stack([2]) as (d, _fake, url, s):
+        async with stack([2], admin_token=ADMIN_TOKEN) as (d, _fake, url, s):
             all_up(d)
             start = time.time()
             for _ in range(5):
                 status, *_ = await post(s, url)
                 assert status == 200
-            async with s.get(f"{url}/arrivals") as r:
+            async with s.get(f"{url}/arrivals", headers=BEARER) as r:
                 assert r.status == 200
                 doc = await r.json()
             times = parse_arrivals(doc)
             assert times is not None and len(times) == 5
             assert all(start - 1 <= t <= time.time() + 1 for t in times)
-            async with s.get(f"{url}/arrivals", params={"after": str(times[2])}) as r:
+            after = {"after": str(times[2])}
+            async with s.get(f"{url}/arrivals", params=after, headers=BEARER) as r:
                 later = parse_arrivals(await r.json())
             assert later is not None and len(later) == 2
             for bad in ({"after": "soon"}, {"after": "inf"}, {"limit": "0"}):
-                async with s.get(f"{url}/arrivals", params=bad) as r:
+                async with s.get(f"{url}/arrivals", params=bad, headers=BEARER) as r:
                     assert r.status == 400
+
+    run(body)
+
+
+def test_arrivals_need_the_admin_token() -> None:
+    """Who sent requests when is the model's clients' business: no token, a wrong one, a
+    token in another scheme or with a suffix are 401 (and the log is not read); a pod started
+    without an admin token has no /arrivals at all."""
+
+    async def body() -> None:
+        async with stack([1], admin_token=ADMIN_TOKEN) as (d, _fake, url, s):
+            all_up(d)
+            assert (await post(s, url))[0] == 200
+            for headers in (
+                {},
+                {"Authorization": "Bearer wrong-token-0123456789"},
+                {"Authorization": f"Basic {ADMIN_TOKEN}"},
+                {"Authorization": f"Bearer {ADMIN_TOKEN}x"},
+                {"Authorization": f"Bearer {ADMIN_TOKEN[:-1]}"},
+            ):
+                async with s.get(f"{url}/arrivals", headers=headers) as r:
+                    assert r.status == 401
+                    assert "offsets_ms" not in await r.text()
+            async with s.get(f"{url}/arrivals", headers=BEARER) as r:
+                assert r.status == 200
+                assert len((await r.json())["offsets_ms"]) == 1
+        async with stack([1]) as (d, _fake, url, s):
+            all_up(d)
+            async with s.get(f"{url}/arrivals", headers=BEARER) as r:
+                assert r.status == 404
 
     run(body)
 
@@ -101,10 +136,18 @@ class PodsKube:
 
     def __init__(self, pods: list[dict[str, Any]]) -> None:
         self.pods = pods
+        self.secrets: dict[str, dict[str, Any]] = {}
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if resource == "secrets":
+            return self.secrets.get(name)
         assert resource == "services"
         return {"spec": {"selector": {"app": name}}}
+
+    def create(self, resource: str, namespace: str, body: dict[str, Any]) -> bool:
+        assert resource == "secrets"
+        self.secrets[body["metadata"]["name"]] = body
+        return True
 
     def list(self, resource: str, namespace: str, **_: Any) -> list[dict[str, Any]]:
         return self.pods
@@ -123,11 +166,16 @@ def _pod(name: str, port: int) -> dict[str, Any]:
 
 def test_reader_merges_two_real_dispatchers_and_reads_each_arrival_once() -> None:
     async def body() -> None:
-        async with stack([1]) as (d1, _f1, url1, s), stack([1]) as (d2, _f2, url2, _):
+        token = {"admin_token": ADMIN_TOKEN}
+        async with (
+            stack([1], **token) as (d1, _f1, url1, s),
+            stack([1], **token) as (d2, _f2, url2, _),
+        ):
             all_up(d1)
             all_up(d2)
             port1, port2 = int(url1.rsplit(":", 1)[1]), int(url2.rsplit(":", 1)[1])
             kube = PodsKube([_pod("p1", port1), _pod("p2", port2), _pod("gone", 9)])
+            admin_secret(kube, "m")
             reader = ArrivalReader(kube, pod_url="http://{ip}", deadline=5.0, clock=lambda: 0.0)
             loop = asyncio.get_running_loop()
             first = await loop.run_in_executor(None, reader, "ns", "m")

@@ -39,3 +39,17 @@ def test_operator_needs_a_scope(monkeypatch: pytest.MonkeyPatch) -> None:
     args = build_parser().parse_args(["operator"])
     with pytest.raises(CliError, match="--namespace"):
         args.func(args)
+
+
+@pytest.mark.parametrize("seconds", ["60", "-1", "599"])
+def test_a_rotation_shorter_than_the_propagation_window_is_refused(seconds: str) -> None:
+    args = build_parser().parse_args(
+        ["operator", "-n", "a", "--admin-token-rotation-seconds", seconds]
+    )
+    with pytest.raises(CliError, match="--admin-token-rotation-seconds must be 0"):
+        args.func(args)
+
+
+def test_the_rotation_defaults_to_a_day() -> None:
+    args = build_parser().parse_args(["operator", "-n", "a"])
+    assert args.admin_token_rotation_seconds == 86400

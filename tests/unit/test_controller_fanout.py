@@ -7,21 +7,26 @@ with many such pods cannot starve another model's reads."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from conftest import NS, FakeKube
+from conftest import NS, T0, FakeKube, admin_secret, ready_model, set_spec
 from packrat.controller.core.fanout import Answer, PodFanout, read_json
 from packrat.controller.core.plans import from_status
+from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals
 from packrat.controller.planning.estimates import EstimateReader
+from packrat.controller.serving import manifests as m
+from packrat.controller.switch.inpod import PodClient, Poster
 from packrat.controller.switch.plan_poster import PlanPoster
 
 Behaviour = Callable[[socket.socket], None]
@@ -113,6 +118,7 @@ def _pods(kube: FakeKube, name: str, ports: list[int]) -> None:
     """A model whose Service selects one ready pod per port (``pod_url`` http://{ip}:{pod})."""
     selector = {"app.kubernetes.io/instance": name, "packrat.dev/slot": "a"}
     kube.create("services", NS, {"metadata": {"name": name}, "spec": {"selector": selector}})
+    admin_secret(kube, name)
     for port in ports:
         kube.create(
             "pods",
@@ -248,8 +254,9 @@ def test_the_plan_post_reads_a_hostile_answer_and_gives_up_at_its_deadline(
     urls = [f"http://127.0.0.1:{hostile.listen(name, b)}" for name, b in behaviours]
     fanout = PodFanout()
     try:
-        answers = PlanPoster(fanout)(urls, plan, token="t" * 20, timeout=1.0, owner="ns/m")
-        assert not hostile.stop.is_set()
+        poster = PlanPoster(fanout, inline_wait=30.0)  # the answers in this call
+        answers = poster(urls, plan, token="t" * 20, timeout=1.0, owner="ns/m")
+        assert answers is not None and not hostile.stop.is_set()
     finally:
         fanout.close()
     listed, drip, blackhole, redirect, ok = answers
@@ -280,3 +287,78 @@ def test_strict_json_refuses_what_a_pod_must_not_send() -> None:
     assert read_json(Answer(200, b'{"a": [1, 2.5]}')) == {"a": [1, 2.5]}
     assert read_json(Answer(500, b"{}")) is None
     assert parse_arrivals({"base": 1, "offsets_ms": list(range(10))}) is not None
+
+
+def _served_by(port: int, poster: Poster) -> tuple[FakeKube, Reconciler]:
+    """A model serving from one pod on loopback ``port``, asked to change its batch (an
+    in-pod switch)."""
+    kube, rec = ready_model()
+    pod = {
+        "metadata": {"name": str(port), "labels": m.service_selector("tiny", slot="a")},
+        "status": {
+            "phase": "Running",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    kube.create("pods", NS, pod)
+    set_spec(kube, batchSize=8)
+    return kube, Reconciler(kube, config=rec.config, pods=PodClient("http://{ip}:{pod}", poster))
+
+
+def _as_model(poster: PlanPoster, model: str) -> Poster:
+    """The shared poster, for one of several models (the fake API holds one model, "tiny",
+    per instance: each gets its own owner, as distinct models have)."""
+
+    def post(urls: Any, plan: Any, *, token: str, timeout: float, owner: str = "") -> Any:
+        return poster(urls, plan, token=token, timeout=timeout, owner=f"{model}/{owner}")
+
+    return post
+
+
+def test_blackholed_plan_posts_hold_no_reconcile_thread(hostile: Hostile) -> None:
+    """Eight models whose pods accept the plan post and never answer, on eight reconcile
+    threads, and a ninth model queued behind them: the ninth still switches at once (before
+    any of the eight posts reaches its 30 s deadline); the eight end their passes with the post
+    pending (InPodSwitchPending), and once their pods hang up, the next pass of each falls
+    back to the Deployment switch with a Warning event."""
+    fanout = PodFanout()
+    poster = PlanPoster(fanout, inline_wait=0.5)
+    good_port = hostile.listen("good", _answer(b'{"plan": "2x1t/b4"}'))
+    hostile_models = [
+        _served_by(hostile.listen(f"blackhole{i}", hostile.blackhole), _as_model(poster, f"h{i}"))
+        for i in range(8)
+    ]
+    good_kube, good = _served_by(good_port, _as_model(poster, "good"))
+    pool = ThreadPoolExecutor(max_workers=8)  # the operator's reconcile threads
+    now = T0 + datetime.timedelta(seconds=1)
+    try:
+        started = time.monotonic()
+        passes = [pool.submit(rec.reconcile, NS, "tiny", now=now) for _, rec in hostile_models]
+        good_pass = pool.submit(good.reconcile, NS, "tiny", now=now)
+        good_pass.result(timeout=25)  # with blocking posts: not before the 30 s deadline
+        status = good_kube.prm()["status"]
+        assert status["plan"]["batch"] == 8 and status["lastSwitch"]["mode"] == "InPod"
+        for (kube, _), done in zip(hostile_models, passes, strict=True):
+            result = done.result(timeout=25)
+            assert result.waiting and result.switch_result is None
+            status = kube.prm()["status"]
+            reconfiguring = [c for c in status["conditions"] if c["type"] == "Reconfiguring"]
+            assert reconfiguring[0]["reason"] == "InPodSwitchPending"
+            assert status["plan"]["batch"] == 4  # still the served plan
+        assert poster.outstanding() == 8  # every blackholed post is still out
+        assert time.monotonic() - started < 30  # (so the passes did not wait for one to end)
+        hostile.close()  # the pods hang up: every post ends, unanswered
+        for kube, rec in hostile_models:
+            deadline = time.monotonic() + 30
+            while True:
+                result = rec.reconcile(NS, "tiny", now=now)
+                kinds = [(k, r) for k, r, _ in result.events]
+                if ("Warning", "InPodSwitchFailed") in kinds or time.monotonic() > deadline:
+                    break
+            assert ("Warning", "InPodSwitchFailed") in kinds
+            assert kube.prm()["status"]["switch"]["stage"] == "rollout"  # the Deployment switch
+        assert poster.outstanding() == 0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        fanout.close()

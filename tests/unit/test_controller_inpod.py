@@ -3,6 +3,7 @@ pod."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import threading
 from collections.abc import Iterator
@@ -11,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import from_status
-from packrat.controller.switch.plan_poster import plan_request, post_plan
+from packrat.controller.switch import plan_poster
+from packrat.controller.switch.plan_poster import PlanPoster, PodAnswer, plan_request, post_plan
 from packrat.controller.switch.plan_poster import switchable as _switchable
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import parse_plan
@@ -133,3 +136,39 @@ def test_post_plan_to_nobody_is_an_answer_not_an_exception() -> None:
     port = free_ports(1)[0]
     answer = post_plan(f"http://127.0.0.1:{port}", _plan(4, 1, 2), token="t" * 20, timeout=5)
     assert not answer.ok and answer.status == 0 and "unreachable" in answer.message
+
+
+class _UnansweredFanout:
+    """A pod client whose posts end only when the test says (their futures)."""
+
+    def __init__(self) -> None:
+        self.futures: list[concurrent.futures.Future[list[Answer]]] = []
+
+    def submit(self, *_: Any, **__: Any) -> concurrent.futures.Future[list[Answer]]:
+        future: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
+        self.futures.append(future)
+        return future
+
+
+def test_a_pending_post_is_picked_up_superseded_or_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fanout = _UnansweredFanout()
+    poster = PlanPoster(fanout, inline_wait=0.0)  # type: ignore[arg-type]
+    plan, token = _plan(2, 2, 4), "t" * 20
+
+    def ask(owner: str = "ns/m", token: str = token) -> list[PodAnswer] | None:
+        return poster(["http://a:8080"], plan, token=token, timeout=5.0, owner=owner)
+
+    assert ask() is None and ask() is None  # pending: the second pass asks the same post
+    assert len(fanout.futures) == 1 and poster.outstanding() == 1
+    fanout.futures[0].set_result([Answer(200, b'{"plan": "2x2t/b4"}')])
+    answers = ask()
+    assert answers == [PodAnswer(ok=True, status=200, message="2x2t/b4")]
+    assert answers[0].seconds > 0  # the whole post's time, not the picking pass's
+    assert poster.outstanding() == 0
+    assert ask() is None and ask(token="u" * 20) is None  # another token: a new post
+    assert fanout.futures[1].cancelled() and not fanout.futures[2].cancelled()
+    monkeypatch.setattr(plan_poster, "KEEP_SECONDS", -1.0)
+    assert ask(owner="ns/other") is None  # the other model's post, kept too long, goes
+    assert fanout.futures[2].cancelled() and poster.outstanding() == 1

@@ -18,7 +18,8 @@ from conftest import NS, T0, FakeKube, ready_model, set_spec
 from packrat.controller.core.plans import from_status
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.serving import manifests as m
-from packrat.controller.serving.pod_config import admin_token_secret, plan_configmap, secret_token
+from packrat.controller.serving.admin_token import admin_token_secret, secret_token
+from packrat.controller.serving.pod_config import plan_configmap
 from packrat.controller.switch.inpod import PodClient, failures, slot_pods
 from packrat.controller.switch.plan_poster import PodAnswer
 
@@ -67,7 +68,7 @@ def test_plan_configmap_holds_the_wire_plan_owned_and_labelled() -> None:
 
 
 def test_admin_token_secret_round_trip_and_junk() -> None:
-    secret = admin_token_secret(OWNER, token="t" * 43)
+    secret = admin_token_secret(OWNER, token="t" * 43, now=T0)
     assert secret["kind"] == "Secret" and secret["type"] == "Opaque"
     assert secret["metadata"]["name"] == "tiny-admin-token"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "u1"

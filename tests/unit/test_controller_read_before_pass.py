@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conftest import NS, FakeFanout, FakeKube
+from conftest import ADMIN_TOKEN, NS, FakeFanout, FakeKube, admin_secret
 from packrat.controller.handlers import read_before_pass
 from packrat.controller.planning import arrivals, estimates
 from packrat.controller.planning import autobatch as ab
@@ -37,6 +37,7 @@ class CountingKube(FakeKube):
 def _model(kube: CountingKube) -> None:
     selector = {"app.kubernetes.io/instance": "m", "packrat.dev/slot": "a"}
     kube.create("services", NS, {"metadata": {"name": "m"}, "spec": {"selector": selector}})
+    admin_secret(kube, "m")
     for i, ready in ((1, True), (2, True), (3, False)):
         kube.create(
             "pods",
@@ -83,12 +84,15 @@ def readers(
 
 def test_both_readers_share_one_service_read_and_one_pod_listing(
     readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
     reading, seen = read_before_pass(est, arr, NS, "m", want_estimates=True, want_arrivals=True)
     assert reading == ab.Reading((8, 4), "pods")
     assert seen == Arrivals(times=[0.4, 0.8], pods=2)
-    assert kube.calls == {"get services": 1, "list pods": 1}
+    assert kube.calls == {"get services": 1, "list pods": 1, "get secrets": 1}
+    sent = [h for url, h in zip(fanout.asked, fanout.headers, strict=True) if "/arrivals" in url]
+    assert sent and all(h == {"Authorization": f"Bearer {ADMIN_TOKEN}"} for h in sent)
 
 
 @pytest.mark.parametrize(("want_estimates", "want_arrivals"), [(True, False), (False, True)])
@@ -102,7 +106,8 @@ def test_one_reader_lists_the_pods_itself(
         est, arr, NS, "m", want_estimates=want_estimates, want_arrivals=want_arrivals
     )
     assert (reading is not None, seen is not None) == (want_estimates, want_arrivals)
-    assert kube.calls == {"get services": 1, "list pods": 1}
+    token_read = {"get secrets": 1} if want_arrivals else {}
+    assert kube.calls == {"get services": 1, "list pods": 1, **token_read}
 
 
 def test_nothing_wanted_reads_nothing(
@@ -161,3 +166,24 @@ def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
         est, arr, NS, "m2", want_estimates=False, want_arrivals=True, ingress=("pipe", 1.0)
     )
     assert other == Arrivals(times=[0.1, 0.2, 0.3, 0.4], pods=1)
+    # the router's /arrivals is public: a model's token never goes to a Service its author named
+    sent = [h for url, h in zip(fanout.asked, fanout.headers, strict=True) if "10.0.0.9" in url]
+    assert sent and not any("Authorization" in h for h in sent)
+
+
+def test_the_arrival_reader_asks_nothing_without_a_token_of_the_models(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    """No Secret, or one the model does not own (squatted): the reader sends nothing (the
+    pods would answer 401, and a squatter's token means nothing)."""
+    kube, _est, arr = readers
+    kube.delete("secrets", NS, "m-admin-token")
+    assert arr(NS, "m") is None
+    squatted = {
+        "metadata": {"name": "m-admin-token"},
+        "data": {"token": "c3F1YXR0ZWQtdG9rZW4tMDEyMzQ1"},
+    }
+    kube.create("secrets", NS, squatted)
+    assert arr(NS, "m") is None
+    assert not [url for url in fanout.asked if "/arrivals" in url]

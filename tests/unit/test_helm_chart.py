@@ -155,6 +155,7 @@ def test_lint_reports_bad_values() -> None:
         ({"image": {"tag": 3}}, "/image/tag"),
         ({"metrics": {"serviceMonitor": {"enabled": "yes"}}}, "/metrics/serviceMonitor/enabled"),
         ({"resources": {"limits": {"cpu": True}}}, "/resources/limits/cpu"),
+        ({"adminToken": {"rotationSeconds": 60}}, "/adminToken/rotationSeconds"),
     ],
 )
 def test_values_schema_rejects_wrong_types(values: dict[str, Any], where: str) -> None:
@@ -527,7 +528,7 @@ NAMESPACED_RESOURCES = {
     ("", "pods"): {"list", "watch", "delete"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"create"},
-    ("", "secrets"): {"get", "create"},
+    ("", "secrets"): {"get", "create", "patch"},
 }
 CLUSTER_RESOURCES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
@@ -681,13 +682,20 @@ def test_rbac_covers_every_api_call_of_the_controller(
 
 def test_secrets_are_only_read_one_by_name(rendered: dict[str, list[dict[str, Any]]]) -> None:
     # the operator reads a storageUri model's credentialsSecret by name to ask the store for
-    # the object's ETag, and creates and reads each model's admin token Secret (the in-pod
-    # switch); it never lists, watches, patches or deletes Secrets
+    # the object's ETag, and creates, reads and patches (rotates) each model's admin token
+    # Secret; it never lists, watches or deletes Secrets, and does not patch them when
+    # rotation is off
     for objects in rendered.values():
         for role in [*by_kind(objects, "Role"), *by_kind(objects, "ClusterRole")]:
             for (_, resource), verbs in _grants(role).items():
                 if resource == "secrets":
-                    assert verbs == {"get", "create"}, verbs
+                    assert verbs == {"get", "create", "patch"}, verbs
+    off = render_objects({"adminToken": {"rotationSeconds": 0}})
+    for role in [*by_kind(off, "Role"), *by_kind(off, "ClusterRole")]:
+        for (_, resource), verbs in _grants(role).items():
+            if resource == "secrets":
+                assert verbs == {"get", "create"}, verbs
+    assert "--admin-token-rotation-seconds=0" in _operator_args(off)
 
 
 # ---------------------------------------------------------------------------- chart metadata

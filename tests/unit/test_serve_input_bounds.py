@@ -17,6 +17,7 @@ import torch
 from dispatcher_support import all_up, post, run, stack
 
 from packrat.plan.optimizer import Plan
+from packrat.serve.auth import TokenFile
 from packrat.serve.codec import (
     MIN_BODY_CAP,
     CodecError,
@@ -24,7 +25,6 @@ from packrat.serve.codec import (
     encode_output,
     input_body_cap,
 )
-from packrat.serve.pod.inpod import TokenFile
 from packrat.serve.pod.server import PodServer, ServeOptions
 
 TINY = [{"dtype": "float32", "shape": [4]}]

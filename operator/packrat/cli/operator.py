@@ -130,7 +130,8 @@ def _add_timing_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_pod_args(parser: argparse.ArgumentParser) -> None:
-    """How the operator reaches a model's Service and pods, and whether plans switch in-pod."""
+    """How the operator reaches a model's Service and pods (and how often their admin token
+    rotates), and whether plans switch in-pod."""
     parser.add_argument(
         "--serving-url",
         default="http://{service}.{namespace}.svc:8080",
@@ -149,6 +150,14 @@ def _add_pod_args(parser: argparse.ArgumentParser) -> None:
         dest="inpod_switch",
         action="store_false",
         help="every plan change switches slots (new pods), even when only the batch changed",
+    )
+    parser.add_argument(
+        "--admin-token-rotation-seconds",
+        type=float,
+        default=86400.0,
+        help="how often each model's admin token Secret gets a new token, the previous one "
+        "still accepted by the pods until the next rotation (default 86400; 0: never; "
+        "otherwise at least 600)",
     )
 
 
@@ -191,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     from packrat.controller.core.spec import DEFAULT_IMAGE
     from packrat.controller.handlers import OperatorOptions, build_registry
     from packrat.controller.model.reconcile import Config
+    from packrat.controller.serving.admin_token import check_rotation_seconds
 
     for flag in ("resync_seconds", "poll_seconds", "estimate_seconds"):
         if getattr(args, flag) <= 0:
@@ -201,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--max-profile-attempts must be at least 1")
     if not (args.pipeline_plan_seconds > 0 and args.pipeline_plan_memory_mib >= 128):
         raise CliError("need --pipeline-plan-seconds > 0 and --pipeline-plan-memory-mib >= 128")
+    rotation = check_rotation_seconds(args.admin_token_rotation_seconds)
+    if rotation is not None:
+        raise CliError(f"--admin-token-rotation-seconds {rotation}")
     if not args.namespace and not args.all_namespaces:
         namespace = os.environ.get("POD_NAMESPACE")
         if not namespace:
@@ -217,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             pipeline_plan_seconds=args.pipeline_plan_seconds,
             pipeline_plan_memory_mib=args.pipeline_plan_memory_mib,
             policy=_model_policy(args),
+            admin_token_rotation_seconds=args.admin_token_rotation_seconds,
         ),
         resync_seconds=args.resync_seconds,
         poll_seconds=args.poll_seconds,

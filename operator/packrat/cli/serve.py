@@ -135,8 +135,10 @@ def _add_admin_token_args(parser: argparse.ArgumentParser) -> None:
         "--admin-token-file",
         type=Path,
         metavar="FILE",
-        help="file holding a bearer token (a mounted Secret, read again when it changes); "
-        "enables POST /admin/plan, the in-pod plan switch (without it the route does not exist)",
+        help="file holding a bearer token (a mounted Secret, read again when it changes; a "
+        "file 'previous' beside it holds a second accepted token); enables POST /admin/plan "
+        "(the in-pod plan switch), POST /admin/canary and GET /arrivals (without it these "
+        "routes do not exist)",
     )
     token.add_argument(
         "--admin-token-env",
@@ -409,7 +411,7 @@ def _admin_token(args: argparse.Namespace) -> Any:
     or None: no admin routes."""
     token: Any = None
     if args.admin_token_file is not None:
-        from packrat.serve.pod.inpod import TokenFile
+        from packrat.serve.auth import TokenFile
 
         token = TokenFile(args.admin_token_file)
         if token() is None:

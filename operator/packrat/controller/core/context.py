@@ -45,6 +45,9 @@ class Config:
     pipeline_plan_memory_mib: int = 320
     # the platform's allow-lists for images, service accounts, priority classes, env Secrets
     policy: ModelPolicy = field(default_factory=ModelPolicy)
+    # how often each model's admin token Secret gets a new token (0: never); at least 600 s
+    # (serving.admin_token.MIN_ROTATION_SECONDS, checked where it is set)
+    admin_token_rotation_seconds: float = 24 * 3600.0
 
 
 @dataclass

@@ -138,10 +138,19 @@ class PodFanout:
 
     # -- the callers' side (any thread) -----------------------------------------------------
     def get(
-        self, owner: str, urls: Sequence[str], *, deadline: float, max_bytes: int
+        self,
+        owner: str,
+        urls: Sequence[str],
+        *,
+        deadline: float,
+        max_bytes: int,
+        headers: Mapping[str, str] | None = None,
     ) -> list[Answer]:
-        """``GET`` every URL at once; the answers in the order of ``urls``."""
-        return self._run(owner, "GET", urls, None, {}, deadline=deadline, max_bytes=max_bytes)
+        """``GET`` every URL at once (with ``headers``: the admin token for ``/arrivals``);
+        the answers in the order of ``urls``."""
+        return self._run(
+            owner, "GET", urls, None, headers or {}, deadline=deadline, max_bytes=max_bytes
+        )
 
     def post(
         self,
@@ -169,14 +178,33 @@ class PodFanout:
     ) -> list[Answer]:
         if not urls:
             return []
-        call = _Call(owner, method, body, dict(headers), deadline, max_bytes)
-        coro = self._all(call, list(urls))
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = self.submit(
+            owner, method, urls, body, headers, deadline=deadline, max_bytes=max_bytes
+        )
         try:
             return future.result(timeout=deadline + _MARGIN_SECONDS)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             future.cancel()
             return [Answer(0, error="deadline") for _ in urls]
+
+    def submit(
+        self,
+        owner: str,
+        method: str,
+        urls: Sequence[str],
+        body: bytes | None,
+        headers: Mapping[str, str],
+        *,
+        deadline: float,
+        max_bytes: int,
+    ) -> concurrent.futures.Future[list[Answer]]:
+        """The same requests, without waiting: a future of the answers (in the order of
+        ``urls``), done within ``deadline`` whatever the pods do (each request's wait for a
+        slot counts in its deadline). Cancelling it cancels the requests. For a caller that
+        must not block on the pods (the in-pod switch's plan post, picked up by a later
+        pass)."""
+        call = _Call(owner, method, body, dict(headers), deadline, max_bytes)
+        return asyncio.run_coroutine_threadsafe(self._all(call, list(urls)), self._loop)
 
     def close(self) -> None:
         async def stop() -> None:

@@ -46,7 +46,7 @@ from packrat.controller.serving.slots import Rendering, ensure_deployment, last_
 from packrat.controller.switch.active_passive import abort, advance_switch, start_switch
 from packrat.controller.switch.canary import CanaryClient, reconcile_canary
 from packrat.controller.switch.failover import lost_active, release_unneeded
-from packrat.controller.switch.inpod import PodClient, switch_in_pod
+from packrat.controller.switch.inpod import Pending, PodClient, switch_in_pod
 from packrat.controller.switch.plan_poster import switchable
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import Profile
@@ -382,6 +382,8 @@ class Reconciler:
                 note = self._in_pod(p, children, model, desired=desired, replicas=replicas)
                 if note is None:
                     return False  # switched in place: the pass goes on as at rest
+                if isinstance(note, Pending):
+                    return True  # the post to the pods is outstanding: a later pass ends it
                 start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
                 return True
         elif (status.get("switch") or {}).get("stage") == "aborted":
@@ -390,9 +392,10 @@ class Reconciler:
 
     def _in_pod(
         self, p: Pass, children: Children, model: ModelSpec, *, desired: Rendering, replicas: int
-    ) -> str | None:
+    ) -> str | Pending | None:
         """Switch to ``desired`` inside the active slot's pods when that applies: None when it
-        did, else why not ("" when it does not apply: no event)."""
+        did, ``Pending`` while the post is outstanding, else why not ("" when it does not
+        apply: no event)."""
         served = last_good(p, fallback=None)
         if self.pods is None or served is None:
             return ""
@@ -408,7 +411,7 @@ class Reconciler:
             client=self.pods,
             timeout=model.switch.ready_timeout_seconds,
         )
-        if why is not None:
+        if isinstance(why, str):
             p.emit(
                 "Warning", "InPodSwitchFailed", f"in-pod switch not done ({why}); switching slots"
             )

@@ -5,7 +5,9 @@ one pod client (:class:`packrat.controller.core.fanout.PodFanout`: a total deadl
 ``MAX_BYTES``, no redirects, a pool one model cannot monopolise), every pod concurrently
 under one ``deadline``; a document that is not an object with a finite ``base`` and a list of
 finite offsets (at most ``MAX_OFFSETS``; ``Infinity`` and 400-digit numbers are not) is no
-reading from that pod. The reading happens before a pass. The reader keeps, per pod, the
+reading from that pod. ``/arrivals`` needs the model's admin token (from the Secret the
+operator owns, :func:`~packrat.controller.serving.admin_token.read_token`); without one
+nothing is asked. The reading happens before a pass. The reader keeps, per pod, the
 newest timestamp it has seen and asks only for what came after (in memory: a restarted
 operator starts from "now", since older arrivals say nothing about the load to come). A pod
 that does not answer is skipped; when none answers the reading is None and the tuner decides
@@ -14,6 +16,7 @@ nothing.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import threading
@@ -25,6 +28,7 @@ from packrat.controller.api.kube import KubeApi
 from packrat.controller.core.fanout import PodFanout, read_json, shared_fanout
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import pod_address, ready_pods
+from packrat.controller.serving.admin_token import read_token
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +61,10 @@ def parse_arrivals(doc: Any) -> list[float] | None:
     start = float(base)
     times = [start + float(o) / 1000.0 for o in offsets]
     return times if all(math.isfinite(t) for t in times) else None
+
+
+def _utc(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
 
 
 def _path(after: float) -> str:
@@ -107,8 +115,16 @@ class ArrivalReader:
                 after = self._cursors.setdefault(key, now)
             keys.append(key)
             urls.append(f"{pod_address(self.pod_url, namespace, pod).rstrip('/')}{_path(after)}")
+        headers: dict[str, str] = {}
+        if reader is None:  # the model's own pods: they want its token
+            token = read_token(self.kube, namespace, name, _utc(now))
+            if token is None:
+                return None  # no token of ours: the pods would answer 401, and nothing is sent
+            headers["Authorization"] = f"Bearer {token}"
+        # else a pipeline router's public /arrivals (spec.autoscaling.ingress names it): the
+        # model's token is never sent to a Service the model author chose
         answers = self.fanout.get(
-            f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES
+            f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES, headers=headers
         )
         merged: list[float] = []
         answered = 0

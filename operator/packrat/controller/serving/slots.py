@@ -18,7 +18,8 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, stored
 from packrat.controller.core.plans import layout
 from packrat.controller.serving import manifests as m
-from packrat.controller.serving.pod_config import ensure_plan, ensure_token
+from packrat.controller.serving.admin_token import ensure_token
+from packrat.controller.serving.pod_config import ensure_plan
 from packrat.controller.serving.protection import protect_patch, release, terminating
 from packrat.plan.optimizer import Plan
 

@@ -42,7 +42,7 @@ from packrat.controller.core.status import now_iso
 from packrat.controller.planning.estimates import pod_address
 from packrat.controller.serving import canary as c
 from packrat.controller.serving import manifests as m
-from packrat.controller.serving.pod_config import ensure_token
+from packrat.controller.serving.admin_token import ensure_token
 from packrat.controller.serving.protection import release, terminating
 from packrat.controller.serving.slots import Rendering, deployment_ready, ensure_deployment
 from packrat.controller.switch.inpod import slot_pods

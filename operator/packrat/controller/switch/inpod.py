@@ -11,9 +11,12 @@ anywhere (an API error, an operator restart) is repeated from the start by the n
 2. the slot's plan ConfigMap gets the new plan, so a pod that starts from now on starts on it;
 3. the slot's pods are listed (after 2: a pod not listed started on the new plan); every one
    must be ready, at least ``replicas`` of them;
-4. the new plan is posted to every one at once (bounded by the switch's ready timeout); a pod
-   that already serves it answers 200 at once, so a repeated pass only moves the pods that
-   have not moved yet;
+4. the new plan is posted to every one at once (bounded by the switch's ready timeout and
+   ``MAX_DEADLINE_SECONDS``); a pod that already serves it answers 200 at once, so a repeated
+   pass only moves the pods that have not moved yet. The pass waits for the answers only
+   briefly: a post still outstanding ends the pass (``InPodSwitchPending``) and the next pass
+   asking the same picks the answers up, so pods that blackhole the post hold no reconcile
+   thread;
 5. every pod answered 200: ``status`` records the new plan (``servingHash``, ``plan``,
    ``servingSpec``, ``lastSwitch`` with ``mode: InPod``, ``switchHistory``).
 
@@ -35,7 +38,8 @@ from packrat.controller.core.status import now_iso
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.estimates import pod_address
 from packrat.controller.serving import manifests as m
-from packrat.controller.serving.pod_config import ensure_plan, ensure_token
+from packrat.controller.serving.admin_token import ensure_token
+from packrat.controller.serving.pod_config import ensure_plan
 from packrat.controller.serving.slots import Rendering, deployment_ready
 from packrat.controller.switch.plan_poster import PodAnswer
 from packrat.plan.optimizer import Plan
@@ -45,6 +49,9 @@ MODE_DEPLOYMENT = "Deployment"
 
 
 class Poster(Protocol):
+    """Posts ``plan`` to every URL: the answers, or None while the post is outstanding (a
+    later call with the same arguments picks it up)."""
+
     def __call__(
         self,
         urls: Sequence[str],
@@ -53,7 +60,15 @@ class Poster(Protocol):
         token: str,
         timeout: float,
         owner: str = "",
-    ) -> list[PodAnswer]: ...
+    ) -> list[PodAnswer] | None: ...
+
+
+class Pending:
+    """The in-pod switch's answer while the plan post is outstanding: the pass ends, the
+    served plan stays in status, and a later pass picks the answers up."""
+
+
+PENDING = Pending()
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,15 @@ def failures(names: Sequence[str], answers: Sequence[PodAnswer]) -> list[str]:
     ]
 
 
+def pending(p: Pass, *, desired: Rendering, pods: int) -> Pending:
+    """The pass ends with the post outstanding (condition ``Reconfiguring``, reason
+    ``InPodSwitchPending``), and asks for a pass soon."""
+    message = f"posting plan {desired.plan.label} to {pods} pods of slot {p.status['activeSlot']}"
+    p.cond("Reconfiguring", True, "InPodSwitchPending", message)
+    p.result.waiting = True
+    return PENDING
+
+
 def switch_in_pod(
     p: Pass,
     *,
@@ -92,9 +116,11 @@ def switch_in_pod(
     replicas: int,
     client: PodClient,
     timeout: float,
-) -> str | None:
+) -> str | Pending | None:
     """Switch the active slot's pods to ``desired`` in place: None when every pod serves it
-    (and ``status`` says so), else why not (the served plan is back in the ConfigMap)."""
+    (and ``status`` says so), :data:`PENDING` while the post to the pods is outstanding (the
+    desired plan stays in the ConfigMap), else why not (the served plan is back in the
+    ConfigMap)."""
     slot = str(p.status["activeSlot"])
     if not deployment_ready(active_dep, replicas):
         return f"slot {slot} is not ready"
@@ -114,13 +140,16 @@ def switch_in_pod(
         start = time.monotonic()
         owner = f"{p.namespace}/{p.name}"
         answers = client.post(urls, desired.plan, token=token, timeout=timeout, owner=owner)
+        if answers is None:
+            return pending(p, desired=desired, pods=len(names))
         failed = failures(names, answers)
         if failed:
             why = f"{len(failed)}/{len(names)} pods did not switch ({'; '.join(failed)[:400]})"
         else:
-            record(
-                p, served=served, desired=desired, pods=len(names), seconds=time.monotonic() - start
-            )
+            # the whole post's time when the poster measured it (a post picked up by a later
+            # pass took longer than this pass)
+            seconds = max([time.monotonic() - start, *(a.seconds for a in answers)])
+            record(p, served=served, desired=desired, pods=len(names), seconds=seconds)
             return None
     ensure_plan(p, slot=slot, plan=served.plan)
     return why

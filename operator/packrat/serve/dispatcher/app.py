@@ -48,6 +48,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from packrat.plan.estimator import SERVING_ROUNDING, BatchSizeEstimator
+from packrat.serve.auth import AdminToken
 from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.arrivals import ArrivalLog
 from packrat.serve.dispatcher.canary import CanarySplit, canary_routes
@@ -133,7 +134,7 @@ class Dispatcher(SwapMixin):
         body_timeout_s: float = 30.0,
         routes: Sequence[web.RouteDef] = (),
         payload_log: PayloadLogger | None = None,
-        admin_token: str | Callable[[], str | None] | None = None,
+        admin_token: AdminToken = None,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
@@ -174,7 +175,7 @@ class Dispatcher(SwapMixin):
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.
         self.inputs: list[dict[str, Any]] | None = None
         self._routes = [
-            *read_only_routes(self, status=status, alive=alive),
+            *read_only_routes(self, status=status, alive=alive, token=admin_token),
             *v2_routes(self, alive=alive),
             *canary_routes(self.canary, admin_token),  # POST /admin/canary, with a token only
             *routes,

@@ -26,17 +26,17 @@ afresh, so a new canary behind the same Service is never judged by an older one'
 from __future__ import annotations
 
 import collections
-import hmac
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from packrat.serve.auth import AdminToken, bearer_accepted
 from packrat.serve.dispatcher.upstream import passthrough
 
 HEADER = "X-Packrat-Canary"
@@ -198,20 +198,14 @@ def parse_canary(raw: bytes) -> tuple[str | None, int, str]:
     return url, percent, ident
 
 
-def canary_routes(
-    split: CanarySplit, token: str | Callable[[], str | None] | None
-) -> list[web.RouteDef]:
-    """``POST /admin/canary`` (bearer ``token``, or the token a rotating token file holds
+def canary_routes(split: CanarySplit, token: AdminToken) -> list[web.RouteDef]:
+    """``POST /admin/canary`` (bearer ``token``, or a token a rotating token file accepts
     now), or nothing when there is no token."""
     if not token:
         return []
-    current = token if callable(token) else (lambda: token)
 
     async def handle(request: web.Request) -> web.Response:
-        given = request.headers.get("Authorization", "").encode()
-        held = current()
-        expected = f"Bearer {held}".encode() if held else None
-        if expected is None or not hmac.compare_digest(given, expected):
+        if not bearer_accepted(request.headers.get("Authorization", ""), token):
             return web.json_response(
                 {"code": 401, "message": "a valid bearer token is required"}, status=401
             )

@@ -1,7 +1,8 @@
 """The dispatcher's read-only endpoints: ``/ping`` (readiness), ``/healthz`` (liveness),
 ``/metrics`` (Prometheus), ``/status`` (plan, queue, estimate) and ``/arrivals`` (the arrival
-log the operator's tuner reads). They answer from :class:`~packrat.serve.dispatcher.app.Dispatcher`
-state and change none of it."""
+log the operator's tuner reads: with the pod's admin token only, since when each request came
+is the model's clients' business, not every client's). They answer from
+:class:`~packrat.serve.dispatcher.app.Dispatcher` state and change none of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from packrat.serve.auth import AdminToken, bearer_accepted
 from packrat.serve.dispatcher.arrivals import DEFAULT_LIMIT
 from packrat.serve.dispatcher.upstream import error_response
 
@@ -26,9 +28,12 @@ def read_only_routes(
     *,
     status: Callable[[], Mapping[str, Any]] | None,
     alive: Callable[[], bool] | None,
+    token: AdminToken = None,
 ) -> list[web.RouteDef]:
     """The routes, answering from ``d``; ``status`` adds the owner's document to ``/status``,
-    ``alive`` says whether TorchServe is still there (``None``: always)."""
+    ``alive`` says whether TorchServe is still there (``None``: always). ``/arrivals`` needs
+    the bearer ``token`` (a 401 without it); a pod with no token has no ``/arrivals``, as it
+    has no admin routes."""
 
     async def handle_ping(_request: web.Request) -> web.Response:
         if d.ready:
@@ -65,6 +70,8 @@ def read_only_routes(
 
     async def handle_arrivals(request: web.Request) -> web.Response:
         """The arrival log after ``?after=`` (seconds since the epoch; default: all of it)."""
+        if not bearer_accepted(request.headers.get("Authorization", ""), token):
+            return error_response(401, "a valid bearer token is required")
         try:
             after = float(request.query.get("after", "0"))
             limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))
@@ -74,10 +81,10 @@ def read_only_routes(
             return error_response(400, f"after must be finite, limit in 1..{DEFAULT_LIMIT}")
         return web.json_response(d.arrivals.after(after, limit=limit))
 
-    return [
+    routes = [
         web.get("/ping", handle_ping),
         web.get("/healthz", handle_healthz),
         web.get("/metrics", handle_metrics),
         web.get("/status", handle_status),
-        web.get("/arrivals", handle_arrivals),
     ]
+    return [*routes, web.get("/arrivals", handle_arrivals)] if token else routes

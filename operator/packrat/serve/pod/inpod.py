@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from packrat.plan.optimizer import Plan
+from packrat.serve.auth import AdminToken, bearer_accepted
 from packrat.serve.config import InstanceSpec, ServeConfigError, parse_plan, plan_instances
 
 if TYPE_CHECKING:
@@ -189,47 +188,14 @@ def _answer(status: int, doc: dict[str, Any]) -> web.Response:
     return web.json_response(doc, status=status)
 
 
-class TokenFile:
-    """The admin token in a file (a mounted Secret), read again when the file changes: the
-    kubelet updates a Secret volume in place, so a token rotated by replacing the Secret
-    reaches running pods without a restart, and the token is in no process's environment
-    (TorchServe's workers, the model's handler code, inherit the environment)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._seen: tuple[float, int] | None = None
-        self._token: str | None = None
-
-    def __call__(self) -> str | None:
-        try:
-            stat = self.path.stat()
-            key = (stat.st_mtime, stat.st_ino)
-            if key != self._seen:
-                token = self.path.read_text(encoding="utf-8").strip()
-                self._token = token if len(token) >= MIN_TOKEN_CHARS else None
-                self._seen = key
-        except (OSError, UnicodeDecodeError):
-            return None  # gone or unreadable: no token, every request 401
-        return self._token
-
-
-MIN_TOKEN_CHARS = 16
-
-
-def admin_routes(
-    switch: InPodSwitch, token: str | Callable[[], str | None] | None
-) -> list[web.RouteDef]:
-    """``POST /admin/plan`` (bearer ``token``, or the token a :class:`TokenFile` holds now),
-    or nothing when there is no token."""
+def admin_routes(switch: InPodSwitch, token: AdminToken) -> list[web.RouteDef]:
+    """``POST /admin/plan`` (bearer ``token``, or a token a
+    :class:`~packrat.serve.auth.TokenFile` accepts now), or nothing when there is no token."""
     if not token:
         return []
-    current = token if callable(token) else (lambda: token)
 
     async def handle_plan(request: web.Request) -> web.Response:
-        given = request.headers.get("Authorization", "").encode()
-        held = current()
-        expected = f"Bearer {held}".encode() if held else None
-        if expected is None or not hmac.compare_digest(given, expected):
+        if not bearer_accepted(request.headers.get("Authorization", ""), token):
             return _answer(401, {"code": 401, "message": "a valid bearer token is required"})
         length = request.content_length
         if length is None or length > MAX_PLAN_BYTES:

@@ -30,7 +30,7 @@ import logging
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from aiohttp import web
 
 from packrat.plan.estimator import SERVING_ROUNDING
 from packrat.plan.optimizer import Plan
+from packrat.serve.auth import AdminToken
 from packrat.serve.config import (
     DEFAULT_RUNTIME,
     JVM_ARGS,
@@ -117,7 +118,7 @@ class ServeOptions:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     torchserve_port_base: int | None = None  # default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE
     # enables POST /admin/plan (the in-pod switch): a token, or a TokenFile read as it changes
-    admin_token: str | Callable[[], str | None] | None = None
+    admin_token: AdminToken = None
     zygote: bool = (
         True  # workers forked from one process that imported torch (packrat.serve.zygote.zygote)
     )

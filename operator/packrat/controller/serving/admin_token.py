@@ -1,0 +1,214 @@
+"""The model's admin token Secret: made once, rotated on a schedule, read for every call the
+operator makes to the model's pods (``POST /admin/plan``, ``GET /arrivals``).
+
+The Secret ``<model>-admin-token`` (random, owned by the model) holds ``token`` (the current
+token) and, after a rotation, ``previous`` (the one it replaced), and records when it was last
+rotated in the annotation ``packrat.dev/admin-token-rotated-at``: the schedule lives on the
+Secret, not in the operator's memory, so any pass of any operator replica decides the same
+(:func:`rotation_due`), and a rotation is one merge patch carrying the Secret's
+``resourceVersion`` (two passes racing: one wins, the other gets a 409 and does nothing).
+
+The pods mount the Secret as files and accept either token
+(:class:`packrat.serve.auth.TokenFile`). The kubelet updates a mounted Secret some time after
+it changes (its sync period plus its cache: a minute or two), so just after a rotation a pod
+may still hold the old files ({old, older}) or the new ones ({new, old}): the one token
+every pod accepts is ``old``, the new ``previous``. The operator therefore calls the pods
+with ``previous`` for ``PROPAGATION_SECONDS`` after a rotation and with ``token`` after
+(:func:`token_for_calls`); the schedule is at least ``MIN_ROTATION_SECONDS``, longer than
+that window, so a pod never holds a token older than ``previous``. Pure decisions, tested
+against the clock; only :func:`ensure_token` and :func:`read_token` touch the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from packrat.controller.api.kube import KubeApi, KubeError
+from packrat.controller.api.ownership import owned_by
+from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.serving import manifests as m
+
+logger = logging.getLogger(__name__)
+
+TOKEN_BYTES = 32
+MIN_TOKEN_CHARS = 16  # as the pods (packrat.serve.auth)
+PREVIOUS_KEY = "previous"  # as the pods' PREVIOUS_FILE
+ANNOTATION_ROTATED = "packrat.dev/admin-token-rotated-at"
+# longer than the kubelet takes to update a mounted Secret (its sync period, 60 s by default,
+# plus its Secret cache's TTL, 60 s): until then some pods may hold the files of before
+PROPAGATION_SECONDS = 300.0
+MIN_ROTATION_SECONDS = 2 * PROPAGATION_SECONDS
+DEFAULT_ROTATION_SECONDS = 24 * 3600.0
+
+
+def check_rotation_seconds(seconds: float) -> str | None:
+    """Why ``seconds`` is no rotation schedule (None: it is; 0 turns rotation off)."""
+    if seconds == 0 or seconds >= MIN_ROTATION_SECONDS:
+        return None
+    return f"must be 0 (no rotation) or at least {MIN_ROTATION_SECONDS:g} seconds"
+
+
+def admin_token_secret(
+    owner: Mapping[str, Any], *, token: str, now: datetime.datetime
+) -> dict[str, Any]:
+    """The model's admin token Secret holding ``token``, made (rotated) at ``now``."""
+    name = owner["metadata"]["name"]
+    labels = {**m.base_labels(name), m.LABEL_MODEL: name}
+    meta = m.metadata(owner, name=m.admin_token_name(name), labels=labels)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {**meta, "annotations": {ANNOTATION_ROTATED: now_iso(now)}},
+        "data": {m.ADMIN_TOKEN_KEY: _b64(token)},
+    }
+
+
+def _b64(token: str) -> str:
+    return base64.b64encode(token.encode()).decode()
+
+
+def _decoded(secret: Mapping[str, Any], key: str) -> str | None:
+    raw = (secret.get("data") or {}).get(key)
+    if not isinstance(raw, str):
+        return None
+    try:
+        token = base64.b64decode(raw, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return token if len(token.strip()) >= MIN_TOKEN_CHARS else None
+
+
+def secret_token(secret: Mapping[str, Any]) -> str | None:
+    """The current token a Secret holds (None when it holds none, or junk)."""
+    return _decoded(secret, m.ADMIN_TOKEN_KEY)
+
+
+def rotated_at(secret: Mapping[str, Any]) -> datetime.datetime | None:
+    annotations = (secret.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(ANNOTATION_ROTATED)
+    return parse_time(value) if isinstance(value, str) else None
+
+
+def rotation_due(
+    secret: Mapping[str, Any], now: datetime.datetime, every_seconds: float
+) -> float | None:
+    """Seconds until the Secret's token is due to rotate (<= 0: now); None when it never is
+    (``every_seconds`` 0). A Secret without a readable rotation time (made by an older
+    operator, or the annotation edited) is due now: the pass stamps it with the time."""
+    if every_seconds <= 0:
+        return None
+    last = rotated_at(secret)
+    if last is None:
+        return 0.0
+    return every_seconds - (now - last).total_seconds()
+
+
+def token_for_calls(secret: Mapping[str, Any], now: datetime.datetime) -> str | None:
+    """The token to call the pods with now: the previous one while the last rotation may not
+    have reached every pod (``PROPAGATION_SECONDS``), the current one after."""
+    current, previous = secret_token(secret), _decoded(secret, PREVIOUS_KEY)
+    last = rotated_at(secret)
+    if previous is None or current is None or last is None:
+        return current
+    if (now - last).total_seconds() < PROPAGATION_SECONDS:
+        return previous
+    return current
+
+
+def rotation_patch(
+    secret: Mapping[str, Any], *, token: str, now: datetime.datetime
+) -> dict[str, Any]:
+    """The merge patch that rotates ``secret`` to ``token`` if it is unchanged since read:
+    the current token becomes the previous one."""
+    current = secret_token(secret)
+    data: dict[str, str | None] = {
+        m.ADMIN_TOKEN_KEY: _b64(token),
+        PREVIOUS_KEY: _b64(current) if current is not None else None,  # null: removed
+    }
+    meta: dict[str, Any] = {"annotations": {ANNOTATION_ROTATED: now_iso(now)}}
+    version = (secret.get("metadata") or {}).get("resourceVersion")
+    if version:
+        meta["resourceVersion"] = version
+    return {"metadata": meta, "data": data}
+
+
+def stamp_patch(secret: Mapping[str, Any], *, now: datetime.datetime) -> dict[str, Any]:
+    """The merge patch that records ``now`` as the Secret's rotation time, token unchanged."""
+    patch = rotation_patch(secret, token="", now=now)
+    del patch["data"]
+    return patch
+
+
+def ensure_token(p: Pass) -> str | None:
+    """The token to call the model's pods with (:func:`token_for_calls`), its Secret made
+    when missing and rotated when due. None: ours holds no token, or the Secret under that
+    name is not ours (a conflict is recorded: a token someone else knows must never guard
+    the pods, and ours is never sent to someone else's object's holder)."""
+    name = m.admin_token_name(p.name)
+    current = p.kube.get("secrets", p.namespace, name)
+    if current is None:
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        if p.kube.create("secrets", p.namespace, admin_token_secret(p.obj, token=token, now=p.now)):
+            return token
+        current = p.kube.get("secrets", p.namespace, name)  # made meanwhile
+        if current is None:
+            return None
+    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+        p.conflict("Secret", name)
+        return None
+    current = _rotate_if_due(p, current)
+    return token_for_calls(current, p.now)
+
+
+def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
+    """The Secret after rotating it when due (as it was when not due, or when someone changed
+    it meanwhile); asks for a pass by the next due time. A Secret without a readable rotation
+    time (made by an older operator) is stamped with ``now`` instead: its pods may run an image
+    that reads no ``previous`` file, and they are replaced long before the first rotation."""
+    every = p.config.admin_token_rotation_seconds
+    due = rotation_due(secret, p.now, every)
+    if due is None:
+        return secret
+    if due > 0:
+        p.result.retry_seconds = min(p.result.retry_seconds or due, due)
+        return secret
+    p.result.retry_seconds = min(p.result.retry_seconds or every, every)
+    if rotated_at(secret) is None:
+        return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
+    patch = rotation_patch(secret, token=secrets.token_urlsafe(TOKEN_BYTES), now=p.now)
+    rotated = _patched(p, secret, patch)
+    if rotated is None:
+        return secret
+    p.emit("Normal", "AdminTokenRotated", f"Secret {m.admin_token_name(p.name)}: new token")
+    return rotated
+
+
+def _patched(p: Pass, secret: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any] | None:
+    """The Secret after ``patch`` (None: changed meanwhile, a 409, or gone)."""
+    name = m.admin_token_name(p.name)
+    try:
+        return p.kube.patch("secrets", p.namespace, name, patch)
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+        logger.info("%s/%s changed meanwhile: the next pass looks again", p.namespace, name)
+        return None
+
+
+def read_token(
+    kube: KubeApi, namespace: str, model: str, now: datetime.datetime | None = None
+) -> str | None:
+    """The token to call ``model``'s pods with, for the readers outside a pass (the
+    arrivals); None when the Secret is missing, not the model's, or holds no token."""
+    secret = kube.get("secrets", namespace, m.admin_token_name(model))
+    if secret is None or not owned_by(secret, name=model, uid=None):
+        return None
+    return token_for_calls(secret, now or datetime.datetime.now(datetime.UTC))
