@@ -124,7 +124,11 @@ class ArrivalReader:
         # else a pipeline router's public /arrivals (spec.autoscaling.ingress names it): the
         # model's token is never sent to a Service the model author chose
         answers = self.fanout.get(
-            f"{namespace}/{name}", urls, deadline=self.deadline, max_bytes=MAX_BYTES, headers=headers
+            f"{namespace}/{name}",
+            urls,
+            deadline=self.deadline,
+            max_bytes=MAX_BYTES,
+            headers=headers,
         )
         merged: list[float] = []
         answered = 0
