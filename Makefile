@@ -55,17 +55,23 @@ actionlint-tools:
 s3-tools:
 	@test -x $(VENV)/moto/bin/moto_server || { $(PYTHON) -m venv $(VENV)/moto && $(VENV)/moto/bin/python -m pip --disable-pip-version-check -q install --no-compile -r tests/integration/requirements-s3.txt; } || echo "make s3-tools: moto not installed; tests/integration/test_storage_s3.py will skip" >&2
 
-# The README's test command: lint, types and layering beside the whole suite, and the test
-# tools' downloads beside the project's virtualenv (installs wait mostly on the network, the
-# checks are single-threaded); any failure still fails the run.
-.PHONY: checks suite
+# The README's test command: lint, types and layering beside the whole suite, the unit tests
+# beside the integration tests (which mostly wait on real processes), and the test tools'
+# downloads beside the project's virtualenv (installs wait mostly on the network, the checks
+# are single-threaded); any failure still fails the run.
+.PHONY: checks suite suite-unit suite-integration
 test:
 	@$(MAKE) --no-print-directory -j4 checks suite
 
 checks: lint typecheck layers
 
-suite: venv prometheus-tools actionlint-tools s3-tools
-	$(BIN)/pytest tests -q
+suite: suite-unit suite-integration
+
+suite-unit: venv prometheus-tools actionlint-tools s3-tools
+	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider
+
+suite-integration: venv prometheus-tools actionlint-tools s3-tools
+	$(BIN)/pytest tests/integration -q -p no:cacheprovider
 
 bench-optimizer: venv
 	$(BIN)/python benchmarks/optimizer_bench.py
