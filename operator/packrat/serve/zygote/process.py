@@ -26,7 +26,7 @@ from pathlib import Path
 
 from packrat.serve.torchserve import worker_launcher
 from packrat.serve.zygote.shared_weights import shared_weights_file
-from packrat.serve.zygote.zygote import NATIVE_WORKER, worker_imports
+from packrat.serve.zygote.zygote import NATIVE_WORKER, TIMELINE_FILE, worker_imports
 
 SUBDIR = "zygote"
 
@@ -57,6 +57,7 @@ class ZygoteProcess:
         self.model = model
         self.weights = weights
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None  # when start() spawned it (time.monotonic)
 
     def write_launcher(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -73,10 +74,12 @@ class ZygoteProcess:
             return self.python
         path = self.write_launcher()
         self.socket.unlink(missing_ok=True)  # a previous run's: wait_ready waits for ours
+        (self.dir / TIMELINE_FILE).unlink(missing_ok=True)  # and its timeline
         args = [sys.executable, "-m", "packrat.serve.zygote.zygote", str(self.socket)]
         if self.weights is not None:
             args += ["--model", self.model, "--weights", str(self.weights)]
         args += ["--runtime", self.runtime]
+        self.started_at = time.monotonic()
         with (self.dir / "zygote.log").open("wb") as log:
             self.proc = subprocess.Popen(
                 args,
@@ -107,6 +110,23 @@ class ZygoteProcess:
             if time.monotonic() > deadline:
                 raise ZygoteStartError(f"the zygote was not ready after {timeout_s:.0f} s")
             await asyncio.sleep(0.05)
+
+    def marks(self) -> dict[str, float]:
+        """When the zygote's steps ended (``imported``, ``built``, ``listening``, on
+        ``time.monotonic``), from the file it wrote before it listened; none when that is
+        missing or malformed (a timeline is never worth failing a start)."""
+        try:
+            with (self.dir / TIMELINE_FILE).open("rb") as f:
+                doc = json.loads(f.read(4096))  # a few numbers
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(doc, dict):
+            return {}
+        return {
+            str(k): float(v)
+            for k, v in doc.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
 
     @property
     def running(self) -> bool:
