@@ -74,7 +74,7 @@ from packrat.serve.pod.inpod import InPodSwitch, admin_routes
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
 from packrat.serve.pod.timeline import StartTimeline, process_start
 from packrat.serve.torchserve.archive import default_model_name
-from packrat.serve.zygote.process import ZygoteProcess
+from packrat.serve.zygote.process import ZygoteProcess, ZygoteStartError
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 __all__ = [
@@ -470,6 +470,11 @@ class PodServer:
         async with self.lock:
             await self._check_instances(initial=True)
         self._log_timeline()
+        if self.zygote is not None:  # the native zygote kept its weight file for now
+            try:
+                log.info("packrat serve: weight file: %s", await self.zygote.write_weights())
+            except ZygoteStartError as exc:  # only a later start needs the file
+                log.warning("packrat serve: the zygote did not write the weight file: %s", exc)
 
     def _log_timeline(self) -> None:
         """The start-up timeline (:mod:`packrat.serve.pod.timeline`): one log line and the

@@ -176,6 +176,24 @@ class ZygoteProcess:
         except OSError as exc:
             raise ZygoteStartError(f"cannot reach the zygote: {exc}") from None
 
+    async def write_weights(self, timeout_s: float = 10.0) -> str:
+        """Ask the zygote to write the weight file now, if it kept it for later (the native
+        runtime's zygote: :func:`packrat.serve.zygote.zygote.write_behind`); its answer
+        (``writing PID`` or ``none``). Called once the pod is ready."""
+        request = json.dumps({"op": "write_weights"}).encode()
+
+        def ask() -> str:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout_s)
+                sock.connect(str(self.socket))
+                sock.sendall(len(request).to_bytes(4, "big") + request)
+                return sock.recv(64).decode(errors="replace").strip()
+
+        try:
+            return await asyncio.to_thread(ask)
+        except OSError as exc:
+            raise ZygoteStartError(f"cannot reach the zygote: {exc}") from None
+
     async def stop(self, timeout_s: float = 10.0) -> None:
         await asyncio.to_thread(self.stop_now, timeout_s)
 

@@ -35,7 +35,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +98,7 @@ def preload(
     ``write_behind`` (the native runtime, whose workers are all forked from this process):
     a model built here is kept in this process's memory, which the forks share page by page
     as they would share the file's, and returned unwritten, for :func:`write_behind` to save
-    off the start path; otherwise (and when the file is there) returns None."""
+    once the pod is ready; otherwise (and when the file is there) returns None."""
     start = time.monotonic()
     import torch
 
@@ -154,11 +154,12 @@ def _save_now(built: Any, weights: Path) -> None:
 
 
 def write_behind(built: Any, weights: Path) -> int:
-    """Save ``built``'s weights to ``weights`` in a forked child at the lowest CPU priority,
-    so that the workers' forks and warm-up batches, not the write, have the pod's cores:
-    the file is for what comes later (a restarted pod maps it instead of building, a worker
-    started without the zygote loads it), not for these workers. Returns the child's pid;
-    a failure only goes to the zygote's log (the workers do not need the file)."""
+    """Save ``built``'s weights to ``weights`` in a forked child at the lowest CPU priority
+    (the pod asks once it is ready: :meth:`ZygoteProcess.write_weights`), so that the
+    workers' forks and warm-up batches, not the write, have the pod's cores: the file is for
+    what comes later (a restarted pod maps it instead of building, a worker started without
+    the zygote loads it), not for these workers. Returns the child's pid; a failure only goes
+    to the zygote's log (the workers do not need the file)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -166,6 +167,8 @@ def write_behind(built: Any, weights: Path) -> int:
         return pid
     code = 0
     try:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # not the zygote's loop's handlers
+            signal.signal(sig, signal.SIG_DFL)
         os.nice(19)
         start = time.monotonic()
         _save_now(built, weights)
@@ -249,9 +252,20 @@ def _child(
         os._exit(code)
 
 
-def serve(path: Path) -> int:
+def _answer_write(conn: socket.socket, fds: Sequence[int], write: Callable[[], int] | None) -> None:
+    """The pod asks for the weight file (``{"op": "write_weights"}``): start writing it, once."""
+    for fd in fds:
+        os.close(fd)
+    answer = b"none\n" if write is None else f"writing {write()}\n".encode()
+    with contextlib.suppress(OSError):
+        conn.sendall(answer)
+    conn.close()
+
+
+def serve(path: Path, write: Callable[[], int] | None = None) -> int:
     """Fork a worker per launcher connection until SIGTERM; kill a worker whose launcher
-    went away; report each worker's exit status to its launcher."""
+    went away; report each worker's exit status to its launcher. ``write``: starts writing
+    the weight file when the pod asks (:func:`write_behind`), once."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -277,6 +291,10 @@ def serve(path: Path) -> int:
                     request, fds = _recv_request(conn)
                 except (OSError, ValueError, ConnectionError):
                     conn.close()
+                    continue
+                if request.get("op") == "write_weights":
+                    _answer_write(conn, fds, write)
+                    write = None
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -337,10 +355,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("packrat zygote: threads started while writing the weights; restarting", flush=True)
         argv = list(sys.argv[1:] if argv is None else argv)
         os.execv(sys.executable, [sys.executable, "-m", "packrat.serve.zygote.zygote", *argv])
-    if built is not None and args.weights is not None:
-        write_behind(built, args.weights)
+    weights = args.weights
+    write = None if built is None or weights is None else (lambda: write_behind(built, weights))
     _write_marks(args.socket.parent / TIMELINE_FILE)
-    return serve(args.socket)
+    return serve(args.socket, write)
 
 
 def _write_marks(path: Path) -> None:
