@@ -67,6 +67,7 @@ def worker_imports(runtime: str, model: str | None) -> tuple[str, ...]:
 # (packrat.serve.pod.timeline).
 MARKS: dict[str, float] = {}
 TIMELINE_FILE = "timeline.json"
+WRITER_NAME = "packrat-weights"  # the process that writes the weight file behind the start
 
 _MAX_REQUEST = 1 << 20
 _MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
@@ -95,10 +96,11 @@ def preload(
     :func:`worker_imports`); write the pod's weight file unless it
     is there, and build the model on it once. Each step's time goes to the zygote's log.
 
-    ``write_behind`` (the native runtime, whose workers are all forked from this process):
-    a model built here is kept in this process's memory, which the forks share page by page
-    as they would share the file's, and returned unwritten, for :func:`write_behind` to save
-    once the pod is ready; otherwise (and when the file is there) returns None."""
+    ``write_behind`` (the native runtime, whose workers are all forked from this process; a
+    zoo model): the model built here is kept in this process's memory, which the forks share
+    page by page as they would share the file's, and returned unwritten, for
+    :func:`write_behind` to save once the pod is ready; otherwise (and when the file is
+    there) returns None."""
     start = time.monotonic()
     import torch
 
@@ -117,7 +119,11 @@ def preload(
         MARKS["built"] = time.monotonic()
         _note(f"mapped {weights.name}", start)
         return None
+    from packrat.runtime.modelid import is_zoo_name
     from packrat.runtime.weights import build_frozen, export_mapped
+
+    # Only a zoo model is handed to the forks as built (a TorchScript file's workers map it).
+    write_behind = write_behind and is_zoo_name(model)
 
     # Building the model runs torch operations, which must not leave a thread pool for the
     # forks to inherit: with one thread, at::parallel_for runs inline and starts none (each
@@ -169,6 +175,8 @@ def write_behind(built: Any, weights: Path) -> int:
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):  # not the zygote's loop's handlers
             signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError):  # its name in ps and /proc: not a worker
+            Path("/proc/self/comm").write_text(WRITER_NAME)
         os.nice(19)
         start = time.monotonic()
         _save_now(built, weights)
