@@ -507,7 +507,7 @@ class PodServer:
         await check_instances(self, initial=initial)
 
     async def warm(self, inst: InstanceSpec) -> None:
-        """One full batch straight to the instance (:func:`packrat.serve.pod.health.warm`)."""
+        """A warm-up batch straight to the instance (:func:`packrat.serve.pod.health.warm`)."""
         await warm(self, inst)
         self._warmed[inst.name] = time.monotonic()
 
