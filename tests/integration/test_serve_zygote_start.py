@@ -77,11 +77,10 @@ built = zygote.preload("tiny", path, write_behind=True)
 same = built is handler._preloaded[("tiny", str(path))]
 facts = {"file": path.is_file(), "threads": [after_import, zygote._threads()], "same": same,
          "marks": sorted(zygote.MARKS)}
+own = Path("/proc/self/comm").read_text()
 writer = zygote.write_behind(built, path)
-try:
-    facts["name"] = Path(f"/proc/{writer}/comm").read_text().strip()
-except OSError:  # it already finished
-    facts["name"] = zygote.WRITER_NAME
+facts["name"] = Path(f"/proc/{writer}/comm").read_text().strip()  # from its first instant
+facts["own_name_back"] = Path("/proc/self/comm").read_text() == own
 _, status = os.waitpid(writer, 0)
 x = zoo.example_input("tiny", 4)
 facts["writer"] = os.waitstatus_to_exitcode(status)
@@ -107,6 +106,7 @@ def test_the_native_zygote_builds_first_and_writes_the_weights_behind(tmp_path: 
     assert facts["marks"] == ["built", "imported"]  # the start-up timeline's steps
     assert facts["writer"] == 0 and path.is_file()  # then written, by a child
     assert facts["name"] == "packrat-weights"  # that ps tells from a worker
+    assert facts["own_name_back"] is True
     assert facts["equal"] is True  # and it maps back as the model the workers run
     assert "written behind" in out.stdout and "behind the start" in out.stdout
 

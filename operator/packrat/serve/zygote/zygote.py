@@ -168,15 +168,22 @@ def write_behind(built: Any, weights: Path) -> int:
     to the zygote's log (the workers do not need the file)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # Its name in ps and /proc, so that it is never taken for a worker: set around the fork,
+    # so that the child has it from its first instant (the zygote's own is put back).
+    comm, own = Path("/proc/self/comm"), None
+    with contextlib.suppress(OSError):
+        own = comm.read_text().strip()
+        comm.write_text(WRITER_NAME)
     pid = os.fork()
     if pid:
+        with contextlib.suppress(OSError):
+            if own is not None:
+                comm.write_text(own)
         return pid
     code = 0
     try:
         for sig in (signal.SIGTERM, signal.SIGINT):  # not the zygote's loop's handlers
             signal.signal(sig, signal.SIG_DFL)
-        with contextlib.suppress(OSError):  # its name in ps and /proc: not a worker
-            Path("/proc/self/comm").write_text(WRITER_NAME)
         os.nice(19)
         start = time.monotonic()
         _save_now(built, weights)
