@@ -12,7 +12,8 @@ per repetition) because these machines are shared and noisy:
 - ``start``: a ResNet-50 pod with two 1-thread instances (``2x1t/b2``) started from nothing
   (fresh work directory: the weight file is written too), timed from the spawn to its first
   ``/ping`` 200; then its PSS (``/proc/<pid>/smaps_rollup`` of every process, by kind, as
-  ``benchmarks/cold_start.py`` reads it).
+  ``benchmarks/cold_start.py`` reads it), and the pod's own start-up timeline (its log line).
+  ``--before DIR`` adds native pods from another checkout's package, in the same rotation.
 - ``latency``: ResNet-50 through ``packrat serve`` at B = 4, 8, 16, 32 on both runtimes,
   the plan ``2x1t/b(B/2)`` (what the optimizer picks on this machine's profile) and fat
   ``1x2t/bB``: per B the four pods run side by side (idle but for the one measured), and
@@ -22,7 +23,7 @@ per repetition) because these machines are shared and noisy:
     python benchmarks/native_runtime.py cpu --blocks 6 --seconds 8 \
         --out benchmarks/results/native-cpu-tiny
     python benchmarks/native_runtime.py start --repeats 4 \
-        --out benchmarks/results/native-start-resnet50
+        --out benchmarks/results/native-start-resnet50 [--before OTHER_CHECKOUT/operator]
     python benchmarks/native_runtime.py latency --min-bursts 8 --requests 64 \
         --out benchmarks/results/native-latency-resnet50
 """
@@ -173,7 +174,16 @@ async def _ping(s: aiohttp.ClientSession, url: str) -> int:
         return 0
 
 
-async def one_start(model: str, runtime: str, cpus: list[int]) -> dict[str, Any]:
+def start_timeline(log: str) -> dict[str, float]:
+    """The pod's start-up timeline line (packrat.serve.pod.timeline), step -> seconds."""
+    line = next((x for x in log.splitlines() if "after the process started: " in x), "")
+    parts = line.split("after the process started: ", 1)[-1].split(", ") if line else []
+    return {step: float(at) for step, _, at in (p.partition(" +") for p in parts) if at}
+
+
+async def one_start(
+    model: str, runtime: str, cpus: list[int], pythonpath: str | None = None
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="packrat-native-start-"))
     (work / "plan.json").write_text(json.dumps(plan(2, 1, 2).to_dict()))
     port = free_ports(1)[0]
@@ -181,9 +191,10 @@ async def one_start(model: str, runtime: str, cpus: list[int]) -> dict[str, Any]
     cmd = [sys.executable, "-m", "packrat", "serve", "--model", model, "--runtime", runtime,
            "--plan", str(work / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
            "--cpus", ",".join(map(str, cpus)), "--workdir", str(work / "w")]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
     t0 = time.monotonic()
     with (work / "serve.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         async with aiohttp.ClientSession() as s:
             while await _ping(s, url) != 200:
@@ -197,6 +208,8 @@ async def one_start(model: str, runtime: str, cpus: list[int]) -> dict[str, Any]
         return {
             "runtime": runtime, "ready_s": ready, "pss_mb": memory["pss_mb"],
             "rss_mb": memory["rss_mb"], "kinds": memory["kinds"], "cpu_s_at_ready": cpu_s,
+            "timeline": start_timeline((work / "serve.log").read_text(errors="replace")),
+            "zygote_log": (work / "w" / "zygote" / "zygote.log").read_text(errors="replace"),
         }  # fmt: skip
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -209,25 +222,40 @@ async def one_start(model: str, runtime: str, cpus: list[int]) -> dict[str, Any]
 
 
 async def start(args: argparse.Namespace) -> dict[str, Any]:
+    """Each repetition starts one pod per configuration, in an order rotated per repetition:
+    native and TorchServe from this tree, and with ``--before DIR`` native from the package
+    in DIR (another checkout's ``operator``: the before of a before/after)."""
     cpus = allowed_cpus()[:2]
-    out: dict[str, Any] = {"starts": [], "loadavg_before": loadavg()}
+    configs: list[tuple[str, str, str | None]] = [(r, r, None) for r in RUNTIMES]
+    if args.before:
+        configs.insert(1, ("native-before", "native", args.before))
+    out: dict[str, Any] = {"starts": [], "loadavg_before": loadavg(), "before": args.before}
     for rep in range(args.repeats):
-        for runtime in RUNTIMES if rep % 2 == 0 else RUNTIMES[::-1]:
-            row = {"repeat": rep, **await one_start(args.model, runtime, cpus)}
+        shift = rep % len(configs)
+        for label, runtime, path in configs[shift:] + configs[:shift]:
+            row = {"repeat": rep, "config": label, "loadavg": loadavg()[0]}
+            row.update(await one_start(args.model, runtime, cpus, path))
             out["starts"].append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "kinds"}), flush=True)
+            brief = {k: v for k, v in row.items() if k not in ("kinds", "zygote_log")}
+            print(json.dumps(brief), flush=True)
     out["loadavg_after"] = loadavg()
-    for runtime in RUNTIMES:
-        rows = [r for r in out["starts"] if r["runtime"] == runtime]
-        out[runtime] = {k: summary([r[k] for r in rows]) for k in ("ready_s", "pss_mb", "rss_mb")}
-    pairs = [
-        (n, t)
-        for n in out["starts"] if n["runtime"] == "native"
-        for t in out["starts"] if t["runtime"] == "torchserve" and t["repeat"] == n["repeat"]
-    ]  # fmt: skip
-    out["native_over_torchserve"] = {
-        k: summary([n[k] / t[k] for n, t in pairs]) for k in ("ready_s", "pss_mb")
-    }
+    for label, _, _ in configs:
+        rows = [r for r in out["starts"] if r["config"] == label]
+        out[label] = {k: summary([r[k] for r in rows]) for k in ("ready_s", "pss_mb", "rss_mb")}
+        steps = {step for r in rows for step in r["timeline"]}
+        out[label]["timeline"] = {
+            step: summary([r["timeline"][step] for r in rows if step in r["timeline"]])
+            for step in sorted(steps, key=lambda s: statistics.median(
+                r["timeline"][s] for r in rows if s in r["timeline"]))
+        }  # fmt: skip
+    for a, b in [("native", "torchserve"), ("native", "native-before")]:
+        by_rep = {r["repeat"]: r for r in out["starts"] if r["config"] == b}
+        pairs = [(r, by_rep[r["repeat"]]) for r in out["starts"]
+                 if r["config"] == a and r["repeat"] in by_rep]  # fmt: skip
+        if pairs:
+            out[f"{a}_over_{b}".replace("-", "_")] = {
+                k: summary([x[k] / y[k] for x, y in pairs]) for k in ("ready_s", "pss_mb")
+            }
     return out
 
 
@@ -320,6 +348,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--min-bursts", type=int, default=8)
     parser.add_argument("--configs", default="plan,fat", help="latency: plan, fat or both")
+    parser.add_argument(
+        "--before", help="start: also native from this package directory (before/after)"
+    )
     args = parser.parse_args()
     run = {"cpu": cpu, "start": start, "latency": latency}[args.what]
     result = asyncio.run(run(args))

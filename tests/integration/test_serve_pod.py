@@ -33,6 +33,7 @@ from packrat.runtime import zoo
 from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
 from packrat.serve.codec import encode_sample
 from packrat.serve.torchserve.process import free_ports
+from packrat.serve.zygote.zygote import WRITER_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 READY_S = 300  # a pod starts in ~10 s when quiet; minutes on a loaded shared machine
@@ -225,6 +226,8 @@ def worker_pids(pod: Pod) -> dict[tuple[int, ...], int]:
             # A worker forked by the pod's zygote keeps the zygote's command line; the
             # launcher TorchServe started for it names model_service_worker but is not it.
             forked = b"packrat.serve.zygote.zygote" in cmdline and ppid != pod.proc.pid
+            # The native zygote's other child: it writes the weight file, once the pod is ready.
+            forked = forked and Path(f"/proc/{pid}/comm").read_text().strip() != WRITER_NAME
             fresh = b"model_service_worker" in cmdline and b"worker_launcher" not in cmdline
             if forked or fresh:
                 found[tuple(cpus_allowed(pid))] = pid

@@ -62,6 +62,55 @@ def test_the_zygote_writes_the_weight_file_and_maps_its_own_model(tmp_path: Path
     assert code == "0"  # the fork ran on two threads and answered like the zoo's model
 
 
+# The native runtime's zygote: it builds the model and keeps it (its forks share it), and
+# writes the weight file behind, in a child of its own, at the lowest priority.
+BUILD_THEN_WRITE_BEHIND = """
+import json, os, sys
+from pathlib import Path
+import torch
+from packrat.serve.zygote import zygote
+from packrat.serve.torchserve import handler
+from packrat.runtime import weights, zoo
+path = Path(sys.argv[1])
+after_import = zygote._threads()
+built = zygote.preload("tiny", path, write_behind=True)
+same = built is handler._preloaded[("tiny", str(path))]
+facts = {"file": path.is_file(), "threads": [after_import, zygote._threads()], "same": same,
+         "marks": sorted(zygote.MARKS)}
+own = Path("/proc/self/comm").read_text()
+writer = zygote.write_behind(built, path)
+facts["name"] = Path(f"/proc/{writer}/comm").read_text().strip()  # from its first instant
+facts["own_name_back"] = Path("/proc/self/comm").read_text() == own
+_, status = os.waitpid(writer, 0)
+x = zoo.example_input("tiny", 4)
+facts["writer"] = os.waitstatus_to_exitcode(status)
+facts["equal"] = torch.equal(weights.load_shared("tiny", path)(x), built(x))
+print(json.dumps(facts), flush=True)
+"""
+
+
+def test_the_native_zygote_builds_first_and_writes_the_weights_behind(tmp_path: Path) -> None:
+    path = tmp_path / "weights" / "tiny.weights.pt"
+    out = subprocess.run(
+        [sys.executable, "-c", BUILD_THEN_WRITE_BEHIND, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    facts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert facts["file"] is False  # not on the start path: the forks need no file
+    assert facts["same"] is True  # the forks use the model the zygote built
+    assert facts["threads"][1] == facts["threads"][0]  # building started no thread
+    assert facts["marks"] == ["built", "imported"]  # the start-up timeline's steps
+    assert facts["writer"] == 0 and path.is_file()  # then written, by a child
+    assert facts["name"] == "packrat-weights"  # that ps tells from a worker
+    assert facts["own_name_back"] is True
+    assert facts["equal"] is True  # and it maps back as the model the workers run
+    assert "written behind" in out.stdout and "behind the start" in out.stdout
+
+
 def test_a_zygote_that_cannot_write_the_weights_ends_the_start_clearly(tmp_path: Path) -> None:
     broken = tmp_path / "broken.pt"
     broken.write_bytes(b"this is not TorchScript")

@@ -105,3 +105,17 @@ def test_the_command_writes_the_file_and_rejects_bad_models(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("packrat weights: error:")
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_model_built_frozen_and_saved_later_maps_back_as_itself(tmp_path: Path) -> None:
+    # The native zygote's path: build (kept in memory, shared by fork), save behind.
+    built = weights.build_frozen("tiny")
+    assert not built.training and not any(p.requires_grad for p in built.parameters())
+    assert weights.mapped_bytes(built, tmp_path / "none.pt").fraction == 0.0
+    path = weights.save(built, weights.weights_path(tmp_path, "tiny"))
+    shared = weights.load_shared("tiny", path)
+    assert weights.mapped_bytes(shared, path).fraction == 1.0
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert torch.equal(built(x), shared(x))
+        assert torch.equal(zoo.load_model("tiny")(x), shared(x))

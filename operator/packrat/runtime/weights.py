@@ -40,10 +40,12 @@ from packrat.runtime import modelid, zoo
 __all__ = [
     "MappedBytes",
     "WeightsError",
+    "build_frozen",
     "export",
     "export_mapped",
     "load_shared",
     "mapped_bytes",
+    "save",
     "weights_path",
 ]
 
@@ -76,6 +78,23 @@ def export_mapped(spec: str, path: Path) -> nn.Module:
     model = zoo.load_model(spec)
     _save(model, path)
     _swap_in(model, _read(path), path)
+    return _frozen(model)
+
+
+def build_frozen(spec: str) -> nn.Module:
+    """``spec``'s model as :func:`load_shared` returns it (eval mode, no grad), its tensors
+    in this process's memory: for a process whose forks share them (the native runtime's
+    zygote), which saves them later with :func:`save`."""
+    return _frozen(zoo.load_model(spec))
+
+
+def save(model: nn.Module, path: Path) -> Path:
+    """Save ``model``'s weights to ``path`` atomically, as :func:`export` does."""
+    _save(model, path)
+    return path
+
+
+def _frozen(model: nn.Module) -> nn.Module:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -74,9 +74,12 @@ class ModelService:
             from packrat.runtime.weights import load_shared, mapped_bytes
 
             self.model = PRELOADED.get((source, str(weights))) or load_shared(source, weights)
-            how = f"{mapped_bytes(self.model, weights).fraction:.0%} mapped from {weights.name}"
+            fraction = mapped_bytes(self.model, weights).fraction
+            how = f"{fraction:.0%} mapped from {weights.name}"
             if (source, str(weights)) in PRELOADED:
                 how += ", built before the fork"
+                if fraction == 0:  # the native zygote's own copy, its file written behind
+                    how = "built before the fork, shared with the zygote"
         else:
             self.model = load_model(source).eval()
             how = "private copy"

@@ -153,6 +153,13 @@ class ServeMetrics(MetricSet):
             "1 when every instance is ready and the pod is not draining.",
             ["model"],
         )
+        self.startup_seconds = self._gauge(
+            "packrat_startup_seconds",
+            "The pod's start-up timeline: seconds from its process's start to the end of each "
+            "step (zygote_spawned, torch_imported, model_built, workers_forked, workers_warmed, "
+            "ready, ...: packrat.serve.pod.timeline), set once, when it first became ready.",
+            ["model", "step"],
+        )
         self.planned_batch = self._gauge(
             "packrat_plan_batch_size",
             "The batch size B the running plan was computed for.",

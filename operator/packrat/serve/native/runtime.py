@@ -105,6 +105,7 @@ class NativeInstance:
         self._closing = False
         self._failures = 0
         self._batch_id = 0
+        self.marks: dict[str, float] = {}  # when its worker began and loaded (monotonic)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,6 +127,12 @@ class NativeInstance:
             self.status, self.error = "FAILED", str(reason)
             raise NativeStartError(f"{self.inst.name}: {reason}")
         self.worker, self.status, self.error = worker, "READY", None
+        marks = hello.get("marks")
+        self.marks = {  # the worker's own start-up marks (input: numbers only)
+            str(k): float(v)
+            for k, v in (marks.items() if isinstance(marks, dict) else ())
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
         name = self.inst.name
         self._tasks = [
             asyncio.create_task(self._batches(worker), name=f"{name}-batches"),

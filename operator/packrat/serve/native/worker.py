@@ -126,6 +126,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    began = time.monotonic()  # forked from the zygote: nothing ran in this process before
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     channel = socket.socket(fileno=args.fd)
@@ -136,7 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
         protocol.send_frame(channel, protocol.encode_hello({"ok": False, "error": message}))
         return 1
-    protocol.send_frame(channel, protocol.encode_hello({"ok": True, "pid": os.getpid()}))
+    # When it began and when it held the model (the pod's start-up timeline).
+    marks = {"began": began, "loaded": time.monotonic()}
+    hello = {"ok": True, "pid": os.getpid(), "marks": marks}
+    protocol.send_frame(channel, protocol.encode_hello(hello))
     try:
         return serve(channel, run)
     except (OSError, protocol.ProtocolError) as exc:

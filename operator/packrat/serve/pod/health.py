@@ -147,8 +147,17 @@ async def check_instances(pod: PodServer, *, initial: bool) -> None:
         await asyncio.gather(*(check(i, inst) for i, inst in enumerate(pod.instances)))
 
 
+# Requests in a warm-up batch. One: a worker forked from the zygote (its model built or
+# mapped, its code paged in) runs its first full batch at steady speed after a batch of
+# one (ResNet-50, one thread: the first batch of 2 after it 0.30 s against 0.25-0.27 s
+# steady, of 8 1.38 s against 1.07-1.46 s; docs/measurements.md, issue 25), and a batch
+# of B took B samples' time on the pod's start path and in every in-pod switch.
+WARMUP_REQUESTS = 1
+
+
 async def warm(pod: PodServer, inst: InstanceSpec) -> None:
-    """One full batch straight to the instance; its answers must not be server errors."""
+    """A batch of :data:`WARMUP_REQUESTS` straight to the instance; its answers must not be
+    server errors."""
     if pod.warmup is None:
         return
     assert pod.runtime is not None
@@ -158,8 +167,9 @@ async def warm(pod: PodServer, inst: InstanceSpec) -> None:
     async def one() -> int:
         return (await runtime.forward(inst.name, headers, {}, body)).status
 
-    statuses = await asyncio.gather(*(one() for _ in range(inst.batch)), return_exceptions=True)
+    count = min(WARMUP_REQUESTS, inst.batch)
+    statuses = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
     bad = [s for s in statuses if not isinstance(s, int) or s >= 500]
     if bad:
         raise RuntimeError(f"warm-up of {inst.name} failed: {bad[:3]}")
-    log.info("instance %s warmed with a batch of %d", inst.name, inst.batch)
+    log.info("instance %s warmed with a batch of %d", inst.name, count)

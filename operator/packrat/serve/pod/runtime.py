@@ -8,7 +8,7 @@ The backend contract (the dispatcher and the pod rely on nothing else):
 - **pinned**: :meth:`~RuntimeBackend.add` starts the instance's worker pinned to its cores with
   its thread count, before it loads anything, and returns once the worker is loaded;
 - **ready only when warm**: :meth:`~RuntimeBackend.workers` reports the worker's status and pid;
-  the pod warms every new pid with one full batch before it marks the instance up
+  the pod warms every new pid with a batch (of one) before it marks the instance up
   (:mod:`packrat.serve.pod.health`);
 - **restarted when it dies**: the backend starts a dead worker again by itself, and the requests
   it held are answered (never left hanging);

@@ -30,6 +30,7 @@ import logging
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +72,9 @@ from packrat.serve.pod.health import (
 )
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
+from packrat.serve.pod.timeline import StartTimeline, process_start
 from packrat.serve.torchserve.archive import default_model_name
-from packrat.serve.zygote.process import ZygoteProcess
+from packrat.serve.zygote.process import ZygoteProcess, ZygoteStartError
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 __all__ = [
@@ -200,6 +202,8 @@ class PodServer:
             else None
         )
         self._stop = asyncio.Event()
+        self.timeline = StartTimeline(origin=process_start())
+        self._warmed: dict[str, float] = {}  # instance -> when its last warm-up ended
 
     def status(self) -> dict[str, Any]:
         d = self.dispatcher
@@ -350,6 +354,7 @@ class PodServer:
         await site.start()
         addresses = runner.addresses
         self.port = int(addresses[0][1]) if addresses else opts.port
+        self.timeline.mark("dispatcher_listening")
         log.info(
             "packrat serve: %s plan %s on cpus %s (%s runtime), listening on http://%s:%d",
             self.name,
@@ -464,6 +469,31 @@ class PodServer:
             raise failed.exceptions[0] from None
         async with self.lock:
             await self._check_instances(initial=True)
+        self._log_timeline()
+        if self.zygote is not None:  # the native zygote kept its weight file for now
+            try:
+                log.info("packrat serve: weight file: %s", await self.zygote.write_weights())
+            except ZygoteStartError as exc:  # only a later start needs the file
+                log.warning("packrat serve: the zygote did not write the weight file: %s", exc)
+
+    def _log_timeline(self) -> None:
+        """The start-up timeline (:mod:`packrat.serve.pod.timeline`): one log line and the
+        ``packrat_startup_seconds`` gauge, per step."""
+        timeline = self.timeline
+        timeline.mark("ready")
+        if self.zygote is not None:
+            if self.zygote.started_at is not None:
+                timeline.mark("zygote_spawned", self.zygote.started_at)
+            steps = {"imported": "torch_imported", "built": "model_built"}
+            timeline.merge(self.zygote.marks(), {**steps, "listening": "zygote_listening"})
+        if isinstance(self.runtime, NativeRuntime):
+            workers = [i.marks for i in self.runtime.instances.values()]
+            timeline.mark_last("workers_forked", (m["began"] for m in workers if "began" in m))
+            timeline.mark_last("workers_loaded", (m["loaded"] for m in workers if "loaded" in m))
+        timeline.mark_last("workers_warmed", self._warmed.values())
+        log.info("packrat serve: %s", timeline.line())
+        for step, seconds in timeline.offsets().items():
+            self.metrics.startup_seconds.labels(self.name, step).set(seconds)
 
     async def _zygote_ready(self) -> None:
         assert self.zygote is not None
@@ -477,8 +507,9 @@ class PodServer:
         await check_instances(self, initial=initial)
 
     async def warm(self, inst: InstanceSpec) -> None:
-        """One full batch straight to the instance (:func:`packrat.serve.pod.health.warm`)."""
+        """A warm-up batch straight to the instance (:func:`packrat.serve.pod.health.warm`)."""
         await warm(self, inst)
+        self._warmed[inst.name] = time.monotonic()
 
 
 async def serve(opts: ServeOptions) -> int:

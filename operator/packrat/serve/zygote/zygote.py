@@ -35,8 +35,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
 # What a TorchServe worker imports (its script, its service, the base handler, the loader).
@@ -61,6 +62,13 @@ def worker_imports(runtime: str, model: str | None) -> tuple[str, ...]:
     return (NATIVE_WORKER,)
 
 
+# When its steps ended (time.monotonic, which every process of the node shares), written to
+# TIMELINE_FILE beside its socket before it listens: the pod's start-up timeline
+# (packrat.serve.pod.timeline).
+MARKS: dict[str, float] = {}
+TIMELINE_FILE = "timeline.json"
+WRITER_NAME = "packrat-weights"  # the process that writes the weight file behind the start
+
 _MAX_REQUEST = 1 << 20
 _MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
 
@@ -78,11 +86,21 @@ def _threads() -> int:
 
 
 def preload(
-    model: str | None, weights: Path | None, imports: Sequence[str] = TORCHSERVE_IMPORTS
-) -> None:
+    model: str | None,
+    weights: Path | None,
+    imports: Sequence[str] = TORCHSERVE_IMPORTS,
+    *,
+    write_behind: bool = False,
+) -> Any:
     """Import torch and ``imports`` (what the pod's runtime runs in its workers:
     :func:`worker_imports`); write the pod's weight file unless it
-    is there, and build the model on it once. Each step's time goes to the zygote's log."""
+    is there, and build the model on it once. Each step's time goes to the zygote's log.
+
+    ``write_behind`` (the native runtime, whose workers are all forked from this process; a
+    zoo model): the model built here is kept in this process's memory, which the forks share
+    page by page as they would share the file's, and returned unwritten, for
+    :func:`write_behind` to save once the pod is ready; otherwise (and when the file is
+    there) returns None."""
     start = time.monotonic()
     import torch
 
@@ -91,15 +109,21 @@ def preload(
 
     for name in imports:
         importlib.import_module(name)
+    MARKS["imported"] = time.monotonic()
     _note(f"imported torch and {', '.join(imports) or 'nothing else'}", start)
     if model is None or weights is None:
-        return
+        return None
     start = time.monotonic()
     if weights.is_file():
         handler.preload_model(model, weights)
+        MARKS["built"] = time.monotonic()
         _note(f"mapped {weights.name}", start)
-        return
-    from packrat.runtime.weights import export_mapped
+        return None
+    from packrat.runtime.modelid import is_zoo_name
+    from packrat.runtime.weights import build_frozen, export_mapped
+
+    # Only a zoo model is handed to the forks as built (a TorchScript file's workers map it).
+    write_behind = write_behind and is_zoo_name(model)
 
     # Building the model runs torch operations, which must not leave a thread pool for the
     # forks to inherit: with one thread, at::parallel_for runs inline and starts none (each
@@ -108,15 +132,67 @@ def preload(
     before, threads = _threads(), torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        built = export_mapped(model, weights)
+        built = build_frozen(model) if write_behind else export_mapped(model, weights)
     except Exception as exc:  # any failure: the pod's one clear error
         raise ZygoteError(f"cannot write {weights.name}: {type(exc).__name__}: {exc}") from None
     finally:
         torch.set_num_threads(threads)  # the default again; a pool starts only when used
     if _threads() > before:
+        if write_behind:  # the restart must find the file, or it would build again
+            _save_now(built, weights)
         raise _Restart
     handler.preload_model(model, weights, built=built)
+    MARKS["built"] = time.monotonic()
+    if write_behind:
+        _note("built the model (its weight file is written behind)", start)
+        return built
     _note(f"built the model, wrote and mapped {weights.name}", start)
+    return None
+
+
+def _save_now(built: Any, weights: Path) -> None:
+    from packrat.runtime.weights import save
+
+    try:
+        save(built, weights)
+    except Exception as exc:
+        raise ZygoteError(f"cannot write {weights.name}: {type(exc).__name__}: {exc}") from None
+
+
+def write_behind(built: Any, weights: Path) -> int:
+    """Save ``built``'s weights to ``weights`` in a forked child at the lowest CPU priority
+    (the pod asks once it is ready: :meth:`ZygoteProcess.write_weights`), so that the
+    workers' forks and warm-up batches, not the write, have the pod's cores: the file is for
+    what comes later (a restarted pod maps it instead of building, a worker started without
+    the zygote loads it), not for these workers. Returns the child's pid; a failure only goes
+    to the zygote's log (the workers do not need the file)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Its name in ps and /proc, so that it is never taken for a worker: set around the fork,
+    # so that the child has it from its first instant (the zygote's own is put back).
+    comm, own = Path("/proc/self/comm"), None
+    with contextlib.suppress(OSError):
+        own = comm.read_text().strip()
+        comm.write_text(WRITER_NAME)
+    pid = os.fork()
+    if pid:
+        with contextlib.suppress(OSError):
+            if own is not None:
+                comm.write_text(own)
+        return pid
+    code = 0
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # not the zygote's loop's handlers
+            signal.signal(sig, signal.SIG_DFL)
+        os.nice(19)
+        start = time.monotonic()
+        _save_now(built, weights)
+        _note(f"wrote {weights.name} behind the start", start)
+    except BaseException as exc:  # never return into the zygote's loop
+        print(f"packrat zygote: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        os._exit(code)
 
 
 def _note(what: str, start: float) -> None:
@@ -191,9 +267,20 @@ def _child(
         os._exit(code)
 
 
-def serve(path: Path) -> int:
+def _answer_write(conn: socket.socket, fds: Sequence[int], write: Callable[[], int] | None) -> None:
+    """The pod asks for the weight file (``{"op": "write_weights"}``): start writing it, once."""
+    for fd in fds:
+        os.close(fd)
+    answer = b"none\n" if write is None else f"writing {write()}\n".encode()
+    with contextlib.suppress(OSError):
+        conn.sendall(answer)
+    conn.close()
+
+
+def serve(path: Path, write: Callable[[], int] | None = None) -> int:
     """Fork a worker per launcher connection until SIGTERM; kill a worker whose launcher
-    went away; report each worker's exit status to its launcher."""
+    went away; report each worker's exit status to its launcher. ``write``: starts writing
+    the weight file when the pod asks (:func:`write_behind`), once."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -219,6 +306,10 @@ def serve(path: Path) -> int:
                     request, fds = _recv_request(conn)
                 except (OSError, ValueError, ConnectionError):
                     conn.close()
+                    continue
+                if request.get("op") == "write_weights":
+                    _answer_write(conn, fds, write)
+                    write = None
                     continue
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -267,8 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weights", type=Path)
     parser.add_argument("--runtime", choices=RUNTIMES, default="torchserve")
     args = parser.parse_args(argv)
+    behind = args.runtime == "native"  # every worker is forked from here (no launcher)
     try:
-        preload(args.model, args.weights, worker_imports(args.runtime, args.model))
+        built = preload(
+            args.model, args.weights, worker_imports(args.runtime, args.model), write_behind=behind
+        )
     except ZygoteError as exc:
         print(f"packrat zygote: {exc}", file=sys.stderr)
         return 2
@@ -276,7 +370,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("packrat zygote: threads started while writing the weights; restarting", flush=True)
         argv = list(sys.argv[1:] if argv is None else argv)
         os.execv(sys.executable, [sys.executable, "-m", "packrat.serve.zygote.zygote", *argv])
-    return serve(args.socket)
+    weights = args.weights
+    write = None if built is None or weights is None else (lambda: write_behind(built, weights))
+    _write_marks(args.socket.parent / TIMELINE_FILE)
+    return serve(args.socket, write)
+
+
+def _write_marks(path: Path) -> None:
+    MARKS["listening"] = time.monotonic()
+    with contextlib.suppress(OSError):  # a timeline is never worth failing the pod's start
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(MARKS))
+        tmp.replace(path)
 
 
 if __name__ == "__main__":
