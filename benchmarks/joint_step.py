@@ -9,7 +9,9 @@ observations read 5 s apart, 60 s between switches: the operator's defaults) or 
 trigger (``sustainSeconds`` 1: the estimate read every second, a switch once every pod's
 estimate has held a new value 1 s; :func:`packrat.plan.reconfig.fast_trigger`), and the fast
 trigger with autoBatch's range floored at the planner's batch (``joint-fast-floor``). A switch
-serves ``--switch-s`` later (the in-pod switch) and tells the tuner the new plan's capacity.
+serves ``--switch-s`` later (the in-pod switch) and tells the tuner the new plan's capacity;
+the ``-floor-keep`` variants are the operator's rule since this stop: the range floored at the
+planner's batch and the tuner counting on no more per replica than the planned plan serves.
 
 The pods' estimate is Packrat's estimator (:class:`packrat.plan.estimator.BatchSizeEstimator`,
 nearest rounding) fed every 5 ms with the outstanding queries per serving replica, counted
@@ -103,7 +105,7 @@ def run_variant(variant: str, trace: np.ndarray, table: dict, ctx: dict[str, Any
     opt: Optimizer = ctx["opt"]
     tuner: Tuner = ctx["tuner"]()
     startup_s, switch_s, end = ctx["startup_s"], ctx["switch_s"], float(trace[-1])
-    floor = ctx["batch"] if variant.endswith("floor") else 1  # never below the planner's
+    floor = ctx["batch"] if "floor" in variant else 1  # never below the planner's
     policy = Policy(min_batch=floor, max_batch=ctx["max_batch"], sustain=3, min_interval_s=60.0)
     fast = FastPolicy(sustain_s=1.0, min_interval_s=5.0)
     read_every = 1.0 if variant.startswith("joint-fast") else 5.0
@@ -133,7 +135,10 @@ def run_variant(variant: str, trace: np.ndarray, table: dict, ctx: dict[str, Any
                         held = (est.estimate, float(s))
             if step_plan(run, variant, opt, table, policy, fast, est, held, now):
                 switches += 1  # the new plan serves after the switch; the tuner learns its
-                tuner.set_capacity(backlogged_capacity(table, run.plan.expand()))  # capacity
+                cap = backlogged_capacity(table, run.plan.expand())  # capacity
+                if variant.endswith("keep"):  # the operator's rule: never more than planned
+                    cap = min(cap, backlogged_capacity(table, opt.plan(ctx["batch"]).expand()))
+                tuner.set_capacity(cap)
                 run.segments[-1] = (now + switch_s, run.plan)
         now += 1.0
     arrivals, latencies = [], []
@@ -230,7 +235,10 @@ def workload(table: dict, name: str, sample: np.ndarray, seeds: list[int], args:
         "max_batch": max_batch, "batch": cfg.batch, "replicas": cfg.replicas, "cpus": cfg.cpus,
         "slo_ms": args.slo_ms,
     }  # fmt: skip
-    variants = ("fixed", "joint-slow", "joint-fast", "joint-fast-floor")
+    variants = (
+        "fixed", "joint-slow", "joint-fast", "joint-fast-floor",
+        "joint-slow-floor-keep", "joint-fast-floor-keep",
+    )  # fmt: skip
     rows: dict[str, list[dict]] = {v: [] for v in variants}
     for seed in seeds:  # the variants interleaved on each trace
         trace = step_trace([args.rate, 4 * args.rate], cv=1.0, phase_s=120, seed=seed)
@@ -281,7 +289,7 @@ def main() -> None:
                 f"  cores {c:5.1f} ({clo:.1f}-{chi:.1f})  P99 {p:8.1f} ms ({plo:.0f}-{phi:.0f})"
                 f"  switches {s:g} ({slo:g}-{shi:g})"
             )
-        for variant in ("joint-fast", "joint-fast-floor"):
+        for variant in ("joint-fast", "joint-fast-floor", "joint-slow-floor-keep"):
             lines.append(f"  {variant}, first seed: {w['rows'][variant][0]['plans']}")
     text = "\n".join(lines) + "\n"
     (RESULTS / f"{args.stem}.txt").write_text(text)

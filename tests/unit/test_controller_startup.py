@@ -94,9 +94,10 @@ def test_a_startup_floor_keeps_headroom_for_the_step_the_sample_shows() -> None:
 
 # -- plan and replicas together (issue 27 item 4) ------------------------------------------
 def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -> None:
-    """slo + autoBatch: the planner's batch is the start; sustained estimates of a larger
-    batch switch the plan inside the replicas (same CPUs per replica); the tuner's thresholds
-    follow what the new plan serves per replica."""
+    """slo + autoBatch: the planner's batch is the start and the floor; sustained estimates
+    of a smaller batch do not move the plan, those of a larger one switch it inside the
+    replicas (same CPUs per replica); the tuner counts on no more per replica than the planned
+    plan serves (a larger batch absorbs a surge, it does not replace replicas)."""
     from test_controller_autobatch import Feed, _at, _finish_switch
 
     from packrat.controller.model.reconcile import Config, Reconciler
@@ -131,19 +132,44 @@ def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -
     planned_rates = (
         status["autoscaling"]["planned"]["ratesPerSecond"] if "autoscaling" in status else None
     )
-    target = 1 if prov["batch"] > 1 else 8
-    feed.next = [target, target]
+    assert prov["batch"] < 8  # room above the planner's batch in autoBatch's range
     t0 = T0.timestamp()
+    feed.next = [1, 1]  # below the planner's batch: the floor holds
     for second in (1, 2):
         steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
         rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
-    assert kube.prm()["status"]["batchSize"]["target"] == target
-    rec.reconcile(NS, "tiny", now=_at(3), arrivals=None)
-    assert kube.prm()["status"]["switch"]["plan"]["batch"] == target
-    _finish_switch(kube, rec, at=4)
     status = kube.prm()["status"]
-    assert status["plan"]["batch"] == target and status["plan"]["cpus"] == prov["cpusPerReplica"]
+    assert "target" not in status["batchSize"] and "switch" not in status
+    assert status["plan"]["batch"] == prov["batch"]
+    feed.next = [8, 8]
+    for second in (3, 4):
+        steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
+        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+    assert kube.prm()["status"]["batchSize"]["target"] == 8
+    rec.reconcile(NS, "tiny", now=_at(5), arrivals=None)
+    assert kube.prm()["status"]["switch"]["plan"]["batch"] == 8
+    _finish_switch(kube, rec, at=6)
+    status = kube.prm()["status"]
+    assert status["plan"]["batch"] == 8 and status["plan"]["cpus"] == prov["cpusPerReplica"]
     steady = Arrivals(times=_burst(t0 + 14, 1, 2000), pods=1)
     rec.reconcile(NS, "tiny", now=_at(15), arrivals=steady)
     rates = kube.prm()["status"]["autoscaling"]["planned"]["ratesPerSecond"]
-    assert planned_rates is not None and rates != planned_rates  # thresholds moved with the plan
+    assert planned_rates is not None and rates == planned_rates  # the planned capacity kept
+
+
+def test_with_an_slo_autobatch_never_goes_below_the_planners_batch() -> None:
+    """The planner chose its batch for the SLO's capacity: autoBatch moves up from it, never
+    down (clamped to autoBatch's range), whatever the status holds."""
+    from packrat.controller.core.model import model_spec
+    from packrat.controller.planning.batching import slo_batch, slo_floor
+
+    slo = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4, "maxCores": 12}
+    spec = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxBatch": 8}, "slo": slo}
+    model = model_spec({**spec, "autoBatch": {"min": 2, "max": 8}})
+    assert slo_floor(model, 4) == 4 and slo_floor(model, 1) == 2 and slo_floor(model, 16) == 8
+    assert slo_batch(model, {}, 4) == (4, 8)
+    assert slo_batch(model, {"batchSize": {"current": 1}}, 4) == (4, 8)  # not below
+    assert slo_batch(model, {"batchSize": {"target": 6, "current": 4}}, 4) == (6, 8)  # up
+    assert slo_batch(model, {"batchSize": {"current": 64}}, 4) == (8, 8)
+    fixed = model_spec(spec)
+    assert slo_batch(fixed, {"batchSize": {"current": 2}}, 4) == (4, 4)  # no autoBatch

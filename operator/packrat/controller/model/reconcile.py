@@ -34,6 +34,7 @@ from packrat.controller.planning.batching import (
     observe_batch,
     plan_capacity,
     slo_batch,
+    slo_floor,
 )
 from packrat.controller.planning.provisioning import ProvisionCache, provision_model
 from packrat.controller.profiling import verified
@@ -80,6 +81,7 @@ class _Planned:
     optimizer: Optimizer
     reference: TunerReference | None
     slower: Plan | None
+    batch_floor: int | None = None  # with an SLO and autoBatch: the planner's batch
 
 
 def observe(kube: KubeApi, namespace: str, name: str, model: ModelSpec | None) -> Children:
@@ -295,6 +297,7 @@ class Reconciler:
             optimizer=optimizer,
             reference=prov.reference if prov is not None else model.reference,
             slower=slower,
+            batch_floor=slo_floor(model, prov.batch) if prov is not None and auto else None,
         )
 
     def _serve_steadily(
@@ -337,7 +340,14 @@ class Reconciler:
         if auto and status.phase == "Ready" and "switch" not in status:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))
-            observe_batch(p, model, reading=reading, optimizer=planned.optimizer, profile=profile)
+            observe_batch(
+                p,
+                model,
+                reading=reading,
+                optimizer=planned.optimizer,
+                profile=profile,
+                floor=planned.batch_floor,
+            )
 
     def _switching(
         self,

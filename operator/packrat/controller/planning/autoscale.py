@@ -141,10 +141,12 @@ def tune(
 
     Without a reading (no pod answered) nothing is decided: missing data must not look like
     missing load. ``capacity``: what one replica of the running plan serves, when autoBatch
-    moved it away from the planned one (the tuner's thresholds scale with it)."""
+    moved it away from the planned one: the tuner's thresholds scale with it when it serves
+    less, never when it serves more (a larger batch absorbs a surge while replicas start; it
+    does not replace them: ``benchmarks/joint_step.py``)."""
     status = p.status
     tuner = tuners.get(model, ref, current)
-    tuner.set_capacity(capacity if capacity is not None else ref.capacity)
+    tuner.set_capacity(min(capacity, ref.capacity) if capacity is not None else ref.capacity)
     ready_in = startup_headroom(p, model, ref, tuner)
     scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
     if scaled.get("signature") != ref.signature:

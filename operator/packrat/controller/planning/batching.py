@@ -2,10 +2,13 @@
 the decision (``plan.reconfig``); a new target is switched to by the next pass.
 
 With ``spec.slo`` too (issue 27 item 4), the planner's batch is where the plan starts and the
-batch then follows the load within ``autoBatch``'s range (:func:`slo_batch`), on the
-replica size the planner chose, while the tuner sets the replicas; the tuner is told each
-pass what the running plan serves per replica (:func:`plan_capacity`), so a plan that serves
-more (or less) per replica moves its scaling thresholds with it."""
+batch then follows the load upwards within ``autoBatch``'s range (:func:`slo_batch`), on the
+replica size the planner chose, while the tuner sets the replicas. The planner's batch is the
+floor (:func:`slo_floor`): it chose that batch for the SLO's capacity, and a plan that
+followed a quiet period's small estimates down met the next step with too little (the DES,
+``benchmarks/joint_step.py``: 0% -> 12% misses). The tuner is told each pass what the running
+plan serves per replica (:func:`plan_capacity`) and counts on no more than the planned plan
+serves: a larger batch absorbs a surge while replicas start, it does not replace them."""
 
 from __future__ import annotations
 
@@ -34,16 +37,23 @@ def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
     return max(auto.min, min(auto.max, int(batch)))
 
 
+def slo_floor(model: ModelSpec, planned: int) -> int:
+    """With an SLO and autoBatch: the smallest batch autoBatch may choose, the planner's
+    batch clamped to autoBatch's range."""
+    assert model.auto is not None
+    return max(model.auto.min, min(model.auto.max, planned))
+
+
 def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
     """With an SLO: the batch to plan for and the optimizer's largest batch. Without
     autoBatch the planner's; with it, autoBatch's target or current batch once it has one,
-    else the planner's, clamped to autoBatch's range."""
+    else the planner's, clamped to autoBatch's range above the planner's (:func:`slo_floor`)."""
     auto = model.auto
     if auto is None:
         return planned, planned
     seen = status.get("batchSize") or {}
     chosen = seen.get("target") or seen.get("current") or planned
-    batch = max(auto.min, min(auto.max, int(chosen)))
+    batch = max(slo_floor(model, planned), min(auto.max, int(chosen)))
     return batch, max(batch, auto.max)
 
 
@@ -63,10 +73,14 @@ def observe_batch(
     reading: ab.Reading | None,
     optimizer: Optimizer,
     profile: Profile,
+    floor: int | None = None,
 ) -> None:
+    """``floor``: the smallest batch to decide for (with an SLO, :func:`slo_floor`)."""
     assert model.auto is not None
     status = p.status
     policy = ab.policy_from_spec(model.auto)
+    if floor is not None:
+        policy = replace(policy, min_batch=max(policy.min_batch, floor))
     annotations = model.annotations
     seen = dict(status.get("batchSize") or {})
     pinned, pin_error = ab.parse_pin(annotations)
