@@ -199,3 +199,21 @@ def test_a_secret_without_a_rotation_time_is_stamped_not_rotated() -> None:
     assert at.secret_token(_secret(kube)) == token and at.rotated_at(_secret(kube)) == T0 + 10 * S
     rec.reconcile(NS, "tiny", now=T0 + 611 * S)
     assert at.secret_token(_secret(kube)) != token
+
+
+def _with(
+    secret: dict[str, Any], *, data: dict[str, str] | None = None, at_: str | None = None
+) -> dict[str, Any]:
+    meta = dict(secret["metadata"])
+    if at_ is not None:
+        meta["annotations"] = {at.ANNOTATION_ROTATED: at_}
+    return {**secret, "metadata": meta, "data": data if data is not None else secret["data"]}
+
+
+def test_a_token_written_by_hand_with_a_newline_is_sent_as_the_pods_read_it() -> None:
+    # `kubectl create secret generic --from-file=token=f` keeps the file's trailing newline;
+    # the pods strip it (TokenFile), so the operator must send the stripped token
+    secret = at.admin_token_secret(OWNER, token="a" * 20, now=T0)
+    edited = _with(secret, data={"token": base64.b64encode(b"b" * 20 + b"\n").decode()})
+    assert at.secret_token(edited) == "b" * 20
+    assert at.token_for_calls(edited, T0) == "b" * 20

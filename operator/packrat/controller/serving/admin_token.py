@@ -83,7 +83,8 @@ def _decoded(secret: Mapping[str, Any], key: str) -> str | None:
         token = base64.b64decode(raw, validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return None
-    return token if len(token.strip()) >= MIN_TOKEN_CHARS else None
+    token = token.strip()  # as the pods read the mounted file (a hand-made one ends in \n)
+    return token if len(token) >= MIN_TOKEN_CHARS else None
 
 
 def secret_token(secret: Mapping[str, Any]) -> str | None:
