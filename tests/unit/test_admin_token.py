@@ -217,3 +217,22 @@ def test_a_token_written_by_hand_with_a_newline_is_sent_as_the_pods_read_it() ->
     edited = _with(secret, data={"token": base64.b64encode(b"b" * 20 + b"\n").decode()})
     assert at.secret_token(edited) == "b" * 20
     assert at.token_for_calls(edited, T0) == "b" * 20
+
+
+def test_a_rotation_time_in_the_future_is_stamped_now_not_trusted() -> None:
+    # an annotation edited by hand (or a clock far ahead) must not put off rotation for years
+    secret = _with(at.admin_token_secret(OWNER, token="a" * 20, now=T0), at_="2099-01-01T00:00:00Z")
+    assert at.rotation_due(secret, T0, 600) == 0
+    near = _with(secret, at_=at.now_iso(T0 + 30 * S))  # another replica's clock a little ahead
+    assert at.rotation_due(near, T0, 600) == 630
+    kube, reconciler = _rotating(600)
+    token = at.secret_token(_secret(kube))
+    kube.patch(
+        "secrets",
+        NS,
+        "tiny-admin-token",
+        {"metadata": {"annotations": {at.ANNOTATION_ROTATED: "2099-01-01T00:00:00Z"}}},
+    )
+    reconciler.reconcile(NS, "tiny", now=T0 + 100 * S)
+    assert at.rotated_at(_secret(kube)) == T0 + 100 * S  # stamped, token unchanged
+    assert at.secret_token(_secret(kube)) == token

@@ -46,6 +46,9 @@ ANNOTATION_ROTATED = "packrat.dev/admin-token-rotated-at"
 PROPAGATION_SECONDS = 300.0
 MIN_ROTATION_SECONDS = 2 * PROPAGATION_SECONDS
 DEFAULT_ROTATION_SECONDS = 24 * 3600.0
+# a rotation time further ahead of our clock than this is no rotation time (edited by hand, or
+# a clock far off): trusted, it would put the next rotation off for as long
+CLOCK_SKEW_SECONDS = 60.0
 
 
 def check_rotation_seconds(seconds: float) -> str | None:
@@ -98,15 +101,24 @@ def rotated_at(secret: Mapping[str, Any]) -> datetime.datetime | None:
     return parse_time(value) if isinstance(value, str) else None
 
 
+def _rotation_time(secret: Mapping[str, Any], now: datetime.datetime) -> datetime.datetime | None:
+    """The Secret's rotation time if it is readable and not in the future (beyond skew)."""
+    last = rotated_at(secret)
+    if last is None or (last - now).total_seconds() > CLOCK_SKEW_SECONDS:
+        return None
+    return last
+
+
 def rotation_due(
     secret: Mapping[str, Any], now: datetime.datetime, every_seconds: float
 ) -> float | None:
     """Seconds until the Secret's token is due to rotate (<= 0: now); None when it never is
     (``every_seconds`` 0). A Secret without a readable rotation time (made by an older
-    operator, or the annotation edited) is due now: the pass stamps it with the time."""
+    operator, or the annotation edited, or in the future) is due now: the pass stamps it with
+    the time."""
     if every_seconds <= 0:
         return None
-    last = rotated_at(secret)
+    last = _rotation_time(secret, now)
     if last is None:
         return 0.0
     return every_seconds - (now - last).total_seconds()
@@ -182,7 +194,7 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
         p.result.retry_seconds = min(p.result.retry_seconds or due, due)
         return secret
     p.result.retry_seconds = min(p.result.retry_seconds or every, every)
-    if rotated_at(secret) is None:
+    if _rotation_time(secret, p.now) is None:
         return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
     patch = rotation_patch(secret, token=secrets.token_urlsafe(TOKEN_BYTES), now=p.now)
     rotated = _patched(p, secret, patch)
