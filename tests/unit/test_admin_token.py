@@ -236,3 +236,14 @@ def test_a_rotation_time_in_the_future_is_stamped_now_not_trusted() -> None:
     reconciler.reconcile(NS, "tiny", now=T0 + 100 * S)
     assert at.rotated_at(_secret(kube)) == T0 + 100 * S  # stamped, token unchanged
     assert at.secret_token(_secret(kube)) == token
+
+
+def test_an_owned_secret_left_without_a_token_gets_one_rotation_on_or_off() -> None:
+    # a token key deleted or mangled by hand: every pod answers 401 until the Secret holds one
+    for every in (0, 600):
+        kube, rec = _rotating(every)
+        kube.patch("secrets", NS, "tiny-admin-token", {"data": {"token": "bm90IGEgdG9rZW4="}})
+        res = rec.reconcile(NS, "tiny", now=T0 + 10 * S)
+        assert at.secret_token(_secret(kube)) is not None
+        assert "previous" not in _secret(kube)["data"]  # the junk is no previous token
+        assert ("Normal", "AdminTokenRotated") in [(k, r) for k, r, _ in res.events]

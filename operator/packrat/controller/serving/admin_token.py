@@ -186,6 +186,8 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
     it meanwhile); asks for a pass by the next due time. A Secret without a readable rotation
     time (made by an older operator) is stamped with ``now`` instead: its pods may run an image
     that reads no ``previous`` file, and they are replaced long before the first rotation."""
+    if secret_token(secret) is None:  # the token deleted or mangled by hand: a new one now
+        return _rotate(p, secret)
     every = p.config.admin_token_rotation_seconds
     due = rotation_due(secret, p.now, every)
     if due is None:
@@ -196,6 +198,11 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
     p.result.retry_seconds = min(p.result.retry_seconds or every, every)
     if _rotation_time(secret, p.now) is None:
         return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
+    return _rotate(p, secret)
+
+
+def _rotate(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
+    """The Secret after a rotation to a new token (as it was when changed meanwhile)."""
     patch = rotation_patch(secret, token=secrets.token_urlsafe(TOKEN_BYTES), now=p.now)
     rotated = _patched(p, secret, patch)
     if rotated is None:
