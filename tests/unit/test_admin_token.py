@@ -62,6 +62,7 @@ def test_the_schedule_is_off_or_longer_than_the_propagation_window() -> None:
     assert at.check_rotation_seconds(0) is None and at.check_rotation_seconds(86400) is None
     assert at.check_rotation_seconds(at.MIN_ROTATION_SECONDS) is None
     assert at.check_rotation_seconds(60) is not None and at.check_rotation_seconds(-1) is not None
+    assert at.check_rotation_seconds(float("inf")) is not None
 
 
 def _mount(directory: Path, secret: dict[str, Any]) -> TokenFile:

@@ -41,7 +41,7 @@ def test_operator_needs_a_scope(monkeypatch: pytest.MonkeyPatch) -> None:
         args.func(args)
 
 
-@pytest.mark.parametrize("seconds", ["60", "-1", "599"])
+@pytest.mark.parametrize("seconds", ["60", "-1", "599", "inf", "1e400", "nan"])
 def test_a_rotation_shorter_than_the_propagation_window_is_refused(seconds: str) -> None:
     args = build_parser().parse_args(
         ["operator", "-n", "a", "--admin-token-rotation-seconds", seconds]

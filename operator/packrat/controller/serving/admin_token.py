@@ -25,6 +25,7 @@ import base64
 import binascii
 import datetime
 import logging
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
@@ -53,7 +54,7 @@ CLOCK_SKEW_SECONDS = 60.0
 
 def check_rotation_seconds(seconds: float) -> str | None:
     """Why ``seconds`` is no rotation schedule (None: it is; 0 turns rotation off)."""
-    if seconds == 0 or seconds >= MIN_ROTATION_SECONDS:
+    if seconds == 0 or MIN_ROTATION_SECONDS <= seconds < math.inf:  # inf: "never" is 0
         return None
     return f"must be 0 (no rotation) or at least {MIN_ROTATION_SECONDS:g} seconds"
 
