@@ -176,7 +176,7 @@ def test_reader_merges_two_real_dispatchers_and_reads_each_arrival_once() -> Non
             port1, port2 = int(url1.rsplit(":", 1)[1]), int(url2.rsplit(":", 1)[1])
             kube = PodsKube([_pod("p1", port1), _pod("p2", port2), _pod("gone", 9)])
             admin_secret(kube, "m")
-            reader = ArrivalReader(kube, pod_url="http://{ip}", deadline=5.0, clock=lambda: 0.0)
+            reader = ArrivalReader(kube, pod_url="http://{ip}", deadline=5.0)  # the pods' clock
             loop = asyncio.get_running_loop()
             first = await loop.run_in_executor(None, reader, "ns", "m")
             assert first is not None and first.pods == 2 and list(first.times) == []

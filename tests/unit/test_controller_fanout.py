@@ -222,7 +222,7 @@ def test_arrivals_take_only_finite_bounded_numbers(hostile: Hostile) -> None:
     fanout = PodFanout()
     try:
         reader = ArrivalReader(
-            kube, pod_url="http://{ip}:{pod}", deadline=5.0, fanout=fanout, clock=lambda: 0.0
+            kube, pod_url="http://{ip}:{pod}", deadline=5.0, fanout=fanout, clock=lambda: 100.0
         )
         seen = reader(NS, "m")
     finally:

@@ -187,3 +187,18 @@ def test_the_arrival_reader_asks_nothing_without_a_token_of_the_models(
     kube.create("secrets", NS, squatted)
     assert arr(NS, "m") is None
     assert not [url for url in fanout.asked if "/arrivals" in url]
+
+
+def test_an_arrival_stamped_in_the_future_neither_counts_nor_moves_the_cursor(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    # a pod (its model's code, or a clock far ahead) answering a time a year from now must
+    # not freeze that pod's cursor there: the reader would never see its arrivals again
+    _, _, arr = readers
+    fanout.arrivals["http://10.0.0.1"] = [800.0, 3.2e13]  # ms after base 0
+    seen = arr(NS, "m")
+    assert seen == Arrivals(times=[0.4, 0.8], pods=2)
+    arr(NS, "m")
+    asked = [u for u in fanout.asked if u.startswith("http://10.0.0.1/arrivals")]
+    assert asked[-1].endswith("after=0.800000")

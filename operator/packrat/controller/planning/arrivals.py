@@ -37,6 +37,10 @@ DEADLINE_SECONDS = 2.0
 
 
 MAX_OFFSETS = 200_000
+# an arrival stamped further ahead of the operator's clock than this is no arrival (a pod's
+# clock far off, or its model's code): counted, and its time kept as the pod's cursor, it
+# would hide every real arrival of that pod until then
+CLOCK_SKEW_SECONDS = 60.0
 
 
 def _finite(value: Any) -> TypeGuard[int | float]:
@@ -136,6 +140,7 @@ class ArrivalReader:
             times = parse_arrivals(read_json(answer))
             if times is None:
                 continue
+            times = [t for t in times if t <= now + CLOCK_SKEW_SECONDS]
             answered += 1
             if times:
                 with self._lock:
