@@ -202,3 +202,25 @@ def test_an_arrival_stamped_in_the_future_neither_counts_nor_moves_the_cursor(
     arr(NS, "m")
     asked = [u for u in fanout.asked if u.startswith("http://10.0.0.1/arrivals")]
     assert asked[-1].endswith("after=0.800000")
+
+
+def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    # each read brings a few arrivals: thinned one read at a time to floor(n s) they were
+    # all dropped (5 x 0.1 -> 0, every read), and the stage saw no demand at all
+    kube, est, arr = readers
+    selector = {"app.kubernetes.io/name": "router"}
+    kube.create("services", NS, {"metadata": {"name": "pipe"}, "spec": {"selector": selector}})
+    ready = {"phase": "Running", "podIP": "10.0.0.9"}
+    ready["conditions"] = [{"type": "Ready", "status": "True"}]  # type: ignore[assignment]
+    kube.create("pods", NS, {"metadata": {"name": "r", "labels": selector}, "status": ready})
+    kept = 0
+    for i in range(10):
+        fanout.arrivals["http://10.0.0.9"] = [1000.0 * i + k for k in range(5)]
+        _, seen = read_before_pass(
+            est, arr, NS, "m", want_estimates=False, want_arrivals=True, ingress=("pipe", 0.1)
+        )
+        kept += len(seen.times) if seen is not None else 0
+    assert kept == 5  # a tenth of the 50

@@ -17,6 +17,7 @@ from packrat.plan.pipeline.feedback import (
     scale_factors,
     stage_demand,
     thin,
+    thin_phase,
     update_edge,
 )
 
@@ -147,3 +148,13 @@ def test_thinning_keeps_the_scale_factors_share_evenly(n: int, s: float) -> None
     assert len(kept) == math.floor(n * s)
     assert kept == sorted(kept) and set(kept) <= set(times)
     assert thin(times, math.nan) == [] and thin(times, 2.0) == times
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=20), st.floats(0.0, 1.0))
+def test_thinning_read_by_read_keeps_the_share_of_them_all(sizes: list[int], s: float) -> None:
+    phase, kept = 0.0, 0
+    for n in sizes:
+        kept += len(thin([0.0] * n, s, phase))
+        phase = thin_phase(n, s, phase)
+    assert abs(kept - sum(sizes) * s) < 1 + 1e-6  # as if thinned at once, up to rounding

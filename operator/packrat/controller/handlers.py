@@ -47,7 +47,7 @@ from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
-from packrat.plan.pipeline.feedback import thin
+from packrat.plan.pipeline.feedback import thin, thin_phase
 
 logger = logging.getLogger(__name__)
 
@@ -239,7 +239,10 @@ def read_before_pass(
     seen = arrivals(namespace, service, reader=name)
     if seen is None:
         return reading, None
-    return reading, Arrivals(times=thin(seen.times, factor), pods=seen.pods)
+    key = (namespace, f"{name}@{service}")
+    phase = arrivals.thin_phases.get(key, 0.0)
+    arrivals.thin_phases[key] = thin_phase(len(seen.times), factor, phase)
+    return reading, Arrivals(times=thin(seen.times, factor, phase), pods=seen.pods)
 
 
 def ingress_of(model: ModelSpec | None) -> tuple[str, float] | None:

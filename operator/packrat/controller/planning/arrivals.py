@@ -93,6 +93,8 @@ class ArrivalReader:
         self.fanout = fanout or shared_fanout()
         self.clock = clock
         self._cursors: dict[tuple[str, str, str], float] = {}
+        # per (namespace, reader@service): the share left over by the ingress thinned so far
+        self.thin_phases: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
     def __call__(

@@ -146,9 +146,19 @@ def stage_demand(ingress_rate: float, scale_factor: float) -> float:
     return max(0.0, ingress_rate) * min(1.0, max(0.0, scale_factor))
 
 
-def thin(times: Sequence[float], scale_factor: float) -> list[float]:
+def thin(times: Sequence[float], scale_factor: float, phase: float = 0.0) -> list[float]:
     """The share ``scale_factor`` of ``times``, evenly spread (deterministic): the ingress a
-    stage's tuner reads as its own demand. Arrival ``i`` is kept when ``floor((i + 1) s)``
-    passes an integer, so ``n`` arrivals keep ``floor(n s)`` of them."""
+    stage's tuner reads as its own demand. Arrival ``i`` is kept when ``phase + (i + 1) s``
+    passes an integer, so ``n`` arrivals keep ``floor(phase + n s)`` of them; ``phase`` is
+    what the reads before left over (:func:`thin_phase`), so that many small reads keep
+    their share too (each thinned alone to ``floor(n s)``, reads of 5 at 0.1 kept none)."""
     s = min(1.0, max(0.0, scale_factor)) if math.isfinite(scale_factor) else 0.0
-    return [t for i, t in enumerate(times) if math.floor((i + 1) * s) > math.floor(i * s)]
+    p = phase if math.isfinite(phase) and 0.0 <= phase < 1.0 else 0.0
+    return [t for i, t in enumerate(times) if math.floor(p + (i + 1) * s) > math.floor(p + i * s)]
+
+
+def thin_phase(n: int, scale_factor: float, phase: float = 0.0) -> float:
+    """The phase :func:`thin` leaves after ``n`` arrivals: the next read's ``phase``."""
+    s = min(1.0, max(0.0, scale_factor)) if math.isfinite(scale_factor) else 0.0
+    p = phase if math.isfinite(phase) and 0.0 <= phase < 1.0 else 0.0
+    return (p + n * s) % 1.0
