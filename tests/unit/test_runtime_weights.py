@@ -119,3 +119,23 @@ def test_a_model_built_frozen_and_saved_later_maps_back_as_itself(tmp_path: Path
     with torch.inference_mode():
         assert torch.equal(built(x), shared(x))
         assert torch.equal(zoo.load_model("tiny")(x), shared(x))
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_save(tmp_path: Path) -> None:
+    """A writer killed mid-write leaves its temporary file; the next save removes those not
+    written to for STALE_TMP_SECONDS (a live writer's is kept), so crashes cannot fill the
+    volume."""
+    import os
+    import time
+
+    path = tmp_path / "tiny.pt"
+    stale, live = tmp_path / "tiny.ptabc.tmp", tmp_path / "tiny.ptdef.tmp"
+    other = tmp_path / "other.ptabc.tmp"  # another file's: not ours to judge
+    for f in (stale, live, other):
+        f.write_bytes(b"partial")
+    old = time.time() - weights.STALE_TMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    weights.save(torch.nn.Linear(2, 2), path)
+    assert path.exists() and live.exists() and other.exists()
+    assert not stale.exists()

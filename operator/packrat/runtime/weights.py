@@ -28,6 +28,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +102,21 @@ def _frozen(model: nn.Module) -> nn.Module:
     return model
 
 
+STALE_TMP_SECONDS = 600.0
+"""A temporary weight file not written to for this long was left by a killed writer (a live
+one writes continuously); the next save removes it, so crashes cannot fill the volume."""
+
+
+def _remove_stale(path: Path, now: float) -> None:
+    for tmp in path.parent.glob(f"{path.name}*.tmp"):
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
+                tmp.unlink()
+
+
 def _save(model: nn.Module, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(path, time.time())
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     os.close(fd)
     try:
