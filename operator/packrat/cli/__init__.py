@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +34,25 @@ COMMANDS: tuple[str, ...] = (
 
 class CliError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def check_numbers(
+    args: argparse.Namespace,
+    *names: str,
+    above: float | None = None,
+    at_least: float | None = None,
+) -> None:
+    """Each flag in ``names`` that was given (not None) finite and ``> above`` or
+    ``>= at_least``, else one line: ``--flag must be > 0, got nan``."""
+    for name in names:
+        value = getattr(args, name)
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if above is not None and not (math.isfinite(value) and value > above):
+            raise CliError(f"{flag} must be > {above:g}, got {value}")
+        if at_least is not None and not (math.isfinite(value) and value >= at_least):
+            raise CliError(f"{flag} must be >= {at_least:g}, got {value}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packrat.cli import CliError
+from packrat.cli import CliError, check_numbers
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
@@ -72,20 +72,12 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.slo_p99_ms is None:
-        if args.pipeline is None:
-            raise CliError("--slo-p99-ms is required with --profile")
-    elif not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
-        raise CliError(f"--slo-p99-ms must be > 0, got {args.slo_p99_ms}")
+    if args.slo_p99_ms is None and args.pipeline is None:
+        raise CliError("--slo-p99-ms is required with --profile")
+    check_numbers(args, "slo_p99_ms", above=0)
     if args.rate is not None:
-        for name in ("rate", "cv", "duration"):
-            value = getattr(args, name)
-            if not (math.isfinite(value) and value > 0):
-                raise CliError(f"--{name} must be > 0, got {value}")
-    for name in ("max_cores", "max_cpus"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        check_numbers(args, "rate", "cv", "duration", above=0)
+    check_numbers(args, "max_cores", "max_cpus", at_least=1)
     if args.max_batch_delay_ms < 0:
         raise CliError("--max-batch-delay-ms must be >= 0")
     if not (math.isfinite(args.max_utilization) and 0 < args.max_utilization <= 1):

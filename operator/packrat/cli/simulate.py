@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, check_numbers
 from packrat.plan.des import SPREADS, SimulationError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import ProfileError, load_profile
@@ -65,25 +65,13 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.replicas < 1:
-        raise CliError(f"--replicas must be >= 1, got {args.replicas}")
-    for name in ("cpus_per_replica", "batch"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_numbers(args, "replicas", "cpus_per_replica", "batch", at_least=1)
     if args.plan is None and (args.cpus_per_replica is None or args.batch is None):
         raise CliError("give --cpus-per-replica and --batch, or --plan")
     if args.rate is not None:
-        for name in ("rate", "cv", "seconds"):
-            value = getattr(args, name)
-            if not (math.isfinite(value) and value > 0):
-                raise CliError(f"--{name} must be > 0, got {value}")
-    for name in ("max_batch_delay_ms", "service_cv"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise CliError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
-    if args.slo_p99_ms is not None and not (math.isfinite(args.slo_p99_ms) and args.slo_p99_ms > 0):
-        raise CliError(f"--slo-p99-ms must be > 0, got {args.slo_p99_ms}")
+        check_numbers(args, "rate", "cv", "seconds", above=0)
+    check_numbers(args, "max_batch_delay_ms", "service_cv", at_least=0)
+    check_numbers(args, "slo_p99_ms", above=0)
 
 
 def parse_plan(text: str) -> list[tuple[int, int]]:
