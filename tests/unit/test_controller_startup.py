@@ -134,7 +134,7 @@ def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -
     )
     assert prov["batch"] < 8  # room above the planner's batch in autoBatch's range
     t0 = T0.timestamp()
-    feed.next = [1, 1]  # below the planner's batch: the floor holds
+    feed.next = [1, 1]  # at the planner's batch (1 here): nothing to do
     for second in (1, 2):
         steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
         rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
@@ -173,3 +173,40 @@ def test_with_an_slo_autobatch_never_goes_below_the_planners_batch() -> None:
     assert slo_batch(model, {"batchSize": {"current": 64}}, 4) == (8, 8)
     fixed = model_spec(spec)
     assert slo_batch(fixed, {"batchSize": {"current": 2}}, 4) == (4, 4)  # no autoBatch
+
+
+def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
+    """Sustained estimates of batch 1 under a plan the planner made for batch 4: autoBatch
+    holds (the floor), where without an SLO it would follow them down."""
+    from test_controller_autobatch import Feed, _at
+
+    from packrat.controller.model.reconcile import Config, Reconciler
+
+    kube = FakeKube()
+    slo = {"latencyP99Ms": 200, "rate": 5000, "durationSeconds": 4, "maxCores": 12}
+    auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
+    spec = {
+        "model": {"zoo": "tiny"},
+        "cpus": 2,
+        "profiling": {"maxBatch": 8},
+        "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
+        "slo": slo,
+        "autoBatch": auto,
+        "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
+    }
+    meta = {"name": "tiny", "namespace": NS, "uid": "u1"}
+    kube.create("packratmodels", NS, {"kind": "PackratModel", "metadata": meta, "spec": spec})
+    feed = Feed()
+    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
+    _to_ready(kube, rec)
+    planned = kube.prm()["status"]["provisioning"]["batch"]
+    assert planned > 1
+    feed.next = [1, 1]
+    t0 = T0.timestamp()
+    for second in (1, 2, 3, 4):
+        steady = Arrivals(times=_burst(t0 + second - 1, 1, 5000), pods=1)
+        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+    status = kube.prm()["status"]
+    assert status["batchSize"]["observed"] == planned  # the estimate, clamped to the floor
+    assert "target" not in status["batchSize"] and "switch" not in status
+    assert status["plan"]["batch"] == planned
