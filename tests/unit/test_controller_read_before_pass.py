@@ -224,3 +224,7 @@ def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
         )
         kept += len(seen.times) if seen is not None else 0
     assert kept == 5  # a tenth of the 50
+    # a deleted stage's cursors and share go with it: read again, it starts afresh
+    assert arr._phases and arr._cursors
+    arr.forget(NS, "m")
+    assert not arr._phases and not arr._cursors

@@ -47,7 +47,6 @@ from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
-from packrat.plan.pipeline.feedback import thin, thin_phase
 
 logger = logging.getLogger(__name__)
 
@@ -236,13 +235,7 @@ def read_before_pass(
     if ingress is None:
         return reading, arrivals(namespace, name, pods)
     service, factor = ingress
-    seen = arrivals(namespace, service, reader=name)
-    if seen is None:
-        return reading, None
-    key = (namespace, f"{name}@{service}")
-    phase = arrivals.thin_phases.get(key, 0.0)
-    arrivals.thin_phases[key] = thin_phase(len(seen.times), factor, phase)
-    return reading, Arrivals(times=thin(seen.times, factor, phase), pods=seen.pods)
+    return reading, arrivals.ingress(namespace, service, reader=name, factor=factor)
 
 
 def ingress_of(model: ModelSpec | None) -> tuple[str, float] | None:
@@ -377,6 +370,7 @@ def _register_model_daemon(
         if result.result == "gone":
             metrics.forget_model(namespace, name)
             parts().reconciler.tuners.forget(namespace, name)
+            parts().arrivals.forget(namespace, name)
             return None
         _publish(body, result)
         # keyed on the spec, not the status: the body's status is still the one from

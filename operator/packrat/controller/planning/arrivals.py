@@ -29,6 +29,7 @@ from packrat.controller.core.fanout import PodFanout, read_json, shared_fanout
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import pod_address, ready_pods
 from packrat.controller.serving.admin_token import read_token
+from packrat.plan.pipeline.feedback import thin, thin_phase
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ def _utc(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, datetime.UTC)
 
 
+def _reads(who: str, reader: str) -> bool:
+    """Whether cursor owner ``who`` (a model's name, or ``reader@service``) is ``reader``'s."""
+    return who == reader or who.startswith(f"{reader}@")
+
+
 def _path(after: float) -> str:
     return f"/arrivals?after={after:.6f}"
 
@@ -94,8 +100,31 @@ class ArrivalReader:
         self.clock = clock
         self._cursors: dict[tuple[str, str, str], float] = {}
         # per (namespace, reader@service): the share left over by the ingress thinned so far
-        self.thin_phases: dict[tuple[str, str], float] = {}
+        self._phases: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+
+    def ingress(
+        self, namespace: str, service: str, *, reader: str, factor: float
+    ) -> Arrivals | None:
+        """A pipeline router's new arrivals (Service ``service``) thinned to ``reader``'s scale
+        factor, each read carrying on from the share the reads before left over (thinned
+        one read at a time, reads of 5 at 0.1 would keep none)."""
+        seen = self(namespace, service, reader=reader)
+        if seen is None:
+            return None
+        key = (namespace, f"{reader}@{service}")
+        with self._lock:
+            phase = self._phases.get(key, 0.0)
+            self._phases[key] = thin_phase(len(seen.times), factor, phase)
+        return Arrivals(times=thin(seen.times, factor, phase), pods=seen.pods)
+
+    def forget(self, namespace: str, reader: str) -> None:
+        """Drop a deleted model's cursors and ingress shares."""
+        with self._lock:
+            for key in [k for k in self._cursors if k[0] == namespace and _reads(k[1], reader)]:
+                del self._cursors[key]
+            for phase in [k for k in self._phases if k[0] == namespace and _reads(k[1], reader)]:
+                del self._phases[phase]
 
     def __call__(
         self,
