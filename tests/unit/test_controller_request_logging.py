@@ -81,6 +81,13 @@ def test_bad_logging_is_refused_by_the_crd_and_the_operator(logging: dict[str, A
     assert list(OAS30Validator(schema).iter_errors(spec)), logging
 
 
+@pytest.mark.parametrize("sink", ["stdout\n", "http://broker/ml\n"])
+def test_a_sink_with_a_trailing_newline_is_refused(sink: str) -> None:
+    # the operator's check (a Python `$` matches before a final newline; the API server's
+    # RE2 pattern does not, so only the operator's side is asserted here)
+    assert validate_spec({**BASE, "requestLogging": {"sink": sink}}, name="resnet")
+
+
 def test_serve_refuses_bad_flags_with_one_line() -> None:
     args = build_parser().parse_args(
         ["serve", "--model", "tiny", "--plan", "p.json", "--request-log", "s3://bucket"]

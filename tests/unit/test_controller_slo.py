@@ -58,6 +58,7 @@ def _spec(**extra: Any) -> dict[str, Any]:
             )
             for ingress, message in (
                 ({"service": "Bad_Name", "scaleFactor": 0.5}, "ingress.service must be"),
+                ({"service": "pipe\n", "scaleFactor": 0.5}, "ingress.service must be"),
                 ({"service": "pipe", "scaleFactor": 0}, "ingress.scaleFactor must be"),
                 ({"service": "pipe", "scaleFactor": 1.5}, "ingress.scaleFactor must be"),
                 ({"service": "pipe", "scaleFactor": float("nan")}, "ingress.scaleFactor"),

@@ -215,7 +215,7 @@ def _validate_ingress(errors: list[str], ingress: Any) -> None:
     for key in sorted(set(ingress) - INGRESS_FIELDS):
         errors.append(f"{where}.{key}: unknown field")
     service = ingress.get("service")
-    if not isinstance(service, str) or not _DNS_LABEL.match(service):
+    if not isinstance(service, str) or not _DNS_LABEL.fullmatch(service):
         errors.append(f"{where}.service must be a Service name (DNS-1035 label), got {service!r}")
     factor = ingress.get("scaleFactor")
     if not _finite(factor, 0.0, 1.0) or factor <= 0:

@@ -24,7 +24,7 @@ def validate_request_logging(errors: list[str], spec: Mapping[str, Any]) -> None
     if logging is None:
         return
     sink = logging.get("sink")
-    if not isinstance(sink, str) or len(sink) > 2048 or not _SINK.match(sink):
+    if not isinstance(sink, str) or len(sink) > 2048 or not _SINK.fullmatch(sink):
         errors.append(f"{where}.sink must be stdout or an http(s):// URL, got {sink!r}")
     rate = logging.get("sampleRate", 1)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
