@@ -144,6 +144,29 @@ def decide(
             optimal_latency=optimal_latency,
             pinned=pinned,
         )
+    held = _hold_by_rules(
+        policy,
+        current,
+        history,
+        last_switch_at=last_switch_at,
+        now=now,
+        ignore_interval=ignore_interval,
+    )
+    if isinstance(held, Decision):
+        return held
+    return _decide_by_gain(policy, current_plan, table, optimal_latency, target=held)
+
+
+def _hold_by_rules(
+    policy: Policy,
+    current: int,
+    history: Sequence[Observation],
+    *,
+    last_switch_at: float | None,
+    now: float,
+    ignore_interval: bool,
+) -> Decision | int:
+    """The rules before the gain, in order: a hold, or the sustained target to weigh."""
     if not history:
         return Decision(Outcome.HOLD_NO_DATA, current, None, None, "no observations yet")
     recent = [policy.clamp(o.batch) for o in history[-policy.sustain :]]
@@ -174,6 +197,20 @@ def decide(
             None,
             f"last switch {now - last_switch_at:.0f}s ago; next allowed in {wait:.0f}s",
         )
+    return target
+
+
+def _decide_by_gain(
+    policy: Policy,
+    current_plan: Plan,
+    table: Mapping[tuple[int, int], float],
+    optimal_latency: LatencyFn,
+    *,
+    target: int,
+) -> Decision:
+    """Switch to ``target`` when its optimal plan is expected faster than keeping the
+    current plan at ``target`` by more than ``min_gain``."""
+    current = current_plan.batch
     try:
         new_latency = optimal_latency(target)
     except PlanError as exc:
