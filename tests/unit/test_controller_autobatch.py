@@ -399,7 +399,9 @@ def test_parse_pod_estimate_validates_the_fast_triggers_evidence() -> None:
 def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeouts() -> None:
     kube, rec, feed = _auto_model(sustainObservations=5, sustainSeconds=1)
     feed.next = ab.Reading((8,), "pods", stable_s=0.3)
-    assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
+    held = rec.reconcile(NS, "tiny", now=_at(1))
+    assert held.decision == Outcome.HOLD_NOT_SUSTAINED
+    assert held.fast_due_seconds == pytest.approx(0.7)  # read again when it has held 1 s
     feed.next = ab.Reading((8,), "pods", stable_s=1.5)  # held a second: no third observation
     res = rec.reconcile(NS, "tiny", now=_at(2))
     assert res.decision == Outcome.SWITCH

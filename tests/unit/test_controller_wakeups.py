@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from packrat.controller.core.wakeups import Wakeups
 from packrat.controller.handlers import OperatorOptions, next_delay
 from packrat.controller.model.reconcile import Config
@@ -130,3 +134,19 @@ def test_the_fast_trigger_reads_the_pods_every_sustain_seconds() -> None:
     assert fast_estimate_interval(model(sustainSeconds=2)) == 2.0
     assert fast_estimate_interval(model(sustainSeconds=0.1)) == 0.5  # at least 0.5 s
     assert fast_estimate_interval(None) is None
+
+
+def test_a_new_estimate_is_read_again_when_it_has_held_long_enough() -> None:
+    """A pass that saw a new estimate held 0.3 of the 1 s the fast trigger wants looks again
+    0.7 s (and a margin) later, not after the whole read interval; never in a tight loop, and
+    only for a model that reads estimates."""
+    from packrat.controller.handlers import FAST_DUE_FLOOR, FAST_DUE_MARGIN
+
+    options = OperatorOptions(resync_seconds=300, poll_seconds=2, estimate_seconds=5)
+    at_rest: dict[str, Any] = {"waiting": False, "tuning": None, "estimate_every": 1.0}
+    assert next_delay(options, wants_estimates=True, **at_rest) == 1.0
+    due = next_delay(options, wants_estimates=True, fast_due=0.7, **at_rest)
+    assert due == pytest.approx(0.7 + FAST_DUE_MARGIN)
+    assert next_delay(options, wants_estimates=True, fast_due=0.0, **at_rest) == FAST_DUE_FLOOR
+    assert next_delay(options, wants_estimates=True, fast_due=5.0, **at_rest) == 1.0
+    assert next_delay(options, wants_estimates=False, fast_due=0.7, **at_rest) > 0.7

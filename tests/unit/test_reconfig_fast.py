@@ -14,6 +14,7 @@ from packrat.plan.reconfig import (
     FastState,
     FastVerdict,
     Policy,
+    fast_due,
     fast_trigger,
     timeout_fraction,
 )
@@ -168,3 +169,50 @@ def test_a_step_in_the_load_is_acted_on_within_about_two_seconds() -> None:
                 fired_at = t
                 break
     assert fired_at is not None and 10.0 < fired_at <= 12.5  # measured: 12.0
+
+
+def test_fast_due_is_the_time_left_until_a_new_estimate_has_held_long_enough() -> None:
+    def due(current: int, lk: FastLook, fast: FastPolicy = FAST) -> float | None:
+        return fast_due(fast=fast, policy=POLICY, current=current, look=lk)
+
+    assert due(8, look(16, stable=0.3)) == pytest.approx(0.7)
+    assert due(8, look(16, stable=1.0)) is None  # held long enough: the trigger decides now
+    assert due(8, look(8, stable=0.1)) is None  # no change to wait for
+    assert due(64, look(1000, stable=0.1)) is None  # clamped to the range: no change
+    assert due(8, look(16, stable=None)) is None  # the pods did not say
+    assert due(8, look(16, stable=0.3), FastPolicy(sustain_s=0)) is None  # off
+
+
+@given(
+    step_at=st.floats(min_value=3.0, max_value=8.0),
+    phase=st.floats(min_value=0.0, max_value=0.995),
+)
+@settings(max_examples=40, deadline=None)
+def test_reading_again_when_due_acts_sustain_seconds_after_the_estimate_changed(
+    step_at: float, phase: float
+) -> None:
+    """The operator reads every second (at ``phase`` within it) and, when a read sees a new
+    estimate not held long enough, again when it will have been (``fast_due`` plus 50 ms):
+    the trigger fires within 0.1 s of ``sustain_s`` after the pod's estimate changed,
+    wherever the step falls between two reads (without the due read: up to a second later)."""
+    from packrat.plan.estimator import BatchSizeEstimator
+
+    est = BatchSizeEstimator(window=200, rounding="nearest")
+    changed_at, value, next_read, fired_at = 0.0, est.estimate, phase + 1.0, None
+    for i in range(int(step_at / 0.005) + 1000):
+        t = i * 0.005
+        est.observe(2.0 if t < step_at else 16.0)
+        if est.estimate != value:
+            value, changed_at = est.estimate, t
+        if t + 1e-9 < next_read:
+            continue
+        lk = look(est.estimate, stable=t - changed_at)
+        out = fast_trigger(fast=FAST, policy=POLICY, current=2, look=lk, state=FastState(), now=t)
+        if out.fire:
+            fired_at = t
+            break
+        due = fast_due(fast=FAST, policy=POLICY, current=2, look=lk)
+        next_read = t + (1.0 if due is None else max(0.1, due + 0.05))
+    assert fired_at is not None and value == 16
+    assert changed_at > step_at
+    assert FAST.sustain_s <= fired_at - changed_at <= FAST.sustain_s + 0.1

@@ -162,6 +162,7 @@ def next_delay(
     checks_store: bool = False,
     retry: float | None = None,
     estimate_every: float | None = None,
+    fast_due: float | None = None,
 ) -> float:
     """Seconds until a model's next pass when no watch event comes first.
 
@@ -170,7 +171,10 @@ def next_delay(
     for a storageUri model without a digest, the store's version of the object (every
     ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
     ``retry`` is a pass's own backoff (the store after a failure), which bounds the delay.
-    ``estimate_every``: a model's own, shorter estimate interval (autoBatch's fast trigger).
+    ``estimate_every``: a model's own, shorter estimate interval (autoBatch's fast trigger);
+    ``fast_due``: the seconds until the pods' new estimate has held long enough for it (the
+    pass looks again just after, so the trigger fires ``sustainSeconds`` after the change,
+    not up to an interval later).
     """
     delay = options.poll_seconds if waiting else options.resync_seconds
     if wants_estimates:
@@ -181,11 +185,18 @@ def next_delay(
         delay = min(delay, options.config.storage_check_seconds)
     if retry is not None:
         delay = min(delay, retry)
+    if fast_due is not None and wants_estimates:
+        delay = min(delay, max(FAST_DUE_FLOOR, fast_due + FAST_DUE_MARGIN))
     return delay
 
 
 FAST_MIN_INTERVAL = 0.5
 """The shortest interval between two reads of a model's estimates (the fast trigger)."""
+FAST_DUE_MARGIN = 0.05
+"""Seconds after a new estimate has held ``sustainSeconds`` that the pass reads it again (the
+pod's clock and this one's are not the same: a little late, not a read too early)."""
+FAST_DUE_FLOOR = 0.1
+"""The shortest delay a due estimate schedules (the pass is not re-run in a tight loop)."""
 
 
 def fast_estimate_interval(model: ModelSpec | None) -> float | None:
@@ -383,6 +394,7 @@ def _register_model_daemon(
             checks_store=model is not None and needs_version_check(model.source),
             retry=result.retry_seconds,
             estimate_every=fast_estimate_interval(model),
+            fast_due=result.fast_due_seconds,
         )
 
     def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:

@@ -398,6 +398,20 @@ def fast_trigger(
     return FastVerdict(reason, fired, message)
 
 
+def fast_due(*, fast: FastPolicy, policy: Policy, current: int, look: FastLook) -> float | None:
+    """Seconds until ``look``'s estimate has held ``fast.sustain_s`` on every pod, when it is
+    one the trigger would move to (clamped to ``policy``'s range, not ``current``) and has not
+    held that long yet; None otherwise.
+
+    The caller looks again then, not a whole read interval later: a new estimate is acted on
+    ``sustain_s`` after it appeared on the last pod, not up to an interval after that.
+    """
+    if not fast.enabled or look.stable_s is None or policy.clamp(look.observed) == current:
+        return None
+    remaining = fast.sustain_s - look.stable_s
+    return remaining if remaining > 0 else None
+
+
 def timeout_fraction(
     baseline: tuple[int, int] | None, totals: tuple[int, int], *, min_batches: int
 ) -> tuple[float | None, tuple[int, int]]:

@@ -24,7 +24,7 @@ from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
-from packrat.plan.reconfig import FastVerdict, Policy, decide
+from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due
 
 
 def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
@@ -154,12 +154,17 @@ def _fast(
     assert model.auto is not None
     if reading is None or reading.combined is None or model.auto.sustain_seconds <= 0:
         return None, seen
-    return ab.fast_look(
+    fast = ab.fast_policy_from_spec(model.auto)
+    verdict, seen = ab.fast_look(
         seen,
         reading=reading,
-        fast=ab.fast_policy_from_spec(model.auto),
+        fast=fast,
         policy=policy,
         current=current,
         last_switch_at=last_at.timestamp() if last_at else None,
         now=p.now.timestamp(),
     )
+    if not verdict.fire:  # a new estimate not held long enough yet: look again when it has
+        look = FastLook(observed=reading.combined, stable_s=reading.stable_s, timeout_fraction=None)
+        p.result.fast_due_seconds = fast_due(fast=fast, policy=policy, current=current, look=look)
+    return verdict, seen
