@@ -37,12 +37,14 @@ import asyncio
 import csv
 import itertools
 import json
+import math
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -160,10 +162,25 @@ def load_process(
     )
 
 
+def pod_estimates(cluster: OperatorCluster, name: str) -> list[int]:
+    """The batch-size estimate each running pod of ``name`` reports on its ``/status`` now."""
+    out = []
+    for pod in list(cluster.agent.pods.values()):
+        if not pod.owner_name.startswith(f"{name}-") or pod.phase != "Running" or not pod.port:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{pod.port}/status", timeout=2) as r:
+                out.append(int(json.loads(r.read())["batch_size_estimate"]["estimate"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out)
+
+
 def watch_status(
     cluster: OperatorCluster, name: str, t0: float, stop: threading.Event
 ) -> list[dict[str, Any]]:
-    """Samples status every 0.25 s in a thread; returns the (growing) list of samples."""
+    """Samples status (and the pods' own estimates) every 0.1 s in a thread; returns the
+    (growing) list of samples."""
     samples: list[dict[str, Any]] = []
 
     def run() -> None:
@@ -175,6 +192,7 @@ def watch_status(
             samples.append(
                 {
                     "t": time.monotonic() - t0,
+                    "pods": pod_estimates(cluster, name),
                     "slot": status.get("activeSlot"),
                     "switching": bool(status.get("switch"))
                     and (status.get("switch") or {}).get("stage") in ("rollout", "draining"),
@@ -186,7 +204,7 @@ def watch_status(
                     ),
                 }
             )
-            stop.wait(0.25)
+            stop.wait(0.1)
 
     threading.Thread(target=run, daemon=True).start()
     return samples
@@ -209,6 +227,48 @@ def switch_events(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ):
             events.append({"t": after["t"], "event": "switched_in_pod", "plan": after["label"]})
     return events
+
+
+def reactions(
+    rows: list[dict[str, Any]],
+    samples: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    schedule: list[tuple[str, int, float]],
+) -> list[dict[str, Any]]:
+    """Per load change of one configuration: seconds from the new phase's first request to
+    the pods' estimate changing (every pod reporting a value other than the one it held
+    when the phase began), and to the plan switched (the first switch seen in status within
+    the phase); None where it did not happen within the phase."""
+    starts: dict[str, float] = {}
+    for row in rows:
+        starts[row["phase"]] = min(starts.get(row["phase"], math.inf), row["t"])
+    names = [phase for phase, _, _ in schedule if phase in starts]
+    out = []
+    for phase, nxt in zip(names[1:], [*names[2:], None], strict=True):
+        start, end = starts[phase], starts[nxt] if nxt is not None else math.inf
+        held: list[int] = next(
+            (s["pods"] for s in reversed(samples) if s["t"] < start and s["pods"]), []
+        )
+        moved = next(
+            (
+                s["t"]
+                for s in samples
+                if start <= s["t"] < end and s["pods"] and not set(s["pods"]) & set(held)
+            ),
+            None,
+        )
+        switched = next(
+            (e["t"] for e in events if start <= e["t"] < end and e["event"] != "switch_started"),
+            None,
+        )
+        out.append(
+            {
+                "phase": phase,
+                "estimate_s": None if moved is None else round(moved - start, 2),
+                "switched_s": None if switched is None else round(switched - start, 2),
+            }
+        )
+    return out
 
 
 def copy_profile(cluster: OperatorCluster, *, source: str, name: str, threads: list[int]) -> None:
@@ -278,6 +338,7 @@ def run_config(
     events = switch_events(samples)
     for event in events:
         event["config"] = config
+    status["reactions"] = reactions(rows, samples, events, schedule)
     return rows, events, status, profile_text
 
 
@@ -466,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 done = [h for h in status.get("switchHistory") or [] if h["result"] == "Succeeded"]
                 switches[config] = len(done)
                 history[config] = {
+                    "reactions": status["reactions"],
                     "plan": (status.get("plan") or {}).get("label"),
                     "switchHistory": status.get("switchHistory") or [],
                     "lastDecision": (status.get("batchSize") or {}).get("lastDecision"),
@@ -509,7 +571,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         for config, h in history.items()
     )
-    report = f"{header}\n{text}\n\n{switch_lines}\n"
+    reaction_lines = "\n".join(
+        f"{config} | {r['phase']} | {r['estimate_s']} | {r['switched_s']}"
+        for config, h in history.items()
+        for r in h["reactions"]
+    )
+    report = (
+        f"{header}\n{text}\n\n{switch_lines}\n\n"
+        "seconds from a phase's first request to every pod's estimate changing, and to the "
+        "plan switched (status sampled every 0.1 s; - : not within the phase)\n"
+        "config | phase | estimate s | switched s\n---|---|---|---\n"
+        f"{reaction_lines}\n"
+    )
+    (RESULTS / f"{stem}.json").write_text(json.dumps(history, indent=1, default=str))
     if source is not None:
         report += "\n" + profile_lines(source) + "\n"
     (RESULTS / f"{stem}.txt").write_text(report)

@@ -16,7 +16,7 @@ from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import estimates
 from packrat.plan.profile import parse_profile
-from packrat.plan.reconfig import Outcome
+from packrat.plan.reconfig import FastPolicy, Outcome
 
 AUTO: dict[str, Any] = {
     "min": 1,
@@ -432,3 +432,26 @@ def test_without_sustain_seconds_a_held_reading_waits_for_the_observations() -> 
     assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
     assert rec.reconcile(NS, "tiny", now=_at(2)).decision == Outcome.HOLD_NOT_SUSTAINED
     assert "fast" not in _batch(kube)
+
+
+def test_a_look_between_passes_wakes_a_pass_only_on_news() -> None:
+    """:func:`ab.peek_wake`: steady pods never wake a pass; a new combined estimate, changed
+    pods (or none answering) and frequent batch timeouts do."""
+    fast = FastPolicy(sustain_s=1.0, min_batches=20, timeout_high=0.5, timeout_low=0.2)
+    basis = ab.Reading((4, 4), "pods", stable_s=3.0, batches=(100, 10))
+    steady = ab.Reading((4, 4), "pods", stable_s=4.0, batches=(130, 20))  # 10 of 40: few
+    assert ab.peek_wake(basis, steady, fast) is None
+    assert ab.peek_wake(basis, ab.Reading((4, 4), "pods"), fast) is None  # no counts: no news
+    moved = ab.Reading((8, 8), "pods", stable_s=0.2, batches=(110, 10))
+    assert ab.peek_wake(basis, moved, fast) == ("estimate", "estimate 4 -> 8")
+    assert ab.peek_wake(basis, None, fast) == ("pods", "the pods changed")
+    assert ab.peek_wake(basis, ab.Reading((4,), "pods"), fast) == ("pods", "the pods changed")
+    restarted = ab.Reading((4, 4), "pods", batches=(5, 0))
+    assert ab.peek_wake(basis, restarted, fast) == ("pods", "the pods' batch counts restarted")
+    timeouts = ab.Reading((4, 4), "pods", batches=(105, 25))  # 15 of 20 on their timeout
+    assert ab.peek_wake(basis, timeouts, fast) == (
+        "timeouts",
+        "15 of 20 batches left on their timeout",
+    )
+    too_few = ab.Reading((4, 4), "pods", batches=(101, 18))  # 8 of 9
+    assert ab.peek_wake(basis, too_few, fast) is None

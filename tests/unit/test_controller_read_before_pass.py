@@ -228,3 +228,23 @@ def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
     assert arr._phases and arr._cursors
     arr.forget(NS, "m")
     assert not arr._phases and not arr._cursors
+
+
+def test_a_peek_reads_the_pods_of_the_last_read_again_without_the_api(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    """The fast trigger's reads between passes: the pods the last pass read, no Service read
+    and no pod listing; a pod that does not answer makes it None (the pass lists them
+    again); nothing before a read, and nothing after the model is forgotten."""
+    kube, est, _arr = readers
+    assert est.peek(NS, "m") is None  # never read: nothing to look at
+    est(NS, "m")
+    kube.calls.clear()
+    fanout.estimates["http://10.0.0.1"] = 16
+    assert est.peek(NS, "m") == ab.Reading((16, 4), "pods")
+    assert kube.calls == {}
+    del fanout.estimates["http://10.0.0.2"]  # gone or not answering
+    assert est.peek(NS, "m") is None
+    est.forget(NS, "m")
+    assert est.peek(NS, "m") is None

@@ -150,3 +150,50 @@ def test_a_new_estimate_is_read_again_when_it_has_held_long_enough() -> None:
     assert next_delay(options, wants_estimates=True, fast_due=0.0, **at_rest) == FAST_DUE_FLOOR
     assert next_delay(options, wants_estimates=True, fast_due=5.0, **at_rest) == 1.0
     assert next_delay(options, wants_estimates=False, fast_due=0.7, **at_rest) > 0.7
+
+
+def test_between_passes_the_pods_are_read_until_news_or_the_next_pass() -> None:
+    """:func:`peek_until`: steady reads run until the pass's delay is (nearly) over; a new
+    estimate or a watch event ends the wait at once; a timeouts wake waits for the fast
+    trigger's minimum interval since the pass."""
+    import asyncio
+
+    from packrat.controller.handlers import peek_until
+    from packrat.controller.planning import autobatch as ab
+    from packrat.plan.reconfig import FastPolicy
+
+    basis = ab.Reading((4,), "pods", batches=(100, 0))
+    eager = FastPolicy(sustain_s=1.0, min_interval_s=0.0, min_batches=20)
+
+    def run(
+        answers: list[ab.Reading | None],
+        *,
+        delay: float = 0.4,
+        woken: bool = False,
+        fast: FastPolicy = eager,
+    ) -> tuple[float, int]:
+        asked: list[int] = []
+
+        async def peek() -> ab.Reading | None:
+            asked.append(1)
+            return answers[min(len(asked), len(answers)) - 1]
+
+        async def main() -> float:
+            wakeup = asyncio.Event()
+            if woken:
+                wakeup.set()
+            return await peek_until(
+                delay, every=0.05, basis=basis, fast=fast, wakeup=wakeup, peek=peek
+            )
+
+        return asyncio.run(main()), len(asked)
+
+    left, reads = run([basis])  # steady: read until the pass is due, then what is left
+    assert 0.0 <= left <= 0.05 and reads >= 1
+    assert run([basis, ab.Reading((8,), "pods", batches=(101, 0))]) == (0.0, 2)  # news
+    assert run([basis], woken=True) == (0.0, 0)  # a watch event: the pass runs now
+    timeouts = ab.Reading((4,), "pods", batches=(100, 30))
+    assert run([timeouts]) == (0.0, 1)  # frequent timeouts: a pass
+    held = FastPolicy(sustain_s=1.0, min_interval_s=100.0, min_batches=20)
+    left, reads = run([timeouts], fast=held)  # ... but not sooner than minIntervalSeconds
+    assert 0.0 <= left <= 0.05 and reads >= 1

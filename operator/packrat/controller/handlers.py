@@ -16,6 +16,7 @@ delete lets every one go, and so does the event of a held Deployment whose model
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import math
@@ -47,6 +48,7 @@ from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
+from packrat.plan.reconfig import FastPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -208,6 +210,37 @@ def fast_estimate_interval(model: ModelSpec | None) -> float | None:
     return max(FAST_MIN_INTERVAL, auto.sustain_seconds)
 
 
+async def peek_until(
+    delay: float,
+    *,
+    every: float,
+    basis: ab.Reading,
+    fast: FastPolicy,
+    wakeup: asyncio.Event,
+    peek: Callable[[], Awaitable[ab.Reading | None]],
+) -> float:
+    """Between two passes of an autoBatch model with the fast trigger: read the pods the
+    last pass read every ``every`` seconds (no API call) until ``delay`` is over, a watch
+    event wakes the model, or a read calls for a pass (:func:`ab.peek_wake`); then the
+    seconds still to wait before the next pass (0: at once).
+
+    The fast trigger's reads cost the API server nothing: while the pods' estimates hold,
+    passes run only at the operator's estimate interval. A wake for batch timeouts comes at
+    most once per ``fast.min_interval_s`` (a pass decides whether they still matter)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + delay
+    while (left := end - loop.time()) > every:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), timeout=every)
+            return 0.0  # a watch event: the pass runs now
+        wake = ab.peek_wake(basis, await peek(), fast)
+        if wake is None or (wake[0] == "timeouts" and delay - left < fast.min_interval_s):
+            continue
+        logger.debug("a look at the pods calls for a pass: %s", wake[1])
+        return 0.0
+    return max(0.0, end - loop.time())
+
+
 def _tuner_interval(model: ModelSpec | None, body: Mapping[str, Any]) -> float | None:
     """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
     auto = model.autoscaling if model is not None else None
@@ -317,9 +350,10 @@ def _run_pass(
     want_arrivals: bool,
     *,
     ingress: tuple[str, float] | None = None,
-) -> Result:
-    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread);
-    ``ingress``: where its tuner reads its arrivals when not from its own pods."""
+) -> tuple[Result, ab.Reading | None]:
+    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread),
+    and the estimates it read; ``ingress``: where its tuner reads its arrivals when not from
+    its own pods."""
     built = parts()
     reading, seen = read_before_pass(
         built.estimates,
@@ -330,7 +364,7 @@ def _run_pass(
         want_arrivals=want_arrivals,
         ingress=ingress,
     )
-    return built.reconciler.reconcile(namespace, name, reading=reading, arrivals=seen)
+    return built.reconciler.reconcile(namespace, name, reading=reading, arrivals=seen), reading
 
 
 def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
@@ -375,26 +409,41 @@ def _register_model_daemon(
         estimating = _wants_estimates(model, body)
         loop = asyncio.get_running_loop()
         run = functools.partial(_run_pass, ingress=ingress_of(model))
-        result = await loop.run_in_executor(
+        result, reading = await loop.run_in_executor(
             pool, run, parts, namespace, name, estimating, tuning is not None
         )
         if result.result == "gone":
             metrics.forget_model(namespace, name)
             parts().reconciler.tuners.forget(namespace, name)
             parts().arrivals.forget(namespace, name)
+            parts().estimates.forget(namespace, name)
             return None
         _publish(body, result)
         # keyed on the spec, not the status: the body's status is still the one from
         # before this pass (its own write arrives later as a watch event)
-        return next_delay(
+        delay = next_delay(
             options,
             waiting=result.waiting,
             wants_estimates=model is not None and model.auto is not None,
             tuning=tuning,
             checks_store=model is not None and needs_version_check(model.source),
             retry=result.retry_seconds,
-            estimate_every=fast_estimate_interval(model),
             fast_due=result.fast_due_seconds,
+        )
+        every = fast_estimate_interval(model)
+        if every is None or model is None or model.auto is None or reading is None:
+            return delay
+        if not estimating or result.waiting or delay <= every:
+            return delay
+        peeks = functools.partial(parts().estimates.peek, namespace, name)
+        fast = ab.fast_policy_from_spec(model.auto)
+        return await peek_until(
+            delay,
+            every=every,
+            basis=reading,
+            fast=fast,
+            wakeup=wakeups.get(f"{namespace}/{name}"),
+            peek=lambda: loop.run_in_executor(pool, peeks),
         )
 
     def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:

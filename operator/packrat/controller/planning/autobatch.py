@@ -140,6 +140,32 @@ def fast_look(
     return verdict, out
 
 
+def peek_wake(basis: Reading, now: Reading | None, fast: FastPolicy) -> tuple[str, str] | None:
+    """Why a look at the pods between two passes (the fast trigger's reads: the pods the
+    last pass read, no API call) calls for a pass now, as (``"pods"``, ``"estimate"`` or
+    ``"timeouts"``, a message); None when it does not.
+
+    ``basis`` is what the last pass read. A pass is due when a pod gave no estimate or the
+    pods changed (the pass lists them again), when the combined estimate differs from the
+    pass's (the pass records it and, not held long enough yet, looks again when it will have
+    been), and when at least ``fast.timeout_high`` of ``fast.min_batches`` or more batches
+    since that pass left on their timeout. Steady pods never wake a pass: a pass runs at the
+    operator's estimate interval, however often the pods are read.
+    """
+    if now is None or len(now.estimates) != len(basis.estimates):
+        return "pods", "the pods changed"
+    if now.combined != basis.combined:
+        return "estimate", f"estimate {basis.combined} -> {now.combined}"
+    if now.batches is None or basis.batches is None:
+        return None
+    full, timeout = now.batches[0] - basis.batches[0], now.batches[1] - basis.batches[1]
+    if full < 0 or timeout < 0:
+        return "pods", "the pods' batch counts restarted"
+    if full + timeout >= fast.min_batches and timeout >= fast.timeout_high * (full + timeout):
+        return "timeouts", f"{timeout} of {full + timeout} batches left on their timeout"
+    return None
+
+
 def fast_switched(batch_status: dict[str, Any], *, left: int, now: float) -> None:
     """Remember a decided switch for the fast trigger's hysteresis."""
     kept = batch_status.get("fast")

@@ -12,6 +12,7 @@ pass, never while a pass holds anything.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,6 +77,10 @@ class EstimateReader:
         self.service_url = service_url
         self.deadline = deadline
         self.fanout = fanout or shared_fanout()
+        # per model, the pod addresses its last read went to (what peek() reads again);
+        # bounded by the models this operator serves, forgotten with a deleted model
+        self._last: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
 
     def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return ready_pods(self.kube, namespace, name)
@@ -99,6 +104,26 @@ class EstimateReader:
             pods = self.ready_pods(namespace, name)
         if pods:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
+            with self._lock:
+                self._last[owner] = urls
             return reading_of(self._read_all(owner, urls), "pods")
+        with self._lock:
+            self._last.pop(owner, None)
         service = self.service_url.format(service=name, namespace=namespace)
         return reading_of(self._read_all(owner, [service])[:1], "service")
+
+    def peek(self, namespace: str, name: str) -> Reading | None:
+        """The estimates of the pods the last read of ``name`` went to, read again without
+        asking the API server (the fast trigger's reads between passes); None when that read
+        listed no pods, or when a pod does not answer with one (the pass lists them again)."""
+        owner = f"{namespace}/{name}"
+        with self._lock:
+            urls = self._last.get(owner)
+        if not urls:
+            return None
+        pods = self._read_all(owner, urls)
+        return reading_of(pods, "pods") if len(pods) == len(urls) else None
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._last.pop(f"{namespace}/{name}", None)
