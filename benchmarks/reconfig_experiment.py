@@ -38,6 +38,7 @@ import csv
 import itertools
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -328,17 +329,27 @@ def run_config(
         row["t"] = round(row["t"] - t0, 4)
     status = cluster.status(name)
     cluster.api.delete("packratmodels", name)
-    wait_for(
-        lambda: not any(p.owner_name.startswith(f"{name}-") for p in cluster.agent.pods.values()),
-        timeout=60,
-        what=f"{name}'s pods gone",
-    )
+    try:
+        wait_for(
+            lambda: (
+                not any(p.owner_name.startswith(f"{name}-") for p in cluster.agent.pods.values())
+            ),
+            timeout=120,
+            what=f"{name}'s pods gone",
+        )
+    except AssertionError as exc:  # the measurement is taken: report it, say so
+        print(f"[{config}] warning: {exc}\n{cluster.log_tail(30)}", flush=True)
     for row in rows:
         row["config"] = config
     events = switch_events(samples)
     for event in events:
         event["config"] = config
     status["reactions"] = reactions(rows, samples, events, schedule)
+    status["samples"] = samples
+    if os.environ.get("PACKRAT_OPERATOR_VERBOSE"):  # the operator's own account, kept
+        (RESULTS / f"operator-{config}.log").write_text(
+            (cluster.workdir / "operator.log").read_text(errors="replace")
+        )
     return rows, events, status, profile_text
 
 
@@ -528,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                 switches[config] = len(done)
                 history[config] = {
                     "reactions": status["reactions"],
+                    "samples": status["samples"],
                     "plan": (status.get("plan") or {}).get("label"),
                     "switchHistory": status.get("switchHistory") or [],
                     "lastDecision": (status.get("batchSize") or {}).get("lastDecision"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packrat.plan.estimator import (
@@ -158,3 +158,37 @@ def test_nearest_still_follows_a_real_halving() -> None:
     assert estimate_series(depths, rounding="nearest")[-1] == 4
     with pytest.raises(ValueError, match="rounding"):
         BatchSizeEstimator(rounding="ceil")
+
+
+@given(
+    depths=st.lists(
+        st.tuples(st.floats(min_value=0, max_value=64), st.integers(min_value=1, max_value=30)),
+        min_size=1,
+        max_size=40,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_observing_a_depth_n_times_at_once_is_observing_it_n_times(
+    depths: list[tuple[float, int]],
+) -> None:
+    """``observe(depth, times=n)`` (a late sampler's missed ticks) is n single samples."""
+    at_once = BatchSizeEstimator(window=50, rounding="nearest")
+    one_by_one = BatchSizeEstimator(window=50, rounding="nearest")
+    for depth, n in depths:
+        got = at_once.observe(depth, times=n)
+        for _ in range(n):
+            want = one_by_one.observe(depth)
+        assert got == want
+        assert at_once.state() == one_by_one.state()
+    with pytest.raises(ValueError, match="times"):
+        at_once.observe(1.0, times=0)
+
+
+def test_a_late_sample_stands_for_the_ticks_it_missed() -> None:
+    from packrat.serve.dispatcher.sampler import MAX_TICKS, ticks
+
+    assert ticks(0.005, 0.005) == 1
+    assert ticks(0.0052, 0.005) == 1  # the sleep's own overshoot
+    assert ticks(0.031, 0.005) == 6  # a busy event loop: six 5 ms ticks
+    assert ticks(30.0, 0.005) == MAX_TICKS  # a stall is not a depth held all along
+    assert ticks(0.0, 0.005) == ticks(-1.0, 0.005) == ticks(float("nan"), 0.005) == 1

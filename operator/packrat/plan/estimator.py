@@ -112,14 +112,20 @@ class BatchSizeEstimator:
             value = min(value, self.max_batch)
         return value
 
-    def observe(self, depth: float) -> int:
-        """Feed one queue-depth sample; returns the estimate after it."""
+    def observe(self, depth: float, times: int = 1) -> int:
+        """Feed one queue-depth sample (``times`` samples of the same depth: the ticks a
+        late sampler missed, the depth held meanwhile); returns the estimate after it."""
         if not math.isfinite(depth) or depth < 0:
             raise ValueError(f"queue depth must be a finite number >= 0, got {depth!r}")
+        if times < 1:
+            raise ValueError(f"times must be >= 1, got {times!r}")
+        for _ in range(times):
+            self._observe_one(float(depth))
+        return self.estimate
+
+    def _observe_one(self, depth: float) -> None:
         self._ewma = (
-            float(depth)
-            if self._ewma is None
-            else self.alpha * depth + (1 - self.alpha) * self._ewma
+            depth if self._ewma is None else self.alpha * depth + (1 - self.alpha) * self._ewma
         )
         floored = self._clamp(self._round(self._ewma))
         if len(self._recent) == self.window:
@@ -130,7 +136,6 @@ class BatchSizeEstimator:
         self._recent.append(floored)
         self._counts[floored] += 1
         self._samples += 1
-        return self.estimate
 
     @property
     def estimate(self) -> int:

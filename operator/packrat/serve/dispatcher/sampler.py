@@ -12,7 +12,26 @@ from collections.abc import Callable
 from packrat.plan.estimator import BatchSizeEstimator
 from packrat.serve.dispatcher.metrics import ServeMetrics
 
-__all__ = ["EstimatorSampler"]
+__all__ = ["EstimatorSampler", "ticks"]
+
+
+MAX_TICKS = 40
+"""The most ticks one late sample stands for (0.2 s at 5 ms): a stall longer than that is not
+taken for a depth held all along."""
+
+
+def ticks(elapsed_s: float, interval_s: float) -> int:
+    """How many sampling ticks ``elapsed_s`` since the last sample stands for (at least one,
+    at most :data:`MAX_TICKS`).
+
+    The sampler is an asyncio task beside the requests it counts: on a busy event loop its
+    5 ms sleep takes 20-40 ms, and an estimator whose window is counted in samples would then
+    take several seconds, not one, to follow a change. Counting the ticks a late sample
+    missed (the depth it sees held meanwhile) keeps the window about one second long.
+    """
+    if not elapsed_s > 0 or interval_s <= 0:
+        return 1
+    return max(1, min(MAX_TICKS, round(elapsed_s / interval_s)))
 
 
 class EstimatorSampler:
@@ -70,14 +89,18 @@ class EstimatorSampler:
         m = self._metrics
         estimate = m.batch_size_estimate.labels(self._model)
         ewma = m.outstanding_ewma.labels(self._model)
+        last = time.monotonic()
         while True:
             depth = self._pending()
+            now = time.monotonic()
             if depth > 0:
-                self.estimator.observe(depth)
+                self.estimator.observe(depth, times=ticks(now - last, self.interval_s))
                 self.stable_s()  # notes when the estimate changed
+            last = now
             estimate.set(self.estimator.estimate)
             ewma.set(self.estimator.ewma)
             if depth == 0:
                 self._busy.clear()
                 await self._busy.wait()
+                last = time.monotonic()  # the idle time is no sample
             await asyncio.sleep(self.interval_s)
