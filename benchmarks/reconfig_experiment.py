@@ -200,6 +200,7 @@ def watch_status(
                     "plan_batch": (status.get("plan") or {}).get("batch"),
                     "label": (status.get("plan") or {}).get("label"),
                     "observed": (status.get("batchSize") or {}).get("observed"),
+                    "target": (status.get("batchSize") or {}).get("target"),
                     "decision": ((status.get("batchSize") or {}).get("lastDecision") or {}).get(
                         "outcome"
                     ),
@@ -262,10 +263,19 @@ def reactions(
             (e["t"] for e in events if start <= e["t"] < end and e["event"] != "switch_started"),
             None,
         )
+        decided = next(
+            (
+                after["t"]
+                for before, after in itertools.pairwise(samples)
+                if start <= after["t"] < end and after["target"] != before["target"]
+            ),
+            None,
+        )
         out.append(
             {
                 "phase": phase,
                 "estimate_s": None if moved is None else round(moved - start, 2),
+                "decided_s": None if decided is None else round(decided - start, 2),
                 "switched_s": None if switched is None else round(switched - start, 2),
             }
         )
@@ -584,15 +594,16 @@ def main(argv: list[str] | None = None) -> int:
         for config, h in history.items()
     )
     reaction_lines = "\n".join(
-        f"{config} | {r['phase']} | {r['estimate_s']} | {r['switched_s']}"
+        f"{config} | {r['phase']} | {r['estimate_s']} | {r.get('decided_s')} | {r['switched_s']}"
         for config, h in history.items()
         for r in h["reactions"]
     )
     report = (
         f"{header}\n{text}\n\n{switch_lines}\n\n"
-        "seconds from a phase's first request to every pod's estimate changing, and to the "
-        "plan switched (status sampled every 0.1 s; - : not within the phase)\n"
-        "config | phase | estimate s | switched s\n---|---|---|---\n"
+        "seconds from a phase's first request to every pod's estimate changing, to the "
+        "operator's decision (status.batchSize.target) and to the plan switched (status "
+        "sampled every 0.1 s; None: not within the phase)\n"
+        "config | phase | estimate s | decided s | switched s\n---|---|---|---|---\n"
         f"{reaction_lines}\n"
     )
     (RESULTS / f"{stem}.json").write_text(json.dumps(history, indent=1, default=str))

@@ -405,6 +405,8 @@ def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeout
     feed.next = ab.Reading((8,), "pods", stable_s=1.5)  # held a second: no third observation
     res = rec.reconcile(NS, "tiny", now=_at(2))
     assert res.decision == Outcome.SWITCH
+    assert res.retry_seconds == 0.0  # the switch starts on the next pass, at once
+    assert held.retry_seconds != 0.0
     assert _batch(kube)["lastDecision"]["fast"].startswith("sustained")
     assert _batch(kube)["fast"]["lastFrom"] == 1
     assert rec.reconcile(NS, "tiny", now=_at(3)).phase == "Reconfiguring"

@@ -79,6 +79,12 @@ class Result:
     # spec.autoscaling envelope: the tuner's decision of this pass (action, rates, capacity)
     autoscale: dict[str, Any] | None = None
 
+    def again_within(self, seconds: float) -> None:
+        """Look again after at most ``seconds`` (the smallest any step of the pass asked:
+        a step never lengthens another's)."""
+        held = self.retry_seconds
+        self.retry_seconds = seconds if held is None else min(held, seconds)
+
 
 @dataclass
 class Pass(Generic[S]):

@@ -134,6 +134,10 @@ def observe_batch(
         seen["target"] = decision.target
         ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
         p.emit("Normal", "BatchSizeChanged", decision.message)
+        # the next pass plans for the new batch and starts the switch: at once, not an
+        # estimate interval later (measured: the in-pod switch completed 5 s after the
+        # decision, in 0.1 s of its own)
+        p.result.again_within(0.0)
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)
     status.set_batch_size(seen)

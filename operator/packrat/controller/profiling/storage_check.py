@@ -124,7 +124,7 @@ def _failed_check(
     p.status.set_storage(storage)
     p.cond(CONDITION, False, exc.reason, message)
     # look again when the backoff ends (the object or the Secret may appear meanwhile)
-    p.result.retry_seconds = _retry_left(p, storage)
+    p.result.again_within(_retry_left(p, storage))
     if known:  # the version profiled and served stays in use; nothing is re-profiled
         return _with_version(model, str(known))
     p.status.set_message(message)

@@ -194,9 +194,9 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
     if due is None:
         return secret
     if due > 0:
-        p.result.retry_seconds = min(p.result.retry_seconds or due, due)
+        p.result.again_within(due)
         return secret
-    p.result.retry_seconds = min(p.result.retry_seconds or every, every)
+    p.result.again_within(every)
     if _rotation_time(secret, p.now) is None:
         return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
     return _rotate(p, secret)
