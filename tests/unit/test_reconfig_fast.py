@@ -181,6 +181,18 @@ def test_fast_due_is_the_time_left_until_a_new_estimate_has_held_long_enough() -
     assert due(64, look(1000, stable=0.1)) is None  # clamped to the range: no change
     assert due(8, look(16, stable=None)) is None  # the pods did not say
     assert due(8, look(16, stable=0.3), FastPolicy(sustain_s=0)) is None  # off
+    # after a switch: fast switches 5 s apart, no return to the batch just left for 60 s
+    recent = FastState(last_at=97.0, last_from=4)
+
+    def after(current: int, lk: FastLook) -> float | None:
+        return fast_due(fast=FAST, policy=POLICY, current=current, look=lk, state=recent, now=99.0)
+
+    assert after(8, look(16, stable=3.0)) == pytest.approx(3.0)  # 5 s after the switch at 97
+    assert after(8, look(4, stable=3.0)) == pytest.approx(58.0)  # 60 s: a reversal
+    assert (
+        fast_due(fast=FAST, policy=POLICY, current=8, look=look(16, 3.0), state=recent, now=110.0)
+        is None
+    )
 
 
 @given(
@@ -216,3 +228,30 @@ def test_reading_again_when_due_acts_sustain_seconds_after_the_estimate_changed(
     assert fired_at is not None and value == 16
     assert changed_at > step_at
     assert FAST.sustain_s <= fired_at - changed_at <= FAST.sustain_s + 0.1
+
+
+@given(
+    current=st.sampled_from([1, 2, 4, 8, 16]),
+    observed=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    stable=st.floats(min_value=0.0, max_value=3.0),
+    since=st.one_of(st.none(), st.floats(min_value=0.0, max_value=90.0)),
+    last_from=st.one_of(st.none(), st.sampled_from([1, 2, 4, 8, 16])),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_trigger_fires_when_fast_due_says_and_not_before(
+    current: int, observed: int, stable: float, since: float | None, last_from: int | None
+) -> None:
+    """``fast_due`` is the trigger's own wait: where it says d seconds, the same estimate
+    held d seconds longer fires the trigger (and does not now); where it says None, the
+    trigger fires now or the estimate is no change."""
+    now = 100.0
+    state = FastState(last_at=None if since is None else now - since, last_from=last_from)
+    lk = look(observed, stable=stable)
+    due = fast_due(fast=FAST, policy=POLICY, current=current, look=lk, state=state, now=now)
+    fired_now = verdict(current, lk, state=state, now=now).fire
+    if due is None:
+        assert fired_now or POLICY.clamp(observed) == current
+        return
+    assert not fired_now
+    later = look(observed, stable=stable + due + 1e-6)
+    assert verdict(current, later, state=state, now=now + due + 1e-6).reason is Fast.SUSTAINED

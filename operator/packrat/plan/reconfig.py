@@ -398,17 +398,33 @@ def fast_trigger(
     return FastVerdict(reason, fired, message)
 
 
-def fast_due(*, fast: FastPolicy, policy: Policy, current: int, look: FastLook) -> float | None:
-    """Seconds until ``look``'s estimate has held ``fast.sustain_s`` on every pod, when it is
-    one the trigger would move to (clamped to ``policy``'s range, not ``current``) and has not
-    held that long yet; None otherwise.
+def fast_due(
+    *,
+    fast: FastPolicy,
+    policy: Policy,
+    current: int,
+    look: FastLook,
+    state: FastState | None = None,
+    now: float = 0.0,
+) -> float | None:
+    """Seconds until :func:`fast_trigger` could fire on ``look``'s estimate, when it is one
+    the trigger would move to (clamped to ``policy``'s range, not ``current``) and it cannot
+    yet; None when it can now or never will on this estimate.
 
-    The caller looks again then, not a whole read interval later: a new estimate is acted on
-    ``sustain_s`` after it appeared on the last pod, not up to an interval after that.
+    What it waits for: the estimate to have held ``fast.sustain_s`` on every pod, and
+    (``state``, at ``now``) the fast switches' spacing and the reversal's hold after the
+    last switch. The caller looks again then, not a whole read interval (or an estimate
+    interval) later.
     """
-    if not fast.enabled or look.stable_s is None or policy.clamp(look.observed) == current:
+    target = policy.clamp(look.observed)
+    if not fast.enabled or look.stable_s is None or target == current:
         return None
-    remaining = fast.sustain_s - look.stable_s
+    waits = [fast.sustain_s - look.stable_s]
+    if state is not None and state.last_at is not None:
+        waits.append(state.last_at + fast.min_interval_s - now)
+        if target == state.last_from:
+            waits.append(state.last_at + policy.min_interval_s - now)
+    remaining = max(waits)
     return remaining if remaining > 0 else None
 
 

@@ -168,7 +168,14 @@ def _fast(
         last_switch_at=last_at.timestamp() if last_at else None,
         now=p.now.timestamp(),
     )
-    if not verdict.fire:  # a new estimate not held long enough yet: look again when it has
+    if not verdict.fire:  # a new estimate it cannot act on yet: look again when it can
         look = FastLook(observed=reading.combined, stable_s=reading.stable_s, timeout_fraction=None)
-        p.result.fast_due_seconds = fast_due(fast=fast, policy=policy, current=current, look=look)
+        p.result.fast_due_seconds = fast_due(
+            fast=fast,
+            policy=policy,
+            current=current,
+            look=look,
+            state=verdict.state,
+            now=p.now.timestamp(),
+        )
     return verdict, seen
