@@ -201,6 +201,8 @@ def watch_status(
                     "label": (status.get("plan") or {}).get("label"),
                     "observed": (status.get("batchSize") or {}).get("observed"),
                     "target": (status.get("batchSize") or {}).get("target"),
+                    # the fast trigger's evidence when it decided ("estimate 8 held 1.1s ...")
+                    "fast": ((status.get("batchSize") or {}).get("lastDecision") or {}).get("fast"),
                     "decision": ((status.get("batchSize") or {}).get("lastDecision") or {}).get(
                         "outcome"
                     ),
@@ -598,8 +600,19 @@ def main(argv: list[str] | None = None) -> int:
         for config, h in history.items()
         for r in h["reactions"]
     )
+    held = sorted(
+        {
+            (config, sample["fast"])
+            for config, h in history.items()
+            for sample in h["samples"]
+            if sample.get("fast")
+        }
+    )
+    held_lines = "\n".join(f"{config}: {fast}" for config, fast in held)
     report = (
         f"{header}\n{text}\n\n{switch_lines}\n\n"
+        f"the fast trigger's decisions (how long the estimate had held when it acted):\n"
+        f"{held_lines}\n\n"
         "seconds from a phase's first request to every pod's estimate changing, to the "
         "operator's decision (status.batchSize.target) and to the plan switched (status "
         "sampled every 0.1 s; None: not within the phase)\n"
