@@ -10,25 +10,47 @@ trigger (``sustainSeconds`` 1: the estimate read every second, a switch once eve
 estimate has held a new value 1 s; :func:`packrat.plan.reconfig.fast_trigger`), and the fast
 trigger with autoBatch's range floored at the planner's batch (``joint-fast-floor``). A switch
 serves ``--switch-s`` later (the in-pod switch) and tells the tuner the new plan's capacity;
-the ``-floor-keep`` variants are the operator's rule since this stop: the range floored at the
-planner's batch and the tuner counting on no more per replica than the planned plan serves.
+the ``-floor-keep`` variants are the operator's rule since the last stop: the range floored at
+the planner's batch and the tuner counting on no more per replica than the planned plan
+serves; ``-cap`` also caps the range at the largest batch whose optimal plan is expected
+within the SLO (a batch whose plan alone takes longer than the SLO misses it for every
+query it holds). A third evaluation trace has no step (the base rate for 240 s): what the
+rules do on a steady load (switches).
 
 The pods' estimate is Packrat's estimator (:class:`packrat.plan.estimator.BatchSizeEstimator`,
 nearest rounding) fed every 5 ms with the outstanding queries per serving replica, counted
-from the DES of the current plan up to that moment (re-simulated from the last switch, with
-``WARM_S`` before it, at every read). The evaluation simulates each plan's span the same
-way (the queue a new plan inherits is the one its own plan would have built over the warm-up:
-an approximation; the DES has no plan switch inside a run). Batch timeouts are not modelled
-(the DES does not report them), so only the sustained-change trigger is exercised.
+from the simulation up to that moment. Batch timeouts are not modelled (the DES does not
+report them), so only the sustained-change trigger is exercised.
 
-Run: ``.venv/bin/python benchmarks/joint_step.py`` (a minute or two); writes
-``benchmarks/results/joint-step.{json,txt}``.
+How a plan switch is simulated: the trace is cut into the spans each plan served, and each
+span is simulated replica by replica (the DES's replicas share nothing; each arrival goes to
+a replica serving at its time, from its own uniform draw, the same for every variant, as
+kube-proxy's random spread does) in order, so a query keeps its replica and the backlog a
+plan leaves is the one the simulation built. At a switch the queries still unanswered
+(``--switch-model``): ``share`` (the default, as the dispatcher's swap does) finish on the
+old plan while the new one takes the new arrivals, every batch of both lasting twice its
+profiled time until the old set is idle (two instance sets on the pod's cores); ``carry``
+re-enter the new plan's queue first, in arrival order (the cores serve the backlog once at
+the new plan's speed, and new arrivals wait behind it: pessimistic for them); ``drain``
+finish on the old plan at full speed beside the new one (optimistic: it doubles the pod's
+cores while the old set drains). In each, a batch running at the switch is served again
+(slightly pessimistic). Until this stop each plan's span was simulated afresh from 10 s
+before it, so a switch taken while a backlog was queued dropped the part of it built
+earlier than that: a later switch (the slow rules) forgot more of the surge's backlog than
+an early one (the fast trigger) and looked better than it was.
+The first seed's per-second arrivals, misses, outstanding queries, replicas and batch of
+every variant go to ``{stem}-timeline.csv``.
+
+Run: ``.venv/bin/python benchmarks/joint_step.py`` (a few minutes); writes
+``benchmarks/results/joint-step.{json,txt}`` and ``joint-step-timeline.csv``.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -56,8 +78,13 @@ from packrat.plan.traces import gamma_trace, step_trace
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
-WARM_S = 10.0
 SAMPLE_S = 0.005
+TIMELINE = ("arrivals", "miss_pct", "outstanding", "replicas", "batch")
+VARIANTS = (
+    "fixed", "joint-slow", "joint-fast", "joint-fast-floor",
+    "joint-slow-floor-keep", "joint-fast-floor-keep",
+    "joint-slow-floor-keep-cap", "joint-fast-floor-keep-cap",
+)  # fmt: skip
 
 
 @dataclass
@@ -70,6 +97,20 @@ class Run:
     history: list[Observation] = field(default_factory=list)
     fast: FastState = field(default_factory=FastState)
     last_switch: float | None = None
+    done: np.ndarray = field(default_factory=lambda: np.empty(0))  # completion (s) per query
+    final: int = 0  # segments simulated for good (their successor has begun)
+    carried: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What every segment's simulation shares: the trace, each arrival's draw for the
+    Service's random spread (the same for every variant), the profile and the switch model."""
+
+    trace: np.ndarray
+    pick: np.ndarray
+    table: dict
+    switch: str
 
 
 def serving_at(steps: list[tuple[float, int]], t: float) -> int:
@@ -80,33 +121,96 @@ def serving_at(steps: list[tuple[float, int]], t: float) -> int:
     return n
 
 
-def clipped(steps: list[tuple[float, int]], start: float) -> list[tuple[float, int]]:
-    return [(start, serving_at(steps, start))] + [(t, n) for t, n in steps if t > start]
+def replica_of(chain: Chain, steps: list[tuple[float, int]], idx: np.ndarray) -> np.ndarray:
+    """The replica each arrival goes to: one of those serving at its time, uniformly (kube-
+    proxy's random spread), from the arrival's own draw."""
+    when = np.array([t for t, _ in steps])
+    count = np.array([n for _, n in steps])
+    active = count[np.searchsorted(when, chain.trace[idx], side="right") - 1]
+    return np.minimum((chain.pick[idx] * active).astype(np.int64), active - 1)
 
 
-def span(trace: np.ndarray, table: dict, plan: Plan, steps: list, lo: float, hi: float) -> Any:
-    """Arrivals in [lo, hi) on ``plan``, simulated from ``lo - WARM_S``: (arrivals, latency)."""
-    start = max(0.0, lo - WARM_S)
-    a, b = np.searchsorted(trace, [start, hi])
-    arr = trace[a:b]
-    if arr.size == 0:
-        return arr, arr
-    res = simulate(arr, table, plan.expand(), schedule=clipped(steps, float(arr[0])))
-    keep = arr >= lo
-    return arr[keep], res.latencies_ms[keep]
+def sim_segment(
+    chain: Chain, plans: tuple[Plan, Plan], steps: list, span: tuple[float, float], carried: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """Arrivals in ``span`` on ``plans[1]``, each replica simulated on its own (the DES's
+    replicas share nothing), with the ``carried`` queries (unanswered at the span's start, in
+    arrival order) that its replica holds as ``chain.switch`` says: (query indices,
+    completion times in s)."""
+    (t0, t1), (old, new) = span, plans
+    a, b = np.searchsorted(chain.trace, [t0, t1])
+    idx = np.concatenate([carried, np.arange(a, b)])
+    if idx.size == 0:
+        return idx, np.empty(0)
+    rep = replica_of(chain, steps, idx)
+    start = np.maximum(chain.trace[idx], t0)  # a carried query re-enters a queue at t0
+    held = np.zeros(idx.size, dtype=bool)
+    held[: carried.size] = True
+    done = np.empty(idx.size)
+    for r in np.unique(rep):
+        mine = np.flatnonzero(rep == r)  # carried first, then arrivals: sorted times
+        if chain.switch == "carry" or not held[mine].any():
+            done[mine] = finish(chain, new, start[mine])
+            continue
+        back, fresh = mine[held[mine]], mine[~held[mine]]
+        slow = 2.0 if chain.switch == "share" else 1.0  # two instance sets on the cores
+        done[back] = finish(chain, old, start[back], slow)
+        free = float(np.max(done[back], where=np.isfinite(done[back]), initial=t0))
+        early = fresh[start[fresh] < free]  # served at ``slow`` while the old set drains
+        done[early] = finish(chain, new, start[early], slow)
+        late = np.concatenate([early[done[early] > free], fresh[start[fresh] >= free]])
+        done[late] = finish(chain, new, np.maximum(start[late], free))
+    return idx, done
 
 
-def outstanding(arr: np.ndarray, lat_ms: np.ndarray, times: np.ndarray) -> np.ndarray:
-    done = np.sort(np.where(np.isfinite(lat_ms), arr + lat_ms / 1000.0, -np.inf))
-    return np.searchsorted(arr, times, side="right") - np.searchsorted(done, times, "right")
+def finish(chain: Chain, plan: Plan, start: np.ndarray, slow: float = 1.0) -> np.ndarray:
+    """Completion times (s; inf: shed) of queries queued at ``start`` (sorted) on one replica
+    of ``plan``, each batch ``slow`` times its profiled latency."""
+    if start.size == 0:
+        return start
+    factors = None if slow == 1.0 else [slow]
+    res = simulate(start, chain.table, plan.expand(), service_factors=factors)
+    return start + res.latencies_ms / 1000.0
 
 
-def run_variant(variant: str, trace: np.ndarray, table: dict, ctx: dict[str, Any]) -> dict:
+def simulate_upto(chain: Chain, run: Run, now: float) -> np.ndarray:
+    """Every query that arrived before ``now``, through the plans that served it: a finished
+    segment is simulated once, the current one up to ``now``; the queries a segment leaves
+    unanswered are handed to the next as ``chain.switch`` says."""
+    if run.done.size == 0:
+        run.done = np.full(chain.trace.size, np.nan)
+    bounds = [t for t, _ in run.segments[1:]] + [math.inf]
+    while True:
+        k = run.final
+        t0, plan = run.segments[k]
+        old = run.segments[k - 1][1] if k else plan
+        span = (t0, min(bounds[k], now))
+        idx, done = sim_segment(chain, (old, plan), run.replicas, span, run.carried)
+        run.done[idx] = done
+        if bounds[k] > now or k + 1 == len(run.segments):
+            break
+        run.final += 1
+        late = idx[np.isfinite(done) & (done > bounds[k])]  # unanswered when the next begins
+        run.carried = late[np.argsort(chain.trace[late], kind="stable")]
+    n = int(np.searchsorted(chain.trace, now))
+    return run.done[:n]
+
+
+def outstanding(arr: np.ndarray, done: np.ndarray, times: np.ndarray) -> np.ndarray:
+    ends = np.sort(np.where(np.isfinite(done), done, -np.inf))
+    return np.searchsorted(arr, times, side="right") - np.searchsorted(ends, times, "right")
+
+
+def run_variant(variant: str, chain: Chain, ctx: dict[str, Any]) -> dict:
     opt: Optimizer = ctx["opt"]
     tuner: Tuner = ctx["tuner"]()
+    trace, table = chain.trace, chain.table
     startup_s, switch_s, end = ctx["startup_s"], ctx["switch_s"], float(trace[-1])
     floor = ctx["batch"] if "floor" in variant else 1  # never below the planner's
-    policy = Policy(min_batch=floor, max_batch=ctx["max_batch"], sustain=3, min_interval_s=60.0)
+    top = ctx["max_batch"]
+    if variant.endswith("-cap"):  # no batch whose optimal plan alone takes longer than the SLO
+        top = max([floor] + [b for b in range(floor, top + 1) if opt.latency(b) <= ctx["slo_ms"]])
+    policy = Policy(min_batch=floor, max_batch=top, sustain=3, min_interval_s=60.0)
     fast = FastPolicy(sustain_s=1.0, min_interval_s=5.0)
     read_every = 1.0 if variant.startswith("joint-fast") else 5.0
     run = Run(plan=opt.plan(ctx["batch"]), replicas=[(0.0, ctx["replicas"])])
@@ -124,10 +228,9 @@ def run_variant(variant: str, trace: np.ndarray, table: dict, ctx: dict[str, Any
             run.replicas.append((now + startup_s if d.replicas > current else now, d.replicas))
             run.replicas.sort()
         if variant != "fixed" and int(now) % int(read_every) == 0:
-            seg_start = run.segments[-1][0]
-            arr, lat = span(trace, table, run.segments[-1][1], run.replicas, seg_start, now)
+            done = simulate_upto(chain, run, now)
             samples = np.arange(now - read_every, now, SAMPLE_S)
-            counts = outstanding(arr, lat, samples)
+            counts = outstanding(trace[: done.size], done, samples)
             for s, c in zip(samples, counts, strict=True):
                 if c > 0:
                     est.observe(float(c) / max(1, serving_at(run.replicas, float(s))))
@@ -136,27 +239,38 @@ def run_variant(variant: str, trace: np.ndarray, table: dict, ctx: dict[str, Any
             if step_plan(run, variant, opt, table, policy, fast, est, held, now):
                 switches += 1  # the new plan serves after the switch; the tuner learns its
                 cap = backlogged_capacity(table, run.plan.expand())  # capacity
-                if variant.endswith("keep"):  # the operator's rule: never more than planned
+                if "keep" in variant:  # the operator's rule: never more than planned
                     cap = min(cap, backlogged_capacity(table, opt.plan(ctx["batch"]).expand()))
                 tuner.set_capacity(cap)
                 run.segments[-1] = (now + switch_s, run.plan)
         now += 1.0
-    arrivals, latencies = [], []
-    bounds = [t for t, _ in run.segments[1:]] + [end + 1.0]
-    for (t0, plan), t1 in zip(run.segments, bounds, strict=True):
-        arr, lat = span(trace, table, plan, run.replicas, t0, t1)
-        arrivals.append(arr)
-        latencies.append(lat)
-    lat = np.concatenate(latencies)
-    cores = mean_level(run.replicas, end) * ctx["cpus"]
+    done = simulate_upto(chain, run, math.inf)
+    lat = (done - trace) * 1000.0
     return {
         "misses": float((lat > ctx["slo_ms"]).mean()),
         "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
-        "cores": cores,
+        "cores": mean_level(run.replicas, end) * ctx["cpus"],
         "replica_changes": len(run.replicas) - 1,
         "plan_switches": switches,
         "plans": [(round(t, 1), p.label) for t, p in run.segments],
+        "timeline": timeline(chain, run, lat, end, ctx["slo_ms"]),
     }
+
+
+def timeline(
+    chain: Chain, run: Run, lat: np.ndarray, end: float, slo_ms: float
+) -> list[list[float]]:
+    """Per second: arrivals, misses (%), queries outstanding at its start, serving replicas,
+    the plan's batch."""
+    sec = np.floor(chain.trace).astype(np.int64)
+    rows = []
+    for s in range(int(end) + 1):
+        mine = lat[sec == s]
+        queued = int(((chain.trace <= s) & (chain.trace + lat / 1000.0 > s)).sum())
+        batch = [p.batch for t, p in run.segments if t <= s][-1]
+        miss = 100.0 * float((mine > slo_ms).mean()) if mine.size else 0.0
+        rows.append([s, int(mine.size), round(miss, 1), queued, serving_at(run.replicas, s), batch])
+    return rows
 
 
 def step_plan(
@@ -208,7 +322,7 @@ def mean_level(steps: list[tuple[float, int]], end: float) -> float:
     return total / end
 
 
-def workload(table: dict, name: str, sample: np.ndarray, seeds: list[int], args: Any) -> dict:
+def workload(table: dict, name: str, sample: np.ndarray, step: float, args: Any) -> dict:
     prov = provision(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
     planner = Planner(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
     cfg = prov.best.config
@@ -235,15 +349,13 @@ def workload(table: dict, name: str, sample: np.ndarray, seeds: list[int], args:
         "max_batch": max_batch, "batch": cfg.batch, "replicas": cfg.replicas, "cpus": cfg.cpus,
         "slo_ms": args.slo_ms,
     }  # fmt: skip
-    variants = (
-        "fixed", "joint-slow", "joint-fast", "joint-fast-floor",
-        "joint-slow-floor-keep", "joint-fast-floor-keep",
-    )  # fmt: skip
-    rows: dict[str, list[dict]] = {v: [] for v in variants}
-    for seed in seeds:  # the variants interleaved on each trace
-        trace = step_trace([args.rate, 4 * args.rate], cv=1.0, phase_s=120, seed=seed)
+    rows: dict[str, list[dict]] = {v: [] for v in args.variants}
+    for seed in args.seeds:  # the variants interleaved on each trace
+        trace = step_trace([args.rate, step * args.rate], cv=1.0, phase_s=120, seed=seed)
+        pick = np.random.default_rng([seed, 7]).random(trace.size)
+        chain = Chain(trace=trace, pick=pick, table=table, switch=args.switch_model)
         for variant, runs in rows.items():
-            runs.append(run_variant(variant, trace, table, ctx))
+            runs.append(run_variant(variant, chain, ctx))
     return {"workload": name, "plan": cfg.label, "rows": rows}
 
 
@@ -260,22 +372,55 @@ def main() -> None:
     parser.add_argument("--switch-s", type=float, default=1.0)
     parser.add_argument("--max-cores", type=int, default=256)
     parser.add_argument("--seeds", type=int, nargs="+", default=[31, 32, 33])
+    parser.add_argument(
+        "--switch-model",
+        choices=("share", "carry", "drain"),
+        default="share",
+        help="at a plan switch the unanswered queries finish on the old plan while the new "
+        "one serves new arrivals, both at half speed until the old is idle (share: the "
+        "dispatcher's swap), move to the new plan's queue (carry) or finish on the old plan "
+        "as if it had the cores to itself (drain: optimistic)",
+    )
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--stem", default="joint-step")
     args = parser.parse_args()
     table = dict(load_profile(PROFILE).table())
     r = args.rate
+    steady = gamma_trace(r, cv=1.0, duration_s=60, seed=30)
     samples = [
-        ("step, sample has it", step_trace([r, 4 * r], cv=1.0, phase_s=120, seed=41)),
-        ("step, steady sample", gamma_trace(r, cv=1.0, duration_s=60, seed=30)),
+        ("step, sample has it", step_trace([r, 4 * r], cv=1.0, phase_s=120, seed=41), 4.0),
+        ("step, steady sample", steady, 4.0),
+        ("no step, steady sample", steady, 1.0),
     ]
-    out = [workload(table, name, sample, args.seeds, args) for name, sample in samples]
+    out = [workload(table, name, sample, step, args) for name, sample, step in samples]
     RESULTS.mkdir(parents=True, exist_ok=True)
+    write_timelines(RESULTS / f"{args.stem}-timeline.csv", out)
     (RESULTS / f"{args.stem}.json").write_text(
         json.dumps({"args": vars(args), "results": out}, indent=1, default=float) + "\n"
     )
+    text = report(out, args)
+    (RESULTS / f"{args.stem}.txt").write_text(text)
+    print(text)
+
+
+def write_timelines(path: Path, out: list[dict]) -> None:
+    """The first seed's per-second timeline of every variant (taken out of the rows)."""
+    with path.open("w", newline="") as f:
+        out_csv = csv.writer(f)
+        out_csv.writerow(["workload", "variant", "second", *TIMELINE])
+        for w in out:
+            for variant, runs in w["rows"].items():
+                for i, run in enumerate(runs):
+                    rows = run.pop("timeline")
+                    if i == 0:
+                        out_csv.writerows([w["workload"], variant, *r] for r in rows)
+
+
+def report(out: list[dict], args: Any) -> str:
     lines = [
-        f"4x step from {r:g}/s, SLO {args.slo_ms:g} ms, start-up {args.startup_s:g} s, "
-        f"switch {args.switch_s:g} s, {PROFILE.name}, seeds {args.seeds}: median (min-max)"
+        f"base rate {args.rate:g}/s, then the step (4x or none) at 120 s, SLO {args.slo_ms:g} ms, "
+        f"start-up {args.startup_s:g} s, switch {args.switch_s:g} s ({args.switch_model}), "
+        f"{PROFILE.name}, seeds {args.seeds}: median (min-max)"
     ]
     for w in out:
         lines += ["", f"{w['workload']}: planned {w['plan']}"]
@@ -285,15 +430,14 @@ def main() -> None:
             p, plo, phi = summary(runs, "p99_ms")
             s, slo, shi = summary(runs, "plan_switches")
             lines.append(
-                f"  {variant:16} misses {100 * m:6.2f}% ({100 * lo:.2f}-{100 * hi:.2f})"
+                f"  {variant:22} misses {100 * m:6.2f}% ({100 * lo:.2f}-{100 * hi:.2f})"
                 f"  cores {c:5.1f} ({clo:.1f}-{chi:.1f})  P99 {p:8.1f} ms ({plo:.0f}-{phi:.0f})"
                 f"  switches {s:g} ({slo:g}-{shi:g})"
             )
-        for variant in ("joint-fast", "joint-fast-floor", "joint-slow-floor-keep"):
-            lines.append(f"  {variant}, first seed: {w['rows'][variant][0]['plans']}")
-    text = "\n".join(lines) + "\n"
-    (RESULTS / f"{args.stem}.txt").write_text(text)
-    print(text)
+        for variant, runs in w["rows"].items():
+            if variant != "fixed":
+                lines.append(f"  {variant}, first seed: {runs[0]['plans']}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
