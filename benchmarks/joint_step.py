@@ -211,7 +211,7 @@ def run_variant(variant: str, chain: Chain, ctx: dict[str, Any]) -> dict:
     if variant.endswith("-cap"):  # no batch whose optimal plan alone takes longer than the SLO
         top = max([floor] + [b for b in range(floor, top + 1) if opt.latency(b) <= ctx["slo_ms"]])
     policy = Policy(min_batch=floor, max_batch=top, sustain=3, min_interval_s=60.0)
-    fast = FastPolicy(sustain_s=1.0, min_interval_s=5.0)
+    fast = FastPolicy(sustain_s=1.0, near_hold=ctx["near_hold"], min_interval_s=5.0)
     read_every = 1.0 if variant.startswith("joint-fast") else 5.0
     run = Run(plan=opt.plan(ctx["batch"]), replicas=[(0.0, ctx["replicas"])])
     run.segments.append((0.0, run.plan))
@@ -347,7 +347,7 @@ def workload(table: dict, name: str, sample: np.ndarray, step: float, args: Any)
     ctx = {
         "opt": opt, "tuner": make_tuner, "startup_s": args.startup_s, "switch_s": args.switch_s,
         "max_batch": max_batch, "batch": cfg.batch, "replicas": cfg.replicas, "cpus": cfg.cpus,
-        "slo_ms": args.slo_ms,
+        "slo_ms": args.slo_ms, "near_hold": args.near_hold,
     }  # fmt: skip
     rows: dict[str, list[dict]] = {v: [] for v in args.variants}
     for seed in args.seeds:  # the variants interleaved on each trace
@@ -380,6 +380,12 @@ def main() -> None:
         "one serves new arrivals, both at half speed until the old is idle (share: the "
         "dispatcher's swap), move to the new plan's queue (carry) or finish on the old plan "
         "as if it had the cores to itself (drain: optimistic)",
+    )
+    parser.add_argument(
+        "--near-hold",
+        type=float,
+        default=FastPolicy.near_hold,
+        help="the fast trigger's hold for a neighbouring batch, in sustain times",
     )
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--stem", default="joint-step")

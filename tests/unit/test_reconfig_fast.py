@@ -36,11 +36,27 @@ def verdict(
 
 
 def test_a_change_held_for_the_sustain_time_fires() -> None:
-    assert verdict(8, look(16, stable=1.2)).reason is Fast.SUSTAINED
-    assert verdict(8, look(16, stable=0.5)).reason is Fast.NONE  # not held long enough
-    assert verdict(8, look(16, stable=None)).reason is Fast.NONE  # the pods did not say
+    assert verdict(8, look(32, stable=1.2)).reason is Fast.SUSTAINED
+    assert verdict(8, look(32, stable=0.5)).reason is Fast.NONE  # not held long enough
+    assert verdict(8, look(32, stable=None)).reason is Fast.NONE  # the pods did not say
     assert verdict(8, look(8, stable=30.0)).reason is Fast.NONE  # no change
     assert verdict(64, look(1000, stable=5.0)).reason is Fast.NONE  # clamped to the range: same
+
+
+def test_a_neighbouring_batch_must_hold_twice_as_long() -> None:
+    """The next power of two up or down is what noise on a steady load reads as (in the
+    DES's steady 50/s such blips held up to 1.0 s and each cost a switch there and back); a
+    larger change is a real one and fires after ``sustain_s``."""
+    assert FAST.near_hold == 2.0
+    assert verdict(4, look(8, stable=1.0)).reason is Fast.NONE  # the blip the DES saw
+    assert verdict(4, look(8, stable=1.9)).reason is Fast.NONE
+    assert verdict(4, look(8, stable=2.0)).reason is Fast.SUSTAINED
+    assert verdict(8, look(4, stable=1.5)).reason is Fast.NONE  # down as well as up
+    assert verdict(8, look(4, stable=2.0)).reason is Fast.SUSTAINED
+    assert verdict(4, look(16, stable=1.0)).reason is Fast.SUSTAINED  # 4x: at once
+    assert verdict(16, look(4, stable=1.0)).reason is Fast.SUSTAINED
+    assert verdict(16, look(4, stable=0.1, fraction=0.8)).reason is Fast.TIMEOUTS  # unchanged
+    assert FAST.hold_s(6, 12) == 2.0 and FAST.hold_s(6, 13) == 1.0  # any batch, not just 2^k
 
 
 def test_frequent_timeouts_fire_only_towards_a_smaller_batch_and_disarm() -> None:
@@ -76,6 +92,8 @@ def test_disabled_never_fires() -> None:
     [
         {"sustain_s": -1.0},
         {"sustain_s": float("nan")},
+        {"near_hold": 0.5},
+        {"near_hold": float("inf")},
         {"min_interval_s": float("inf")},
         {"timeout_low": 0.6, "timeout_high": 0.5},
         {"timeout_high": 1.5},
@@ -112,7 +130,8 @@ def test_noisy_input_never_flaps(
 ) -> None:
     """Whatever the pods report, switching on every fire: fast switches are at least
     ``FAST.min_interval_s`` apart, no switch returns to the batch the previous one left
-    within ``POLICY.min_interval_s``, and two timeout fires have a calm look between them."""
+    within ``POLICY.min_interval_s``, a sustained fire to a neighbouring batch has held
+    ``near_hold`` times ``sustain_s``, and two timeout fires have a calm look between them."""
     now, current, state = 0.0, 8, FastState()
     switches: list[tuple[float, int, int]] = []  # (time, from, to)
     calm_since_timeouts = True
@@ -131,6 +150,8 @@ def test_noisy_input_never_flaps(
         state = out.state
         if not out.fire:
             continue
+        if out.reason is Fast.SUSTAINED and max(current, observed) <= 2 * min(current, observed):
+            assert stable is not None and stable >= FAST.near_hold * FAST.sustain_s
         if out.reason is Fast.TIMEOUTS:
             assert calm_since_timeouts
             calm_since_timeouts = False

@@ -287,13 +287,18 @@ class FastPolicy:
     timeouts).
 
     ``sustain_s``: the pods' estimate must have held its value this long (0 disables the fast
-    trigger). ``min_interval_s``: fast switches at least this far apart. ``timeout_high`` /
+    trigger); ``near_hold`` times that for a neighbouring batch (within a factor of 2 of the
+    current: the next power of two up or down, which is what noise on a steady load reads
+    as; in the DES's steady 50/s, ``benchmarks/joint_step.py``, such blips held up to 1.0 s
+    and each one cost a switch there and back). ``min_interval_s``: fast switches at least
+    this far apart. ``timeout_high`` /
     ``timeout_low``: the batch-timeout fraction that fires the trigger, and the one it must
     fall below before it can fire again (hysteresis). ``min_batches``: a fraction over fewer
     batches is no evidence.
     """
 
     sustain_s: float = 1.0
+    near_hold: float = 2.0
     min_interval_s: float = 5.0
     timeout_high: float = 0.5
     timeout_low: float = 0.2
@@ -302,6 +307,8 @@ class FastPolicy:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.sustain_s) and self.sustain_s >= 0):
             raise ValueError("sustain_s must be a finite number >= 0")
+        if not (math.isfinite(self.near_hold) and self.near_hold >= 1):
+            raise ValueError("near_hold must be a finite number >= 1")
         if not (math.isfinite(self.min_interval_s) and self.min_interval_s >= 0):
             raise ValueError("min_interval_s must be a finite number >= 0")
         if not 0 <= self.timeout_low < self.timeout_high <= 1:
@@ -312,6 +319,11 @@ class FastPolicy:
     @property
     def enabled(self) -> bool:
         return self.sustain_s > 0
+
+    def hold_s(self, current: int, target: int) -> float:
+        """How long an estimate of ``target`` must have held to move from ``current``."""
+        near = max(current, target) <= 2 * min(current, target)
+        return self.sustain_s * (self.near_hold if near else 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +375,8 @@ def fast_trigger(
     observation, ignoring the interval: the gain rule still applies).
 
     Fires on a sustained change (an estimate other than ``current``, held by every pod for
-    ``sustain_s``) or on frequent batch timeouts (at least ``timeout_high`` of the batches,
+    ``sustain_s``, or ``near_hold`` times that for a neighbouring batch: :meth:`FastPolicy.
+    hold_s`) or on frequent batch timeouts (at least ``timeout_high`` of the batches,
     with a smaller estimate to move to), and never:
     - within ``fast.min_interval_s`` of the last switch;
     - back to the batch the last switch left within ``policy.min_interval_s`` (a reversal
@@ -382,7 +395,7 @@ def fast_trigger(
     if target == state.last_from and since is not None and since < policy.min_interval_s:
         return FastVerdict(Fast.NONE, kept, f"batch {target} was left {since:.0f}s ago")
     reason = Fast.NONE
-    if look.stable_s is not None and look.stable_s >= fast.sustain_s:
+    if look.stable_s is not None and look.stable_s >= fast.hold_s(current, target):
         reason = Fast.SUSTAINED
         message = f"estimate {target} held {look.stable_s:.1f}s on every pod"
     elif armed and fraction is not None and fraction >= fast.timeout_high and target < current:
