@@ -210,3 +210,40 @@ def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
     assert status["batchSize"]["observed"] == planned  # the estimate, clamped to the floor
     assert "target" not in status["batchSize"] and "switch" not in status
     assert status["plan"]["batch"] == planned
+
+
+def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None:
+    """A backlog reads as a large batch; one whose optimal plan alone takes longer than the
+    SLO would miss it for every query it holds: on the 1-core replicas the planner chose,
+    sustained estimates of batch 8 (7.0 ms a batch on the test profile; batch 4: 3.5 ms)
+    under an SLO of 3 ms switch to batch 2 (1.8 ms), the top."""
+    from test_controller_autobatch import Feed, _at
+
+    from packrat.controller.model.reconcile import Config, Reconciler
+
+    kube = FakeKube()
+    slo = {"latencyP99Ms": 3, "rate": 200, "durationSeconds": 4, "maxCores": 12}
+    auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
+    spec = {
+        "model": {"zoo": "tiny"},
+        "cpus": 2,
+        "profiling": {"maxBatch": 8},
+        "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
+        "slo": slo,
+        "autoBatch": auto,
+        "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
+    }
+    meta = {"name": "tiny", "namespace": NS, "uid": "u1"}
+    kube.create("packratmodels", NS, {"kind": "PackratModel", "metadata": meta, "spec": spec})
+    feed = Feed()
+    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
+    _to_ready(kube, rec)
+    prov = kube.prm()["status"]["provisioning"]
+    assert prov["cpusPerReplica"] == 1 and prov["batch"] == 1
+    feed.next = [8, 8]
+    t0 = T0.timestamp()
+    for second in (1, 2):
+        steady = Arrivals(times=_burst(t0 + second - 1, 1, 200), pods=1)
+        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+    seen = kube.prm()["status"]["batchSize"]
+    assert seen["observed"] == 2 and seen["target"] == 2  # clamped to the SLO's top

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from packrat.plan.optimizer import Optimizer, optimize
+from packrat.plan.optimizer import Optimizer, PlanError, optimize
 from packrat.plan.profile import load_profile
 from packrat.plan.reconfig import (
     Decision,
@@ -16,6 +18,7 @@ from packrat.plan.reconfig import (
     combine_estimates,
     decide,
     plan_latency_at,
+    slo_ceiling,
 )
 
 PAPER = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "packrat-paper"
@@ -254,3 +257,39 @@ def test_a_trigger_skips_only_the_interval() -> None:
     assert unsustained.outcome is Outcome.HOLD_NOT_SUSTAINED
     same = _overridden(stream(4, 4, 4), current=4, ignore_interval=True)
     assert same.outcome is Outcome.HOLD_SAME
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), st.floats(0.1, 100.0)), min_size=1, max_size=40),
+    st.floats(0.1, 100.0),
+    st.data(),
+)
+def test_slo_ceiling_is_the_largest_batch_within_the_slo(
+    latencies: list[float | None], slo_ms: float, data: st.DataObject
+) -> None:
+    """Against brute force: the largest batch in the range whose plan (None: infeasible)
+    is expected within the SLO, else the floor; never outside the range."""
+    top = len(latencies)
+    floor = data.draw(st.integers(1, top))
+
+    def latency(batch: int) -> float:
+        value = latencies[batch - 1]
+        if value is None:
+            raise PlanError(f"no plan for {batch}")
+        return value
+
+    fits = [b for b in range(floor, top + 1) if latencies[b - 1] is not None]
+    fits = [b for b in fits if latency(b) <= slo_ms]
+    assert slo_ceiling(latency, slo_ms=slo_ms, floor=floor, top=top) == max(fits, default=floor)
+
+
+def test_slo_ceiling_on_resnet50_and_bad_ranges() -> None:
+    """ResNet-50's TorchServe profile on 8 cores, SLO 500 ms (the DES's step): batch 32's
+    plan takes 361 ms, 64's 668 ms, so autoBatch stops at 32 (the surge's estimate: 128)."""
+    table = load_profile(PAPER.parent / "resnet-torchserve.csv").table()
+    opt = Optimizer(dict(table), cpus=8, max_batch=128)
+    assert slo_ceiling(opt.latency, slo_ms=500.0, floor=4, top=128) == 32
+    assert slo_ceiling(opt.latency, slo_ms=10.0, floor=4, top=128) == 4  # none fits: the floor
+    with pytest.raises(ValueError):
+        slo_ceiling(opt.latency, slo_ms=500.0, floor=8, top=4)

@@ -88,6 +88,28 @@ def combine_estimates(estimates: Sequence[int]) -> int | None:
     return max(counts, key=lambda b: (counts[b], b))
 
 
+def slo_ceiling(optimal_latency: LatencyFn, *, slo_ms: float, floor: int, top: int) -> int:
+    """With a latency objective: the largest batch in ``floor..top`` whose optimal plan is
+    expected within ``slo_ms`` (``floor`` when none is), the top of autoBatch's range.
+
+    A batch whose plan alone takes longer than the SLO misses it for every query a full batch
+    holds, and a full batch is what a backlog makes: in the DES's 4x step
+    (``benchmarks/joint_step.py``, ResNet-50, SLO 500 ms) the estimate during the surge read
+    128, whose plan takes 1585 ms a batch and serves fewer queries a second than batch 32's
+    (361 ms). Batches whose plan is infeasible count as over the SLO. Linear in the range
+    (the optimizer's latencies are a lookup).
+    """
+    if not 1 <= floor <= top:
+        raise ValueError(f"need 1 <= floor <= top, got {floor}..{top}")
+    for batch in range(top, floor, -1):
+        try:
+            if optimal_latency(batch) <= slo_ms:
+                return batch
+        except PlanError:
+            continue
+    return floor
+
+
 def plan_latency_at(plan: Plan, table: Mapping[tuple[int, int], float], batch: int) -> float:
     """Expected latency of keeping ``plan`` when ``batch`` requests arrive together.
 

@@ -35,6 +35,7 @@ from packrat.controller.planning.batching import (
     plan_capacity,
     slo_batch,
     slo_floor,
+    slo_top,
 )
 from packrat.controller.planning.provisioning import ProvisionCache, provision_model
 from packrat.controller.profiling import verified
@@ -82,6 +83,7 @@ class _Planned:
     reference: TunerReference | None
     slower: Plan | None
     batch_floor: int | None = None  # with an SLO and autoBatch: the planner's batch
+    batch_top: int | None = None  # and the largest batch whose plan meets the SLO
 
 
 def observe(kube: KubeApi, namespace: str, name: str, model: ModelSpec | None) -> Children:
@@ -289,6 +291,7 @@ class Reconciler:
             return None
         p.result.plan = plan
         p.cond("Planned", True, "Planned", f"plan {plan.label}")
+        floor = slo_floor(model, prov.batch) if prov is not None and auto else None
         desired = Rendering(spec=serving, plan=plan, serving_hash=serving.serving_hash(plan))
         return _Planned(
             desired=desired,
@@ -297,7 +300,10 @@ class Reconciler:
             optimizer=optimizer,
             reference=prov.reference if prov is not None else model.reference,
             slower=slower,
-            batch_floor=slo_floor(model, prov.batch) if prov is not None and auto else None,
+            batch_floor=floor,
+            batch_top=slo_top(model, optimizer, floor=floor, slo_ms=prov.slo_ms)
+            if prov is not None and floor is not None
+            else None,
         )
 
     def _serve_steadily(
@@ -347,6 +353,7 @@ class Reconciler:
                 optimizer=planned.optimizer,
                 profile=profile,
                 floor=planned.batch_floor,
+                ceiling=planned.batch_top,
             )
 
     def _switching(

@@ -6,7 +6,9 @@ batch then follows the load upwards within ``autoBatch``'s range (:func:`slo_bat
 replica size the planner chose, while the tuner sets the replicas. The planner's batch is the
 floor (:func:`slo_floor`): it chose that batch for the SLO's capacity, and a plan that
 followed a quiet period's small estimates down met the next step with too little (the DES,
-``benchmarks/joint_step.py``: 0% -> 12% misses). The tuner is told each pass what the running
+``benchmarks/joint_step.py``: 0% -> 12% misses). The top is the largest batch whose plan is
+expected within the SLO (:func:`slo_top`): a backlog reads as the largest batch, whose plan
+misses the SLO for every query it holds. The tuner is told each pass what the running
 plan serves per replica (:func:`plan_capacity`) and counts on no more than the planned plan
 serves: a larger batch absorbs a surge while replicas start, it does not replace them."""
 
@@ -24,7 +26,7 @@ from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
-from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due
+from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due, slo_ceiling
 
 
 def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
@@ -42,6 +44,15 @@ def slo_floor(model: ModelSpec, planned: int) -> int:
     batch clamped to autoBatch's range."""
     assert model.auto is not None
     return max(model.auto.min, min(model.auto.max, planned))
+
+
+def slo_top(model: ModelSpec, optimizer: Optimizer, *, floor: int, slo_ms: float) -> int:
+    """With an SLO and autoBatch: the largest batch autoBatch may choose, the largest in its
+    range whose optimal plan is expected within the SLO (:func:`packrat.plan.reconfig.
+    slo_ceiling`), never below ``floor``."""
+    assert model.auto is not None
+    top = min(model.auto.max, optimizer.max_batch)
+    return slo_ceiling(optimizer.latency, slo_ms=slo_ms, floor=floor, top=max(floor, top))
 
 
 def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
@@ -74,13 +85,17 @@ def observe_batch(
     optimizer: Optimizer,
     profile: Profile,
     floor: int | None = None,
+    ceiling: int | None = None,
 ) -> None:
-    """``floor``: the smallest batch to decide for (with an SLO, :func:`slo_floor`)."""
+    """``floor`` / ``ceiling``: the smallest and largest batch to decide for (with an SLO,
+    :func:`slo_floor` and :func:`slo_top`)."""
     assert model.auto is not None
     status = p.status
     policy = ab.policy_from_spec(model.auto)
     if floor is not None:
         policy = replace(policy, min_batch=max(policy.min_batch, floor))
+    if ceiling is not None:
+        policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
     annotations = model.annotations
     seen = dict(status.get("batchSize") or {})
     pinned, pin_error = ab.parse_pin(annotations)
