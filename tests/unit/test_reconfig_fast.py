@@ -196,8 +196,10 @@ def test_fast_due_is_the_time_left_until_a_new_estimate_has_held_long_enough() -
     def due(current: int, lk: FastLook, fast: FastPolicy = FAST) -> float | None:
         return fast_due(fast=fast, policy=POLICY, current=current, look=lk)
 
-    assert due(8, look(16, stable=0.3)) == pytest.approx(0.7)
-    assert due(8, look(16, stable=1.0)) is None  # held long enough: the trigger decides now
+    assert due(8, look(32, stable=0.3)) == pytest.approx(0.7)
+    assert due(8, look(16, stable=0.3)) == pytest.approx(1.7)  # a neighbour: near_hold
+    assert due(8, look(32, stable=1.0)) is None  # held long enough: the trigger decides now
+    assert due(8, look(16, stable=2.0)) is None
     assert due(8, look(8, stable=0.1)) is None  # no change to wait for
     assert due(64, look(1000, stable=0.1)) is None  # clamped to the range: no change
     assert due(8, look(16, stable=None)) is None  # the pods did not say

@@ -446,7 +446,7 @@ def fast_due(
     the trigger would move to (clamped to ``policy``'s range, not ``current``) and it cannot
     yet; None when it can now or never will on this estimate.
 
-    What it waits for: the estimate to have held ``fast.sustain_s`` on every pod, and
+    What it waits for: the estimate to have held ``fast.hold_s`` on every pod, and
     (``state``, at ``now``) the fast switches' spacing and the reversal's hold after the
     last switch. The caller looks again then, not a whole read interval (or an estimate
     interval) later.
@@ -454,7 +454,7 @@ def fast_due(
     target = policy.clamp(look.observed)
     if not fast.enabled or look.stable_s is None or target == current:
         return None
-    waits = [fast.sustain_s - look.stable_s]
+    waits = [fast.hold_s(current, target) - look.stable_s]
     if state is not None and state.last_at is not None:
         waits.append(state.last_at + fast.min_interval_s - now)
         if target == state.last_from:
