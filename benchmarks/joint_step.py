@@ -6,8 +6,10 @@ second with start-up headroom (a scale-up serves ``--startup-s`` later, as in
 ``startup_step.py``), and the plan inside a replica either stays the planner's (``fixed``)
 or follows the pods' batch-size estimate as autoBatch does, with the slow rules (3
 observations read 5 s apart, 60 s between switches: the operator's defaults) or the fast
-trigger (``sustainSeconds`` 1: the estimate read every second, a switch once every pod's
-estimate has held a new value 1 s; :func:`packrat.plan.reconfig.fast_trigger`), and the fast
+trigger (``sustainSeconds`` 1: the estimate read every second, and again when a new one will
+have held long enough (:func:`packrat.plan.reconfig.fast_due`, plus 50 ms, as the operator
+does), a switch once every pod's estimate has held a new value 1 s, 2 s for a neighbouring
+batch; :func:`packrat.plan.reconfig.fast_trigger`), and the fast
 trigger with autoBatch's range floored at the planner's batch (``joint-fast-floor``). A switch
 serves ``--switch-s`` later (the in-pod switch) and tells the tuner the new plan's capacity;
 the ``-floor-keep`` variants are the operator's rule since the last stop: the range floored at
@@ -72,6 +74,7 @@ from packrat.plan.reconfig import (
     Observation,
     Policy,
     decide,
+    fast_due,
     fast_trigger,
     slo_ceiling,
 )
@@ -81,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 SAMPLE_S = 0.005
+DUE_MARGIN_S = 0.05  # the operator's read when a new estimate is due (FAST_DUE_MARGIN)
 TIMELINE = ("arrivals", "miss_pct", "outstanding", "replicas", "batch")
 VARIANTS = (
     "fixed", "joint-slow", "joint-fast", "joint-fast-floor",
@@ -219,7 +223,7 @@ def run_variant(variant: str, chain: Chain, ctx: dict[str, Any]) -> dict:
     run.segments.append((0.0, run.plan))
     est = BatchSizeEstimator(window=200, rounding="nearest")
     held = (est.estimate, 0.0)
-    lo, now, switches = 0, 1.0, 0
+    lo, now, switches, last_read = 0, 1.0, 0, 0.0
     while now <= end:
         hi = int(np.searchsorted(trace, now, side="right"))
         tuner.observe(trace[lo:hi].tolist())
@@ -229,22 +233,29 @@ def run_variant(variant: str, chain: Chain, ctx: dict[str, Any]) -> dict:
         if d.replicas != current:  # a scale-up serves after the start-up, a scale-down at once
             run.replicas.append((now + startup_s if d.replicas > current else now, d.replicas))
             run.replicas.sort()
-        if variant != "fixed" and int(now) % int(read_every) == 0:
-            done = simulate_upto(chain, run, now)
-            samples = np.arange(now - read_every, now, SAMPLE_S)
+        t = now  # the reads this second: on the second, and (the fast trigger) again when
+        while variant != "fixed" and int(now) % int(read_every) == 0:  # a new estimate is due
+            done = simulate_upto(chain, run, t)
+            samples = np.arange(last_read, t, SAMPLE_S)
+            last_read = t
             counts = outstanding(trace[: done.size], done, samples)
             for s, c in zip(samples, counts, strict=True):
                 if c > 0:
                     est.observe(float(c) / max(1, serving_at(run.replicas, float(s))))
                     if est.estimate != held[0]:
                         held = (est.estimate, float(s))
-            if step_plan(run, variant, opt, table, policy, fast, est, held, now):
+            if step_plan(run, variant, opt, table, policy, fast, est, held, t):
                 switches += 1  # the new plan serves after the switch; the tuner learns its
                 cap = backlogged_capacity(table, run.plan.expand())  # capacity
                 if "keep" in variant:  # the operator's rule: never more than planned
                     cap = min(cap, backlogged_capacity(table, opt.plan(ctx["batch"]).expand()))
                 tuner.set_capacity(cap)
-                run.segments[-1] = (now + switch_s, run.plan)
+                run.segments[-1] = (t + switch_s, run.plan)
+                break
+            due = due_in(run, variant, policy, fast, est, held, t)
+            if due is None or t + due + DUE_MARGIN_S >= now + 1.0:
+                break
+            t += due + DUE_MARGIN_S
         now += 1.0
     done = simulate_upto(chain, run, math.inf)
     lat = (done - trace) * 1000.0
@@ -317,6 +328,27 @@ def step_plan(
     return True
 
 
+def due_in(
+    run: Run,
+    variant: str,
+    policy: Policy,
+    fast: FastPolicy,
+    est: BatchSizeEstimator,
+    held: tuple[int, float],
+    now: float,
+) -> float | None:
+    """The fast trigger's variants: seconds until the estimate will have held long enough
+    (the operator reads the pods again then, :func:`packrat.plan.reconfig.fast_due`)."""
+    if not variant.startswith("joint-fast"):
+        return None
+    look = FastLook(
+        observed=policy.clamp(est.estimate), stable_s=now - held[1], timeout_fraction=None
+    )
+    return fast_due(
+        fast=fast, policy=policy, current=run.plan.batch, look=look, state=run.fast, now=now
+    )
+
+
 def mean_level(steps: list[tuple[float, int]], end: float) -> float:
     total = 0.0
     for (t, n), nxt in zip(steps, [*steps[1:], (end, 0)], strict=False):
@@ -386,7 +418,7 @@ def main() -> None:
     parser.add_argument(
         "--near-hold",
         type=float,
-        default=FastPolicy.near_hold,
+        default=FastPolicy().near_hold,
         help="the fast trigger's hold for a neighbouring batch, in sustain times",
     )
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
