@@ -41,8 +41,9 @@ cores while the old set drains). In each, a batch running at the switch is serve
 before it, so a switch taken while a backlog was queued dropped the part of it built
 earlier than that: a later switch (the slow rules) forgot more of the surge's backlog than
 an early one (the fast trigger) and looked better than it was.
-The first seed's per-second arrivals, misses, outstanding queries, replicas and batch of
-every variant go to ``{stem}-timeline.csv``.
+The first seed's per-second arrivals, misses, outstanding queries, replicas and batch
+around the step (100-220 s) of ``fixed`` and the ``-floor-keep`` variants go to
+``{stem}-timeline.csv``.
 
 Run: ``.venv/bin/python benchmarks/joint_step.py`` (a few minutes); writes
 ``benchmarks/results/joint-step.{json,txt}`` and ``joint-step-timeline.csv``.
@@ -86,6 +87,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 SAMPLE_S = 0.005
 DUE_MARGIN_S = 0.05  # the operator's read when a new estimate is due (FAST_DUE_MARGIN)
 TIMELINE = ("arrivals", "miss_pct", "outstanding", "replicas", "batch")
+TIMELINE_VARIANTS = (
+    "fixed", "joint-slow-floor-keep", "joint-fast-floor-keep", "joint-fast-floor-keep-cap",
+)  # fmt: skip
 VARIANTS = (
     "fixed", "joint-slow", "joint-fast", "joint-fast-floor",
     "joint-slow-floor-keep", "joint-fast-floor-keep",
@@ -444,16 +448,19 @@ def main() -> None:
 
 
 def write_timelines(path: Path, out: list[dict]) -> None:
-    """The first seed's per-second timeline of every variant (taken out of the rows)."""
+    """The first seed's per-second timeline of the operator's rules and ``fixed`` around the
+    step (100-220 s; taken out of every row)."""
     with path.open("w", newline="") as f:
-        out_csv = csv.writer(f)
+        out_csv = csv.writer(f, lineterminator="\n")
         out_csv.writerow(["workload", "variant", "second", *TIMELINE])
         for w in out:
             for variant, runs in w["rows"].items():
                 for i, run in enumerate(runs):
                     rows = run.pop("timeline")
-                    if i == 0:
-                        out_csv.writerows([w["workload"], variant, *r] for r in rows)
+                    if i == 0 and variant in TIMELINE_VARIANTS:
+                        out_csv.writerows(
+                            [w["workload"], variant, *r] for r in rows if 100 <= r[0] <= 220
+                        )
 
 
 def report(out: list[dict], args: Any) -> str:
