@@ -216,7 +216,7 @@ def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None
     """A backlog reads as a large batch; one whose optimal plan alone takes longer than the
     SLO would miss it for every query it holds: on the 1-core replicas the planner chose,
     sustained estimates of batch 8 (7.0 ms a batch on the test profile; batch 4: 3.5 ms)
-    under an SLO of 3 ms switch to batch 2 (1.8 ms), the top."""
+    under an SLO of 3 ms switch to batch 2 (1.8 ms), the top; a pass never plans above it."""
     from test_controller_autobatch import Feed, _at
 
     from packrat.controller.model.reconcile import Config, Reconciler
@@ -247,3 +247,7 @@ def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None
         rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
     seen = kube.prm()["status"]["batchSize"]
     assert seen["observed"] == 2 and seen["target"] == 2  # clamped to the SLO's top
+    # a target above the top (chosen before the SLO was made tighter) is planned at the top
+    kube.objects[("packratmodels", NS, "tiny")]["status"]["batchSize"]["target"] = 8
+    rec.reconcile(NS, "tiny", now=_at(3), arrivals=None)
+    assert kube.prm()["status"]["switch"]["plan"]["batch"] == 2

@@ -277,6 +277,11 @@ class Reconciler:
                 cpus=serving.cpus,
                 max_batch=max_batch,
             )
+            floor = slo_floor(model, prov.batch) if prov is not None and auto else None
+            top: int | None = None
+            if prov is not None and floor is not None:  # never above the SLO's top, even
+                top = slo_top(model, optimizer, floor=floor, slo_ms=prov.slo_ms)
+                batch = min(batch, top)  # a batch chosen before the SLO was made tighter
             plan = keep_served(status.served_plan, optimizer.plan(batch))
             plan, slower = verified.guard(p, plan, profile)  # never serve a plan slower than fat
         except PlanError as exc:
@@ -291,7 +296,6 @@ class Reconciler:
             return None
         p.result.plan = plan
         p.cond("Planned", True, "Planned", f"plan {plan.label}")
-        floor = slo_floor(model, prov.batch) if prov is not None and auto else None
         desired = Rendering(spec=serving, plan=plan, serving_hash=serving.serving_hash(plan))
         return _Planned(
             desired=desired,
@@ -301,9 +305,7 @@ class Reconciler:
             reference=prov.reference if prov is not None else model.reference,
             slower=slower,
             batch_floor=floor,
-            batch_top=slo_top(model, optimizer, floor=floor, slo_ms=prov.slo_ms)
-            if prov is not None and floor is not None
-            else None,
+            batch_top=top,
         )
 
     def _serve_steadily(
