@@ -14,10 +14,11 @@ trigger with autoBatch's range floored at the planner's batch (``joint-fast-floo
 serves ``--switch-s`` later (the in-pod switch) and tells the tuner the new plan's capacity;
 the ``-floor-keep`` variants are the operator's rule since the last stop: the range floored at
 the planner's batch and the tuner counting on no more per replica than the planned plan
-serves; ``-cap`` also caps the range at the largest batch whose optimal plan is expected
-within the SLO (:func:`packrat.plan.reconfig.slo_ceiling`, the operator's rule since this
-stop: a batch whose plan alone takes longer than the SLO misses it for every query it
-holds). A third evaluation trace has no step (the base rate for 240 s): what the
+serves; ``-cap`` also caps the range at the batch whose optimal plan serves the most
+backlogged among those expected within the SLO (:func:`packrat.plan.reconfig.slo_ceiling`,
+the operator's rule since this stop: a batch whose plan alone takes longer than the SLO
+misses it for every query it holds, and beyond the one that serves the most a larger batch
+serves fewer). A third evaluation trace has no step (the base rate for 240 s): what the
 rules do on a steady load (switches).
 
 The pods' estimate is Packrat's estimator (:class:`packrat.plan.estimator.BatchSizeEstimator`,
@@ -219,7 +220,13 @@ def run_variant(variant: str, chain: Chain, ctx: dict[str, Any]) -> dict:
     floor = ctx["batch"] if "floor" in variant else 1  # never below the planner's
     top = ctx["max_batch"]
     if variant.endswith("-cap"):  # no batch whose optimal plan alone takes longer than the SLO
-        top = slo_ceiling(opt.latency, slo_ms=ctx["slo_ms"], floor=floor, top=top)
+        top = slo_ceiling(
+            opt.latency,
+            slo_ms=ctx["slo_ms"],
+            floor=floor,
+            top=top,
+            capacity=lambda b: backlogged_capacity(table, opt.plan(b).expand()),
+        )
     policy = Policy(min_batch=floor, max_batch=top, sustain=3, min_interval_s=60.0)
     fast = FastPolicy(sustain_s=1.0, near_hold=ctx["near_hold"], min_interval_s=5.0)
     read_every = 1.0 if variant.startswith("joint-fast") else 5.0

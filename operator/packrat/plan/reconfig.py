@@ -88,26 +88,42 @@ def combine_estimates(estimates: Sequence[int]) -> int | None:
     return max(counts, key=lambda b: (counts[b], b))
 
 
-def slo_ceiling(optimal_latency: LatencyFn, *, slo_ms: float, floor: int, top: int) -> int:
-    """With a latency objective: the largest batch in ``floor..top`` whose optimal plan is
-    expected within ``slo_ms`` (``floor`` when none is), the top of autoBatch's range.
+def slo_ceiling(
+    optimal_latency: LatencyFn,
+    *,
+    slo_ms: float,
+    floor: int,
+    top: int,
+    capacity: Callable[[int], float] | None = None,
+) -> int:
+    """With a latency objective: the top of autoBatch's range, among the batches in
+    ``floor..top`` whose optimal plan is expected within ``slo_ms`` (``floor`` when none is)
+    the largest, or with ``capacity`` (queries a second one replica serves backlogged on the
+    batch's optimal plan) the one that serves the most (ties to the larger: it serves no
+    fewer).
 
     A batch whose plan alone takes longer than the SLO misses it for every query a full batch
-    holds, and a full batch is what a backlog makes: in the DES's 4x step
-    (``benchmarks/joint_step.py``, ResNet-50, SLO 500 ms) the estimate during the surge read
-    128, whose plan takes 1585 ms a batch and serves fewer queries a second than batch 32's
-    (361 ms). Batches whose plan is infeasible count as over the SLO. Linear in the range
-    (the optimizer's latencies are a lookup).
+    holds, and a full batch is what a backlog makes; beyond the batch that serves the most, a
+    larger one serves fewer and takes longer. In the DES's 4x step (``benchmarks/joint_step.
+    py``, ResNet-50 on 8 cores, SLO 500 ms) the estimate during the surge read 128, whose plan
+    takes 1585 ms a batch and serves 80.8/s; batch 32's takes 361 ms (88.6/s), batch 16's
+    175 ms (91.5/s): the top is 16. Batches whose plan is infeasible count as over the SLO.
+    Linear in the range (the optimizer's latencies and plans are lookups).
     """
     if not 1 <= floor <= top:
         raise ValueError(f"need 1 <= floor <= top, got {floor}..{top}")
-    for batch in range(top, floor, -1):
+    fits = []
+    for batch in range(floor, top + 1):
         try:
             if optimal_latency(batch) <= slo_ms:
-                return batch
+                fits.append(batch)
         except PlanError:
             continue
-    return floor
+    if not fits:
+        return floor
+    if capacity is None:
+        return fits[-1]
+    return max(fits, key=lambda b: (capacity(b), b))
 
 
 def plan_latency_at(plan: Plan, table: Mapping[tuple[int, int], float], batch: int) -> float:

@@ -280,7 +280,7 @@ class Reconciler:
             floor = slo_floor(model, prov.batch) if prov is not None and auto else None
             top: int | None = None
             if prov is not None and floor is not None:  # never above the SLO's top, even
-                top = slo_top(model, optimizer, floor=floor, slo_ms=prov.slo_ms)
+                top = slo_top(model, optimizer, profile, floor=floor, slo_ms=prov.slo_ms)
                 batch = min(batch, top)  # a batch chosen before the SLO was made tighter
             plan = keep_served(status.served_plan, optimizer.plan(batch))
             plan, slower = verified.guard(p, plan, profile)  # never serve a plan slower than fat

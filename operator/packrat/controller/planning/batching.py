@@ -6,11 +6,12 @@ batch then follows the load upwards within ``autoBatch``'s range (:func:`slo_bat
 replica size the planner chose, while the tuner sets the replicas. The planner's batch is the
 floor (:func:`slo_floor`): it chose that batch for the SLO's capacity, and a plan that
 followed a quiet period's small estimates down met the next step with too little (the DES,
-``benchmarks/joint_step.py``: 0% -> 12% misses). The top is the largest batch whose plan is
-expected within the SLO (:func:`slo_top`): a backlog reads as the largest batch, whose plan
-misses the SLO for every query it holds. The tuner is told each pass what the running
-plan serves per replica (:func:`plan_capacity`) and counts on no more than the planned plan
-serves: a larger batch absorbs a surge while replicas start, it does not replace them."""
+``benchmarks/joint_step.py``: 0% -> 12% misses). The top is the batch whose plan serves the
+most among those expected within the SLO (:func:`slo_top`): a backlog reads as the largest
+batch, whose plan can miss the SLO for every query it holds and serve fewer. The tuner is
+told each pass what the running plan serves per replica (:func:`plan_capacity`) and counts
+on no more than the planned plan serves: a larger batch absorbs a surge while replicas
+start, it does not replace them."""
 
 from __future__ import annotations
 
@@ -46,13 +47,22 @@ def slo_floor(model: ModelSpec, planned: int) -> int:
     return max(model.auto.min, min(model.auto.max, planned))
 
 
-def slo_top(model: ModelSpec, optimizer: Optimizer, *, floor: int, slo_ms: float) -> int:
-    """With an SLO and autoBatch: the largest batch autoBatch may choose, the largest in its
-    range whose optimal plan is expected within the SLO (:func:`packrat.plan.reconfig.
-    slo_ceiling`), never below ``floor``."""
+def slo_top(
+    model: ModelSpec, optimizer: Optimizer, profile: Profile, *, floor: int, slo_ms: float
+) -> int:
+    """With an SLO and autoBatch: the largest batch autoBatch may choose, the one in its range
+    whose optimal plan serves the most backlogged among those expected within the SLO
+    (:func:`packrat.plan.reconfig.slo_ceiling`), never below ``floor``."""
     assert model.auto is not None
     top = min(model.auto.max, optimizer.max_batch)
-    return slo_ceiling(optimizer.latency, slo_ms=slo_ms, floor=floor, top=max(floor, top))
+    table = profile.table()
+
+    def capacity(batch: int) -> float:
+        return backlogged_capacity(table, optimizer.plan(batch).expand())
+
+    return slo_ceiling(
+        optimizer.latency, slo_ms=slo_ms, floor=floor, top=max(floor, top), capacity=capacity
+    )
 
 
 def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
