@@ -429,7 +429,7 @@ def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeout
 
 
 def test_without_sustain_seconds_a_held_reading_waits_for_the_observations() -> None:
-    kube, rec, feed = _auto_model(sustainObservations=3)
+    kube, rec, feed = _auto_model(sustainObservations=3, sustainSeconds=0)  # off
     feed.next = ab.Reading((8,), "pods", stable_s=30.0, batches=(0, 10_000))
     assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
     assert rec.reconcile(NS, "tiny", now=_at(2)).decision == Outcome.HOLD_NOT_SUSTAINED

@@ -130,7 +130,8 @@ def test_the_fast_trigger_reads_the_pods_every_sustain_seconds() -> None:
         spec = {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"min": 1, "max": 8, **auto}}
         return model_spec(spec)
 
-    assert fast_estimate_interval(model()) is None  # sustainSeconds 0: off
+    assert fast_estimate_interval(model()) == 1.0  # on by default: the paper's 1 s
+    assert fast_estimate_interval(model(sustainSeconds=0)) is None  # off
     assert fast_estimate_interval(model(sustainSeconds=2)) == 2.0
     assert fast_estimate_interval(model(sustainSeconds=0.1)) == 0.5  # at least 0.5 s
     assert fast_estimate_interval(None) is None

@@ -73,7 +73,7 @@ AUTO_BATCH_DEFAULTS: dict[str, Any] = {
     "sustainObservations": 3,
     "minIntervalSeconds": 60,
     "minGain": 0.05,
-    "sustainSeconds": 0,
+    "sustainSeconds": 1,
 }
 
 # Known fields per object, for rejecting unknown ones (the API server prunes/rejects them).
