@@ -218,7 +218,8 @@ def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
     kube.create("pods", NS, {"metadata": {"name": "r", "labels": selector}, "status": ready})
     kept = 0
     for i in range(10):
-        fanout.arrivals["http://10.0.0.9"] = [1000.0 * i + k for k in range(5)]
+        # after the reader's first cursor (its clock, 0): a pod answers nothing at the cursor
+        fanout.arrivals["http://10.0.0.9"] = [1000.0 * i + k + 1 for k in range(5)]
         _, seen = read_before_pass(
             est, arr, NS, "m", want_estimates=False, want_arrivals=True, ingress=("pipe", 0.1)
         )
@@ -248,3 +249,23 @@ def test_a_peek_reads_the_pods_of_the_last_read_again_without_the_api(
     assert est.peek(NS, "m") is None
     est.forget(NS, "m")
     assert est.peek(NS, "m") is None
+
+
+def test_a_pod_that_ignores_the_cursor_counts_each_arrival_once(
+    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    fanout: FakeFanout,
+) -> None:
+    """A pod (or a proxy on the way) that drops ``?after=`` answers its whole log every read;
+    the reader keeps only what is newer than its cursor. Before, every read fed the tuner the
+    same arrivals again: on the emulator (whose kube-proxy stand-in dropped the query) a model
+    at 2/s read as 20-300/s and scaled to its maximum in the quiet phase."""
+    _kube, _est, arr = readers
+    first = arr(NS, "m")
+    assert first == Arrivals(times=[0.4, 0.8], pods=2)
+    again = arr(NS, "m")  # the fake answers every arrival again, as such a pod does
+    assert again == Arrivals(times=[], pods=2)
+    # a new arrival, and one within the pods' microsecond resolution of the cursor (the
+    # cursor's own arrival, rebuilt from another base)
+    fanout.arrivals["http://10.0.0.1"] = [800.0, 800.0005, 1200.0]
+    assert arr(NS, "m") == Arrivals(times=[1.2], pods=2)
+    assert "/arrivals?after=0.800000" in fanout.asked[-2]  # the cursor is still sent

@@ -94,7 +94,11 @@ def make_app(table: Table) -> web.Application:
         headers.update(_extension_headers(request.headers))  # deadlines, as kube-proxy does
         if "Authorization" in request.headers:  # the operator's in-pod switch (bearer token)
             headers["Authorization"] = request.headers["Authorization"]
+        # the query too, as kube-proxy passes every byte (without it the operator's
+        # ``/arrivals?after=`` read every pod's whole log, every pass)
         url = f"http://127.0.0.1:{port}/{rest}"
+        if request.query_string:
+            url += f"?{request.query_string}"
         try:
             async with app["session"].request(
                 request.method, url, data=body or None, headers=headers

@@ -8,8 +8,9 @@ finite offsets (at most ``MAX_OFFSETS``; ``Infinity`` and 400-digit numbers are 
 reading from that pod. ``/arrivals`` needs the model's admin token (from the Secret the
 operator owns, :func:`~packrat.controller.serving.admin_token.read_token`); without one
 nothing is asked. The reading happens before a pass. The reader keeps, per pod, the
-newest timestamp it has seen and asks only for what came after (in memory: a restarted
-operator starts from "now", since older arrivals say nothing about the load to come). A pod
+newest timestamp it has seen, asks only for what came after and keeps only that (a pod that
+ignores the cursor is not counted twice; in memory: a restarted operator starts from "now",
+since older arrivals say nothing about the load to come). A pod
 that does not answer is skipped; when none answers the reading is None and the tuner decides
 nothing.
 """
@@ -42,6 +43,11 @@ MAX_OFFSETS = 200_000
 # clock far off, or its model's code): counted, and its time kept as the pod's cursor, it
 # would hide every real arrival of that pod until then
 CLOCK_SKEW_SECONDS = 60.0
+# what the pods answer is only what came more than this after the cursor (their
+# ``ArrivalLog.after``: timestamps travel with microsecond resolution); the reader keeps the
+# same rule itself, so a pod or a proxy that drops ``?after=`` (answering its whole log
+# every read) cannot feed the tuner the same arrivals again
+RESOLUTION_SECONDS = 1e-6
 
 
 def _finite(value: Any) -> TypeGuard[int | float]:
@@ -142,13 +148,14 @@ class ArrivalReader:
         if not pods:
             return None
         now = self.clock()
-        keys, urls = [], []
+        keys, urls, cursors = [], [], []
         who = f"{reader or name}@{name}" if reader else name
         for pod in pods:
             key = (namespace, who, str(pod["metadata"]["name"]))
             with self._lock:
                 after = self._cursors.setdefault(key, now)
             keys.append(key)
+            cursors.append(after)
             urls.append(f"{pod_address(self.pod_url, namespace, pod).rstrip('/')}{_path(after)}")
         headers: dict[str, str] = {}
         if reader is None:  # the model's own pods: they want its token
@@ -167,11 +174,11 @@ class ArrivalReader:
         )
         merged: list[float] = []
         answered = 0
-        for key, answer in zip(keys, answers, strict=True):
+        for key, after, answer in zip(keys, cursors, answers, strict=True):
             times = parse_arrivals(read_json(answer))
             if times is None:
                 continue
-            times = [t for t in times if t <= now + CLOCK_SKEW_SECONDS]
+            times = [t for t in times if after + RESOLUTION_SECONDS < t <= now + CLOCK_SKEW_SECONDS]
             answered += 1
             if times:
                 with self._lock:
