@@ -24,8 +24,8 @@ and phase: requests, failed, misses (failed + over the SLO), P99, cores (running
 ``spec.cpus`` integrated over the phase), the plan switches with their times
 (``status.switchHistory``, in-pod included), the first scale-up after the step; per
 configuration the medians and ranges over the repeats. Outputs: ``benchmarks/results/
-<stem>.json`` (everything, but the per-request rows: those as ``[t, ms, code]``) and
-``<stem>.txt``.
+<stem>.json.gz`` (everything; the requests as ``[sent s, latency ms, status]``) and
+``<stem>.txt``; ``--merge A.json.gz B.json.gz`` reports several runs' trials as one.
 
 On this machine every pod, the operator, the emulator and the load generator share two
 cores: a second replica adds no CPU, only a second queue. The numbers show the control loops
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import itertools
 import json
 import os
@@ -391,7 +392,8 @@ def _spread(values: list[float | None]) -> str:
 def report(records: list[dict[str, Any]], args: argparse.Namespace, command: str) -> str:
     loads = [x for r in records for x in r["loadavg"][0:1] + r["loadavg"][3:4]] or [float("nan")]
     lines = [
-        f"joint adaptation on real pods: {args.model}, {args.cpus} cpus per replica, Poisson "
+        f"joint adaptation on real pods: {args.model}, spec.cpus {args.cpus} (the planner chose "
+        f"{sorted({r['summary']['cpus_per_replica'] for r in records})} per replica), Poisson "
         f"{args.rate:g}/s for {args.base:g} s -> x{args.factor:g} for {args.step:g} s -> "
         f"{args.rate:g}/s for {args.after:g} s; SLO P99 {args.slo:g} ms (planned on a steady "
         f"{args.rate:g}/s sample), maxReplicas {args.max_replicas}, scale-down delay "
@@ -467,12 +469,32 @@ def main() -> None:
     parser.add_argument("--startup-floor", type=int, default=0)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--first-repeat", type=int, default=1, help="the first repeat's number (its seed)"
+    )
     parser.add_argument("--profile", type=Path, help="a profile JSON to seed (else measured)")
     parser.add_argument("--stem", default="joint-real")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        help="only report: the trials of these saved runs (same parameters) as one",
+    )
     args = parser.parse_args()
     args.configs = args.configs.split(",")
     command = "python benchmarks/joint_real.py " + " ".join(sys.argv[1:])
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        trials = [
+            t for f in args.merge for t in json.loads(gzip.decompress(f.read_bytes()))["trials"]
+        ]
+        for t in trials:  # summarised again: a changed summary applies to old runs too
+            t["summary"] = summarize_trial(t, args)
+        text = report(trials, args, command)
+        text += "merged from: " + ", ".join(str(f.name) for f in args.merge) + "\n"
+        (RESULTS / f"{args.stem}.txt").write_text(text)
+        print(text)
+        return
     profile = args.profile.read_text() if args.profile is not None else None
     records: list[dict[str, Any]] = []
     began = time.monotonic()
@@ -481,7 +503,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="packrat-joint-") as tmp:
         cluster = OperatorCluster(Path(tmp), inpod_switch=True)
         try:
-            for repeat in range(1, args.repeats + 1):
+            for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
                 for config in args.configs:
                     print(f"[{time.monotonic() - began:.0f}s] {config} #{repeat}", flush=True)
                     record, used = trial(
@@ -499,7 +521,8 @@ def main() -> None:
             text = report(records, args, command)
             text += f"total {time.monotonic() - began:.0f} s\n"
             doc = {"args": {k: str(v) for k, v in vars(args).items()}, "trials": records}
-            (RESULTS / f"{args.stem}.json").write_text(json.dumps(doc) + "\n")
+            with gzip.open(RESULTS / f"{args.stem}.json.gz", "wt") as out:
+                out.write(json.dumps(doc) + "\n")
             (RESULTS / f"{args.stem}.txt").write_text(text)
             print(text)
 
