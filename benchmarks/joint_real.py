@@ -472,6 +472,11 @@ def main() -> None:
     parser.add_argument(
         "--first-repeat", type=int, default=1, help="the first repeat's number (its seed)"
     )
+    parser.add_argument(
+        "--rotate",
+        action="store_true",
+        help="rotate the configurations' order each repeat (A B C, B C A, ...): no fixed place",
+    )
     parser.add_argument("--profile", type=Path, help="a profile JSON to seed (else measured)")
     parser.add_argument("--stem", default="joint-real")
     parser.add_argument(
@@ -504,7 +509,8 @@ def main() -> None:
         cluster = OperatorCluster(Path(tmp), inpod_switch=True)
         try:
             for repeat in range(args.first_repeat, args.first_repeat + args.repeats):
-                for config in args.configs:
+                shift = (repeat - args.first_repeat) % len(args.configs) if args.rotate else 0
+                for config in [*args.configs[shift:], *args.configs[:shift]]:
                     print(f"[{time.monotonic() - began:.0f}s] {config} #{repeat}", flush=True)
                     record, used = trial(
                         cluster, args, config=config, repeat=repeat, profile=profile
