@@ -229,7 +229,7 @@ def wait_ready(cluster: OperatorCluster, name: str, timeout: float) -> None:
         status = cluster.status(name)
         if status.get("phase") == "Failed":
             raise RuntimeError(f"{name} Failed: {json.dumps(status)[:2000]}")
-        return status.get("phase") == "Ready"
+        return bool(status.get("phase") == "Ready")
 
     wait_for(
         ready,
