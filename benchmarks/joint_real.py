@@ -9,10 +9,11 @@ PackratModel with the same spec but for ``spec.autoBatch``:
 - ``fixed``: ``spec.slo`` (planned on a steady sample at the base rate: the planner does
   not know about the step) and ``spec.autoscaling`` (the envelope tuner with start-up
   headroom); the plan inside a replica is the planner's;
-- ``joint``: plus ``spec.autoBatch`` with the operator's default rules (3 observations 5 s
-  apart, 60 s between switches, 5% expected gain; floored at the planner's batch, the tuner
-  counting no more per replica than the planned plan serves);
-- ``joint-fast``: plus ``sustainSeconds: 1`` (the fast trigger).
+- ``joint``: plus ``spec.autoBatch`` with the slow rules (3 observations 5 s apart, 60 s
+  between switches, 5% expected gain; floored at the planner's batch, the tuner counting no
+  more per replica than the planned plan serves): ``sustainSeconds: 0``, the operator's
+  default when the committed runs were made;
+- ``joint-fast``: plus ``sustainSeconds: 1`` (the fast trigger, the default since).
 
 Every trial of one repeat replays the same arrivals (base rate, ``--factor`` times it, back).
 The profile is measured once by a real profiling Job (the first trial) or read from
@@ -100,9 +101,10 @@ def spec_for(config: str, args: argparse.Namespace) -> dict[str, Any]:
     if config in ("joint", "joint-fast"):
         # the operator's default rules; the range up to the profile's largest batch (the
         # operator refuses more)
-        spec["autoBatch"] = {"max": args.max_batch}
-        if config == "joint-fast":
-            spec["autoBatch"]["sustainSeconds"] = 1
+        spec["autoBatch"] = {
+            "max": args.max_batch,
+            "sustainSeconds": 1 if config == "joint-fast" else 0,
+        }
     elif config != "fixed":
         raise ValueError(config)
     return spec
