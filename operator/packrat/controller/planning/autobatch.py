@@ -72,14 +72,16 @@ def as_reading(value: Reading | int | Sequence[int] | None) -> Reading | None:
     return Reading(tuple(int(v) for v in value), "pods")
 
 
-def policy_from_spec(auto: AutoBatch) -> Policy:
-    """The decision policy of a model's ``spec.autoBatch``."""
+def policy_from_spec(auto: AutoBatch, *, batch_delay_ms: float = 0.0) -> Policy:
+    """The decision policy of a model's ``spec.autoBatch`` (``batch_delay_ms``: its
+    ``maxBatchDelayMs``, which a plan larger than the load waits on every batch)."""
     return Policy(
         min_batch=auto.min,
         max_batch=auto.max,
         sustain=auto.sustain_observations,
         min_interval_s=auto.min_interval_seconds,
         min_gain=auto.min_gain,
+        batch_delay_ms=batch_delay_ms,
     )
 
 

@@ -101,7 +101,7 @@ def observe_batch(
     :func:`slo_floor` and :func:`slo_top`)."""
     assert model.auto is not None
     status = p.status
-    policy = ab.policy_from_spec(model.auto)
+    policy = ab.policy_from_spec(model.auto, batch_delay_ms=model.max_batch_delay_ms)
     if floor is not None:
         policy = replace(policy, min_batch=max(policy.min_batch, floor))
     if ceiling is not None:
