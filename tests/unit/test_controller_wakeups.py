@@ -198,3 +198,18 @@ def test_between_passes_the_pods_are_read_until_news_or_the_next_pass() -> None:
     held = FastPolicy(sustain_s=1.0, min_interval_s=100.0, min_batches=20)
     left, reads = run([timeouts], fast=held)  # ... but not sooner than minIntervalSeconds
     assert 0.0 <= left <= 0.05 and reads >= 1
+
+
+def test_the_pods_are_read_between_passes_only_when_it_can_help() -> None:
+    from packrat.controller.core.model import model_spec
+    from packrat.controller.handlers import peek_interval
+    from packrat.controller.planning import autobatch as ab
+
+    spec = {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"min": 1, "max": 8}}
+    fast, slow = model_spec(spec), model_spec({**spec, "autoBatch": {"sustainSeconds": 0}})
+    pods, service = ab.Reading((4, 4), "pods"), ab.Reading((4,), "service")
+    assert peek_interval(fast, pods, waiting=False) == 1.0  # on by default, every second
+    assert peek_interval(slow, pods, waiting=False) is None  # the fast trigger off
+    assert peek_interval(fast, pods, waiting=True) is None  # a switch under way
+    assert peek_interval(fast, service, waiting=False) is None  # no pods to read again
+    assert peek_interval(fast, None, waiting=False) is None

@@ -210,6 +210,18 @@ def fast_estimate_interval(model: ModelSpec | None) -> float | None:
     return max(FAST_MIN_INTERVAL, auto.sustain_seconds)
 
 
+def peek_interval(
+    model: ModelSpec | None, reading: ab.Reading | None, *, waiting: bool
+) -> float | None:
+    """How often to read a model's pods between its passes (:func:`peek_until`); None when
+    not at all: no fast trigger, something in progress (a switch, pods starting: the passes
+    run often then), or estimates read through the Service (no pods listed to read again)."""
+    every = fast_estimate_interval(model)
+    if every is None or waiting or reading is None or reading.source != "pods":
+        return None
+    return every
+
+
 async def peek_until(
     delay: float,
     *,
@@ -430,18 +442,16 @@ def _register_model_daemon(
             retry=result.retry_seconds,
             fast_due=result.fast_due_seconds,
         )
-        every = fast_estimate_interval(model)
-        if every is None or model is None or model.auto is None or reading is None:
+        every = peek_interval(model, reading, waiting=result.waiting or not estimating)
+        if every is None or delay <= every or model is None or model.auto is None:
             return delay
-        if not estimating or result.waiting or delay <= every:
-            return delay
+        assert reading is not None
         peeks = functools.partial(parts().estimates.peek, namespace, name)
-        fast = ab.fast_policy_from_spec(model.auto)
         return await peek_until(
             delay,
             every=every,
             basis=reading,
-            fast=fast,
+            fast=ab.fast_policy_from_spec(model.auto),
             wakeup=wakeups.get(f"{namespace}/{name}"),
             peek=lambda: loop.run_in_executor(pool, peeks),
         )
