@@ -12,7 +12,9 @@ in both variants (start-up headroom, the same plan and sample), only what it rea
 
 - ``own``: B's own arrivals (A's departures, thinned): what B's pods record;
 - ``ingress``: the ingress thinned to ``f`` (``spec.autoscaling.ingress``): what the router
-  records, before A has answered.
+  records, before A has answered;
+- ``max``: two tuners, one on each, B scaled to the more replicas either wants (not the
+  operator's rule: what reading both would give).
 
 Per variant: B's first scale-up decision after the step (s after it), B's misses (its own
 latency over its half of the SLO), end-to-end misses and P99 (A's latency plus B's for the
@@ -42,6 +44,7 @@ import argparse
 import json
 import os
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 STEP_S = 120.0
-VARIANTS = ("own", "ingress")
+VARIANTS = ("own", "ingress", "max")
 
 
 class Stage:
@@ -90,13 +93,15 @@ class Stage:
             growth=growth_within(sample, self.startup_s + 1.0, noise_z=1.0),
         )
 
-    def run(self, seen: np.ndarray, arrivals: np.ndarray, end: float) -> dict[str, Any]:
-        """Tune on ``seen``, serve ``arrivals``: the decided and serving schedules and each
-        arrival's latency (ms, inf: shed)."""
-        decided = schedule(
-            replay(self.tuner(), seen, interval_s=1.0, until_s=end),
-            initial=self.prov.best.config.replicas,
-        )
+    def run(self, seen: list[np.ndarray], arrivals: np.ndarray, end: float) -> dict[str, Any]:
+        """Tune on each of ``seen`` (one tuner each, the most replicas any wants), serve
+        ``arrivals``: the decided and serving schedules and each arrival's latency (ms, inf:
+        shed)."""
+        runs = [replay(self.tuner(), s, interval_s=1.0, until_s=end) for s in seen]
+        decisions = [
+            replace(ds[0], replicas=max(d.replicas for d in ds)) for ds in zip(*runs, strict=True)
+        ]
+        decided = schedule(decisions, initial=self.prov.best.config.replicas)
         serving = [decided[0]]
         for (t, n), (_, prev) in zip(decided[1:], decided, strict=False):
             serving.append((t + self.startup_s, n) if n > prev else (t, n))
@@ -121,7 +126,7 @@ def chain(args: Any, stages: tuple[Stage, Stage], trace: np.ndarray) -> dict[str
     """A on the ingress ``trace``, then B in both variants on the same A departures."""
     a, b = stages
     end = float(trace[-1])
-    ra = a.run(trace, trace, end)
+    ra = a.run([trace], trace, end)
     lat_a = ra["latency_ms"]
     depart = trace + lat_a / 1000.0
     answered = np.flatnonzero(np.isfinite(depart))
@@ -137,7 +142,8 @@ def chain(args: Any, stages: tuple[Stage, Stage], trace: np.ndarray) -> dict[str
         "a_shed": int(np.sum(~np.isfinite(lat_a))),
         "variants": {},
     }
-    seen = {"own": arrivals_b, "ingress": np.asarray(thin(trace.tolist(), args.fraction))}
+    ingress = np.asarray(thin(trace.tolist(), args.fraction))
+    seen = {"own": [arrivals_b], "ingress": [ingress], "max": [arrivals_b, ingress]}
     for name in VARIANTS:
         rb = b.run(seen[name], arrivals_b, end)
         e2e = lat_a.copy()
