@@ -175,15 +175,15 @@ def test_with_an_slo_autobatch_never_goes_below_the_planners_batch() -> None:
     assert slo_batch(fixed, {"batchSize": {"current": 2}}, 4) == (4, 4)  # no autoBatch
 
 
-def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
-    """Sustained estimates of batch 1 under a plan the planner made for batch 4: autoBatch
-    holds (the floor), where without an SLO it would follow them down."""
-    from test_controller_autobatch import Feed, _at
+def _slo_autobatch_ready(*, latency_ms: float, rate: float) -> tuple[FakeKube, Any, Any]:
+    """A Ready tiny model with an SLO, autoBatch (1..8, 2 observations 2 s apart) and the
+    envelope tuner; its reconciler reads the estimates ``feed.next`` holds."""
+    from test_controller_autobatch import Feed
 
     from packrat.controller.model.reconcile import Config, Reconciler
 
     kube = FakeKube()
-    slo = {"latencyP99Ms": 200, "rate": 5000, "durationSeconds": 4, "maxCores": 12}
+    slo = {"latencyP99Ms": latency_ms, "rate": rate, "durationSeconds": 4, "maxCores": 12}
     auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
     spec = {
         "model": {"zoo": "tiny"},
@@ -199,6 +199,15 @@ def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
     feed = Feed()
     rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
     _to_ready(kube, rec)
+    return kube, rec, feed
+
+
+def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
+    """Sustained estimates of batch 1 under a plan the planner made for batch 4: autoBatch
+    holds (the floor), where without an SLO it would follow them down."""
+    from test_controller_autobatch import _at
+
+    kube, rec, feed = _slo_autobatch_ready(latency_ms=200, rate=5000)
     planned = kube.prm()["status"]["provisioning"]["batch"]
     assert planned > 1
     feed.next = [1, 1]
@@ -217,27 +226,9 @@ def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None
     SLO would miss it for every query it holds: on the 1-core replicas the planner chose,
     sustained estimates of batch 8 (7.0 ms a batch on the test profile; batch 4: 3.5 ms)
     under an SLO of 3 ms switch to batch 2 (1.8 ms), the top; a pass never plans above it."""
-    from test_controller_autobatch import Feed, _at
+    from test_controller_autobatch import _at
 
-    from packrat.controller.model.reconcile import Config, Reconciler
-
-    kube = FakeKube()
-    slo = {"latencyP99Ms": 3, "rate": 200, "durationSeconds": 4, "maxCores": 12}
-    auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
-    spec = {
-        "model": {"zoo": "tiny"},
-        "cpus": 2,
-        "profiling": {"maxBatch": 8},
-        "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-        "slo": slo,
-        "autoBatch": auto,
-        "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
-    }
-    meta = {"name": "tiny", "namespace": NS, "uid": "u1"}
-    kube.create("packratmodels", NS, {"kind": "PackratModel", "metadata": meta, "spec": spec})
-    feed = Feed()
-    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
-    _to_ready(kube, rec)
+    kube, rec, feed = _slo_autobatch_ready(latency_ms=3, rate=200)
     prov = kube.prm()["status"]["provisioning"]
     assert prov["cpusPerReplica"] == 1 and prov["batch"] == 1
     feed.next = [8, 8]
