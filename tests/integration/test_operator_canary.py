@@ -215,7 +215,8 @@ def test_canary_split_promote_and_rollbacks_without_a_failed_request(
         )
         state = _canary_state(cluster)
         assert "P99" in state["message"] and state["trafficPercent"] == 0, state
-        assert cluster.events("CanaryRolledBack")
+        # a pass posts its Events after its status: the rollback can be seen before its Event
+        wait_for(lambda: cluster.events("CanaryRolledBack"), timeout=60, what="the Event")
         rolled = time.monotonic()
         wait_for(lambda: len(load.after(rolled)) >= 50, timeout=SLOW, what="predictions")
         assert not any(canary for _, _, canary in load.after(rolled))
@@ -250,4 +251,8 @@ def test_canary_split_promote_and_rollbacks_without_a_failed_request(
         assert not any(canary for _, _, canary in load.after(removed))
     print(f"{len(load.records)} predictions through split, promote and rollbacks")
     assert load.failures == [], load.failures[:5]
-    assert cluster.events("CanaryRemoved") and cluster.events("CanaryStarted")
+    wait_for(
+        lambda: cluster.events("CanaryRemoved") and cluster.events("CanaryStarted"),
+        timeout=60,
+        what="the canary's Events",
+    )

@@ -262,7 +262,12 @@ def test_fault7_template_drift_corrected(serving: OperatorCluster) -> None:
         return bool(now["image"] == TEST_IMAGE and now["env"] == container["env"])
 
     wait_for(restored, timeout=180, what="template drift corrected")
-    assert [e for e in cluster.events("DriftRepaired") if e["type"] == "Warning"]
+    # the pass posts its Events after its writes: the repair can be seen before its Event
+    wait_for(
+        lambda: [e for e in cluster.events("DriftRepaired") if e["type"] == "Warning"],
+        timeout=60,
+        what="a DriftRepaired Warning",
+    )
     wait_for(lambda: cluster.predict(NAME, NAME)[0] == 200, timeout=120, what="serving")
     wait_for(lambda: _ready(cluster), timeout=120, what="Ready")
 

@@ -77,4 +77,8 @@ def test_tuner_scales_up_from_the_pods_arrivals_without_failures(
         dep = cluster.api.get("deployments", f"{NAME}-{cluster.status(NAME)['activeSlot']}")
         assert dep is not None and dep["spec"]["replicas"] >= wanted
     assert load.results and not load.failures, load.failures[:5]
-    assert [e for e in cluster.events("ScaledUp") if NAME in str(e.get("involvedObject"))]
+    wait_for(  # a pass posts its Events after its writes
+        lambda: [e for e in cluster.events("ScaledUp") if NAME in str(e.get("involvedObject"))],
+        timeout=60,
+        what="a ScaledUp Event",
+    )
