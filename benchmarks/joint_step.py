@@ -86,7 +86,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 SAMPLE_S = 0.005
-DUE_MARGIN_S = 0.05  # the operator's read when a new estimate is due (FAST_DUE_MARGIN)
+DUE_MARGIN_S = 0.05  # the operator's read when a new estimate is due (batching.FAST_DUE_MARGIN)
 TIMELINE = ("arrivals", "miss_pct", "outstanding", "replicas", "batch")
 TIMELINE_VARIANTS = (
     "fixed", "joint-slow-floor-keep", "joint-fast-floor-keep", "joint-fast-floor-keep-cap",

@@ -15,6 +15,7 @@ from packrat.controller.core.model import AutoBatch, model_spec
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import estimates
+from packrat.controller.planning.batching import FAST_DUE_MARGIN
 from packrat.plan.profile import parse_profile
 from packrat.plan.reconfig import FastPolicy, Outcome
 
@@ -401,7 +402,8 @@ def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeout
     feed.next = ab.Reading((8,), "pods", stable_s=0.3)
     held = rec.reconcile(NS, "tiny", now=_at(1))
     assert held.decision == Outcome.HOLD_NOT_SUSTAINED
-    assert held.fast_due_seconds == pytest.approx(0.7)  # read again when it has held 1 s
+    # read again when it has held 1 s (0.7 s from now, and a margin)
+    assert held.retry_seconds == pytest.approx(0.7 + FAST_DUE_MARGIN)
     feed.next = ab.Reading((8,), "pods", stable_s=1.5)  # held a second: no third observation
     res = rec.reconcile(NS, "tiny", now=_at(2))
     assert res.decision == Outcome.SWITCH

@@ -47,9 +47,6 @@ def test_autobatch_model_at_rest_is_sampled_not_left_to_the_resync() -> None:
     rest = {"waiting": False, "tuning": None}
     assert next_delay(opts, wants_estimates=False, **rest) == 300  # idle: the resync only
     assert next_delay(opts, wants_estimates=True, **rest) == 5  # autoBatch: an observation
-    # autoBatch's fast trigger reads the pods every sustainSeconds
-    assert next_delay(opts, wants_estimates=True, estimate_every=1.0, **rest) == 1.0
-    assert next_delay(opts, wants_estimates=False, estimate_every=1.0, **rest) == 300
     assert next_delay(opts, waiting=True, wants_estimates=True, tuning=None) == 2
     assert next_delay(opts, waiting=False, wants_estimates=True, tuning=1.5) == 1.5
     assert next_delay(opts, waiting=False, wants_estimates=False, tuning=30) == 30
@@ -139,18 +136,16 @@ def test_the_fast_trigger_reads_the_pods_every_sustain_seconds() -> None:
 
 def test_a_new_estimate_is_read_again_when_it_has_held_long_enough() -> None:
     """A pass that saw a new estimate held 0.3 of the 1 s the fast trigger wants looks again
-    0.7 s (and a margin) later, not after the whole read interval; never in a tight loop, and
-    only for a model that reads estimates."""
-    from packrat.controller.handlers import FAST_DUE_FLOOR, FAST_DUE_MARGIN
+    0.7 s (and a margin) later, not after the whole read interval; never in a tight loop."""
+    from packrat.controller.planning.batching import FAST_DUE_FLOOR, FAST_DUE_MARGIN, due_delay
 
     options = OperatorOptions(resync_seconds=300, poll_seconds=2, estimate_seconds=5)
-    at_rest: dict[str, Any] = {"waiting": False, "tuning": None, "estimate_every": 1.0}
-    assert next_delay(options, wants_estimates=True, **at_rest) == 1.0
-    due = next_delay(options, wants_estimates=True, fast_due=0.7, **at_rest)
+    at_rest: dict[str, Any] = {"waiting": False, "tuning": None}
+    assert due_delay(0.7) == pytest.approx(0.7 + FAST_DUE_MARGIN)
+    assert due_delay(0.0) == FAST_DUE_FLOOR
+    due = next_delay(options, wants_estimates=True, retry=due_delay(0.7), **at_rest)
     assert due == pytest.approx(0.7 + FAST_DUE_MARGIN)
-    assert next_delay(options, wants_estimates=True, fast_due=0.0, **at_rest) == FAST_DUE_FLOOR
-    assert next_delay(options, wants_estimates=True, fast_due=5.0, **at_rest) == 1.0
-    assert next_delay(options, wants_estimates=False, fast_due=0.7, **at_rest) > 0.7
+    assert next_delay(options, wants_estimates=True, retry=due_delay(9.0), **at_rest) == 5
 
 
 def test_between_passes_the_pods_are_read_until_news_or_the_next_pass() -> None:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -163,8 +162,6 @@ def next_delay(
     tuning: float | None,
     checks_store: bool = False,
     retry: float | None = None,
-    estimate_every: float | None = None,
-    fast_due: float | None = None,
 ) -> float:
     """Seconds until a model's next pass when no watch event comes first.
 
@@ -173,32 +170,23 @@ def next_delay(
     for a storageUri model without a digest, the store's version of the object (every
     ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
     ``retry`` is a pass's own backoff (the store after a failure), which bounds the delay.
-    ``estimate_every``: a model's own, shorter estimate interval (autoBatch's fast trigger);
-    ``fast_due``: the seconds until the pods' new estimate has held long enough for it (the
-    pass looks again just after, so the trigger fires ``sustainSeconds`` after the change,
-    not up to an interval later).
+    autoBatch's fast trigger reads the pods between passes (:func:`peek_until`) and asks
+    for its own next look through ``retry`` (``Result.again_within``).
     """
     delay = options.poll_seconds if waiting else options.resync_seconds
     if wants_estimates:
-        delay = min(delay, options.estimate_seconds, estimate_every or math.inf)
+        delay = min(delay, options.estimate_seconds)
     if tuning is not None:
         delay = min(delay, tuning)
     if checks_store:
         delay = min(delay, options.config.storage_check_seconds)
     if retry is not None:
         delay = min(delay, retry)
-    if fast_due is not None and wants_estimates:
-        delay = min(delay, max(FAST_DUE_FLOOR, fast_due + FAST_DUE_MARGIN))
     return delay
 
 
 FAST_MIN_INTERVAL = 0.5
 """The shortest interval between two reads of a model's estimates (the fast trigger)."""
-FAST_DUE_MARGIN = 0.05
-"""Seconds after a new estimate has held ``sustainSeconds`` that the pass reads it again (the
-pod's clock and this one's are not the same: a little late, not a read too early)."""
-FAST_DUE_FLOOR = 0.1
-"""The shortest delay a due estimate schedules (the pass is not re-run in a tight loop)."""
 
 
 def fast_estimate_interval(model: ModelSpec | None) -> float | None:
@@ -440,7 +428,6 @@ def _register_model_daemon(
             tuning=tuning,
             checks_store=model is not None and needs_version_check(model.source),
             retry=result.retry_seconds,
-            fast_due=result.fast_due_seconds,
         )
         every = peek_interval(model, reading, waiting=result.waiting or not estimating)
         if every is None or delay <= every or model is None or model.auto is None:

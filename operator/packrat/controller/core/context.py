@@ -69,9 +69,6 @@ class Result:
     waiting: bool = False
     # look again after at most this many seconds (a backoff, e.g. the store's after a failure)
     retry_seconds: float | None = None
-    # autoBatch's fast trigger: the pods' new estimate will have held long enough in this
-    # many seconds (read them again then)
-    fast_due_seconds: float | None = None
     # the running profiling Job's progress (status.profiling.progress)
     profiling_progress: dict[str, Any] | None = None
     # the stored profile's isolation verdict (CoresExclusive); None when it has none

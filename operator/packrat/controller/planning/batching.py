@@ -195,7 +195,7 @@ def _fast(
     )
     if not verdict.fire:  # a new estimate it cannot act on yet: look again when it can
         look = FastLook(observed=reading.combined, stable_s=reading.stable_s, timeout_fraction=None)
-        p.result.fast_due_seconds = fast_due(
+        due = fast_due(
             fast=fast,
             policy=policy,
             current=current,
@@ -203,4 +203,19 @@ def _fast(
             state=verdict.state,
             now=p.now.timestamp(),
         )
+        if due is not None:
+            p.result.again_within(due_delay(due))
     return verdict, seen
+
+
+FAST_DUE_MARGIN = 0.05
+"""Seconds after a new estimate can be acted on that the pass reads it again (the pod's clock
+and this one's are not the same: a little late, not a read too early)."""
+FAST_DUE_FLOOR = 0.1
+"""The shortest delay a due estimate asks for (the pass is not re-run in a tight loop)."""
+
+
+def due_delay(due_s: float) -> float:
+    """The delay until the next pass for an estimate the fast trigger can act on in
+    ``due_s`` seconds (:func:`packrat.plan.reconfig.fast_due`)."""
+    return max(FAST_DUE_FLOOR, due_s + FAST_DUE_MARGIN)
