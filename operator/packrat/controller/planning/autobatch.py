@@ -163,7 +163,8 @@ def peek_wake(basis: Reading, now: Reading | None, fast: FastPolicy) -> tuple[st
     full, timeout = now.batches[0] - basis.batches[0], now.batches[1] - basis.batches[1]
     if full < 0 or timeout < 0:
         return "pods", "the pods' batch counts restarted"
-    if full + timeout >= fast.min_batches and timeout >= fast.timeout_high * (full + timeout):
+    fraction, _ = timeout_fraction(basis.batches, now.batches, min_batches=fast.min_batches)
+    if fraction is not None and fraction >= fast.timeout_high:
         return "timeouts", f"{timeout} of {full + timeout} batches left on their timeout"
     return None
 
