@@ -98,31 +98,9 @@ def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -
     of a smaller batch do not move the plan, those of a larger one switch it inside the
     replicas (same CPUs per replica); the tuner counts on no more per replica than the planned
     plan serves (a larger batch absorbs a surge, it does not replace replicas)."""
-    from test_controller_autobatch import Feed, _at, _finish_switch
+    from test_controller_autobatch import _at, _finish_switch
 
-    from packrat.controller.model.reconcile import Config, Reconciler
-
-    kube = FakeKube()
-    slo = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4, "maxCores": 12}
-    auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
-    body = {
-        "apiVersion": "packrat.dev/v1alpha1",
-        "kind": "PackratModel",
-        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-        "spec": {
-            "model": {"zoo": "tiny"},
-            "cpus": 2,
-            "profiling": {"maxBatch": 8},
-            "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-            "slo": slo,
-            "autoBatch": auto,
-            "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
-        },
-    }
-    kube.create("packratmodels", NS, body)
-    feed = Feed()
-    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
-    _to_ready(kube, rec)
+    kube, rec, feed = _slo_autobatch_ready(latency_ms=20, rate=2000)
     status = kube.prm()["status"]
     prov = status["provisioning"]
     assert (
