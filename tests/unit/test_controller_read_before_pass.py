@@ -53,6 +53,20 @@ def _model(kube: CountingKube) -> None:
         )
 
 
+def _router(kube: CountingKube) -> None:
+    """A pipeline's router: the Service ``pipe`` and one ready pod at 10.0.0.9."""
+    selector = {"app.kubernetes.io/name": "router"}
+    kube.create("services", NS, {"metadata": {"name": "pipe"}, "spec": {"selector": selector}})
+    ready = {
+        "phase": "Running",
+        "podIP": "10.0.0.9",
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    kube.create(
+        "pods", NS, {"metadata": {"name": "pipe-router-1", "labels": selector}, "status": ready}
+    )
+
+
 @pytest.fixture
 def fanout() -> FakeFanout:
     pods = FakeFanout()
@@ -140,20 +154,7 @@ def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
     fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
-    selector = {"app.kubernetes.io/name": "router"}
-    kube.create("services", NS, {"metadata": {"name": "pipe"}, "spec": {"selector": selector}})
-    kube.create(
-        "pods",
-        NS,
-        {
-            "metadata": {"name": "pipe-router-1", "labels": dict(selector)},
-            "status": {
-                "phase": "Running",
-                "podIP": "10.0.0.9",
-                "conditions": [{"type": "Ready", "status": "True"}],
-            },
-        },
-    )
+    _router(kube)
     fanout.arrivals["http://10.0.0.9"] = [100.0, 200.0, 300.0, 400.0]
     ingress = ("pipe", 0.5)
     reading, seen = read_before_pass(
@@ -211,11 +212,7 @@ def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
     # each read brings a few arrivals: thinned one read at a time to floor(n s) they were
     # all dropped (5 x 0.1 -> 0, every read), and the stage saw no demand at all
     kube, est, arr = readers
-    selector = {"app.kubernetes.io/name": "router"}
-    kube.create("services", NS, {"metadata": {"name": "pipe"}, "spec": {"selector": selector}})
-    ready = {"phase": "Running", "podIP": "10.0.0.9"}
-    ready["conditions"] = [{"type": "Ready", "status": "True"}]  # type: ignore[assignment]
-    kube.create("pods", NS, {"metadata": {"name": "r", "labels": selector}, "status": ready})
+    _router(kube)
     kept = 0
     for i in range(10):
         # after the reader's first cursor (its clock, 0): a pod answers nothing at the cursor
