@@ -139,18 +139,23 @@ def test_with_an_slo_autobatch_never_goes_below_the_planners_batch() -> None:
     """The planner chose its batch for the SLO's capacity: autoBatch moves up from it, never
     down (clamped to autoBatch's range), whatever the status holds."""
     from packrat.controller.core.model import model_spec
+    from packrat.controller.core.status import ModelStatus
     from packrat.controller.planning.batching import slo_batch, slo_floor
 
     slo = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4, "maxCores": 12}
     spec = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxBatch": 8}, "slo": slo}
     model = model_spec({**spec, "autoBatch": {"min": 2, "max": 8}})
     assert slo_floor(model, 4) == 4 and slo_floor(model, 1) == 2 and slo_floor(model, 16) == 8
-    assert slo_batch(model, {}, 4) == (4, 8)
-    assert slo_batch(model, {"batchSize": {"current": 1}}, 4) == (4, 8)  # not below
-    assert slo_batch(model, {"batchSize": {"target": 6, "current": 4}}, 4) == (6, 8)  # up
-    assert slo_batch(model, {"batchSize": {"current": 64}}, 4) == (8, 8)
+
+    def st(**batch: int) -> ModelStatus:
+        return ModelStatus({"batchSize": batch} if batch else {})
+
+    assert slo_batch(model, st(), 4) == (4, 8)
+    assert slo_batch(model, st(current=1), 4) == (4, 8)  # not below
+    assert slo_batch(model, st(target=6, current=4), 4) == (6, 8)  # up
+    assert slo_batch(model, st(current=64), 4) == (8, 8)
     fixed = model_spec(spec)
-    assert slo_batch(fixed, {"batchSize": {"current": 2}}, 4) == (4, 4)  # no autoBatch
+    assert slo_batch(fixed, st(current=2), 4) == (4, 4)  # no autoBatch
 
 
 def _slo_autobatch_ready(*, latency_ms: float, rate: float) -> tuple[FakeKube, Any, Any]:

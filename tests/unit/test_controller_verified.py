@@ -11,7 +11,6 @@ import pytest
 from conftest import NS, T0, profile_json, setup_model
 from packrat.bench.verify import format_verification, with_verification
 from packrat.controller.core.model import model_spec
-from packrat.controller.core.plans import to_status as status_plan
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import ModelStatus
 from packrat.controller.profiling import manifests as pm
@@ -76,14 +75,14 @@ def test_verify_must_be_a_boolean() -> None:
 def test_measured_matches_only_the_verified_plan() -> None:
     profile = _profile()
     verified = with_verification(profile, _record(profile, 4))
-    served = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4))
+    served = Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4)
     got = measured(served, verified)
     assert got is not None
     assert got["speedup"] == "1.25x" and got["batch"] == 4
     assert got["latencyMs"] == 2.0 and got["fatLatencyMs"] == 2.5
     assert got["expectedLatencyMs"] == 1.8  # L(1, 2): the estimate the measurement corrects
     assert got["measuredAt"] == "2026-12-03T20:00:00Z"
-    other = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=2).plan(2))
+    other = Optimizer.for_profile(profile, cpus=2, max_batch=2).plan(2)
     assert measured(other, verified) is None  # another batch: nothing measured for it
     assert measured(served, profile) is None  # no verification in the profile
     assert measured(None, verified) is None
@@ -100,14 +99,14 @@ def test_measured_matches_only_the_verified_plan() -> None:
 )
 def test_a_malformed_record_is_ignored(bad: dict[str, Any]) -> None:
     profile = _profile()
-    served = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4))
+    served = Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4)
     assert measured(served, with_verification(profile, bad)) is None
 
 
 @pytest.mark.parametrize("speedup", [0, -1, float("nan"), float("inf"), "1.2", True])
 def test_a_non_positive_or_non_numeric_speedup_is_ignored(speedup: Any) -> None:
     profile = _profile()
-    served = status_plan(Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4))
+    served = Optimizer.for_profile(profile, cpus=2, max_batch=4).plan(4)
     record = _record(profile, 4, speedup=speedup)
     assert measured(served, with_verification(profile, record)) is None
 

@@ -13,7 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.core.model import ModelSpec, stored
 from packrat.controller.core.plans import from_status, to_status
+from packrat.controller.core.records import Switch
 from packrat.plan.optimizer import Plan
 
 PHASES = ("Pending", "Profiling", "Planning", "Deploying", "Ready", "Reconfiguring", "Failed")
@@ -238,6 +240,8 @@ class ModelStatus(Status):
     def __init__(self, stored: Mapping[str, Any] | None = None) -> None:
         super().__init__(stored)
         self._facts = Facts()
+        # the served spec, typed once per pass (keyed on the servingSpec it was read from)
+        self._served: tuple[dict[str, Any], ModelSpec] | None = None
 
     @property
     def phase(self) -> str:
@@ -287,9 +291,31 @@ class ModelStatus(Status):
         )
 
     @property
+    def profile_digest(self) -> str:
+        """The stored profile's digest (``status.profile.digest``; "" when none)."""
+        return str((self._data.get("profile") or {}).get("digest", ""))
+
+    @property
     def served_plan(self) -> Plan | None:
         """The plan the active slot serves (None before the first deploy)."""
         return from_status(self._data.get("plan"))
+
+    def served_spec(self, meta: Mapping[str, Any], *, image: str) -> ModelSpec | None:
+        """The spec the active slot serves, typed (None before the first deploy): read from
+        ``servingSpec`` once, for the object's ``meta`` (``image``: the operator's default,
+        for a spec kept by an older operator)."""
+        kept = self._data.get("servingSpec")
+        if not kept:
+            return None
+        if self._served is None or self._served[0] != kept:
+            self._served = (copy.deepcopy(kept), stored(meta, kept, image=image))
+        return self._served[1]
+
+    @property
+    def serving_spec_doc(self) -> dict[str, Any]:
+        """``status.servingSpec``, the spec the active slot serves in its stored form (a copy;
+        empty before the first deploy)."""
+        return copy.deepcopy(dict(self._data.get("servingSpec") or {}))
 
     def keep_serving_spec(self, spec: Mapping[str, Any]) -> None:
         """``servingSpec`` for a status from before it was kept (older operators)."""
@@ -307,6 +333,27 @@ class ModelStatus(Status):
         self._data["selector"] = selector
 
     # -- batch size, switches ---------------------------------------------------------------
+    @property
+    def batch_current(self) -> Any:
+        """The batch the active slot serves (``status.batchSize.current``, as stored: an int
+        when this operator wrote it; None when absent)."""
+        return _batch(self._data.get("batchSize"), "current")
+
+    @property
+    def batch_record(self) -> dict[str, Any]:
+        """``status.batchSize`` as autoBatch keeps it (its observations and decisions: the
+        record :mod:`packrat.controller.planning.autobatch` reads and writes; a copy)."""
+        return copy.deepcopy(dict(self._data.get("batchSize") or {}))
+
+    def set_batch_current(self, current: int) -> None:
+        """Serving batch ``current`` (the first deploy; a target, if any, kept)."""
+        self._set("batchSize", {**self.batch_record, "current": current})
+
+    @property
+    def batch_target(self) -> Any:
+        """The batch autoBatch decided to switch to (``status.batchSize.target``)."""
+        return _batch(self._data.get("batchSize"), "target")
+
     def set_batch_size(self, batch: Mapping[str, Any]) -> None:
         """``status.batchSize`` (autoBatch's observations and decision, current and target)."""
         self._set("batchSize", dict(batch))
@@ -325,18 +372,14 @@ class ModelStatus(Status):
         batch = {k: v for k, v in self.get("batchSize", {}).items() if k != "target"}
         self._set("batchSize", batch)
 
-    def set_switch(self, switch: Mapping[str, Any] | None, *, plan: Plan | None = None) -> None:
-        """``status.switch`` (a switch under way or given up; None: none), with the plan it
-        switches to, if any."""
-        doc = None if switch is None else dict(switch)
-        if doc is not None and plan is not None:
-            doc["plan"] = to_status(plan)
-        self._set("switch", doc)
+    def set_switch(self, switch: Switch | None) -> None:
+        """``status.switch`` (a switch under way or given up; None: none)."""
+        self._set("switch", None if switch is None else switch.to_status())
 
     @property
-    def switch_plan(self) -> Plan | None:
-        """The plan the switch under way switches to."""
-        return from_status((self._data.get("switch") or {}).get("plan"))
+    def switch(self) -> Switch | None:
+        """The switch under way or given up (None: none)."""
+        return Switch.from_status(self._data.get("switch"))
 
     def record_switch(
         self, last: Mapping[str, Any], entry: Mapping[str, Any], *, limit: int = 10
@@ -370,6 +413,11 @@ class ModelStatus(Status):
     def set_canary(self, canary: Mapping[str, Any] | None) -> None:
         """``status.canary`` (spec.canary's rollout; None removes it)."""
         self._set("canary", None if canary is None else dict(canary))
+
+
+def _batch(doc: Any, key: str) -> Any:
+    """A batch size of ``status.batchSize`` as stored (None when absent)."""
+    return doc.get(key) if isinstance(doc, Mapping) else None
 
 
 class PipelineStatus(Status):

@@ -25,6 +25,7 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
+from packrat.controller.core.records import Stage
 from packrat.controller.core.slo_spec import TunerReference
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.controller.planning import autobatch as ab
@@ -273,7 +274,7 @@ class Reconciler:
         try:
             optimizer = self.optimizers.optimizer(
                 profile,
-                digest=str((status.get("profile") or {}).get("digest", "")),
+                digest=status.profile_digest,
                 cpus=serving.cpus,
                 max_batch=max_batch,
             )
@@ -369,20 +370,21 @@ class Reconciler:
     ) -> bool:
         """Start or advance a switch; True when this pass is done (a switch is under way)."""
         status = p.status
-        switch = status.get("switch") or {}
-        stage = switch.get("stage")
+        switch = status.switch
+        stage = switch.stage if switch is not None else None
         kwargs: dict[str, Any] = {
             "replicas": replicas,
             "ready_timeout": model.switch.ready_timeout_seconds,
             "drain": model.switch.drain_seconds,
         }
-        if stage == "draining":
+        if stage is Stage.DRAINING:
             good = last_good(p, fallback=None)
             assert good is not None
             ended = advance_switch(p, children.deployments, children.service, target=good, **kwargs)
             return not ended
-        if stage == "rollout":
-            if switch.get("hash") == desired.serving_hash:
+        if stage is Stage.ROLLOUT:
+            assert switch is not None
+            if switch.hash == desired.serving_hash:
                 ended = advance_switch(
                     p, children.deployments, children.service, target=desired, **kwargs
                 )
@@ -393,11 +395,8 @@ class Reconciler:
                 start_switch(p, children.deployments, target=desired, replicas=replicas)
                 return True
         if desired.serving_hash != status.get("servingHash"):
-            switch = status.get("switch") or {}
-            given_up = switch.get("stage") == "aborted" and switch.get("hash") == (
-                desired.serving_hash
-            )
-            if not given_up:
+            switch = status.switch
+            if switch is None or not switch.gave_up_on(desired.serving_hash):
                 note = self._in_pod(p, children, model, desired=desired, replicas=replicas)
                 if note is None:
                     return False  # switched in place: the pass goes on as at rest
@@ -405,7 +404,7 @@ class Reconciler:
                     return True  # the post to the pods is outstanding: a later pass ends it
                 start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
                 return True
-        elif (status.get("switch") or {}).get("stage") == "aborted":
+        elif (switch := status.switch) is not None and switch.stage is Stage.ABORTED:
             status.set_switch(None)
         return False
 
@@ -460,7 +459,7 @@ class Reconciler:
             serving_spec=desired.spec.stored_spec(),
         )
         status.set_endpoint(p.name, p.namespace, m.PORT)
-        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan.batch})
+        status.set_batch_current(desired.plan.batch)
         p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan.label}")
         steady(p, dep, replicas=replicas)
 

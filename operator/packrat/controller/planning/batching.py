@@ -16,13 +16,12 @@ start, it does not replace them."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import ModelStatus, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.profile import Profile
@@ -30,13 +29,12 @@ from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due, slo_ceiling
 
 
-def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
+def batch_to_plan(model: ModelSpec, status: ModelStatus) -> int:
     """The batch size to plan for: fixed, or the automatic range's target/current/min."""
     auto = model.auto
     if auto is None:
         return model.fixed_batch
-    seen = status.get("batchSize") or {}
-    batch = seen.get("target") or seen.get("current") or auto.min
+    batch = status.batch_target or status.batch_current or auto.min
     return max(auto.min, min(auto.max, int(batch)))
 
 
@@ -65,15 +63,14 @@ def slo_top(
     )
 
 
-def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
+def slo_batch(model: ModelSpec, status: ModelStatus, planned: int) -> tuple[int, int]:
     """With an SLO: the batch to plan for and the optimizer's largest batch. Without
     autoBatch the planner's; with it, autoBatch's target or current batch once it has one,
     else the planner's, clamped to autoBatch's range above the planner's (:func:`slo_floor`)."""
     auto = model.auto
     if auto is None:
         return planned, planned
-    seen = status.get("batchSize") or {}
-    chosen = seen.get("target") or seen.get("current") or planned
+    chosen = status.batch_target or status.batch_current or planned
     batch = max(slo_floor(model, planned), min(auto.max, int(chosen)))
     return batch, max(batch, auto.max)
 
@@ -107,7 +104,7 @@ def observe_batch(
     if ceiling is not None:
         policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
     annotations = model.annotations
-    seen = dict(status.get("batchSize") or {})
+    seen = status.batch_record
     pinned, pin_error = ab.parse_pin(annotations)
     trigger = ab.pending_trigger(annotations, seen)
     stamp = now_iso(p.now)

@@ -15,7 +15,7 @@ from typing import Any
 from packrat.controller.api.drift import covers
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import ModelSpec, stored
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.plans import layout
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.admin_token import ensure_token
@@ -41,8 +41,7 @@ def last_good(p: Pass, *, fallback: ModelSpec | None) -> Rendering | None:
     status = p.status
     if not status.get("activeSlot") or not status.get("servingHash"):
         return None
-    kept = status.get("servingSpec")
-    spec = stored(p.obj["metadata"], kept, image=p.config.image) if kept else fallback
+    spec = status.served_spec(p.obj["metadata"], image=p.config.image) or fallback
     plan = status.served_plan
     if spec is None or plan is None:
         return None
@@ -216,7 +215,8 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
     """Phase, readiness and conditions of a model serving from its active slot."""
     status = p.status
     slot = str(status["activeSlot"])
-    label = (status.get("plan") or {}).get("label")
+    served = status.served_plan
+    label = served.label if served is not None else None
     ready_replicas = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
     status.set_ready_replicas(ready_replicas)
     ready = deployment_ready(dep, replicas) and not p.conflicts

@@ -87,7 +87,8 @@ def lost_active(
     new = ensure_deployment(
         p, deployments.get(target), slot=target, rendering=good, replicas=replicas
     )
-    label = (status.get("plan") or {}).get("label")
+    served = status.served_plan
+    label = served.label if served is not None else None
     if terminating(new) or not deployment_ready(new, replicas) or p.conflicts:
         ensure_service(p, service, slot=active)  # the deleted slot's pods serve meanwhile
         ready = int(((new or {}).get("status") or {}).get("readyReplicas") or 0)
