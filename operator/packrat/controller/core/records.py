@@ -170,3 +170,118 @@ def _opt_str(value: Any) -> str | None:
 
 def _opt_float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+_PROFILE_KEYS = (
+    ("key", "key"),
+    ("config_map", "configMap"),
+    ("digest", "digest"),
+    ("cpu_model", "cpuModel"),
+    ("mode", "mode"),
+    ("job", "job"),
+    ("started_at", "startedAt"),
+    ("attempts", "attempts"),
+    ("last_failure", "lastFailure"),
+    ("retry_at", "retryAt"),
+    ("stuck", "stuck"),
+    ("failed_generation", "failedGeneration"),
+)
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """``status.profile``: the profile for the spec's profile key, stored (``config_map``,
+    ``digest``) or being measured (``job``, its ``attempts``, the last failure, when to retry,
+    a stuck pod), or given up for ``failed_generation``."""
+
+    key: str | None = None
+    config_map: str | None = None
+    digest: str | None = None
+    cpu_model: str | None = None
+    mode: Any = None
+    job: str | None = None
+    started_at: str | None = None
+    attempts: int = 0
+    last_failure: str | None = None
+    retry_at: str | None = None
+    stuck: str | None = None
+    failed_generation: Any = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # -- the steps ---------------------------------------------------------------------------
+    def for_key(self, key: str) -> ProfileRecord:
+        """This record when it is for ``key``, else a new one for it (the spec changed)."""
+        return self if self.key == key else ProfileRecord(key=key)
+
+    def stored(
+        self, *, config_map: str, digest: str, cpu_model: str | None, mode: Any
+    ) -> ProfileRecord:
+        """The profile is in ``config_map``: what measuring it left is dropped."""
+        return replace(
+            self,
+            config_map=config_map,
+            digest=digest,
+            cpu_model=cpu_model,
+            mode=mode,
+            job=None,
+            retry_at=None,
+            last_failure=None,
+            attempts=0,
+            stuck=None,
+        )
+
+    def fresh_start(self) -> ProfileRecord:
+        """The spec changed after giving up: no attempts, no retry time."""
+        return replace(self, attempts=0, failed_generation=None, retry_at=None)
+
+    def gave_up(self, generation: Any) -> ProfileRecord:
+        return replace(self, failed_generation=generation)
+
+    def started(self, *, job: str, started_at: str) -> ProfileRecord:
+        return replace(self, job=job, started_at=started_at, retry_at=None, stuck=None)
+
+    def stuck_on(self, why: str) -> ProfileRecord:
+        return replace(self, stuck=why)
+
+    def failed_attempt(self, *, failure: str, retry_at: str) -> ProfileRecord:
+        """One more attempt failed (``failure``); the next starts at ``retry_at``."""
+        return replace(
+            self,
+            attempts=self.attempts + 1,
+            last_failure=failure,
+            retry_at=retry_at,
+            job=None,
+            stuck=None,
+        )
+
+    # -- the status edge ---------------------------------------------------------------------
+    @classmethod
+    def from_status(cls, doc: Any) -> ProfileRecord:
+        """The record ``status.profile`` holds (an empty one when it holds none)."""
+        if not isinstance(doc, Mapping):
+            return cls()
+        known = {camel for _, camel in _PROFILE_KEYS}
+        attempts = doc.get("attempts")
+        return cls(
+            key=_opt_str(doc.get("key")),
+            config_map=_opt_str(doc.get("configMap")),
+            digest=_opt_str(doc.get("digest")),
+            cpu_model=_opt_str(doc.get("cpuModel")),
+            mode=doc.get("mode"),
+            job=_opt_str(doc.get("job")),
+            started_at=_opt_str(doc.get("startedAt")),
+            attempts=int(attempts or 0),
+            last_failure=_opt_str(doc.get("lastFailure")),
+            retry_at=_opt_str(doc.get("retryAt")),
+            stuck=_opt_str(doc.get("stuck")),
+            failed_generation=doc.get("failedGeneration"),
+            extra={k: v for k, v in doc.items() if k not in known},
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.extra)
+        for attr, camel in _PROFILE_KEYS:
+            value = getattr(self, attr)
+            if value is not None and not (attr == "attempts" and value == 0):
+                out[camel] = value
+        return out

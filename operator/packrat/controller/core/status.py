@@ -15,7 +15,7 @@ from typing import Any
 
 from packrat.controller.core.model import ModelSpec, stored
 from packrat.controller.core.plans import from_status, to_status
-from packrat.controller.core.records import Switch
+from packrat.controller.core.records import ProfileRecord, Switch
 from packrat.plan.optimizer import Plan
 
 PHASES = ("Pending", "Profiling", "Planning", "Deploying", "Ready", "Reconfiguring", "Failed")
@@ -293,7 +293,7 @@ class ModelStatus(Status):
     @property
     def profile_digest(self) -> str:
         """The stored profile's digest (``status.profile.digest``; "" when none)."""
-        return str((self._data.get("profile") or {}).get("digest", ""))
+        return self.profile.digest or ""
 
     @property
     def served_plan(self) -> Plan | None:
@@ -391,8 +391,13 @@ class ModelStatus(Status):
         self._data["switchHistory"] = history[-limit:]
 
     # -- profile, storage, provisioning, autoscaling ----------------------------------------
-    def set_profile(self, profile: Mapping[str, Any]) -> None:
-        self._set("profile", dict(profile))
+    @property
+    def profile(self) -> ProfileRecord:
+        """``status.profile`` (an empty record before the first pass)."""
+        return ProfileRecord.from_status(self._data.get("profile"))
+
+    def set_profile(self, profile: ProfileRecord) -> None:
+        self._set("profile", profile.to_status())
 
     def set_profiling_progress(self, progress: Mapping[str, Any] | None) -> None:
         """``status.profiling.progress`` while a profiling Job runs (None removes it)."""

@@ -30,6 +30,7 @@ from typing import Any
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import PipelinePass as Pass
+from packrat.controller.core.status import ModelStatus
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.plan_job import (
     PlanBudget,
@@ -73,10 +74,10 @@ def stage_profile(
     """The stage model's profile for its current spec, or None while it has none yet."""
     if child is None:
         return None
-    pstatus = (child.get("status") or {}).get("profile") or {}
+    pstatus = ModelStatus(child.get("status")).profile
     key = stage.model.profile_key
-    cm_name = pstatus.get("configMap")
-    if pstatus.get("key") != key or not cm_name:
+    cm_name = pstatus.config_map
+    if pstatus.key != key or not cm_name:
         return None
     if cm_name != m.profile_object_name(stage.model_name, key):
         return None

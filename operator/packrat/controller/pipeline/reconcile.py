@@ -35,7 +35,7 @@ from packrat.controller.api.ownership import conflict_message
 from packrat.controller.core.context import Config, Result, report_provisioned, run_pass
 from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import PipelineStatus, get_condition
+from packrat.controller.core.status import ModelStatus, PipelineStatus, get_condition
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.fractions import feed_back
@@ -62,17 +62,16 @@ def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool
     it is Ready (no switch under way) on the planned CPUs and batch, every replica ready."""
     if model is None or target.replicas < 1:
         return False
-    status = model.get("status") or {}
+    status = ModelStatus(model.get("status"))
     generation = (model.get("metadata") or {}).get("generation")
     if generation is not None and status.get("observedGeneration") != generation:
         return False
-    if status.get("phase") != "Ready" or status.get("switch"):
+    if status.get("phase") != "Ready" or status.switch is not None:
         return False
-    serving = status.get("servingSpec") or {}
-    plan = status.get("plan") or {}
-    if int(serving.get("cpus") or 0) != target.serving_cpus:
+    plan = status.served_plan
+    if int(status.serving_spec_doc.get("cpus") or 0) != target.serving_cpus:
         return False
-    if int(plan.get("batch") or 0) != target.batch:
+    if plan is None or plan.batch != target.batch:
         return False
     replicas = target.replicas
     if target.autoscaling is not None:  # the count its tuner or scaler chose

@@ -110,7 +110,7 @@ def observe_batch(
     stamp = now_iso(p.now)
     if reading is not None and reading.combined is not None:
         seen = ab.record_observation(seen, reading=reading, policy=policy, now=stamp)
-        p.result.observed_batch = seen["observed"]
+        p.result.observed_batch = ab.observed(seen)
     elif pinned is None and trigger is None:
         return  # nothing new to decide on
     last: dict[str, Any] = status.get("lastSwitch") or {}
@@ -143,17 +143,17 @@ def observe_batch(
         pinned=pinned,
         ignore_interval=trigger is not None or (fast is not None and fast.fire),
     )
-    previous = (seen.get("lastDecision") or {}).get("outcome")
-    seen["lastDecision"] = ab.decision_status(decision, now=stamp, trigger=trigger)
-    if pin_error:
-        seen["lastDecision"]["message"] += f" ({pin_error})"
-    if trigger is not None:
-        seen["reconfigureHandled"] = trigger
-    if fast is not None and fast.fire:
-        seen["lastDecision"]["fast"] = f"{fast.reason.value}: {fast.message}"
+    fired = fast is not None and fast.fire
+    seen, previous = ab.record_decision(
+        seen,
+        decision,
+        now=stamp,
+        trigger=trigger,
+        pin_error=pin_error,
+        fast_note=f"{fast.reason.value}: {fast.message}" if fast is not None and fired else None,
+    )
     p.result.decision = decision.outcome.value
     if decision.switch and decision.target is not None:
-        seen["target"] = decision.target
         ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
         p.emit("Normal", "BatchSizeChanged", decision.message)
         # the next pass plans for the new batch and starts the switch: at once, not an

@@ -9,7 +9,7 @@ import pytest
 
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import to_status
-from packrat.controller.core.records import Stage, Switch
+from packrat.controller.core.records import ProfileRecord, Stage, Switch
 from packrat.controller.core.status import ModelStatus
 from packrat.plan.optimizer import Plan, PlanError
 
@@ -120,3 +120,39 @@ def test_the_served_spec_is_typed_once_per_kept_spec() -> None:
     again = status.served_spec(meta, image="img")
     assert again is not None and again.cpus == 4
     assert ModelStatus({}).served_spec(meta, image="img") is None
+
+
+def test_a_profile_record_moves_through_its_attempts() -> None:
+    record = ProfileRecord.from_status({"key": "k1", "configMap": "cm", "digest": "d"})
+    assert record.for_key("k1") is record
+    fresh = record.for_key("k2")
+    assert fresh.to_status() == {"key": "k2"}
+    started = fresh.started(job="j", started_at="t0")
+    failed = started.failed_attempt(failure="oom", retry_at="t1")
+    assert failed.to_status() == {
+        "key": "k2",
+        "startedAt": "t0",
+        "attempts": 1,
+        "lastFailure": "oom",
+        "retryAt": "t1",
+    }
+    again = failed.started(job="j", started_at="t2").stuck_on("unschedulable")
+    assert again.retry_at is None and again.stuck == "unschedulable"
+    assert again.gave_up(3).fresh_start().to_status() == {
+        "key": "k2",
+        "job": "j",
+        "startedAt": "t2",
+        "lastFailure": "oom",
+        "stuck": "unschedulable",
+    }
+    stored = again.stored(config_map="cm2", digest="d2", cpu_model="cpu", mode=None)
+    assert stored.to_status() == {
+        "key": "k2",
+        "configMap": "cm2",
+        "digest": "d2",
+        "cpuModel": "cpu",
+        "startedAt": "t2",
+    }
+    assert ProfileRecord.from_status(stored.to_status()) == stored
+    assert ProfileRecord.from_status(None) == ProfileRecord()
+    assert ProfileRecord.from_status({"key": "k", "new": 1}).to_status() == {"key": "k", "new": 1}
