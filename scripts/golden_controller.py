@@ -69,7 +69,6 @@ def _result(res: Result) -> dict[str, Any]:
         "phase": res.phase,
         "waiting": res.waiting,
         "retry_seconds": res.retry_seconds,
-        "again_within": res.again_within,
         "events": [list(e) for e in res.events],
         "switch_result": res.switch_result,
         "switch_seconds": res.switch_seconds,

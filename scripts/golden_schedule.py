@@ -8,13 +8,14 @@ import itertools
 from typing import Any
 
 from packrat.controller import handlers as h
+from packrat.controller.core.context import Again
 from packrat.controller.core.model import parse
-from packrat.controller.core.storage import needs_version_check
 from packrat.controller.planning import autobatch as ab
+from packrat.controller.planning import schedule
 
 BASE: dict[str, Any] = {"model": {"zoo": "tiny"}, "cpus": 2, "profiling": {"maxBatch": 8}}
 AUTO = {"min": 1, "max": 8, "sustainObservations": 2}
-SLO = {"latencyP99Ms": 20, "rate": 2000}
+SLO = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4}
 SPECS: dict[str, dict[str, Any]] = {
     "fixed": {**BASE, "batchSize": 4},
     "auto": {**BASE, "autoBatch": AUTO},
@@ -59,27 +60,19 @@ def decisions() -> list[dict[str, Any]]:
         }
         model = h.typed(body, options)
         reading = READINGS[reading_name]
-        tuning = h._tuner_interval(model, body)
-        estimating = h._wants_estimates(model, body)
-        delay = h.next_delay(
-            options,
-            waiting=waiting,
-            wants_estimates=model is not None and model.auto is not None,
-            tuning=tuning,
-            checks_store=model is not None and needs_version_check(model.source),
-            retry=retry,
+        before = schedule.before_pass(model, body["status"])
+        wait = schedule.next_pass(
+            options.cadence, before, Again(waiting=waiting, within=retry), reading
         )
-        every = h.peek_interval(model, reading, waiting=waiting or not estimating)
-        peeks = not (every is None or delay <= every or model is None or model.auto is None)
         out.append(
             {
                 "case": f"{spec}/{stat}/waiting={waiting}/retry={retry}/reading={reading_name}",
                 "valid": model is not None and parse(body) is not None,
-                "estimates": estimating,
-                "arrivals": tuning is not None,
-                "ingress": h.ingress_of(model),
-                "delay": delay,
-                "peek_every": every if peeks else None,
+                "estimates": before.estimates,
+                "arrivals": before.arrivals,
+                "ingress": before.ingress,
+                "delay": wait.delay,
+                "peek_every": wait.peek_every,
             }
         )
     return out

@@ -197,11 +197,11 @@ def test_the_operator_reads_arrivals_for_a_model_with_its_own_reference() -> Non
     """The daemon samples the pods' arrivals (every intervalSeconds) for a tuner from a
     reference as for one from an SLO; not for external mode, nor during a switch."""
     from packrat.controller.handlers import OperatorOptions, typed
-    from packrat.controller.handlers import _tuner_interval as interval
+    from packrat.controller.planning.schedule import before_pass
 
     def _tuner_interval(body: dict[str, Any]) -> float | None:
         body = {"metadata": {"name": "m"}, **body}
-        return interval(typed(body, OperatorOptions()), body)
+        return before_pass(typed(body, OperatorOptions()), body.get("status") or {}).tuning
 
     ref = {**REF, "ratesPerSecond": [1.0, 2.0, 3.0]}
     spec = {**STAGE_MODEL, "batchSize": 1, "autoscaling": {"intervalSeconds": 3, "reference": ref}}

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from conftest import ADMIN_TOKEN, NS, FakeFanout, FakeKube, admin_secret
-from packrat.controller.handlers import read_before_pass
 from packrat.controller.planning import arrivals, estimates
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.autoscale import Arrivals
+from packrat.controller.planning.schedule import read_before_pass
 
 
 class CountingKube(FakeKube):

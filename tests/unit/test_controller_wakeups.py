@@ -6,9 +6,18 @@ from typing import Any
 
 import pytest
 
+from packrat.controller.core.context import Again
 from packrat.controller.core.wakeups import Wakeups
-from packrat.controller.handlers import OperatorOptions, next_delay
+from packrat.controller.handlers import OperatorOptions
 from packrat.controller.model.reconcile import Config
+from packrat.controller.planning import schedule
+
+
+def next_delay(
+    options: OperatorOptions, *, waiting: bool = False, retry: float | None = None, **kw: Any
+) -> float:
+    """The schedule's delay for a pass that asked ``Again(waiting, retry)``."""
+    return schedule.next_delay(options.cadence, Again(waiting=waiting, within=retry), **kw)
 
 
 def _meta(uid: str, version: str) -> dict[str, str]:
@@ -121,7 +130,7 @@ def test_the_pass_loop_stops_when_kopf_says_so() -> None:
 
 def test_the_fast_trigger_reads_the_pods_every_sustain_seconds() -> None:
     from packrat.controller.core.model import ModelSpec, model_spec
-    from packrat.controller.handlers import fast_estimate_interval
+    from packrat.controller.planning.schedule import fast_estimate_interval
 
     def model(**auto: object) -> ModelSpec:
         spec = {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"min": 1, "max": 8, **auto}}
@@ -154,8 +163,8 @@ def test_between_passes_the_pods_are_read_until_news_or_the_next_pass() -> None:
     trigger's minimum interval since the pass."""
     import asyncio
 
-    from packrat.controller.handlers import peek_until
     from packrat.controller.planning import autobatch as ab
+    from packrat.controller.planning.schedule import peek_until
     from packrat.plan.reconfig import FastPolicy
 
     basis = ab.Reading((4,), "pods", batches=(100, 0))
@@ -197,11 +206,12 @@ def test_between_passes_the_pods_are_read_until_news_or_the_next_pass() -> None:
 
 def test_the_pods_are_read_between_passes_only_when_it_can_help() -> None:
     from packrat.controller.core.model import model_spec
-    from packrat.controller.handlers import peek_interval
     from packrat.controller.planning import autobatch as ab
+    from packrat.controller.planning.schedule import fast_estimate_interval, peek_interval
 
     spec = {"model": {"zoo": "tiny"}, "cpus": 2, "autoBatch": {"min": 1, "max": 8}}
-    fast, slow = model_spec(spec), model_spec({**spec, "autoBatch": {"sustainSeconds": 0}})
+    fast = fast_estimate_interval(model_spec(spec))
+    slow = fast_estimate_interval(model_spec({**spec, "autoBatch": {"sustainSeconds": 0}}))
     pods, service = ab.Reading((4, 4), "pods"), ab.Reading((4,), "service")
     assert peek_interval(fast, pods, waiting=False) == 1.0  # on by default, every second
     assert peek_interval(slow, pods, waiting=False) is None  # the fast trigger off

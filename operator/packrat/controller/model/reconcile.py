@@ -21,7 +21,7 @@ from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
+from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed, parse_again
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
@@ -131,9 +131,13 @@ class Reconciler:
         now: datetime.datetime | None = None,
         reading: ab.Reading | None = None,
         arrivals: asc.Arrivals | None = None,
+        known: Parsed | None = None,
     ) -> Result:
+        """One pass; ``known``: the spec the caller parsed already (the daemon's, from the
+        watch event's body), used when the object read is what it was parsed from."""
+
         def step(p: Pass) -> None:
-            self._pass(p, reading, arrivals)
+            self._pass(p, reading, arrivals, known)
             self._report_conflicts(p)
 
         return run_pass(
@@ -159,8 +163,14 @@ class Reconciler:
         return release_orphans(self.kube, namespace, name, live=obj)
 
     # -- the pass ------------------------------------------------------------------------------
-    def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
-        model, invalid, refused, unavailable = self._read_model(p)
+    def _pass(
+        self,
+        p: Pass,
+        reading: ab.Reading | None,
+        arrivals: asc.Arrivals | None,
+        known: Parsed | None = None,
+    ) -> None:
+        model, invalid, refused, unavailable = self._read_model(p, known)
         children = observe(self.kube, p.namespace, p.name, model)
 
         # 1. serving repairs, from the last good configuration, before anything else
@@ -207,11 +217,14 @@ class Reconciler:
             arrivals=arrivals,
         )
 
-    def _read_model(self, p: Pass) -> tuple[ModelSpec | None, InvalidSpec | None, list[str], bool]:
+    def _read_model(
+        self, p: Pass, known: Parsed | None = None
+    ) -> tuple[ModelSpec | None, InvalidSpec | None, list[str], bool]:
         """The typed spec, or why there is none (invalid, or refused by the platform's
         allow-lists); whether a storageUri model's store is unavailable."""
         try:
-            model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
+            image = self.config.image
+            model: ModelSpec | None = parse_again(p.obj, default_image=image, known=known)
             invalid: InvalidSpec | None = None
         except InvalidSpec as exc:
             model, invalid = None, exc
@@ -498,7 +511,7 @@ class Reconciler:
         message = conflict_message(p.conflicts)
         p.status.failed()
         p.result.result = "conflict"
-        p.result.waiting = True  # a foreign object's removal sends us no event: look again
+        p.result.in_progress()  # a foreign object's removal sends us no event: look again
         p.status.set_message(message)
         p.cond("Ready", False, "OwnershipConflict", message)
         return True

@@ -168,7 +168,7 @@ class PipelineReconciler:
                 "OwnershipConflict",
                 conflict_message(p.conflicts, owner=pm.PIPELINE_KIND),
             )
-            p.result.waiting = True  # a foreign object's removal sends us no event
+            p.result.in_progress()  # a foreign object's removal sends us no event
             return
         p.status.set_message(None)  # set again below if it still applies
         pc.remove_leftovers(p, children)
@@ -301,7 +301,7 @@ class PipelineReconciler:
                 p.emit("Normal", "Ready", message)
             p.cond("Ready", True, "Serving", message)
             return
-        p.result.waiting = True
+        p.result.in_progress()
         if missing:
             p.status.waiting(missing_profiles=True)
             reason, message = "Profiling", f"waiting for the profiles of {', '.join(missing)}"

@@ -84,7 +84,7 @@ def ensure_profile(
         except ProfileError as exc:
             logger.warning("discarding unreadable profile %s: %s", obj_name, exc)
             p.kube.delete("configmaps", model.namespace, obj_name)
-            p.result.waiting = True
+            p.result.in_progress()
             return None
         drop_superseded(p, jobs, keep=None)
         pstatus = pstatus.stored(
@@ -138,7 +138,7 @@ def _start_job(
         p.cond("Ready", False, "ProfilingFailed", message)
         return None
     status.profiling()
-    p.result.waiting = True
+    p.result.in_progress()
     retry_at = parse_time(pstatus.retry_at)
     if retry_at is not None and p.now < retry_at:
         p.result.result = "waiting"
@@ -171,7 +171,7 @@ def _follow_job(
 ) -> Profile | None:
     status = p.status
     status.profiling()
-    p.result.waiting = True
+    p.result.in_progress()
     state = job_state(job)
     pods = _job_pods(p, job, obj_name)
     status.set_profiling_progress(None)  # progress is shown while the Job runs, below

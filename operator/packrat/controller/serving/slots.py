@@ -232,7 +232,7 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
         p.cond("Ready", True, "Ready", message)
         p.cond("Degraded", False, "AllReplicasReady", "")
     else:
-        p.result.waiting = True
+        p.result.in_progress()
         message = f"slot {slot}: {ready_replicas}/{replicas} replicas ready"
         reason = "ReplicasNotReady"
         if p.conflicts:

@@ -83,7 +83,7 @@ def start_switch(
     p.emit("Normal", "SwitchStarted", message)
     p.cond("Reconfiguring", True, "SwitchStarted", message)
     status.switching()
-    p.result.waiting = True
+    p.result.in_progress()
 
 
 def advance_switch(
@@ -102,7 +102,7 @@ def advance_switch(
     assert switch is not None and switch.from_slot is not None
     slot, source = switch.target_slot, switch.from_slot
     status.switching()
-    p.result.waiting = True
+    p.result.in_progress()
     elapsed = p.seconds_since(switch.started_at)
     if switch.stage is Stage.ROLLOUT:
         dep = ensure_deployment(

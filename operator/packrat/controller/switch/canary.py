@@ -192,7 +192,7 @@ def _run(
     client: CanaryClient,
     state: dict[str, Any],
 ) -> None:
-    p.result.waiting = True  # its counts are read every poll interval
+    p.result.in_progress()  # its counts are read every poll interval
     name = c.canary_name(p.name)
     rendering = c.canary_rendering(good, settings)
     current = p.kube.get("deployments", p.namespace, name)
@@ -273,7 +273,7 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
         )
         failed = _failed(names, answers)
         if failed:  # a pod may still send to the canary: keep it, ask again
-            p.result.waiting = True
+            p.result.in_progress()
             stopping = "stopping: " + "; ".join(failed)[:400]
             p.status.set_canary({**(p.status.get("canary") or {}), "message": stopping})
             return

@@ -71,7 +71,7 @@ def lost_active(
     if not terminating(dep) or not _ours(p, dep):
         return False
     end_switch(p, reason=f"slot {active} Deployment deleted")
-    p.result.waiting = True
+    p.result.in_progress()
     if not keeps_serving(dep):  # its pods are going: recreate it as soon as it is gone
         ensure_service(p, service, slot=active)
         message = f"slot {active} Deployment deleted with its pods; recreating it once it is gone"
