@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from packrat.controller.api.crd import KIND, PIPELINE_KIND
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.overrides import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
@@ -130,6 +132,11 @@ class Pass(Generic[S]):
     @property
     def name(self) -> str:
         return str(self.obj["metadata"]["name"])
+
+    def owns(self, child: Mapping[str, Any]) -> bool:
+        """Whether ``child`` is this object's (its ownerReference: never adopt another's)."""
+        kind = PIPELINE_KIND if isinstance(self.status, PipelineStatus) else KIND
+        return owned_by(child, name=self.name, uid=self.obj["metadata"].get("uid"), kind=kind)
 
     @property
     def namespace(self) -> str:

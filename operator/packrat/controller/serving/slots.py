@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.children import keep
 from packrat.controller.api.drift import covers
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import ModelPass as Pass
@@ -122,26 +123,35 @@ def ensure_deployment(
         plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]
-    if current is None:
-        p.kube.create("deployments", p.namespace, want)
-        return want
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("Deployment", dep_name)
+
+    def settle(current: Mapping[str, Any]) -> dict[str, Any] | None:
+        if terminating(current):
+            return dict(current)
+        if not covers((current.get("spec") or {}).get("selector"), want["spec"]["selector"]):
+            # the selector is immutable: replace the object (it is ours, and wrong)
+            release(p.kube, p.namespace, current)
+            p.kube.delete("deployments", p.namespace, dep_name)
+            p.kube.create("deployments", p.namespace, want)
+            p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
+            return want
         return None
-    if terminating(current):
-        return dict(current)
-    spec = current.get("spec") or {}
-    if not covers(spec.get("selector"), want["spec"]["selector"]):
-        # the selector is immutable: replace the object (it is ours, and wrong)
-        release(p.kube, p.namespace, current)
-        p.kube.delete("deployments", p.namespace, dep_name)
-        p.kube.create("deployments", p.namespace, want)
-        p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
-        return want
-    patch = _drift_patch(p, current, want, replicas=replicas, pod_hash=pod_hash)
-    if patch:
-        return p.kube.patch("deployments", p.namespace, dep_name, patch)
-    return dict(current)
+
+    def drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+        return _drift_patch(p, current, want, replicas=replicas, pod_hash=pod_hash)
+
+    kept = keep(
+        p.kube,
+        "deployments",
+        p.namespace,
+        want,
+        current=current,
+        ours=p.owns,
+        drift=drift,
+        settle=settle,
+    )
+    if not kept.ours:
+        p.conflict("Deployment", dep_name)
+    return kept.obj
 
 
 def _drift_patch(

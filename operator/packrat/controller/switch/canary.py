@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from packrat.controller.api.children import keep
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
@@ -296,16 +297,13 @@ def _settle(p: Pass, keep: Mapping[str, Any] | None) -> None:
 def _ensure_service(p: Pass) -> bool:
     """The canary's Service (selector: the canary slot); False when it is not ours."""
     want = c.canary_service(p.obj)
-    name = want["metadata"]["name"]
-    current = p.kube.get("services", p.namespace, name)
-    if current is None:
-        p.kube.create("services", p.namespace, want)
-        return True
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("Service", name)
-        return False
-    if (current.get("spec") or {}).get("selector") != want["spec"]["selector"]:
-        p.kube.patch(
-            "services", p.namespace, name, {"spec": {"selector": want["spec"]["selector"]}}
-        )
-    return True
+    kept = keep(p.kube, "services", p.namespace, want, ours=p.owns, drift=_selector_drift)
+    if not kept.ours:
+        p.conflict("Service", want["metadata"]["name"])
+    return kept.ours
+
+
+def _selector_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    if (current.get("spec") or {}).get("selector") == want["spec"]["selector"]:
+        return {}
+    return {"spec": {"selector": want["spec"]["selector"]}}
