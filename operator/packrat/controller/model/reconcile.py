@@ -25,9 +25,8 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed, parse_
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
-from packrat.controller.core.records import Stage
 from packrat.controller.core.slo_spec import TunerReference
-from packrat.controller.core.status import ModelStatus, get_condition
+from packrat.controller.core.status import ModelStatus, Stage, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
 from packrat.controller.planning.batching import (

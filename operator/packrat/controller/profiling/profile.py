@@ -18,8 +18,7 @@ from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.pods import job_state, pod_failure, unschedulable
-from packrat.controller.core.records import ProfileRecord
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import ProfileRecord, now_iso, parse_time
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.isolation import CONDITION as ISOLATION_CONDITION
 from packrat.controller.profiling.isolation import cores_exclusive

@@ -10,8 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.records import Stage, Switch
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import Stage, Switch, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.service import ensure_service

@@ -1,4 +1,4 @@
-"""The typed records of a model's status (``core/records.py``) and the status edge that
+"""The typed records of a model's status (``core/status.py``) and the status edge that
 converts them: a switch's stages and steps, round trips, and the batch and served reads."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import to_status
-from packrat.controller.core.records import ProfileRecord, Stage, Switch
-from packrat.controller.core.status import ModelStatus
+from packrat.controller.core.status import ModelStatus, ProfileRecord, Stage, Switch
 from packrat.plan.optimizer import Plan, PlanError
 
 PLAN = Plan.from_dict(
