@@ -313,12 +313,13 @@ def test_an_outage_is_asked_again_with_backoff_not_every_pass() -> None:
         assert mid.result.events == []
         t += p.result.retry_seconds
     assert len(asked) == 6  # once per backoff, never in between
-    assert delays == [2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    for delay, plain in zip(delays, [2.0, 4.0, 8.0, 16.0, 32.0, 64.0], strict=True):
+        assert round(plain * 0.8) <= delay <= plain  # doubling, with jitter
     assert status["storage"]["failures"] == 6
     cond = next(c for c in status["conditions"] if c["type"] == CONDITION)
     assert cond["reason"] == "Unreachable"
     # the cap is the storage check interval
-    assert retry_delay(20, 300) == 300
+    assert 240 <= retry_delay(20, 300) <= 300
 
 
 def test_new_credentials_are_tried_at_once_despite_the_backoff() -> None:

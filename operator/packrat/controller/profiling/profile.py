@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from packrat.controller.api.backoff import backoff
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
@@ -328,8 +329,11 @@ def _failed_attempt(
 ) -> None:
     status = p.status
     attempts = pstatus.attempts + 1
-    delay = min(
-        p.config.profile_retry_seconds * 2 ** (attempts - 1), p.config.profile_retry_max_seconds
+    delay = backoff(
+        attempts,
+        base=p.config.profile_retry_seconds,
+        cap=p.config.profile_retry_max_seconds,
+        seed=f"{p.namespace}/{p.name}/profile",
     )
     _delete_job(p, obj_name, pods)
     retry_at = now_iso(p.now + datetime.timedelta(seconds=delay))
