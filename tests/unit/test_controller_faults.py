@@ -201,6 +201,13 @@ def test_covers_ignores_defaults_and_compares_quantities() -> None:
     assert not covers({**have, "ports": []}, want)
     assert not covers({**have, "resources": {"limits": {"memory": "2Gi", "cpu": "2"}}}, want)
     assert quantity("500m") == quantity("0.5")
+    # forms the hand-written parser refused (None): the Kubernetes client's parser reads them
+    assert quantity("1e3") == 1000 and quantity("2Ei") == 2 * 2**60
+    assert quantity("+1Gi") == 2**30 and quantity("1k") == quantity("1e3")
+    assert quantity("abc") is None and quantity("") is None and quantity(None) is None
+    assert covers(
+        {"resources": {"limits": {"memory": "1e3"}}}, {"resources": {"limits": {"memory": "1k"}}}
+    )
 
 
 def test_unschedulable_reads_the_scheduler_condition() -> None:
