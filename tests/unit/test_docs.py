@@ -210,3 +210,28 @@ def test_no_package_folder_holds_more_than_15_modules() -> None:
         if (n := len(list(folder.glob("*.py")))) > 15
     }
     assert crowded == {}
+
+
+def test_the_architecture_page_names_only_rooms_and_modules_that_exist() -> None:
+    """Every module (`x.py`) and folder (`x/`) the page names exists, and its list of the
+    controller's rooms is the controller's folders, no more, no fewer."""
+    import re
+
+    text = (DOCS_DIR / "architecture.md").read_text(encoding="utf-8")
+    files = {p.relative_to(SOURCE).as_posix() for p in SOURCE.rglob("*.py")}
+    folders = {p.relative_to(SOURCE).as_posix() + "/" for p in SOURCE.rglob("*") if p.is_dir()}
+    named = set(re.findall(r"`([\w/]+\.py)`", text))
+    gone = [f for f in sorted(named) if not any(x == f or x.endswith("/" + f) for x in files)]
+    assert gone == [], f"docs/architecture.md names modules that do not exist: {gone}"
+    dirs = set(re.findall(r"`([\w/]+/)`", text))
+    missing = [
+        d
+        for d in sorted(dirs)
+        if not (ROOT / d).is_dir() and not any(x == d or x.endswith("/" + d) for x in folders)
+    ]
+    assert missing == [], f"docs/architecture.md names folders that do not exist: {missing}"
+    listed = set(re.findall(r"^- `(\w+)`(?: and `(\w+)`)?:", text, re.M))
+    rooms = {r for pair in listed for r in pair if r}
+    controller = SOURCE / "controller"
+    actual = {p.name for p in controller.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert rooms == actual, f"controller rooms: page {sorted(rooms)}, code {sorted(actual)}"

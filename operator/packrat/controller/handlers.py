@@ -7,7 +7,8 @@ model's daemon at once. While something is in progress (profiling, a switch, pod
 starting) the daemon looks again every ``poll_seconds``; a model at rest is only re-read
 every ``resync_seconds`` (a safety net), so idle cost does not grow with events elsewhere.
 Passes of one model are sequential by construction (one daemon); they run in a bounded
-thread pool. An API error leaves status as it was and is retried with exponential backoff.
+thread pool. An API error leaves status as it was and is retried with exponential backoff
+(with jitter). When the next pass runs is decided by :mod:`packrat.controller.planning.schedule`.
 
 Our finalizer on serving Deployments (``protection``) never outlives its model: a model's
 delete lets every one go, and so does the event of a held Deployment whose model has no daemon.
