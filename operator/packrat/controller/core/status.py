@@ -58,35 +58,24 @@ def set_condition(
     if value not in ("True", "False", "Unknown"):
         raise ValueError(f"condition status must be True, False or Unknown, got {value!r}")
     stamp = now or now_iso()
-    out: list[dict[str, Any]] = []
-    found = False
-    for cond in conditions or ():
-        if cond.get("type") != type_:
-            out.append(dict(cond))
-            continue
-        found = True
-        changed = cond.get("status") != value
-        new = {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": stamp if changed else cond.get("lastTransitionTime", stamp),
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
+    out = [dict(cond) for cond in conditions or () if cond.get("type") != type_]
+    old = get_condition(conditions, type_)
+    new = {
+        "type": type_,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": stamp,
+    }
+    if old is not None and old.get("status") == value:
+        new["lastTransitionTime"] = old.get("lastTransitionTime", stamp)
+    if generation is not None:
+        new["observedGeneration"] = generation
+    if old is None:
         out.append(new)
-    if not found:
-        new = {
-            "type": type_,
-            "status": value,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": stamp,
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
-        out.append(new)
+    else:  # in the old one's place
+        at = next(i for i, c in enumerate(conditions or ()) if c.get("type") == type_)
+        out.insert(at, new)
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
     return sorted(out, key=lambda c: order.get(str(c.get("type")), len(order)))
 
