@@ -60,7 +60,7 @@ def set_condition(
     stamp = now or now_iso()
     out = [dict(cond) for cond in conditions or () if cond.get("type") != type_]
     old = get_condition(conditions, type_)
-    new = {
+    new: dict[str, Any] = {
         "type": type_,
         "status": value,
         "reason": reason,
