@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -88,3 +89,48 @@ async def post(
 ) -> tuple[int, bytes, str, dict[str, str]]:
     async with session.post(f"{url}/predictions/m", data=body, headers=headers) as r:
         return r.status, await r.read(), r.content_type, dict(r.headers)
+
+
+# -- raw sockets: the clients aiohttp would not be ----------------------------------------------
+DEADLINE_S = 60.0
+
+
+async def until(predicate: object, what: str) -> None:
+    """Poll ``predicate()`` until true (generous deadline: the machine is shared)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + DEADLINE_S
+    while not predicate():  # type: ignore[operator]
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw TCP connection to ``url``'s host and port (to send what aiohttp would not)."""
+    parts = urlsplit(url)
+    return await asyncio.open_connection(parts.hostname, parts.port)
+
+
+def head(length: int | None = None, path: str = "/predictions/m") -> bytes:
+    """A POST's head announcing ``length`` bytes (chunked when None), no body."""
+    lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/octet-stream"]
+    lines.append(
+        f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
+    )
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def status_of(reader: asyncio.StreamReader) -> int:
+    """The status code of the response on a raw connection."""
+    line = await asyncio.wait_for(reader.readline(), DEADLINE_S)
+    return int(line.split()[1])
+
+
+async def closed(reader: asyncio.StreamReader) -> bool:
+    """True once the server closed the connection (EOF or reset)."""
+    try:
+        while await asyncio.wait_for(reader.read(65536), DEADLINE_S):
+            pass
+    except ConnectionError:
+        pass
+    return True

@@ -12,9 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.fanout import Answer
-from packrat.controller.model.reconcile import Config, Reconciler
+from packrat.controller.model.reconcile import Config, Reconciler, Result
+from packrat.controller.planning.autobatch import Reading
+from packrat.controller.serving import manifests
 from packrat.controller.serving.admin_token import admin_token_secret
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
+from packrat.plan.traces import gamma_trace
 
 NS = "ns"
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
@@ -191,34 +194,91 @@ def profile_json() -> str:
     return Profile(meta=meta, points=points).to_json()
 
 
-def setup_model(spec: dict[str, Any] | None = None) -> tuple[FakeKube, Reconciler]:
-    kube = FakeKube()
+#: a model's fake API and its reconciler, as the fixtures hand them out
+ModelSetUp = tuple[FakeKube, Reconciler]
+
+#: the model ``tiny``'s default spec: 2 CPUs, batch 4, a quick switch
+TINY_SPEC: dict[str, Any] = {
+    "model": {"zoo": "tiny"},
+    "cpus": 2,
+    "batchSize": 4,
+    "profiling": {"maxBatch": 8},
+    "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
+}
+
+
+def unbatched_spec(**extra: Any) -> dict[str, Any]:
+    """``TINY_SPEC`` without its batch size (the planner or autoBatch picks it), plus ``extra``."""
+    base = {k: copy.deepcopy(v) for k, v in TINY_SPEC.items() if k != "batchSize"}
+    return {**base, **extra}
+
+
+def add_model(kube: FakeKube, spec: dict[str, Any], **options: Any) -> Reconciler:
+    """Creates the PackratModel ``tiny`` with ``spec``; its reconciler (``Config(image="img")``
+    unless ``config`` is given, other ``options`` passed on)."""
     body = {
         "apiVersion": "packrat.dev/v1alpha1",
         "kind": "PackratModel",
         "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-        "spec": spec
-        or {
-            "model": {"zoo": "tiny"},
-            "cpus": 2,
-            "batchSize": 4,
-            "profiling": {"maxBatch": 8},
-            "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-        },
+        "spec": spec,
     }
     kube.create("packratmodels", NS, body)
-    return kube, Reconciler(kube, config=Config(image="img", profile_retry_seconds=10))
+    options.setdefault("config", Config(image="img"))
+    return Reconciler(kube, **options)
 
 
-def ready_model() -> tuple[FakeKube, Reconciler]:
-    kube, rec = setup_model()
-    rec.reconcile(NS, "tiny", now=T0)
+def to_ready(kube: FakeKube, rec: Reconciler, now: datetime.datetime = T0) -> Result:
+    """The first passes of ``tiny``: profiled (the profile of ``profile_json``), then serving
+    from slot a."""
+    rec.reconcile(NS, "tiny", now=now)
     kube.finish_job(ok=True, log=profile_json())
-    rec.reconcile(NS, "tiny", now=T0)
+    rec.reconcile(NS, "tiny", now=now)
     kube.make_ready("tiny-a")
-    res = rec.reconcile(NS, "tiny", now=T0)
-    assert res.phase == "Ready"
+    return rec.reconcile(NS, "tiny", now=now)
+
+
+def setup_model(spec: dict[str, Any] | None = None) -> ModelSetUp:
+    """A fresh fake API holding ``tiny`` (``TINY_SPEC`` unless ``spec``), not reconciled yet."""
+    kube = FakeKube()
+    config = Config(image="img", profile_retry_seconds=10)
+    return kube, add_model(kube, spec or copy.deepcopy(TINY_SPEC), config=config)
+
+
+def ready_model() -> ModelSetUp:
+    """``tiny`` profiled and serving (phase Ready)."""
+    kube, rec = setup_model()
+    assert to_ready(kube, rec).phase == "Ready"
     return kube, rec
+
+
+def after(seconds: float) -> datetime.datetime:
+    """``seconds`` after the tests' clock start ``T0``."""
+    return T0 + datetime.timedelta(seconds=seconds)
+
+
+def finish_switch(kube: FakeKube, rec: Reconciler, *, at: float) -> Result:
+    """Plays a switch to its end: the target slot ready at ``at``, drained 10 s later."""
+    slot = kube.prm()["status"]["switch"]["targetSlot"]
+    kube.make_ready(f"tiny-{slot}")
+    assert rec.reconcile(NS, "tiny", now=after(at)).phase == "Reconfiguring"  # service moved
+    done = rec.reconcile(NS, "tiny", now=after(at + 10))  # after the drain period
+    assert done.switch_result == "succeeded"
+    return done
+
+
+def gamma_burst(start: float, seconds: float, rate: float) -> list[float]:
+    """Gamma arrivals at ``rate`` for ``seconds`` from ``start`` (epoch seconds), seeded by it."""
+    return (start + gamma_trace(rate, duration_s=seconds, seed=int(start))).tolist()
+
+
+class Feed:
+    """A synthetic stream of per-pod estimates, one list per reconcile pass."""
+
+    def __init__(self) -> None:
+        self.next: list[int] | Reading | None = None
+
+    def __call__(self, namespace: str, name: str) -> list[int] | Reading | None:
+        return self.next
 
 
 def set_spec(kube: FakeKube, **changes: Any) -> None:
@@ -271,3 +331,20 @@ class FakeFanout:
                 else Answer(0, error="unreachable")
             )
         return out
+
+
+def serving_pod(
+    name: str, *, ready: bool = True, slot: str = "a", going: bool = False
+) -> dict[str, Any]:
+    """A serving pod of model tiny's ``slot``, ready (or not), going away (or not)."""
+    meta: dict[str, Any] = {"name": name, "labels": manifests.service_selector("tiny", slot=slot)}
+    if going:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "metadata": meta,
+        "status": {
+            "phase": "Running",
+            "podIP": f"10.0.0.{len(name)}",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }

@@ -6,12 +6,15 @@ Not a conftest: the packaging test modules import it explicitly.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -201,3 +204,14 @@ SAMPLE_PLAN: dict[str, Any] = {
     "label": "2x2t/b4",
     "alternatives": {},
 }
+
+
+def load_script(name: str) -> ModuleType:
+    """The repository's ``scripts/<name>.py`` loaded as a module (the scripts are not a package);
+    a fresh module on every call, registered under ``_<name>`` while it runs (for dataclasses)."""
+    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

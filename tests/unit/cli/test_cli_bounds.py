@@ -5,11 +5,11 @@ clear line (exit 2) or an invalid spec, never a traceback or minutes of planning
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from packaging_support import ROOT
-from test_cli_provision_pipeline import write
 
 from packrat.cli import main
 from packrat.controller.core.model import InvalidSpec, parse
@@ -39,18 +39,20 @@ def test_a_trace_too_long_to_plan(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_a_pipeline_with_too_many_stages(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
 ) -> None:
     stages = "".join(
         f"  - {{name: s{i}, profile: resnet-pytorch.csv, maxCpus: 2}}\n" for i in range(17)
     )
-    path = write(tmp_path, f"stages:\n{stages}slo: {{latencyP99Ms: 900}}\n")
+    path = pipeline_file(f"stages:\n{stages}slo: {{latencyP99Ms: 900}}\n")
     code = main(["provision", "--pipeline", str(path), "--rate", "5", "--duration", "5"])
     _one_line(capsys, code, "at most 16 stages")
 
 
-def test_deep_yaml_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, _deep())
+def test_deep_yaml_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
+) -> None:
+    path = pipeline_file(_deep())
     code = main(["provision", "--pipeline", str(path), "--rate", "5", "--duration", "5"])
     _one_line(capsys, code, "nested too deeply")
     config = tmp_path / "router.yaml"

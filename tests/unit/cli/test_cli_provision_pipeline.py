@@ -4,6 +4,7 @@ and one-line errors for bad pipeline files."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,6 @@ from packrat.cli import main
 
 EXAMPLE = ROOT / "benchmarks" / "pipelines" / "three-stage.yaml"
 PROFILES = ROOT / "benchmarks" / "profiles"
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(text)
-    for name in ("resnet-pytorch.csv", "resnet-torchserve.csv"):
-        (tmp_path / name).write_text((PROFILES / name).read_text())
-    return path
 
 
 TWO_STAGE = """
@@ -34,9 +27,9 @@ slo: {latencyP99Ms: 900}
 
 
 def test_json_has_every_stage_and_both_baselines(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
 ) -> None:
-    path = write(tmp_path, TWO_STAGE)
+    path = pipeline_file(TWO_STAGE)
     code = main(
         ["provision", "--pipeline", str(path), "--rate", "20", "--duration", "10", "--format=json"]
     )
@@ -63,8 +56,10 @@ def test_the_example_as_a_table(capsys: pytest.CaptureFixture[str]) -> None:
         assert word in out
 
 
-def test_an_impossible_slo_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = write(tmp_path, TWO_STAGE)
+def test_an_impossible_slo_exits_1(
+    capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
+) -> None:
+    path = pipeline_file(TWO_STAGE)
     code = main(
         ["provision", "--pipeline", str(path), "--slo-p99-ms", "50", "--rate", "5", "--duration=5"]
     )
@@ -98,9 +93,12 @@ def test_an_impossible_slo_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture
     ],
 )
 def test_bad_pipeline_files_fail_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    message: str,
+    pipeline_file: Callable[[str], Path],
 ) -> None:
-    path = write(tmp_path, text)
+    path = pipeline_file(text)
     code = main(["provision", "--pipeline", str(path), "--rate", "5", "--duration", "5"])
     err = capsys.readouterr().err.strip()
     assert code == 2

@@ -5,26 +5,16 @@ in the docs are the real ones (or validate), and relative links resolve.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from openapi_schema_validator import OAS30Validator
-from packaging_support import DOCS_DIR, ROOT, crd_schema
+from packaging_support import DOCS_DIR, ROOT, crd_schema, load_script
 
 SOURCE = ROOT / "operator" / "packrat"
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _code_blocks(text: str, lang: str) -> list[str]:
@@ -35,13 +25,13 @@ def _code_blocks(text: str, lang: str) -> list[str]:
 
 
 def test_crd_reference_is_generated_from_the_crd() -> None:
-    gen = _script("gen_crd_docs")
+    gen = load_script("gen_crd_docs")
     current = (DOCS_DIR / "crd-reference.md").read_text(encoding="utf-8")
     assert current == gen.generate(), "docs/crd-reference.md is stale: run `make docs`"
 
 
 def test_crd_reference_lists_every_field_with_its_description() -> None:
-    gen = _script("gen_crd_docs")
+    gen = load_script("gen_crd_docs")
     text = (DOCS_DIR / "crd-reference.md").read_text(encoding="utf-8")
     schema = crd_schema()
     fields = list(gen.walk(schema["properties"]["spec"], path="spec"))
@@ -54,7 +44,7 @@ def test_crd_reference_lists_every_field_with_its_description() -> None:
 
 
 def test_crd_reference_check_mode_detects_drift(tmp_path: Path) -> None:
-    gen = _script("gen_crd_docs")
+    gen = load_script("gen_crd_docs")
     out = tmp_path / "ref.md"
     assert gen.main(["-o", str(out)]) == 0
     assert gen.main(["--check", "-o", str(out)]) == 0

@@ -24,6 +24,7 @@ from packaging_support import (
     all_containers,
     by_kind,
     helm_home,
+    load_script,
     pod_spec,
     render_chart,
     render_objects,
@@ -727,13 +728,7 @@ def test_default_serving_image_matches_the_operator_default() -> None:
 
 
 def test_chart_crds_are_byte_identical_to_top_level() -> None:
-    import importlib.util
-
-    location = ROOT / "scripts" / "sync_crds.py"
-    module_spec = importlib.util.spec_from_file_location("sync_crds", location)
-    assert module_spec and module_spec.loader
-    sync_crds = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(sync_crds)
+    sync_crds = load_script("sync_crds")
     top = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
     assert top, "no CRDs in crds/"
     assert sync_crds.drift() == [], "run `make crds-sync`"
@@ -755,13 +750,7 @@ def test_chart_crds_are_valid_kubernetes(version: str) -> None:
 
 
 def test_sync_crds_detects_and_fixes_drift(tmp_path: Path) -> None:
-    import importlib.util
-
-    location = ROOT / "scripts" / "sync_crds.py"
-    module_spec = importlib.util.spec_from_file_location("sync_crds_t", location)
-    assert module_spec and module_spec.loader
-    sync_crds = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(sync_crds)
+    sync_crds = load_script("sync_crds")
     source, target = tmp_path / "src", tmp_path / "dst"
     source.mkdir()
     target.mkdir()

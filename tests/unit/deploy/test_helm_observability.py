@@ -5,20 +5,18 @@ test_helm_chart.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from packaging_support import CHART_DIR, ROOT, by_kind, helm_home, render_objects
+from packaging_support import CHART_DIR, ROOT, by_kind, helm_home, load_script, render_objects
 
 pytest.importorskip("helm_python")
 
@@ -34,14 +32,6 @@ ENABLED = {
 def _helm_dirs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     with helm_home(tmp_path_factory.mktemp("helm")):
         yield
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _code_metrics() -> set[str]:
@@ -66,7 +56,7 @@ def _metric_names(expr: str) -> set[str]:
 
 
 def test_dashboard_json_is_generated() -> None:
-    gen = _script("gen_dashboard")
+    gen = load_script("gen_dashboard")
     assert DASHBOARD.read_text(encoding="utf-8") == gen.render(), "run `make dashboards`"
 
 
@@ -111,7 +101,7 @@ def test_pod_series_are_joined_on_packratmodel() -> None:
     """A serving pod's `model` label is the served model's name (spec.model.name when set);
     the PackratModel is `packratmodel`. Every dashboard query and alert that reads a pod metric
     selects and groups it by `packratmodel`, never `model` (which breaks those joins)."""
-    gen = _script("gen_dashboard")
+    gen = load_script("gen_dashboard")
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
     exprs = [e for _, e in gen.queries(dashboard)]
@@ -149,7 +139,7 @@ def test_serving_alerts_name_the_packratmodel() -> None:
 
 
 def test_every_query_uses_real_metrics() -> None:
-    gen = _script("gen_dashboard")
+    gen = load_script("gen_dashboard")
     known = _code_metrics()
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from types import ModuleType
-
 import kubernetes_validate
 import pytest
 import yaml
-from packaging_support import ROOT
+from packaging_support import ROOT, load_script
 
-
-def _gen() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gen_profiling_jobs", ROOT / "scripts" / "gen_profiling_jobs.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _gen()
+GEN = load_script("gen_profiling_jobs")
 
 
 @pytest.mark.parametrize("name", sorted(GEN.JOBS))

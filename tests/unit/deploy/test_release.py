@@ -5,30 +5,20 @@ chart README's values table is generated from values.yaml."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
-from packaging_support import CHART_DIR, ROOT, helm_home, pyproject
+from packaging_support import CHART_DIR, ROOT, helm_home, load_script, pyproject
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 CRDS_CHART = ROOT / "helm" / "packrat-crds"
 ACTIONLINT = ROOT / "tools" / "actionlint"
-
-
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +166,7 @@ def test_license_matches_the_images() -> None:
 
 
 def test_chart_readme_values_table_is_generated(tmp_path: Path) -> None:
-    gen = _script("gen_chart_readme")
+    gen = load_script("gen_chart_readme")
     readme = (CHART_DIR / "README.md").read_text()
     values = (CHART_DIR / "values.yaml").read_text()
     assert gen.render(readme, values) == readme, "run `make chart-readme`"

@@ -3,25 +3,14 @@ shaped as the Prometheus test writes it; bad input gives one line and exit code 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from packaging_support import CHART_DIR, ROOT
+from packaging_support import CHART_DIR, load_script
 
 DASHBOARD = CHART_DIR / "dashboards" / "packrat.json"
-
-
-def _script() -> ModuleType:
-    path = ROOT / "scripts" / "render_dashboard_png.py"
-    spec = importlib.util.spec_from_file_location("_render_dashboard_png", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _data(dashboard: dict[str, Any], *, drop: str | None = None) -> dict[str, Any]:
@@ -46,7 +35,7 @@ def _data(dashboard: dict[str, Any], *, drop: str | None = None) -> dict[str, An
 
 
 def test_every_panel_is_drawn(tmp_path: Path) -> None:
-    gen = _script()
+    gen = load_script("render_dashboard_png")
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     doc = _data(dashboard)
     (tmp_path / "data.json").write_text(json.dumps(doc))
@@ -63,7 +52,7 @@ def test_every_panel_is_drawn(tmp_path: Path) -> None:
 def test_bad_input_is_one_line_and_exit_2(
     tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gen = _script()
+    gen = load_script("render_dashboard_png")
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     path = tmp_path / "data.json"
     if case == "not-json":

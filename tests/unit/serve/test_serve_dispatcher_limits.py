@@ -8,52 +8,22 @@ import asyncio
 import contextlib
 import json
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import aiohttp
-from dispatcher_support import all_up, post, run, stack
+from dispatcher_support import (
+    DEADLINE_S,
+    all_up,
+    closed,
+    head,
+    post,
+    raw,
+    run,
+    stack,
+    status_of,
+    until,
+)
 
 from packrat.serve.dispatcher.connections import ConnectionLimits
-
-DEADLINE_S = 60.0
-
-
-async def until(predicate: object, what: str) -> None:
-    """Poll ``predicate()`` until true (generous deadline: the machine is shared)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + DEADLINE_S
-    while not predicate():  # type: ignore[operator]
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-async def raw(url: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    parts = urlsplit(url)
-    return await asyncio.open_connection(parts.hostname, parts.port)
-
-
-def head(length: int | None = None, path: str = "/predictions/m") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: x", "Content-Type: application/octet-stream"]
-    lines.append(
-        f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    )
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-async def status_of(reader: asyncio.StreamReader) -> int:
-    line = await asyncio.wait_for(reader.readline(), DEADLINE_S)
-    return int(line.split()[1])
-
-
-async def closed(reader: asyncio.StreamReader) -> bool:
-    """True once the server closed the connection (EOF or reset)."""
-    try:
-        while await asyncio.wait_for(reader.read(65536), DEADLINE_S):
-            pass
-    except ConnectionError:
-        pass
-    return True
 
 
 async def metric(session: aiohttp.ClientSession, url: str, prefix: str) -> float:

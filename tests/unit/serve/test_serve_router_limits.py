@@ -15,9 +15,18 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 from aiohttp import web
-from dispatcher_support import _serve, _serve_runner, all_up, run, stack
+from dispatcher_support import (
+    _serve,
+    _serve_runner,
+    all_up,
+    closed,
+    raw,
+    run,
+    stack,
+    status_of,
+    until,
+)
 from hostile_support import Listener, answer, endless
-from test_serve_dispatcher_limits import closed, raw, status_of, until
 
 from packrat.plan.pipeline.simulate import Edge
 from packrat.serve.dispatcher.connections import ConnectionLimits

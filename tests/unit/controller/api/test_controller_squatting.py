@@ -9,7 +9,7 @@ import base64
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, profile_json, setup_model
+from kube_support import NS, T0, FakeKube, ModelSetUp, profile_json
 
 from packrat.controller.core.status import get_condition
 
@@ -33,9 +33,9 @@ def _cond(kube: FakeKube, type_: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("which", sorted(SQUATTERS))
-def test_a_squatted_token_or_plan_blocks_the_deployment(which: str) -> None:
+def test_a_squatted_token_or_plan_blocks_the_deployment(which: str, new_model: ModelSetUp) -> None:
     plural, theirs = SQUATTERS[which]
-    kube, rec = setup_model()
+    kube, rec = new_model
     kube.create(plural, NS, theirs)
     rec.reconcile(NS, "tiny", now=T0)
     kube.finish_job(ok=True, log=profile_json())

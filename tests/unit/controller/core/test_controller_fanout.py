@@ -135,7 +135,7 @@ def _pods(kube: FakeKube, name: str, ports: list[int]) -> None:
 
 
 def test_every_hostile_answer_is_no_estimate_and_nothing_waits_past_the_deadline(
-    hostile: Hostile,
+    hostile: Hostile, kube: FakeKube
 ) -> None:
     target = hostile.listen("target", _answer(GOOD_STATUS))
     behaviours: dict[str, Behaviour] = {
@@ -154,7 +154,6 @@ def test_every_hostile_answer_is_no_estimate_and_nothing_waits_past_the_deadline
         "deep": _answer(b"[" * 10_000 + b"]" * 10_000),
     }
     ports = [hostile.listen(name, behaviour) for name, behaviour in behaviours.items()]
-    kube = FakeKube()
     _pods(kube, "m", ports)
     fanout = PodFanout()
     try:
@@ -174,13 +173,12 @@ def test_every_hostile_answer_is_no_estimate_and_nothing_waits_past_the_deadline
 
 
 def test_a_model_with_many_hostile_pods_cannot_starve_another_models_reads(
-    hostile: Hostile,
+    hostile: Hostile, kube: FakeKube
 ) -> None:
     """Eight slots in all, two per model: the hostile model's 16 blackholes hold two of them
     until its deadline, and the other model's read still gets its answer."""
     evil = [hostile.listen(f"evil{i}", hostile.blackhole) for i in range(16)]
     good = hostile.listen("good", _answer(GOOD_STATUS))
-    kube = FakeKube()
     _pods(kube, "evil", evil)
     _pods(kube, "good", [good])
     fanout = PodFanout(total=8, per_owner=2)
@@ -206,7 +204,7 @@ def test_a_model_with_many_hostile_pods_cannot_starve_another_models_reads(
     assert evil_reading == [None]
 
 
-def test_arrivals_take_only_finite_bounded_numbers(hostile: Hostile) -> None:
+def test_arrivals_take_only_finite_bounded_numbers(hostile: Hostile, kube: FakeKube) -> None:
     docs = {
         "good": b'{"base": 100.0, "offsets_ms": [0, 500]}',
         "400 digits": b'{"base": 100.0, "offsets_ms": [%s]}' % (b"9" * 400),
@@ -217,7 +215,6 @@ def test_arrivals_take_only_finite_bounded_numbers(hostile: Hostile) -> None:
         "bool": b'{"base": 100.0, "offsets_ms": [true]}',
     }
     ports = [hostile.listen(name, _answer(doc)) for name, doc in docs.items()]
-    kube = FakeKube()
     _pods(kube, "m", ports)
     fanout = PodFanout()
     try:

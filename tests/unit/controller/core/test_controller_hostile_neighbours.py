@@ -44,11 +44,10 @@ def _status(kube: FakeKube, name: str) -> dict[str, Any]:
     return dict(obj.get("status") or {})
 
 
-def test_a_hostile_store_holds_only_its_own_model(stop: threading.Event) -> None:
+def test_a_hostile_store_holds_only_its_own_model(stop: threading.Event, kube: FakeKube) -> None:
     # a store that sends a valid answer a byte every 2 s: each read succeeds in time
     payload = b'HTTP/1.1 200 OK\r\nETag: "v"\r\nContent-Length: 0\r\n\r\n'
     store = Listener(drip(payload, 2.0, stop))
-    kube = FakeKube()
     _model(kube, "hostile", {"storageUri": f"{store.url}/m.pt", "format": "torchscript"})
     _model(kube, "healthy", {"zoo": "tiny"})
     storage = StorageLimits(policy=EgressPolicy.parse(["127.0.0.0/8"]))

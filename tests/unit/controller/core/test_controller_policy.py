@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, profile_json, set_spec
+from kube_support import NS, T0, FakeKube, add_model, profile_json, set_spec
 
 from packrat.cli import main
 from packrat.controller.core.context import Config
@@ -75,19 +75,8 @@ def _cond(kube: FakeKube, type_: str) -> dict[str, Any]:
     return dict(get_condition(kube.prm()["status"].get("conditions"), type_) or {})
 
 
-def _model(kube: FakeKube, spec: dict[str, Any]) -> None:
-    body = {
-        "apiVersion": "packrat.dev/v1alpha1",
-        "kind": "PackratModel",
-        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-        "spec": spec,
-    }
-    kube.create("packratmodels", NS, body)
-
-
-def test_a_refused_model_gets_nothing_and_a_serving_one_keeps_serving() -> None:
-    kube = FakeKube()
-    _model(kube, {**SPEC, "pod": {"serviceAccountName": "cluster-admin-sa"}})
+def test_a_refused_model_gets_nothing_and_a_serving_one_keeps_serving(kube: FakeKube) -> None:
+    add_model(kube, {**SPEC, "pod": {"serviceAccountName": "cluster-admin-sa"}})
     rec = _reconciler(kube)
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Failed"

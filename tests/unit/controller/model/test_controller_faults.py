@@ -11,10 +11,9 @@ from kube_support import (
     NS,
     T0,
     FakeKube,
+    ModelSetUp,
     profile_json,
-    ready_model,
     set_spec,
-    setup_model,
 )
 
 from packrat.controller.api.drift import covers, quantity
@@ -35,8 +34,8 @@ def _memory(kube: FakeKube, dep: str) -> str:
     return str(obj["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])
 
 
-def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
-    kube, rec = ready_model()
+def test_last_good_spec_restored_after_an_abort_needs_no_switch(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     good = kube.prm()["status"]["servingHash"]
     set_spec(kube, batchSize=8, memory="2Ti")
     rec.reconcile(NS, "tiny", now=T0)
@@ -55,8 +54,8 @@ def test_last_good_spec_restored_after_an_abort_needs_no_switch() -> None:
     assert b is not None and b["spec"]["replicas"] == 0
 
 
-def test_reprofile_with_the_same_layout_keeps_the_served_plan() -> None:
-    kube, rec = ready_model()
+def test_reprofile_with_the_same_layout_keeps_the_served_plan(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     before = kube.prm()["status"]
     kube.delete("configmaps", NS, before["profile"]["configMap"])  # lost: re-profile
     rec.reconcile(NS, "tiny", now=T0)
@@ -75,8 +74,8 @@ def test_reprofile_with_the_same_layout_keeps_the_served_plan() -> None:
     assert kube.of("deployments") == ["tiny-a"]
 
 
-def test_api_error_leaves_status_as_it_was() -> None:
-    kube, rec = ready_model()
+def test_api_error_leaves_status_as_it_was(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     before = kube.prm()["status"]
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -88,8 +87,8 @@ def test_api_error_leaves_status_as_it_was() -> None:
     assert kube.prm()["status"] == before
 
 
-def test_foreign_service_is_a_conflict_never_adopted() -> None:
-    kube, rec = setup_model()
+def test_foreign_service_is_a_conflict_never_adopted(new_model: ModelSetUp) -> None:
+    kube, rec = new_model
     theirs = {"metadata": {"name": "tiny"}, "spec": {"selector": {"app": "web"}}}
     kube.create("services", NS, theirs)
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -105,8 +104,8 @@ def test_foreign_service_is_a_conflict_never_adopted() -> None:
     assert kube.of("jobs")
 
 
-def test_extra_selector_key_removed_and_drifted_template_put_back() -> None:
-    kube, rec = ready_model()
+def test_extra_selector_key_removed_and_drifted_template_put_back(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     kube.patch("services", NS, "tiny", {"spec": {"selector": {"extra": "x"}}})
     dep = kube.get("deployments", NS, "tiny-a")
     assert dep is not None
@@ -128,8 +127,8 @@ def test_extra_selector_key_removed_and_drifted_template_put_back() -> None:
     assert res.phase == "Ready" and len(kube.objects) == patches_before
 
 
-def test_superseded_profiling_job_is_deleted() -> None:
-    kube, rec = setup_model()
+def test_superseded_profiling_job_is_deleted(new_model: ModelSetUp) -> None:
+    kube, rec = new_model
     rec.reconcile(NS, "tiny", now=T0)
     (first,) = kube.of("jobs")
     set_spec(kube, profiling={"maxBatch": 4})
@@ -138,8 +137,10 @@ def test_superseded_profiling_job_is_deleted() -> None:
     assert second != first
 
 
-def test_unschedulable_profiling_pod_reported_then_failed_after_grace() -> None:
-    kube, rec = setup_model()
+def test_unschedulable_profiling_pod_reported_then_failed_after_grace(
+    new_model: ModelSetUp,
+) -> None:
+    kube, rec = new_model
     rec.reconcile(NS, "tiny", now=T0)
     (job,) = kube.of("jobs")
     kube.objects[("pods", NS, f"{job}-x")] = {

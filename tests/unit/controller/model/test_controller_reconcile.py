@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
+from typing import Any
 
 import yaml
-from kube_support import NS, T0, merge, profile_json, ready_model, set_spec, setup_model
+from kube_support import NS, T0, ModelSetUp, merge, profile_json, set_spec
 from openapi_schema_validator import OAS30Validator
 from packaging_support import ROOT, strict_schema
 
@@ -21,8 +23,8 @@ def test_merge_patch_removes_nested_keys() -> None:
     assert merge(old, patch) == new
 
 
-def test_profile_then_deploy_then_ready() -> None:
-    kube, rec = setup_model()
+def test_profile_then_deploy_then_ready(new_model: ModelSetUp) -> None:
+    kube, rec = new_model
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Profiling"
     assert kube.of("jobs") == [kube.of("jobs")[0]]
@@ -59,8 +61,8 @@ def test_profile_then_deploy_then_ready() -> None:
     assert ("Normal", "Ready", res.events[-1][2]) == res.events[-1]
 
 
-def test_invalid_spec_creates_nothing() -> None:
-    kube, rec = setup_model({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4, "autoBatch": {}})
+def test_invalid_spec_creates_nothing(make_model: Callable[[dict[str, Any]], ModelSetUp]) -> None:
+    kube, rec = make_model({"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 4, "autoBatch": {}})
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Failed"
     cond = get_condition(kube.prm()["status"]["conditions"], "Ready")
@@ -69,8 +71,8 @@ def test_invalid_spec_creates_nothing() -> None:
     assert kube.creates == [("packratmodels", "tiny")]
 
 
-def test_replicas_change_in_place() -> None:
-    kube, rec = ready_model()
+def test_replicas_change_in_place(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, replicas=3)
     res = rec.reconcile(NS, "tiny", now=T0)
     assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 3  # type: ignore[index]
@@ -79,8 +81,8 @@ def test_replicas_change_in_place() -> None:
     assert "switch" not in kube.prm()["status"]
 
 
-def test_switch_completes_once_even_after_restart() -> None:
-    kube, rec = ready_model()
+def test_switch_completes_once_even_after_restart(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Reconfiguring"
@@ -112,8 +114,8 @@ def test_switch_completes_once_even_after_restart() -> None:
     assert kube.get("services", NS, "tiny")["spec"]["selector"]["packrat.dev/slot"] == "b"  # type: ignore[index]
 
 
-def test_switch_aborts_and_keeps_serving() -> None:
-    kube, rec = ready_model()
+def test_switch_aborts_and_keeps_serving(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=61))
@@ -137,8 +139,8 @@ def test_switch_aborts_and_keeps_serving() -> None:
     assert kube.get("deployments", NS, "tiny-b")["spec"]["replicas"] == 1  # type: ignore[index]
 
 
-def test_profiling_failure_retries_with_backoff_then_fails() -> None:
-    kube, rec = setup_model()
+def test_profiling_failure_retries_with_backoff_then_fails(new_model: ModelSetUp) -> None:
+    kube, rec = new_model
     rec.reconcile(NS, "tiny", now=T0)
     kube.finish_job(ok=False, message="Killed\nout of memory")
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -167,8 +169,8 @@ def test_profiling_failure_retries_with_backoff_then_fails() -> None:
     assert cond is not None and cond["reason"] == "ProfilingFailed"
 
 
-def test_profile_reused_for_batch_change() -> None:
-    kube, rec = ready_model()
+def test_profile_reused_for_batch_change(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     profiles = [c for c in kube.of("configmaps") if "-profile-" in c]
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
@@ -176,19 +178,21 @@ def test_profile_reused_for_batch_change() -> None:
     assert kube.of("jobs") == []
 
 
-def test_written_status_matches_the_crd_schema() -> None:
+def test_written_status_matches_the_crd_schema(
+    served_model: ModelSetUp, new_model: ModelSetUp
+) -> None:
     crd = yaml.safe_load((ROOT / "crds" / "packratmodel.yaml").read_text())
     status_schema = strict_schema(
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     )
     validator = OAS30Validator(status_schema)
-    kube, rec = setup_model()
+    kube, rec = new_model
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # profiling
     kube.finish_job(ok=False, message="boom")
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # retry pending
-    kube, rec = ready_model()
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     validator.validate(kube.prm()["status"])  # mid-switch
@@ -200,8 +204,8 @@ def test_written_status_matches_the_crd_schema() -> None:
     assert status["plan"]["expectedSpeedup"] is not None
 
 
-def test_spec_change_after_exhausted_profiling_retries() -> None:
-    kube, rec = setup_model()
+def test_spec_change_after_exhausted_profiling_retries(new_model: ModelSetUp) -> None:
+    kube, rec = new_model
     now = T0
     for _ in range(3):
         rec.reconcile(NS, "tiny", now=now)
@@ -251,8 +255,10 @@ def test_pod_failure_reasons() -> None:
     assert "exit code 2" in text and "last line" in text
 
 
-def test_auto_batch_replans_for_sustained_estimate() -> None:
-    kube, _ = setup_model(
+def test_auto_batch_replans_for_sustained_estimate(
+    make_model: Callable[[dict[str, Any]], ModelSetUp],
+) -> None:
+    kube, _ = make_model(
         {
             "model": {"zoo": "tiny"},
             "cpus": 2,

@@ -12,97 +12,17 @@ import yaml
 from kube_support import NS, T0, FakeKube, profile_json
 from openapi_schema_validator import OAS30Validator
 from packaging_support import ROOT, strict_schema
+from pipeline_support import MODELS, NAME, STAGE_MODEL, Cluster, condition, pipeline_body
 
 from packrat.controller.api.kube import KubeError
 from packrat.controller.core.context import Config
 from packrat.controller.core.model import SERVING_CPUS_ANNOTATION, parse
-from packrat.controller.core.status import get_condition
 from packrat.controller.model.reconcile import Reconciler
-from packrat.controller.pipeline.reconcile import PipelineReconciler
 from packrat.controller.profiling.manifests import profile_configmap
 
-NAME = "chain"
-STAGE_MODEL: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "profiling": {"maxBatch": 8},
-    "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 0},
-}
-MODELS = ("chain-first", "chain-second")
 
-
-def _body(**spec_changes: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "stages": [
-            {"name": "first", "model": copy.deepcopy(STAGE_MODEL)},
-            {"name": "second", "model": copy.deepcopy(STAGE_MODEL)},
-        ],
-        "edges": [{"from": "first", "to": "second", "fraction": 1.0}],
-        "slo": {"latencyP99Ms": 200, "rate": 20, "cv": 1.0, "durationSeconds": 30},
-    }
-    spec.update(spec_changes)
-    return {
-        "apiVersion": "packrat.dev/v1alpha1",
-        "kind": "PackratPipeline",
-        "metadata": {"name": NAME, "namespace": NS, "uid": "p1"},
-        "spec": spec,
-    }
-
-
-class Cluster:
-    """A fake API with both reconcilers and the controllers' part played by hand."""
-
-    def __init__(self, body: dict[str, Any] | None = None) -> None:
-        self.kube = FakeKube()
-        config = Config(image="img")
-        self.pipelines = PipelineReconciler(self.kube, config=config)
-        self.models = Reconciler(self.kube, config=config)
-        self.kube.create("packratpipelines", NS, body or _body())
-        self.now = T0
-
-    def obj(self, resource: str, name: str) -> dict[str, Any]:
-        found = self.kube.get(resource, NS, name)
-        assert found is not None, f"{resource}/{name} missing"
-        return found
-
-    def status(self) -> dict[str, Any]:
-        return dict(self.obj("packratpipelines", NAME).get("status") or {})
-
-    def step(self) -> None:
-        """One round: the pipeline's pass, every stage model's, then the controllers."""
-        self.now += datetime.timedelta(seconds=5)
-        self.pipelines.reconcile(NS, NAME, now=self.now)
-        for name in self.kube.of("packratmodels"):
-            self.models.reconcile(NS, name, now=self.now)
-            self.seed(name)
-        for dep in self.kube.of("deployments"):
-            self.kube.make_ready(dep)
-
-    def seed(self, model: str) -> None:
-        """What a finished profiling Job leaves: the profile ConfigMap under the model's key."""
-        obj = self.obj("packratmodels", model)
-        key = ((obj.get("status") or {}).get("profile") or {}).get("key")
-        if key:
-            assert parse(obj, default_image="img").profile_key == key
-            cm = profile_configmap(
-                parse(obj, default_image="img"), profile_json=profile_json(), cpu_model="Test"
-            )
-            self.kube.create("configmaps", NS, cm)
-
-    def settle(self, rounds: int = 12) -> dict[str, Any]:
-        for _ in range(rounds):
-            self.step()
-            if self.status().get("phase") == "Serving":
-                break
-        return self.status()
-
-
-def _cond(status: dict[str, Any], type_: str) -> dict[str, Any]:
-    return dict(get_condition(status.get("conditions"), type_) or {})
-
-
-def test_first_pass_creates_owned_stage_models_and_router() -> None:
-    c = Cluster()
+def test_first_pass_creates_owned_stage_models_and_router(cluster: Cluster) -> None:
+    c = cluster
     result = c.pipelines.reconcile(NS, NAME, now=T0)
     assert result.phase == "Pending"
     assert c.kube.of("packratmodels") == list(MODELS)
@@ -123,17 +43,17 @@ def test_first_pass_creates_owned_stage_models_and_router() -> None:
         assert ref["kind"] == "PackratPipeline" and ref["uid"] == "p1"
     status = c.status()
     assert status["phase"] == "Pending" and status["observedGeneration"] == 1
-    assert _cond(status, "Ready")["reason"] == "Profiling"
+    assert condition(status, "Ready")["reason"] == "Profiling"
     assert [s["name"] for s in status["stages"]] == ["first", "second"]
     assert ("Normal", "StageCreated", "stage first: PackratModel chain-first") in result.events
 
 
-def test_profiles_then_plan_then_serving() -> None:
-    c = Cluster()
+def test_profiles_then_plan_then_serving(cluster: Cluster) -> None:
+    c = cluster
     status = c.settle()
     assert status["phase"] == "Serving", status
-    assert _cond(status, "Ready")["status"] == "True"
-    assert _cond(status, "Provisioned")["reason"] == "Feasible"
+    assert condition(status, "Ready")["status"] == "True"
+    assert condition(status, "Provisioned")["reason"] == "Feasible"
     assert status["simulatedP99Ms"] <= 200 and status["sloMet"] is True
     assert status["cores"] == sum(s["cores"] for s in status["stages"])
     assert set(status["baselines"]) == {"mean", "peak"}
@@ -153,8 +73,8 @@ def test_profiles_then_plan_then_serving() -> None:
     assert status["endpoint"] == {"service": f"{NAME}.{NS}.svc", "port": 8080}
 
 
-def test_a_pass_at_rest_writes_nothing() -> None:
-    c = Cluster()
+def test_a_pass_at_rest_writes_nothing(cluster: Cluster) -> None:
+    c = cluster
     assert c.settle()["phase"] == "Serving"
     before = copy.deepcopy(c.kube.objects)
     creates = len(c.kube.creates)
@@ -163,11 +83,11 @@ def test_a_pass_at_rest_writes_nothing() -> None:
     assert c.kube.objects == before and len(c.kube.creates) == creates
 
 
-def test_status_matches_the_crd_schema() -> None:
+def test_status_matches_the_crd_schema(cluster: Cluster) -> None:
     crd = yaml.safe_load((ROOT / "crds" / "packratpipeline.yaml").read_text())
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     validator = OAS30Validator(strict_schema(schema))
-    c = Cluster()
+    c = cluster
     c.pipelines.reconcile(NS, NAME, now=T0)
     validator.validate(c.status())  # profiling
     validator.validate(c.settle())  # serving
@@ -176,8 +96,8 @@ def test_status_matches_the_crd_schema() -> None:
     validator.validate(c.status())  # invalid
 
 
-def test_drifted_children_are_put_back() -> None:
-    c = Cluster()
+def test_drifted_children_are_put_back(cluster: Cluster) -> None:
+    c = cluster
     assert c.settle()["phase"] == "Serving"
     c.kube.patch("packratmodels", NS, "chain-first", {"spec": {"batchSize": 4, "memory": "1Gi"}})
     c.kube.patch(
@@ -202,8 +122,8 @@ def test_drifted_children_are_put_back() -> None:
     assert c.settle()["phase"] == "Serving"
 
 
-def test_foreign_objects_are_a_conflict_never_touched() -> None:
-    c = Cluster()
+def test_foreign_objects_are_a_conflict_never_touched(cluster: Cluster) -> None:
+    c = cluster
     foreign = {"metadata": {"name": "chain", "namespace": NS}, "spec": {"selector": {"a": "b"}}}
     c.kube.create("services", NS, foreign)
     mine = {"metadata": {"name": "chain-second", "namespace": NS}, "spec": {"cpus": 1}}
@@ -214,11 +134,11 @@ def test_foreign_objects_are_a_conflict_never_touched() -> None:
     assert c.obj("packratmodels", "chain-second")["spec"] == mine["spec"]
     assert c.kube.of("packratmodels") == ["chain-second"]  # nothing created either
     status = c.status()
-    conflict = _cond(status, "OwnershipConflict")
+    conflict = condition(status, "OwnershipConflict")
     assert conflict["status"] == "True"
     assert "PackratModel chain-second" in conflict["message"]
     assert "Service chain" in conflict["message"]
-    assert _cond(status, "Ready")["reason"] == "OwnershipConflict"
+    assert condition(status, "Ready")["reason"] == "OwnershipConflict"
     warnings = [e for e in result.events if e[1] == "OwnershipConflict"]
     assert len(warnings) == 1 and warnings[0][0] == "Warning"
     # the same conflict again: no second event; once the objects go, the pipeline proceeds
@@ -227,17 +147,19 @@ def test_foreign_objects_are_a_conflict_never_touched() -> None:
     c.kube.delete("packratmodels", NS, "chain-second")
     result = c.pipelines.reconcile(NS, NAME, now=T0)
     assert result.phase == "Pending"
-    assert _cond(c.status(), "OwnershipConflict")["status"] == "False"
+    assert condition(c.status(), "OwnershipConflict")["status"] == "False"
 
 
 def test_invalid_spec_creates_nothing() -> None:
     model = {**STAGE_MODEL, "batchSize": 4}
-    c = Cluster(_body(stages=[{"name": "first", "model": model}], edges=[]))
+    c = Cluster(pipeline_body(stages=[{"name": "first", "model": model}], edges=[]))
     result = c.pipelines.reconcile(NS, NAME, now=T0)
     assert result.phase == "Failed" and result.result == "invalid"
     assert c.kube.creates == [("packratpipelines", NAME)]
     status = c.status()
-    assert "batchSize" in status["message"] and _cond(status, "Ready")["reason"] == "InvalidSpec"
+    assert (
+        "batchSize" in status["message"] and condition(status, "Ready")["reason"] == "InvalidSpec"
+    )
     assert [e[1] for e in result.events] == ["InvalidSpec"]
 
 
@@ -259,13 +181,13 @@ def test_invalid_spec_creates_nothing() -> None:
     ],
 )
 def test_invalid_specs_name_the_field(changes: dict[str, Any], needle: str) -> None:
-    c = Cluster(_body(**changes))
+    c = Cluster(pipeline_body(**changes))
     assert c.pipelines.reconcile(NS, NAME, now=T0).phase == "Failed"
     assert needle in c.status()["message"]
 
 
-def test_api_error_leaves_status_unchanged() -> None:
-    c = Cluster()
+def test_api_error_leaves_status_unchanged(cluster: Cluster) -> None:
+    c = cluster
     c.pipelines.reconcile(NS, NAME, now=T0)
     before = c.status()
 
@@ -279,8 +201,8 @@ def test_api_error_leaves_status_unchanged() -> None:
     assert c.status() == before
 
 
-def test_removed_stage_model_is_deleted_and_router_reconfigured() -> None:
-    c = Cluster()
+def test_removed_stage_model_is_deleted_and_router_reconfigured(cluster: Cluster) -> None:
+    c = cluster
     assert c.settle()["phase"] == "Serving"
     c.kube.patch(
         "packratpipelines",
@@ -300,7 +222,7 @@ def test_removed_stage_model_is_deleted_and_router_reconfigured() -> None:
 
 def test_unreadable_trace_keeps_the_last_plan() -> None:
     trace = {"configMap": "arrivals", "key": "trace.txt"}
-    c = Cluster(_body(slo={"latencyP99Ms": 200, "trace": trace}))
+    c = Cluster(pipeline_body(slo={"latencyP99Ms": 200, "trace": trace}))
     times = "\n".join(f"{i * 0.05:.3f}" for i in range(600))
     c.kube.create(
         "configmaps", NS, {"metadata": {"name": "arrivals"}, "data": {"trace.txt": times}}
@@ -313,20 +235,19 @@ def test_unreadable_trace_keeps_the_last_plan() -> None:
     result = c.pipelines.reconcile(NS, NAME, now=c.now)
     status = c.status()
     assert result.phase == "Serving"  # the last plan keeps serving
-    assert _cond(status, "Provisioned")["reason"] == "TraceUnavailable"
+    assert condition(status, "Provisioned")["reason"] == "TraceUnavailable"
     assert [(s["replicas"], s["cpusPerReplica"], s["batch"]) for s in status["stages"]] == planned
     assert [k for k, r, _ in result.events if r == "TraceUnavailable"] == ["Warning"]
     assert not c.pipelines.reconcile(NS, NAME, now=c.now).events  # reported once
 
 
-def test_deleted_pipeline_is_gone() -> None:
-    c = Cluster()
+def test_deleted_pipeline_is_gone(cluster: Cluster) -> None:
+    c = cluster
     c.kube.delete("packratpipelines", NS, NAME)
     assert c.pipelines.reconcile(NS, NAME, now=T0).result == "gone"
 
 
-def test_model_serving_cpus_annotation() -> None:
-    kube = FakeKube()
+def test_model_serving_cpus_annotation(kube: FakeKube) -> None:
     body = {
         "metadata": {
             "name": "m",
@@ -360,15 +281,19 @@ def test_model_serving_cpus_annotation() -> None:
     assert rec.reconcile(NS, "m", now=T0).result == "invalid"
 
 
-def test_smaller_stage_cpus_never_makes_the_stage_model_invalid() -> None:
-    c = Cluster()
+def test_smaller_stage_cpus_never_makes_the_stage_model_invalid(cluster: Cluster) -> None:
+    c = cluster
     assert c.settle()["phase"] == "Serving"
     first = {**STAGE_MODEL, "cpus": 1, "profiling": {"maxBatch": 2}}
     c.kube.patch(
         "packratpipelines",
         NS,
         NAME,
-        {"spec": {"stages": [{"name": "first", "model": first}, _body()["spec"]["stages"][1]]}},
+        {
+            "spec": {
+                "stages": [{"name": "first", "model": first}, pipeline_body()["spec"]["stages"][1]]
+            }
+        },
     )
     c.pipelines.reconcile(NS, NAME, now=c.now)  # the last plan, within the new limits
     model = c.obj("packratmodels", "chain-first")

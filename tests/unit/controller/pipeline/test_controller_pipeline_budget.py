@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from openapi_schema_validator import OAS30Validator
 from packaging_support import ROOT, strict_schema
-from test_controller_pipeline import NAME, NS, STAGE_MODEL, Cluster, _body, _cond
+from pipeline_support import NAME, NS, STAGE_MODEL, Cluster, condition, pipeline_body
 
 from packrat.controller.core.context import Config
 from packrat.controller.pipeline.planning import plan_configmap_name
@@ -33,7 +33,7 @@ def _restarted(c: Cluster) -> PipelineReconciler:
 
 def test_a_16_stage_chain_at_the_admitted_maximum_stays_within_its_budget() -> None:
     names = [f"s{i}" for i in range(16)]
-    body = _body(
+    body = pipeline_body(
         stages=[{"name": n, "model": copy.deepcopy(STAGE_MODEL)} for n in names],
         edges=[{"from": a, "to": b, "fraction": 1.0} for a, b in itertools.pairwise(names)],
         slo={"latencyP99Ms": 200, "rate": 2000, "cv": 1.0, "durationSeconds": 100},
@@ -44,10 +44,10 @@ def test_a_16_stage_chain_at_the_admitted_maximum_stays_within_its_budget() -> N
     before = _rss_mib()
     for _ in range(6):
         c.step()
-        if _cond(c.status(), "Provisioned").get("reason") == "PlanningBudgetExceeded":
+        if condition(c.status(), "Provisioned").get("reason") == "PlanningBudgetExceeded":
             break
     status = c.status()
-    cond = _cond(status, "Provisioned")
+    cond = condition(status, "Provisioned")
     assert cond["status"] == "False" and cond["reason"] == "PlanningBudgetExceeded", status
     assert status["phase"] == "Failed" and status["planning"]["reason"] == cond["reason"]
     crd = yaml.safe_load((ROOT / "crds" / "packratpipeline.yaml").read_text())
@@ -59,11 +59,11 @@ def test_a_16_stage_chain_at_the_admitted_maximum_stays_within_its_budget() -> N
     again = _restarted(c)
     result = again.reconcile(NS, NAME, now=c.now)
     assert again.plans.misses == 0 and result.phase == "Failed"
-    assert _cond(c.status(), "Provisioned")["reason"] == "PlanningBudgetExceeded"
+    assert condition(c.status(), "Provisioned")["reason"] == "PlanningBudgetExceeded"
 
 
-def test_a_plan_is_persisted_and_a_restart_does_not_replan() -> None:
-    c = Cluster()
+def test_a_plan_is_persisted_and_a_restart_does_not_replan(cluster: Cluster) -> None:
+    c = cluster
     status = c.settle()
     assert status["phase"] == "Serving", status
     cm = c.obj("configmaps", plan_configmap_name(NAME))

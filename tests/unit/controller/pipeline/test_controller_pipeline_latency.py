@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from kube_support import NS, FakeKube
+from pipeline_support import NAME, Cluster, pipeline_body
 from prometheus_client import generate_latest
-from test_controller_pipeline import NAME, Cluster, _body
 
 from packrat.controller.pipeline.latency import (
     MIN_QUERIES,
@@ -111,9 +111,8 @@ def _pod(name: str, *, ready: bool = True) -> dict[str, object]:
     }
 
 
-def test_reader_adds_every_ready_router_pod(routers: list[str]) -> None:
+def test_reader_adds_every_ready_router_pod(routers: list[str], kube: FakeKube) -> None:
     url, *pods = routers
-    kube = FakeKube()
     kube.create(
         "services", NS, {"metadata": {"name": NAME}, "spec": {"selector": {"app": "router"}}}
     )
@@ -181,8 +180,8 @@ def test_measure_needs_enough_queries_in_the_window() -> None:
     assert found == Measured(5.0, 100)
 
 
-def test_measured_p99_in_status_decides_slo_met() -> None:
-    c = Cluster()
+def test_measured_p99_in_status_decides_slo_met(cluster: Cluster) -> None:
+    c = cluster
     assert c.settle()["phase"] == "Serving"
     assert "measuredP99Ms" not in c.status() and c.status()["sloMet"] is True
     c.pipelines.reconcile(NS, NAME, now=c.now, measured=Measured(250.0, 100))  # SLO 200 ms
@@ -217,7 +216,7 @@ def test_edge_counts_are_validated_and_restart_on_a_reset() -> None:
 
 
 def test_measured_fractions_replace_the_declared_ones_after_enough_samples() -> None:
-    c = Cluster(_body(edges=[{"from": "first", "to": "second", "fraction": 0.5}]))
+    c = Cluster(pipeline_body(edges=[{"from": "first", "to": "second", "fraction": 0.5}]))
     assert c.settle()["phase"] == "Serving"
     planned = c.status()["planSignature"]
     assert c.status()["edges"] == [{"from": "first", "to": "second", "declared": 0.5}]

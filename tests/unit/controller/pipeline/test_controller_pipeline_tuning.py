@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kube_support import NS, T0
-from test_controller_pipeline import MODELS, NAME, STAGE_MODEL, Cluster, _body
+from pipeline_support import MODELS, NAME, STAGE_MODEL, Cluster, pipeline_body
 
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, parse
 from packrat.controller.core.spec import validate_spec
@@ -27,10 +27,10 @@ def _stage(c: Cluster, name: str) -> dict[str, Any]:
     return next(s for s in c.status()["stages"] if s["model"] == name)
 
 
-def test_a_stage_deploys_only_its_planned_configuration() -> None:
+def test_a_stage_deploys_only_its_planned_configuration(cluster: Cluster) -> None:
     """Before the plan a stage model profiles and deploys nothing; its first Deployment is
     the planned one, so no stage ever switches away from a placeholder."""
-    c = Cluster()
+    c = cluster
     c.pipelines.reconcile(NS, NAME, now=T0)
     assert all(_notes(c, m) == {PROFILE_ONLY_ANNOTATION: "true"} for m in MODELS)
     waited = False
@@ -59,9 +59,9 @@ def test_a_stage_deploys_only_its_planned_configuration() -> None:
 def test_the_hop_overhead_is_planned_for() -> None:
     """Two stages in a chain: the end-to-end P99 carries (2 + 1) hops of hopOverheadMs."""
     slo = {"latencyP99Ms": 200, "rate": 20, "cv": 1.0, "durationSeconds": 30}
-    none = Cluster(_body(slo={**slo, "hopOverheadMs": 0})).settle()
-    hops = Cluster(_body(slo={**slo, "hopOverheadMs": 12})).settle()
-    default = Cluster(_body(slo=slo)).settle()
+    none = Cluster(pipeline_body(slo={**slo, "hopOverheadMs": 0})).settle()
+    hops = Cluster(pipeline_body(slo={**slo, "hopOverheadMs": 12})).settle()
+    default = Cluster(pipeline_body(slo=slo)).settle()
     assert none["phase"] == hops["phase"] == default["phase"] == "Serving"
     assert none["planSignature"] != hops["planSignature"] != default["planSignature"]
     same = [(s["replicas"], s["cpusPerReplica"], s["batch"]) for s in none["stages"]]
@@ -86,7 +86,7 @@ def test_the_hop_overhead_is_planned_for() -> None:
     ],
 )
 def test_invalid_autoscaling_and_hops_name_the_field(changes: dict[str, Any], needle: str) -> None:
-    c = Cluster(_body(**changes))
+    c = Cluster(pipeline_body(**changes))
     assert c.pipelines.reconcile(NS, NAME, now=T0).phase == "Failed"
     assert needle in c.status()["message"]
 
@@ -96,7 +96,7 @@ def _burst(start: float, seconds: float, rate: float) -> list[float]:
 
 
 def test_envelope_autoscaling_scales_a_stage_from_its_own_arrivals() -> None:
-    c = Cluster(_body(autoscaling=AUTO))
+    c = Cluster(pipeline_body(autoscaling=AUTO))
     status = c.settle()
     assert status["phase"] == "Serving"
     model = MODELS[1]
@@ -138,7 +138,7 @@ def test_envelope_autoscaling_scales_a_stage_from_its_own_arrivals() -> None:
 
 
 def test_external_autoscaling_leaves_a_serving_stage_to_its_scaler() -> None:
-    c = Cluster(_body(autoscaling={"mode": "external"}))
+    c = Cluster(pipeline_body(autoscaling={"mode": "external"}))
     assert c.settle()["phase"] == "Serving"
     model = MODELS[0]
     planned = _stage(c, model)["replicas"]

@@ -3,16 +3,25 @@ the reconcile pass driving ``plan.reconfig`` end to end against an in-memory API
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, profile_json
+from kube_support import (
+    NS,
+    FakeKube,
+    Feed,
+    add_model,
+    after,
+    finish_switch,
+    profile_json,
+    to_ready,
+    unbatched_spec,
+)
 
 from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import AutoBatch, model_spec
-from packrat.controller.model.reconcile import Config, Reconciler, Result
+from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import estimates
 from packrat.controller.planning.batching import FAST_DUE_MARGIN
@@ -164,9 +173,8 @@ def _serving_pod(name: str, *, slot: str, ready: bool, ip: str) -> dict[str, Any
 
 
 def test_estimate_reader_reads_every_ready_pod_the_service_selects(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube
 ) -> None:
-    kube = FakeKube()
     kube.create(
         "services",
         NS,
@@ -212,60 +220,16 @@ def test_estimate_reader_reads_every_ready_pod_the_service_selects(
 
 
 # -- the reconcile pass, end to end on an in-memory API --------------------------------------------
-class Feed:
-    """A synthetic stream of per-pod estimates, one list per reconcile pass."""
-
-    def __init__(self) -> None:
-        self.next: list[int] | ab.Reading | None = None
-
-    def __call__(self, namespace: str, name: str) -> list[int] | ab.Reading | None:
-        return self.next
-
-
 def _auto_model(**auto: Any) -> tuple[FakeKube, Reconciler, Feed]:
-    kube = FakeKube()
-    kube.create(
-        "packratmodels",
-        NS,
-        {
-            "apiVersion": "packrat.dev/v1alpha1",
-            "kind": "PackratModel",
-            "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-            "spec": {
-                "model": {"zoo": "tiny"},
-                "cpus": 2,
-                "autoBatch": {**AUTO, **auto},
-                "profiling": {"maxBatch": 8},
-                "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-            },
-        },
-    )
-    feed = Feed()
-    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
-    rec.reconcile(NS, "tiny", now=T0)
-    kube.finish_job(ok=True, log=profile_json())
-    rec.reconcile(NS, "tiny", now=T0)
-    kube.make_ready("tiny-a")
-    assert rec.reconcile(NS, "tiny", now=T0).phase == "Ready"
+    kube, feed = FakeKube(), Feed()
+    rec = add_model(kube, unbatched_spec(autoBatch={**AUTO, **auto}), estimates=feed)
+    assert to_ready(kube, rec).phase == "Ready"
     return kube, rec, feed
-
-
-def _at(seconds: float) -> datetime.datetime:
-    return T0 + datetime.timedelta(seconds=seconds)
 
 
 def _batch(kube: FakeKube) -> dict[str, Any]:
     value: dict[str, Any] = kube.prm()["status"]["batchSize"]
     return value
-
-
-def _finish_switch(kube: FakeKube, rec: Reconciler, *, at: float) -> Result:
-    slot = kube.prm()["status"]["switch"]["targetSlot"]
-    kube.make_ready(f"tiny-{slot}")
-    assert rec.reconcile(NS, "tiny", now=_at(at)).phase == "Reconfiguring"  # service moved
-    done = rec.reconcile(NS, "tiny", now=_at(at + 10))  # after the drain period
-    assert done.switch_result == "succeeded"
-    return done
 
 
 def _annotate(kube: FakeKube, **annotations: str) -> None:
@@ -276,29 +240,29 @@ def test_sustained_load_switches_once_through_the_active_passive_switch() -> Non
     kube, rec, feed = _auto_model()
     assert _batch(kube)["current"] == 1
     feed.next = [8, 8, 2]  # three pods; the mode is 8
-    res = rec.reconcile(NS, "tiny", now=_at(1))
+    res = rec.reconcile(NS, "tiny", now=after(1))
     assert res.decision == Outcome.HOLD_NOT_SUSTAINED and res.observed_batch == 8
     seen = _batch(kube)
     assert seen["observed"] == 8 and seen["estimates"] == [8, 8, 2] and seen["source"] == "pods"
     assert seen["lastDecision"]["outcome"] == "hold_not_sustained" and "target" not in seen
-    res = rec.reconcile(NS, "tiny", now=_at(2))
+    res = rec.reconcile(NS, "tiny", now=after(2))
     assert res.decision == Outcome.SWITCH
     assert [e[1] for e in res.events] == ["BatchSizeChanged"]
     seen = _batch(kube)
     assert seen["target"] == 8 and seen["lastDecision"]["expectedGain"] > 0.05
     assert "batch 1 -> 8" in seen["lastDecision"]["message"]
-    res = rec.reconcile(NS, "tiny", now=_at(3))
+    res = rec.reconcile(NS, "tiny", now=after(3))
     assert res.phase == "Reconfiguring"
     assert kube.prm()["status"]["switch"]["plan"]["batch"] == 8
     assert _batch(kube) == {**seen, "current": 1, "target": 8}  # no observations mid-switch
-    done = _finish_switch(kube, rec, at=4)
+    done = finish_switch(kube, rec, at=4)
     assert done.switch_seconds is not None
     status = kube.prm()["status"]
     assert status["batchSize"]["current"] == 8 and "target" not in status["batchSize"]
     (entry,) = status["switchHistory"]
     assert (entry["fromBatch"], entry["toBatch"], entry["result"]) == (1, 8, "Succeeded")
     # the load stays: holds, and the DP was solved once for all these passes
-    res = rec.reconcile(NS, "tiny", now=_at(20))
+    res = rec.reconcile(NS, "tiny", now=after(20))
     assert res.decision == Outcome.HOLD_SAME
     assert rec.optimizers.misses == 1
 
@@ -306,56 +270,56 @@ def test_sustained_load_switches_once_through_the_active_passive_switch() -> Non
 def test_a_change_soon_after_a_switch_waits_and_a_trigger_skips_the_wait() -> None:
     kube, rec, feed = _auto_model()
     feed.next = [8]
-    rec.reconcile(NS, "tiny", now=_at(1))
-    rec.reconcile(NS, "tiny", now=_at(2))
-    rec.reconcile(NS, "tiny", now=_at(3))
-    _finish_switch(kube, rec, at=4)  # lastSwitch at t=14
+    rec.reconcile(NS, "tiny", now=after(1))
+    rec.reconcile(NS, "tiny", now=after(2))
+    rec.reconcile(NS, "tiny", now=after(3))
+    finish_switch(kube, rec, at=4)  # lastSwitch at t=14
     feed.next = [1]
-    rec.reconcile(NS, "tiny", now=_at(15))
-    res = rec.reconcile(NS, "tiny", now=_at(16))
+    rec.reconcile(NS, "tiny", now=after(15))
+    res = rec.reconcile(NS, "tiny", now=after(16))
     assert res.decision == Outcome.HOLD_TOO_SOON
     assert "next allowed in" in _batch(kube)["lastDecision"]["message"]
     _annotate(kube, **{ab.RECONFIGURE_ANNOTATION: "now-please"})
-    res = rec.reconcile(NS, "tiny", now=_at(17))
+    res = rec.reconcile(NS, "tiny", now=after(17))
     assert res.decision == Outcome.SWITCH
     seen = _batch(kube)
     assert seen["target"] == 1 and seen["reconfigureHandled"] == "now-please"
     assert seen["lastDecision"]["trigger"] == f"{ab.RECONFIGURE_ANNOTATION}=now-please"
-    assert rec.reconcile(NS, "tiny", now=_at(18)).phase == "Reconfiguring"
-    _finish_switch(kube, rec, at=19)
+    assert rec.reconcile(NS, "tiny", now=after(18)).phase == "Reconfiguring"
+    finish_switch(kube, rec, at=19)
     assert [h["toBatch"] for h in kube.prm()["status"]["switchHistory"]] == [8, 1]
     # the same annotation value does not trigger again; the interval applies once more
     feed.next = [4]
-    rec.reconcile(NS, "tiny", now=_at(40))
-    assert rec.reconcile(NS, "tiny", now=_at(41)).decision == Outcome.HOLD_TOO_SOON
+    rec.reconcile(NS, "tiny", now=after(40))
+    assert rec.reconcile(NS, "tiny", now=after(41)).decision == Outcome.HOLD_TOO_SOON
 
 
 def test_small_gains_hold() -> None:
     kube, rec, feed = _auto_model(minGain=0.9)
     feed.next = [8]
-    rec.reconcile(NS, "tiny", now=_at(1))
-    res = rec.reconcile(NS, "tiny", now=_at(2))
+    rec.reconcile(NS, "tiny", now=after(1))
+    res = rec.reconcile(NS, "tiny", now=after(2))
     assert res.decision == Outcome.HOLD_GAIN_TOO_SMALL
     assert "target" not in _batch(kube)
-    assert rec.reconcile(NS, "tiny", now=_at(3)).phase == "Ready"
+    assert rec.reconcile(NS, "tiny", now=after(3)).phase == "Ready"
 
 
 def test_pin_switches_once_then_holds_whatever_the_load() -> None:
     kube, rec, feed = _auto_model(sustainObservations=5)
     _annotate(kube, **{ab.PIN_ANNOTATION: "2"})
-    res = rec.reconcile(NS, "tiny", now=_at(1))  # no reading needed, no sustain
+    res = rec.reconcile(NS, "tiny", now=after(1))  # no reading needed, no sustain
     assert res.decision == Outcome.SWITCH and _batch(kube)["target"] == 2
     assert "pinned" in _batch(kube)["lastDecision"]["message"]
-    rec.reconcile(NS, "tiny", now=_at(2))
-    _finish_switch(kube, rec, at=3)
+    rec.reconcile(NS, "tiny", now=after(2))
+    finish_switch(kube, rec, at=3)
     feed.next = [8]
     for t in range(20, 30):
-        res = rec.reconcile(NS, "tiny", now=_at(t))
+        res = rec.reconcile(NS, "tiny", now=after(t))
         assert res.decision == Outcome.HOLD_PINNED, res
     assert _batch(kube)["current"] == 2 and len(kube.prm()["status"]["switchHistory"]) == 1
     # unpinned: the sustained load takes over again (interval long passed)
     _annotate(kube, **{ab.PIN_ANNOTATION: None})  # type: ignore[arg-type]
-    decisions = [rec.reconcile(NS, "tiny", now=_at(t)).decision for t in range(100, 105)]
+    decisions = [rec.reconcile(NS, "tiny", now=after(t)).decision for t in range(100, 105)]
     assert decisions.count(Outcome.SWITCH) == 1 and _batch(kube)["target"] == 8
 
 
@@ -363,7 +327,7 @@ def test_a_bad_pin_is_reported_and_ignored() -> None:
     kube, rec, feed = _auto_model()
     _annotate(kube, **{ab.PIN_ANNOTATION: "lots"})
     feed.next = [1]
-    res = rec.reconcile(NS, "tiny", now=_at(1))
+    res = rec.reconcile(NS, "tiny", now=after(1))
     assert res.decision == Outcome.HOLD_NOT_SUSTAINED
     assert "not an integer" in _batch(kube)["lastDecision"]["message"]
     assert any(e[1] == "BadAnnotation" for e in res.events)
@@ -371,7 +335,7 @@ def test_a_bad_pin_is_reported_and_ignored() -> None:
 
 def test_no_estimates_no_decision() -> None:
     kube, rec, _ = _auto_model()
-    res = rec.reconcile(NS, "tiny", now=_at(1))
+    res = rec.reconcile(NS, "tiny", now=after(1))
     assert res.decision is None and res.observed_batch is None
     assert "lastDecision" not in _batch(kube)
 
@@ -400,31 +364,31 @@ def test_parse_pod_estimate_validates_the_fast_triggers_evidence() -> None:
 def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeouts() -> None:
     kube, rec, feed = _auto_model(sustainObservations=5, sustainSeconds=1)
     feed.next = ab.Reading((8,), "pods", stable_s=0.3)
-    held = rec.reconcile(NS, "tiny", now=_at(1))
+    held = rec.reconcile(NS, "tiny", now=after(1))
     assert held.decision == Outcome.HOLD_NOT_SUSTAINED
     # read again when it has held 1 s (0.7 s from now, and a margin)
     assert held.retry_seconds == pytest.approx(0.7 + FAST_DUE_MARGIN)
     feed.next = ab.Reading((8,), "pods", stable_s=1.5)  # held a second: no third observation
-    res = rec.reconcile(NS, "tiny", now=_at(2))
+    res = rec.reconcile(NS, "tiny", now=after(2))
     assert res.decision == Outcome.SWITCH
     assert res.retry_seconds == 0.0  # the switch starts on the next pass, at once
     assert held.retry_seconds != 0.0
     assert _batch(kube)["lastDecision"]["fast"].startswith("sustained")
     assert _batch(kube)["fast"]["lastFrom"] == 1
-    assert rec.reconcile(NS, "tiny", now=_at(3)).phase == "Reconfiguring"
-    _finish_switch(kube, rec, at=4)  # lastSwitch at t=14
+    assert rec.reconcile(NS, "tiny", now=after(3)).phase == "Reconfiguring"
+    finish_switch(kube, rec, at=4)  # lastSwitch at t=14
     # the load falls; batches leave on their timeout rather than full
     feed.next = ab.Reading((1,), "pods", stable_s=0.1, batches=(0, 0))
-    assert rec.reconcile(NS, "tiny", now=_at(15)).decision == Outcome.HOLD_NOT_SUSTAINED
+    assert rec.reconcile(NS, "tiny", now=after(15)).decision == Outcome.HOLD_NOT_SUSTAINED
     feed.next = ab.Reading((1,), "pods", stable_s=0.2, batches=(5, 40))
-    res = rec.reconcile(NS, "tiny", now=_at(16))  # frequent, but 2 s after the last switch
+    res = rec.reconcile(NS, "tiny", now=after(16))  # frequent, but 2 s after the last switch
     assert res.decision == Outcome.HOLD_NOT_SUSTAINED
     assert _batch(kube)["fast"]["timeoutFraction"] == round(40 / 45, 4)
     feed.next = ab.Reading((1,), "pods", stable_s=0.3, batches=(5, 60))
-    res = rec.reconcile(NS, "tiny", now=_at(20))  # 1 is the batch the last switch left:
+    res = rec.reconcile(NS, "tiny", now=after(20))  # 1 is the batch the last switch left:
     assert res.decision == Outcome.HOLD_NOT_SUSTAINED  # back to it only after 60 s
     feed.next = ab.Reading((1,), "pods", stable_s=0.3, batches=(5, 80))
-    res = rec.reconcile(NS, "tiny", now=_at(75))  # 61 s after the switch: allowed
+    res = rec.reconcile(NS, "tiny", now=after(75))  # 61 s after the switch: allowed
     assert res.decision == Outcome.SWITCH and _batch(kube)["target"] == 1
     assert _batch(kube)["lastDecision"]["fast"].startswith("timeouts")
     assert _batch(kube)["fast"]["armed"] is False  # until the fraction falls to 0.2
@@ -433,8 +397,8 @@ def test_fast_trigger_switches_on_one_held_reading_and_on_frequent_batch_timeout
 def test_without_sustain_seconds_a_held_reading_waits_for_the_observations() -> None:
     kube, rec, feed = _auto_model(sustainObservations=3, sustainSeconds=0)  # off
     feed.next = ab.Reading((8,), "pods", stable_s=30.0, batches=(0, 10_000))
-    assert rec.reconcile(NS, "tiny", now=_at(1)).decision == Outcome.HOLD_NOT_SUSTAINED
-    assert rec.reconcile(NS, "tiny", now=_at(2)).decision == Outcome.HOLD_NOT_SUSTAINED
+    assert rec.reconcile(NS, "tiny", now=after(1)).decision == Outcome.HOLD_NOT_SUSTAINED
+    assert rec.reconcile(NS, "tiny", now=after(2)).decision == Outcome.HOLD_NOT_SUSTAINED
     assert "fast" not in _batch(kube)
 
 

@@ -8,7 +8,16 @@ import datetime
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, profile_json
+from kube_support import (
+    NS,
+    T0,
+    FakeKube,
+    add_model,
+    gamma_burst,
+    profile_json,
+    to_ready,
+    unbatched_spec,
+)
 
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.core.status import get_condition
@@ -18,42 +27,41 @@ from packrat.plan.profile import parse_profile
 from packrat.plan.provision import Planner, SimSettings, exhaustive
 from packrat.plan.traces import gamma_trace
 
-BASE: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "profiling": {"maxBatch": 8},
-    "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-}
-
-
-def _spec(**extra: Any) -> dict[str, Any]:
-    return {**BASE, **extra}
-
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (_spec(slo={"latencyP99Ms": 50}), "exactly one of slo.trace and slo.rate"),
+        (unbatched_spec(slo={"latencyP99Ms": 50}), "exactly one of slo.trace and slo.rate"),
         (
-            _spec(slo={"latencyP99Ms": 50, "rate": 10, "trace": {"configMap": "t", "key": "k"}}),
+            unbatched_spec(
+                slo={"latencyP99Ms": 50, "rate": 10, "trace": {"configMap": "t", "key": "k"}}
+            ),
             "exactly one of slo.trace and slo.rate",
         ),
-        (_spec(slo={"latencyP99Ms": 0, "rate": 10}), "latencyP99Ms"),
-        (_spec(slo={"latencyP99Ms": 50, "rate": 10}, batchSize=4), "do not set batchSize"),
-        (_spec(slo={"latencyP99Ms": 50, "rate": 10, "bogus": 1}), "spec.slo.bogus: unknown"),
-        (_spec(slo={"latencyP99Ms": 50, "rate": 1000, "durationSeconds": 3600}), "200000"),
-        (_spec(batchSize=4, autoscaling={}), "envelope needs spec.slo"),
+        (unbatched_spec(slo={"latencyP99Ms": 0, "rate": 10}), "latencyP99Ms"),
+        (unbatched_spec(slo={"latencyP99Ms": 50, "rate": 10}, batchSize=4), "do not set batchSize"),
         (
-            _spec(
+            unbatched_spec(slo={"latencyP99Ms": 50, "rate": 10, "bogus": 1}),
+            "spec.slo.bogus: unknown",
+        ),
+        (unbatched_spec(slo={"latencyP99Ms": 50, "rate": 1000, "durationSeconds": 3600}), "200000"),
+        (unbatched_spec(batchSize=4, autoscaling={}), "envelope needs spec.slo"),
+        (
+            unbatched_spec(
                 slo={"latencyP99Ms": 50, "rate": 10},
                 autoscaling={"minReplicas": 3, "maxReplicas": 2},
             ),
             "minReplicas must not exceed",
         ),
-        (_spec(slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"mode": "hpa"}), "mode must"),
+        (
+            unbatched_spec(slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"mode": "hpa"}),
+            "mode must",
+        ),
         *(
             (
-                _spec(slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"ingress": ingress}),
+                unbatched_spec(
+                    slo={"latencyP99Ms": 50, "rate": 10}, autoscaling={"ingress": ingress}
+                ),
                 message,
             )
             for ingress, message in (
@@ -74,41 +82,23 @@ def test_bad_slo_specs_are_refused(spec: dict[str, Any], message: str) -> None:
 
 
 def test_good_slo_specs_pass() -> None:
-    assert validate_spec(_spec(slo={"latencyP99Ms": 50, "rate": 10}), name="tiny") == []
+    assert validate_spec(unbatched_spec(slo={"latencyP99Ms": 50, "rate": 10}), name="tiny") == []
     trace = {"latencyP99Ms": 50, "trace": {"configMap": "t", "key": "k"}}
-    assert validate_spec(_spec(slo=trace, autoscaling={"maxReplicas": 4}), name="tiny") == []
-    external = _spec(batchSize=4, autoscaling={"mode": "external"})
+    assert (
+        validate_spec(unbatched_spec(slo=trace, autoscaling={"maxReplicas": 4}), name="tiny") == []
+    )
+    external = unbatched_spec(batchSize=4, autoscaling={"mode": "external"})
     assert validate_spec(external, name="tiny") == []
     ingress = {"ingress": {"service": "pipe", "scaleFactor": 0.25}}
-    assert validate_spec(_spec(slo=trace, autoscaling=ingress), name="tiny") == []
-
-
-def _model(kube: FakeKube, spec: dict[str, Any]) -> Reconciler:
-    body = {
-        "apiVersion": "packrat.dev/v1alpha1",
-        "kind": "PackratModel",
-        "metadata": {"name": "tiny", "namespace": NS, "uid": "u1"},
-        "spec": spec,
-    }
-    kube.create("packratmodels", NS, body)
-    return Reconciler(kube, config=Config(image="img"))
-
-
-def _to_ready(kube: FakeKube, rec: Reconciler, now: datetime.datetime = T0) -> Any:
-    rec.reconcile(NS, "tiny", now=now)
-    kube.finish_job(ok=True, log=profile_json())
-    rec.reconcile(NS, "tiny", now=now)
-    kube.make_ready("tiny-a")
-    return rec.reconcile(NS, "tiny", now=now)
+    assert validate_spec(unbatched_spec(slo=trace, autoscaling=ingress), name="tiny") == []
 
 
 SLO = {"latencyP99Ms": 20, "rate": 2000, "durationSeconds": 4, "maxCores": 12}
 
 
-def test_slo_provisions_replicas_size_and_batch_at_the_exhaustive_optimum() -> None:
-    kube = FakeKube()
-    rec = _model(kube, _spec(slo=SLO))
-    res = _to_ready(kube, rec)
+def test_slo_provisions_replicas_size_and_batch_at_the_exhaustive_optimum(kube: FakeKube) -> None:
+    rec = add_model(kube, unbatched_spec(slo=SLO))
+    res = to_ready(kube, rec)
     assert res.phase == "Ready"
     status = kube.prm()["status"]
     prov = status["provisioning"]
@@ -134,9 +124,10 @@ def test_slo_provisions_replicas_size_and_batch_at_the_exhaustive_optimum() -> N
     assert set(prov["baselines"]) == {"mean", "peak"}
 
 
-def test_infeasible_slo_serves_the_lowest_p99_with_a_condition_and_event() -> None:
-    kube = FakeKube()
-    rec = _model(kube, _spec(slo={"latencyP99Ms": 0.5, "rate": 100, "durationSeconds": 4}))
+def test_infeasible_slo_serves_the_lowest_p99_with_a_condition_and_event(kube: FakeKube) -> None:
+    rec = add_model(
+        kube, unbatched_spec(slo={"latencyP99Ms": 0.5, "rate": 100, "durationSeconds": 4})
+    )
     rec.reconcile(NS, "tiny", now=T0)
     kube.finish_job(ok=True, log=profile_json())
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -148,13 +139,12 @@ def test_infeasible_slo_serves_the_lowest_p99_with_a_condition_and_event() -> No
     assert kube.of("deployments") == ["tiny-a"]  # still serves the best it can
 
 
-def test_missing_trace_configmap_is_a_condition_and_keeps_serving() -> None:
-    kube = FakeKube()
+def test_missing_trace_configmap_is_a_condition_and_keeps_serving(kube: FakeKube) -> None:
     cm = {"metadata": {"name": "trace", "namespace": NS}, "data": {"t.csv": "0\n0.001\n0.002\n"}}
     kube.create("configmaps", NS, cm)
     ref = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}}
-    rec = _model(kube, _spec(slo=ref))
-    assert _to_ready(kube, rec).phase == "Ready"
+    rec = add_model(kube, unbatched_spec(slo=ref))
+    assert to_ready(kube, rec).phase == "Ready"
     kube.delete("configmaps", NS, "trace")
     kube.patch("packratmodels", NS, "tiny", {"spec": {"slo": {"latencyP99Ms": 19}}})
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -167,22 +157,19 @@ def test_missing_trace_configmap_is_a_condition_and_keeps_serving() -> None:
     assert dep is not None and dep["spec"]["replicas"] >= 1  # last good keeps serving
 
 
-def _burst(start: float, seconds: float, rate: float) -> list[float]:
-    return (start + gamma_trace(rate, duration_s=seconds, seed=int(start))).tolist()
-
-
-def test_tuner_scales_the_active_deployment_up_at_once_and_down_after_the_delay() -> None:
-    kube = FakeKube()
+def test_tuner_scales_the_active_deployment_up_at_once_and_down_after_the_delay(
+    kube: FakeKube,
+) -> None:
     auto = {"minReplicas": 1, "maxReplicas": 8, "scaleDownDelaySeconds": 30}
-    rec = _model(kube, _spec(slo=SLO, autoscaling=auto))
-    _to_ready(kube, rec)
+    rec = add_model(kube, unbatched_spec(slo=SLO, autoscaling=auto))
+    to_ready(kube, rec)
     planned = kube.prm()["status"]["provisioning"]["replicas"]
     t0 = T0.timestamp()
     # no reading yet (no pod answered): nothing changes
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1), arrivals=None)
     assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == planned  # type: ignore[index]
     # four times the planned rate for 5 s: more replicas in the same pass
-    burst = Arrivals(times=_burst(t0 + 1, 5, 8000), pods=1)
+    burst = Arrivals(times=gamma_burst(t0 + 1, 5, 8000), pods=1)
     res = rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=6), arrivals=burst)
     up = kube.get("deployments", NS, "tiny-a")["spec"]["replicas"]  # type: ignore[index]
     assert up > planned
@@ -199,7 +186,7 @@ def test_tuner_scales_the_active_deployment_up_at_once_and_down_after_the_delay(
     # back at the planned rate: held while the delay runs, down once it has passed
     now = 7.0
     for second in range(8, 130, 5):
-        quiet = Arrivals(times=_burst(t0 + now, second - now, 1000), pods=1)
+        quiet = Arrivals(times=gamma_burst(t0 + now, second - now, 1000), pods=1)
         now = float(second)
         rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=second), arrivals=quiet)
         n = kube.get("deployments", NS, "tiny-a")["spec"]["replicas"]  # type: ignore[index]
@@ -208,12 +195,11 @@ def test_tuner_scales_the_active_deployment_up_at_once_and_down_after_the_delay(
     assert n < up
 
 
-def test_external_mode_follows_spec_replicas_and_never_writes_them() -> None:
-    kube = FakeKube()
-    rec = _model(kube, _spec(slo=SLO, autoscaling={"mode": "external"}, replicas=2))
-    _to_ready(kube, rec)
+def test_external_mode_follows_spec_replicas_and_never_writes_them(kube: FakeKube) -> None:
+    rec = add_model(kube, unbatched_spec(slo=SLO, autoscaling={"mode": "external"}, replicas=2))
+    to_ready(kube, rec)
     kube.patch("packratmodels", NS, "tiny", {"spec": {"replicas": 5}})  # the HPA scales
-    many = Arrivals(times=_burst(T0.timestamp(), 5, 8000), pods=1)
+    many = Arrivals(times=gamma_burst(T0.timestamp(), 5, 8000), pods=1)
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=5), arrivals=many)
     assert kube.get("deployments", NS, "tiny-a")["spec"]["replicas"] == 5  # type: ignore[index]
     obj = kube.prm()

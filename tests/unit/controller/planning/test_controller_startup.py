@@ -7,8 +7,18 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from kube_support import NS, T0, FakeKube
-from test_controller_slo import _burst, _model, _spec, _to_ready
+from kube_support import (
+    NS,
+    T0,
+    FakeKube,
+    Feed,
+    add_model,
+    after,
+    finish_switch,
+    gamma_burst,
+    to_ready,
+    unbatched_spec,
+)
 
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.startup import measure, pod_startup
@@ -63,8 +73,8 @@ def _step_model(kube: FakeKube, floor: int) -> Any:
     kube.create("configmaps", NS, cm)
     slo = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}, "maxCores": 12}
     auto = {"maxReplicas": 8, "scaleDownDelaySeconds": 10, "startupFloorSeconds": floor}
-    rec = _model(kube, _spec(slo=slo, autoscaling=auto))
-    _to_ready(kube, rec)
+    rec = add_model(kube, unbatched_spec(slo=slo, autoscaling=auto))
+    to_ready(kube, rec)
     return rec
 
 
@@ -72,7 +82,7 @@ def _quiet_replicas(kube: FakeKube, rec: Any) -> list[int]:
     """Ninety seconds at the sample's quiet rate: the replica counts decided."""
     t0, out = T0.timestamp(), []
     for second in range(5, 95, 5):
-        quiet = Arrivals(times=_burst(t0 + second - 5, 5, 1000), pods=1)
+        quiet = Arrivals(times=gamma_burst(t0 + second - 5, 5, 1000), pods=1)
         rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=second), arrivals=quiet)
         out.append(kube.get("deployments", NS, "tiny-a")["spec"]["replicas"])
     return out
@@ -98,7 +108,6 @@ def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -
     of a smaller batch do not move the plan, those of a larger one switch it inside the
     replicas (same CPUs per replica); the tuner counts on no more per replica than the planned
     plan serves (a larger batch absorbs a surge, it does not replace replicas)."""
-    from test_controller_autobatch import _at, _finish_switch
 
     kube, rec, feed = _slo_autobatch_ready(latency_ms=20, rate=2000)
     status = kube.prm()["status"]
@@ -114,23 +123,23 @@ def test_with_an_slo_the_plan_follows_the_load_while_the_tuner_sets_replicas() -
     t0 = T0.timestamp()
     feed.next = [1, 1]  # at the planner's batch (1 here): nothing to do
     for second in (1, 2):
-        steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
-        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+        steady = Arrivals(times=gamma_burst(t0 + second - 1, 1, 2000), pods=1)
+        rec.reconcile(NS, "tiny", now=after(second), arrivals=steady)
     status = kube.prm()["status"]
     assert "target" not in status["batchSize"] and "switch" not in status
     assert status["plan"]["batch"] == prov["batch"]
     feed.next = [8, 8]
     for second in (3, 4):
-        steady = Arrivals(times=_burst(t0 + second - 1, 1, 2000), pods=1)
-        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+        steady = Arrivals(times=gamma_burst(t0 + second - 1, 1, 2000), pods=1)
+        rec.reconcile(NS, "tiny", now=after(second), arrivals=steady)
     assert kube.prm()["status"]["batchSize"]["target"] == 8
-    rec.reconcile(NS, "tiny", now=_at(5), arrivals=None)
+    rec.reconcile(NS, "tiny", now=after(5), arrivals=None)
     assert kube.prm()["status"]["switch"]["plan"]["batch"] == 8
-    _finish_switch(kube, rec, at=6)
+    finish_switch(kube, rec, at=6)
     status = kube.prm()["status"]
     assert status["plan"]["batch"] == 8 and status["plan"]["cpus"] == prov["cpusPerReplica"]
-    steady = Arrivals(times=_burst(t0 + 14, 1, 2000), pods=1)
-    rec.reconcile(NS, "tiny", now=_at(15), arrivals=steady)
+    steady = Arrivals(times=gamma_burst(t0 + 14, 1, 2000), pods=1)
+    rec.reconcile(NS, "tiny", now=after(15), arrivals=steady)
     rates = kube.prm()["status"]["autoscaling"]["planned"]["ratesPerSecond"]
     assert planned_rates is not None and rates == planned_rates  # the planned capacity kept
 
@@ -156,34 +165,22 @@ def test_with_an_slo_autobatch_never_goes_below_the_planners_batch() -> None:
 def _slo_autobatch_ready(*, latency_ms: float, rate: float) -> tuple[FakeKube, Any, Any]:
     """A Ready tiny model with an SLO, autoBatch (1..8, 2 observations 2 s apart) and the
     envelope tuner; its reconciler reads the estimates ``feed.next`` holds."""
-    from test_controller_autobatch import Feed
-
-    from packrat.controller.model.reconcile import Config, Reconciler
 
     kube = FakeKube()
     slo = {"latencyP99Ms": latency_ms, "rate": rate, "durationSeconds": 4, "maxCores": 12}
     auto = {"min": 1, "max": 8, "sustainObservations": 2, "minIntervalSeconds": 2}
-    spec = {
-        "model": {"zoo": "tiny"},
-        "cpus": 2,
-        "profiling": {"maxBatch": 8},
-        "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-        "slo": slo,
-        "autoBatch": auto,
-        "autoscaling": {"maxReplicas": 8, "intervalSeconds": 1},
-    }
-    meta = {"name": "tiny", "namespace": NS, "uid": "u1"}
-    kube.create("packratmodels", NS, {"kind": "PackratModel", "metadata": meta, "spec": spec})
+    spec = unbatched_spec(
+        slo=slo, autoBatch=auto, autoscaling={"maxReplicas": 8, "intervalSeconds": 1}
+    )
     feed = Feed()
-    rec = Reconciler(kube, config=Config(image="img"), estimates=feed)
-    _to_ready(kube, rec)
+    rec = add_model(kube, spec, estimates=feed)
+    to_ready(kube, rec)
     return kube, rec, feed
 
 
 def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
     """Sustained estimates of batch 1 under a plan the planner made for batch 4: autoBatch
     holds (the floor), where without an SLO it would follow them down."""
-    from test_controller_autobatch import _at
 
     kube, rec, feed = _slo_autobatch_ready(latency_ms=200, rate=5000)
     planned = kube.prm()["status"]["provisioning"]["batch"]
@@ -191,8 +188,8 @@ def test_with_an_slo_a_pass_never_decides_below_the_planners_batch() -> None:
     feed.next = [1, 1]
     t0 = T0.timestamp()
     for second in (1, 2, 3, 4):
-        steady = Arrivals(times=_burst(t0 + second - 1, 1, 5000), pods=1)
-        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+        steady = Arrivals(times=gamma_burst(t0 + second - 1, 1, 5000), pods=1)
+        rec.reconcile(NS, "tiny", now=after(second), arrivals=steady)
     status = kube.prm()["status"]
     assert status["batchSize"]["observed"] == planned  # the estimate, clamped to the floor
     assert "target" not in status["batchSize"] and "switch" not in status
@@ -204,7 +201,6 @@ def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None
     SLO would miss it for every query it holds: on the 1-core replicas the planner chose,
     sustained estimates of batch 8 (7.0 ms a batch on the test profile; batch 4: 3.5 ms)
     under an SLO of 3 ms switch to batch 2 (1.8 ms), the top; a pass never plans above it."""
-    from test_controller_autobatch import _at
 
     kube, rec, feed = _slo_autobatch_ready(latency_ms=3, rate=200)
     prov = kube.prm()["status"]["provisioning"]
@@ -212,11 +208,11 @@ def test_with_an_slo_a_pass_never_decides_above_the_slos_largest_batch() -> None
     feed.next = [8, 8]
     t0 = T0.timestamp()
     for second in (1, 2):
-        steady = Arrivals(times=_burst(t0 + second - 1, 1, 200), pods=1)
-        rec.reconcile(NS, "tiny", now=_at(second), arrivals=steady)
+        steady = Arrivals(times=gamma_burst(t0 + second - 1, 1, 200), pods=1)
+        rec.reconcile(NS, "tiny", now=after(second), arrivals=steady)
     seen = kube.prm()["status"]["batchSize"]
     assert seen["observed"] == 2 and seen["target"] == 2  # clamped to the SLO's top
     # a target above the top (chosen before the SLO was made tighter) is planned at the top
     kube.objects[("packratmodels", NS, "tiny")]["status"]["batchSize"]["target"] = 8
-    rec.reconcile(NS, "tiny", now=_at(3), arrivals=None)
+    rec.reconcile(NS, "tiny", now=after(3), arrivals=None)
     assert kube.prm()["status"]["switch"]["plan"]["batch"] == 2

@@ -7,7 +7,7 @@ import datetime
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, profile_json, setup_model
+from kube_support import NS, T0, ModelSetUp, profile_json, setup_model
 
 from packrat.bench.verify import format_verification, with_verification
 from packrat.controller.core.model import model_spec
@@ -126,12 +126,12 @@ def test_format_verification() -> None:
     assert "failed" in format_verification({"error": "boom"})
 
 
-def test_a_served_model_shows_the_measured_speedup_of_its_plan() -> None:
+def test_a_served_model_shows_the_measured_speedup_of_its_plan(new_model: ModelSetUp) -> None:
     """End to end through a reconcile pass: the profile the Job printed carries the
     verification; once Ready, status.measured (the Measured column) shows it."""
     profile = _profile()
     text = with_verification(profile, _record(profile, 4)).to_json()
-    kube, rec = setup_model()  # the default spec: tiny, 2 cpus, batchSize 4
+    kube, rec = new_model  # the default spec: tiny, 2 cpus, batchSize 4
     rec.reconcile(NS, "tiny", now=T0)
     job = next(v for (r, _, _), v in kube.objects.items() if r == "jobs")
     cmd = job["spec"]["template"]["spec"]["initContainers"][-1]["command"]

@@ -182,8 +182,7 @@ def test_no_rotation_when_off_and_never_of_a_secret_not_ours() -> None:
     assert not [p for p in kube.patches if p[0] == "secrets"]
 
 
-def test_read_token_is_the_models_own() -> None:
-    kube = FakeKube()
+def test_read_token_is_the_models_own(kube: FakeKube) -> None:
     assert at.read_token(kube, NS, "m") is None
     admin_secret(kube, "m")
     assert at.read_token(kube, NS, "m", T0) == ADMIN_TOKEN

@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, ready_model, set_spec
-from test_controller_inpod_switch import _pod
+from kube_support import NS, T0, FakeKube, ready_model, serving_pod, set_spec
 
 from packrat.controller.core.fanout import Answer
 from packrat.controller.core.options.canary import canary_settings
@@ -60,7 +59,7 @@ def _json(doc: Any, status: int = 200) -> Answer:
 def _setup() -> tuple[FakeKube, Reconciler, FakeCanaryPods]:
     kube, rec = ready_model()
     for name in ("tiny-a-1", "tiny-a-2"):
-        kube.create("pods", NS, _pod(name))
+        kube.create("pods", NS, serving_pod(name))
     pods = FakeCanaryPods()
     return kube, Reconciler(kube, config=rec.config, canary=pods), pods
 

@@ -7,7 +7,7 @@ import datetime
 import json
 from typing import Any
 
-from kube_support import NS, T0, FakeKube, ready_model, set_spec
+from kube_support import NS, T0, FakeKube, ModelSetUp, ready_model, set_spec
 
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.spec import DEFAULT_IMAGE
@@ -63,13 +63,13 @@ def _failing_switch() -> tuple[FakeKube, Reconciler, str]:
     return kube, rec, good
 
 
-def test_serving_deployments_carry_the_finalizer() -> None:
-    kube, _ = ready_model()
+def test_serving_deployments_carry_the_finalizer(served_model: ModelSetUp) -> None:
+    kube, _ = served_model
     assert _dep(kube, "tiny-a")["metadata"]["finalizers"] == [FIN]
 
 
-def test_a_deployment_made_without_the_finalizer_gets_it() -> None:
-    kube, rec = ready_model()
+def test_a_deployment_made_without_the_finalizer_gets_it(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["finalizers"] = ["other.io/x"]
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["resourceVersion"] = "7"
     rec.reconcile(NS, "tiny", now=T0)
@@ -127,8 +127,10 @@ def test_the_held_deployment_is_never_patched() -> None:
     assert _dep(kube, "tiny-a") == before
 
 
-def test_active_deleted_while_draining_completes_the_switch_and_fails_over() -> None:
-    kube, rec = ready_model()
+def test_active_deleted_while_draining_completes_the_switch_and_fails_over(
+    served_model: ModelSetUp,
+) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     kube.make_ready("tiny-b")
@@ -172,8 +174,10 @@ def test_active_deleted_in_the_foreground_is_recreated_at_once() -> None:
     assert res.phase == "Ready" and kube.prm()["status"]["servingHash"] == good
 
 
-def test_active_deleted_without_the_finalizer_is_recreated_once_gone() -> None:
-    kube, rec = ready_model()
+def test_active_deleted_without_the_finalizer_is_recreated_once_gone(
+    served_model: ModelSetUp,
+) -> None:
+    kube, rec = served_model
     kube.objects[("deployments", NS, "tiny-a")]["metadata"]["finalizers"] = ["other.io/x"]
     kube.delete("deployments", NS, "tiny-a")
     rec.reconcile(NS, "tiny", now=T0)  # not held by us: left to go, never re-protected
@@ -184,8 +188,8 @@ def test_active_deleted_without_the_finalizer_is_recreated_once_gone() -> None:
     assert _dep(kube, "tiny-a")["metadata"]["finalizers"] == [FIN]
 
 
-def test_a_deleted_passive_slot_is_let_go_at_once() -> None:
-    kube, rec = ready_model()
+def test_a_deleted_passive_slot_is_let_go_at_once(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)  # the switch renders slot b
     kube.delete("deployments", NS, "tiny-b")
@@ -211,8 +215,8 @@ def test_both_slots_deleted_the_passive_goes_first_then_takes_over() -> None:
     assert kube.prm()["status"]["servingHash"] == good
 
 
-def test_selector_replacement_lets_the_old_object_go() -> None:
-    kube, rec = ready_model()
+def test_selector_replacement_lets_the_old_object_go(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     dep = kube.objects[("deployments", NS, "tiny-a")]
     dep["spec"]["selector"] = {"matchLabels": {"old": "x"}}
     rec.reconcile(NS, "tiny", now=T0)
@@ -221,8 +225,8 @@ def test_selector_replacement_lets_the_old_object_go() -> None:
     assert not protection.terminating(new) and protection.protected(new)
 
 
-def test_a_model_being_deleted_lets_every_deployment_go() -> None:
-    kube, rec = ready_model()
+def test_a_model_being_deleted_lets_every_deployment_go(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0)
     kube.objects[("packratmodels", NS, "tiny")]["metadata"]["deletionTimestamp"] = "now"
@@ -235,8 +239,8 @@ def test_a_model_being_deleted_lets_every_deployment_go() -> None:
     assert "tiny-a" not in kube.of("deployments")
 
 
-def test_a_gone_model_lets_its_held_deployments_go() -> None:
-    kube, rec = ready_model()
+def test_a_gone_model_lets_its_held_deployments_go(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     kube.delete("packratmodels", NS, "tiny")
     kube.delete("deployments", NS, "tiny-a")  # the garbage collector's delete
     assert protection.terminating(_dep(kube, "tiny-a"))
@@ -244,8 +248,8 @@ def test_a_gone_model_lets_its_held_deployments_go() -> None:
     assert kube.of("deployments") == []
 
 
-def test_release_orphans_spares_what_a_live_model_owns() -> None:
-    kube, rec = ready_model()
+def test_release_orphans_spares_what_a_live_model_owns(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     leftover = _dep(kube, "tiny-a")
     leftover["metadata"]["name"] = "tiny-x"
     leftover["metadata"]["ownerReferences"][0]["uid"] = "old-uid"

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, ready_model, set_spec
+from kube_support import NS, T0, FakeKube, ModelSetUp, ready_model, serving_pod, set_spec
 
 from packrat.controller.core.plans import from_status
 from packrat.controller.model.reconcile import Reconciler
@@ -78,22 +78,10 @@ def test_admin_token_secret_round_trip_and_junk() -> None:
     assert secret_token({"data": {}}) is None and secret_token({}) is None
 
 
-def _pod(name: str, *, ready: bool = True, slot: str = "a", going: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": m.service_selector("tiny", slot=slot)}
-    if going:
-        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {
-        "metadata": meta,
-        "status": {
-            "phase": "Running",
-            "podIP": f"10.0.0.{len(name)}",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        },
-    }
-
-
 def test_slot_pods_and_failures() -> None:
-    ready, others = slot_pods([_pod("p1"), _pod("p2", ready=False), _pod("p3", going=True)])
+    ready, others = slot_pods(
+        [serving_pod("p1"), serving_pod("p2", ready=False), serving_pod("p3", going=True)]
+    )
     assert [p["metadata"]["name"] for p in ready] == ["p1"] and others == ["p2"]
     answers = [PodAnswer(True, 200, ""), PodAnswer(False, 503, "no"), PodAnswer(False, 0, "x")]
     assert failures(["a", "b", "c"], answers) == ["b: 503 no", "c: unreachable x"]
@@ -127,7 +115,7 @@ class FakePods:
 def _served(pods: FakePods, *names: str) -> tuple[FakeKube, Reconciler]:
     kube, rec = ready_model()
     for name in names:
-        kube.create("pods", NS, _pod(name))
+        kube.create("pods", NS, serving_pod(name))
     return kube, Reconciler(kube, config=rec.config, pods=PodClient("http://{pod}:8080", pods))
 
 
@@ -195,7 +183,7 @@ def test_a_pass_that_finds_the_configmap_updated_converges() -> None:
     [
         ({"http://tiny-a-2:8080": 503}, [], "1/2 pods did not switch"),
         ({"http://tiny-a-2:8080": 401}, [], "tiny-a-2: 401"),
-        ({}, [_pod("tiny-a-3", ready=False)], "2/3 pods of slot a ready"),
+        ({}, [serving_pod("tiny-a-3", ready=False)], "2/3 pods of slot a ready"),
     ],
 )
 def test_a_pod_that_does_not_switch_falls_back_to_the_deployment_switch(
@@ -249,8 +237,8 @@ def test_a_memory_change_with_a_batch_change_keeps_the_deployment_switch() -> No
     assert ("Warning", "InPodSwitchFailed") not in [(k, r) for k, r, _ in res.events]
 
 
-def test_without_a_pod_client_every_plan_change_switches_slots() -> None:
-    kube, rec = ready_model()
+def test_without_a_pod_client_every_plan_change_switches_slots(served_model: ModelSetUp) -> None:
+    kube, rec = served_model
     set_spec(kube, batchSize=8)
     rec.reconcile(NS, "tiny", now=T0 + datetime.timedelta(seconds=1))
     assert kube.prm()["status"]["switch"]["targetSlot"] == "b"
