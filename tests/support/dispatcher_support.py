@@ -54,8 +54,15 @@ async def _serve_runner(runner: web.AppRunner) -> tuple[web.AppRunner, str]:
 
 @asynccontextmanager
 async def stack(
-    batches: list[int], *, limits: ConnectionLimits | None = None, **kwargs: Any
+    batches: list[int],
+    *,
+    limits: ConnectionLimits | None = None,
+    gate_closed: bool = False,
+    **kwargs: Any,
 ) -> AsyncIterator[tuple[Dispatcher, FakeTorchServe, str, aiohttp.ClientSession]]:
+    """A dispatcher (instances of ``batches``) in front of a fake TorchServe, both serving on
+    loopback, and a client session. With ``gate_closed`` every instance is up and the fake
+    holds its answers until the test opens ``fake.gate``."""
     fake = FakeTorchServe()
     backend_app = web.Application()
     backend_app.router.add_post("/predictions/{name}", fake.predict)
@@ -68,6 +75,9 @@ async def stack(
     front, url = await _serve_runner(dispatcher.runner(limits))
     try:
         async with aiohttp.ClientSession() as session:
+            if gate_closed:
+                all_up(dispatcher)
+                fake.gate.clear()
             yield dispatcher, fake, url, session
     finally:
         fake.gate.set()
@@ -89,6 +99,20 @@ async def post(
 ) -> tuple[int, bytes, str, dict[str, str]]:
     async with session.post(f"{url}/predictions/m", data=body, headers=headers) as r:
         return r.status, await r.read(), r.content_type, dict(r.headers)
+
+
+async def held(
+    d: Dispatcher, session: aiohttp.ClientSession, url: str, count: int
+) -> list[asyncio.Future[int]]:
+    """Posts ``count`` requests and returns once the dispatcher holds them all (in flight or
+    queued; the fake's gate closed keeps them there): their statuses to come."""
+
+    async def status() -> int:
+        return (await post(session, url, b"x"))[0]
+
+    futures = [asyncio.ensure_future(status()) for _ in range(count)]
+    await until(lambda: d.pending >= count, f"{count} requests held")
+    return futures
 
 
 # -- raw sockets: the clients aiohttp would not be ----------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import pytest
 from aiohttp import web
@@ -61,17 +63,28 @@ async def _server(delay: float, statuses: list[int]) -> tuple[web.AppRunner, str
     return runner, f"http://{host}:{port}"
 
 
-def test_bursts_measure_until_the_last_answer() -> None:
-    async def body() -> BurstResult:
-        runner, url = await _server(0.02, [200])
+T = TypeVar("T")
+
+
+def _against(delay: float, statuses: list[int], load: Callable[[str], Awaitable[T]]) -> T:
+    """Runs ``load`` (given the URL) against a fresh in-process server, stopped afterwards."""
+
+    async def body() -> T:
+        runner, url = await _server(delay, statuses)
         try:
-            return await run_bursts(
-                url=url, model="m", body=b"x", burst=4, bursts=3, warmup_bursts=1
-            )
+            return await load(url)
         finally:
             await runner.cleanup()
 
-    result = asyncio.run(body())
+    return asyncio.run(body())
+
+
+def test_bursts_measure_until_the_last_answer() -> None:
+    result = _against(
+        0.02,
+        [200],
+        lambda url: run_bursts(url=url, model="m", body=b"x", burst=4, bursts=3, warmup_bursts=1),
+    )
     assert len(result.batch_latencies_s) == 3
     assert len(result.records) == 12
     assert result.errors == 0
@@ -82,16 +95,11 @@ def test_bursts_measure_until_the_last_answer() -> None:
 
 
 def test_poisson_records_every_request_and_errors() -> None:
-    async def body() -> object:
-        runner, url = await _server(0.0, [200, 500])
-        try:
-            return await run_poisson(
-                url=url, model="m", body=b"x", rate=200, duration_s=0.5, seed=1
-            )
-        finally:
-            await runner.cleanup()
-
-    result = asyncio.run(body())
+    result = _against(
+        0.0,
+        [200, 500],
+        lambda url: run_poisson(url=url, model="m", body=b"x", rate=200, duration_s=0.5, seed=1),
+    )
     s = result.summary()  # type: ignore[attr-defined]
     assert 40 <= s["requests"] <= 200  # ~100 expected
     assert s["errors"] == s["errors_by_status"].get("500", 0) > 0
@@ -121,14 +129,9 @@ def test_trace_replay_sends_at_the_trace_times() -> None:
 
     arrivals = [10.0, 10.05, 10.1, 10.3, 10.3]
 
-    async def body() -> object:
-        runner, url = await _server(0.0, [200])
-        try:
-            return await run_trace(url=url, model="m", body=b"x", arrivals_s=arrivals)
-        finally:
-            await runner.cleanup()
-
-    result = asyncio.run(body())
+    result = _against(
+        0.0, [200], lambda url: run_trace(url=url, model="m", body=b"x", arrivals_s=arrivals)
+    )
     s = result.summary()  # type: ignore[attr-defined]
     assert s["mode"] == "trace" and s["requests"] == 5 and s["errors"] == 0
     assert s["rate"] == pytest.approx(4 / 0.3)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from packaging_support import ROOT
 
+from packrat.cli import main
+
 PROFILES = ROOT / "benchmarks" / "profiles"
 
 
@@ -24,3 +26,18 @@ def pipeline_file(tmp_path: Path) -> Callable[[str], Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def refused(capsys: pytest.CaptureFixture[str]) -> Callable[[list[str], str], str]:
+    """Runs ``packrat`` with the given arguments and checks the refusal: exit 2 and one line
+    on stderr that names the given words; gives that line."""
+
+    def run(argv: list[str], message: str) -> str:
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2, err
+        assert message in err and err.count("\n") == 1, err
+        return err
+
+    return run

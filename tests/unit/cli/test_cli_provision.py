@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -74,12 +75,9 @@ def test_infeasible_exits_1_with_the_best_p99(capsys: pytest.CaptureFixture[str]
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, refused: Callable[[list[str], str], str]
 ) -> None:
-    code = main(["provision", "--profile", str(PROFILE), *args])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and err.count("\n") == 1
+    refused(["provision", "--profile", str(PROFILE), *args], message)
 
 
 def test_malformed_trace_names_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ codes and one-line errors."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,9 +87,6 @@ def test_overload_sheds_and_exits_1_against_an_slo(capsys: pytest.CaptureFixture
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    args: list[str], message: str, refused: Callable[[list[str], str], str]
 ) -> None:
-    code = main(["simulate", "--profile", str(PROFILE), *args])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert message in err and err.count("\n") == 1, err
+    refused(["simulate", "--profile", str(PROFILE), *args], message)

@@ -218,25 +218,22 @@ def test_rendered_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
     if promtool is None:
         pytest.skip("promtool not installed: run `make prometheus-tools`")
     (rule,) = by_kind(render_objects(ENABLED), "PrometheusRule")
-    (tmp_path / "rendered.yaml").write_text(yaml.safe_dump(rule["spec"]))
-    out = subprocess.run(
-        [promtool, "check", "rules", str(tmp_path / "rendered.yaml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+
+    def check(name: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / name).write_text(yaml.safe_dump(rule["spec"]))
+        return subprocess.run(
+            [promtool, "check", "rules", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    out = check("rendered.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS: 6 rules found" in out.stdout + out.stderr
     # and promtool does reject a broken expression
     rule["spec"]["groups"][0]["rules"][0]["expr"] = "sum by (model (packrat_instance_up)"
-    (tmp_path / "broken.yaml").write_text(yaml.safe_dump(rule["spec"]))
-    out = subprocess.run(
-        [promtool, "check", "rules", str(tmp_path / "broken.yaml")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert out.returncode != 0
+    assert check("broken.yaml").returncode != 0
 
 
 def test_notes_only_use_files_they_create() -> None:

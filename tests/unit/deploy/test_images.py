@@ -93,25 +93,24 @@ def exec_form(instruction: Instruction) -> list[str]:
     return value
 
 
-def env_of(instructions: list[Instruction]) -> dict[str, str]:
-    env: dict[str, str] = {}
+def _pairs(instructions: list[Instruction], keyword: str) -> dict[str, str]:
+    """The KEY=VALUE pairs of every ``keyword`` instruction (ENV, LABEL), each with its ``=``."""
+    pairs: dict[str, str] = {}
     for inst in instructions:
-        if inst.keyword == "ENV":
+        if inst.keyword == keyword:
             for token in shlex.split(inst.value):
                 key, sep, value = token.partition("=")
-                assert sep, f"use ENV KEY=VALUE: {inst.value}"
-                env[key] = value
-    return env
+                assert sep, f"use {keyword} KEY=VALUE: {inst.value}"
+                pairs[key] = value
+    return pairs
+
+
+def env_of(instructions: list[Instruction]) -> dict[str, str]:
+    return _pairs(instructions, "ENV")
 
 
 def labels_of(instructions: list[Instruction]) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    for inst in instructions:
-        if inst.keyword == "LABEL":
-            for token in shlex.split(inst.value):
-                key, _, value = token.partition("=")
-                labels[key] = value
-    return labels
+    return _pairs(instructions, "LABEL")
 
 
 # ---------------------------------------------------------------------------- Dockerfiles

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from packaging_support import ROOT
 
-from packrat.plan.optimizer import Optimizer, PlanError, optimize
+from packrat.plan.optimizer import Optimizer, Plan, PlanError, optimize
 from packrat.plan.profile import load_profile
 from packrat.plan.reconfig import (
     Decision,
@@ -43,16 +45,31 @@ def stream(*batches: int, start: float = 0.0, step: float = 10.0) -> list[Observ
     return [Observation(time=start + i * step, batch=b) for i, b in enumerate(batches)]
 
 
-def run(history: list[Observation], *, current: int = 1, last_switch_at: float | None = None):  # type: ignore[no-untyped-def]
+def _decide(
+    history: list[Observation],
+    plan: Plan,
+    *,
+    policy: Policy = POLICY,
+    opt: Optimizer = OPT,
+    last_switch_at: float | None = None,
+    now: float | None = None,
+    **overrides: Any,
+) -> Decision:
+    """``decide`` on ``opt``'s table, ``now`` the last observation's time unless given."""
     return decide(
-        policy=POLICY,
-        current_plan=OPT.plan(current),
-        table=TABLE,
-        optimal_latency=OPT.latency,
+        policy=policy,
+        current_plan=plan,
+        table=opt.table,
+        optimal_latency=opt.latency,
         history=history,
         last_switch_at=last_switch_at,
-        now=history[-1].time if history else 0.0,
+        now=now if now is not None else (history[-1].time if history else 0.0),
+        **overrides,
     )
+
+
+def run(history: list[Observation], *, current: int = 1, last_switch_at: float | None = None):  # type: ignore[no-untyped-def]
+    return _decide(history, OPT.plan(current), last_switch_at=last_switch_at)
 
 
 def test_switches_when_a_new_batch_is_sustained_and_worth_it() -> None:
@@ -93,15 +110,7 @@ def test_holds_when_the_gain_is_too_small() -> None:
     table = {(t, b): 1.0 + 0.01 * b for t in (1, 2) for b in (1, 2, 4)}
     opt = Optimizer(table, cpus=2, max_batch=4)
     current = opt.plan(4)
-    decision = decide(
-        policy=POLICY,
-        current_plan=current,
-        table=table,
-        optimal_latency=opt.latency,
-        history=stream(2, 2, 2),
-        last_switch_at=None,
-        now=20.0,
-    )
+    decision = _decide(stream(2, 2, 2), current, opt=opt, now=20.0)
     assert decision.outcome is Outcome.HOLD_GAIN_TOO_SMALL
     assert decision.expected_gain is not None and decision.expected_gain <= 0.05
 
@@ -115,14 +124,8 @@ def test_a_plan_larger_than_the_load_costs_its_batch_delay_so_a_switch_down_pays
     delayed = Policy(min_batch=1, max_batch=4, sustain=3, min_interval_s=60, batch_delay_ms=5)
 
     def decide_from(current: int, load: int, policy: Policy = delayed) -> Decision:
-        return decide(
-            policy=policy,
-            current_plan=opt.plan(current),
-            table=table,
-            optimal_latency=opt.latency,
-            history=stream(load, load, load),
-            last_switch_at=None,
-            now=20.0,
+        return _decide(
+            stream(load, load, load), opt.plan(current), policy=policy, opt=opt, now=20.0
         )
 
     down = decide_from(4, 2)
@@ -138,15 +141,7 @@ def test_a_plan_larger_than_the_load_costs_its_batch_delay_so_a_switch_down_pays
 
 def test_targets_are_clamped_to_the_policy_range() -> None:
     policy = Policy(min_batch=2, max_batch=8, sustain=2, min_interval_s=0, min_gain=0.0)
-    decision = decide(
-        policy=policy,
-        current_plan=OPT.plan(2),
-        table=TABLE,
-        optimal_latency=OPT.latency,
-        history=stream(64, 64),
-        last_switch_at=None,
-        now=10.0,
-    )
+    decision = _decide(stream(64, 64), OPT.plan(2), policy=policy, now=10.0)
     assert decision.target == 8
 
 
@@ -158,15 +153,7 @@ def test_infeasible_target_holds_with_the_reason() -> None:
     table = {(1, 2): 1.0, (2, 2): 0.8, (2, 4): 1.5}
     opt = Optimizer(table, cpus=2, max_batch=8)
     policy = Policy(min_batch=1, max_batch=8, sustain=1, min_interval_s=0, min_gain=0.0)
-    decision = decide(
-        policy=policy,
-        current_plan=opt.plan(2),
-        table=table,
-        optimal_latency=opt.latency,
-        history=stream(8),
-        last_switch_at=None,
-        now=1.0,
-    )
+    decision = _decide(stream(8), opt.plan(2), policy=policy, opt=opt, now=1.0)
     assert decision.outcome is Outcome.HOLD_INFEASIBLE
     assert "no combination" in decision.message
 
@@ -209,15 +196,7 @@ def test_on_the_papers_resnet_profile_a_load_step_switches_once() -> None:
     for i, b in enumerate([2] * 5 + [16] * 10):
         now = i * 30.0
         history.append(Observation(time=now, batch=b))
-        d = decide(
-            policy=POLICY,
-            current_plan=current,
-            table=table,
-            optimal_latency=opt.latency,
-            history=history,
-            last_switch_at=last,
-            now=now,
-        )
+        d = _decide(history, current, opt=opt, last_switch_at=last, now=now)
         if d.switch:
             switches += 1
             current = opt.plan(d.target or current.batch)
@@ -225,17 +204,8 @@ def test_on_the_papers_resnet_profile_a_load_step_switches_once() -> None:
     assert switches == 1 and current.batch == 16
 
 
-def _overridden(history: list[Observation], *, current: int, **kw: object) -> Decision:
-    return decide(
-        policy=POLICY,
-        current_plan=OPT.plan(current),
-        table=TABLE,
-        optimal_latency=OPT.latency,
-        history=history,
-        last_switch_at=kw.pop("last_switch_at", None),  # type: ignore[arg-type]
-        now=history[-1].time if history else 0.0,
-        **kw,  # type: ignore[arg-type]
-    )
+def _overridden(history: list[Observation], *, current: int, **kw: Any) -> Decision:
+    return _decide(history, OPT.plan(current), **kw)
 
 
 def test_a_pin_switches_without_sustain_interval_or_gain_then_holds() -> None:
@@ -248,32 +218,14 @@ def test_a_pin_switches_without_sustain_interval_or_gain_then_holds() -> None:
     assert held.outcome is Outcome.HOLD_PINNED and held.target == 16
     # a pin is clamped to the policy range like any target
     policy = Policy(min_batch=2, max_batch=8, sustain=3, min_interval_s=0, min_gain=0.0)
-    clamped = decide(
-        policy=policy,
-        current_plan=OPT.plan(2),
-        table=TABLE,
-        optimal_latency=OPT.latency,
-        history=[],
-        last_switch_at=None,
-        now=0.0,
-        pinned=64,
-    )
+    clamped = _decide([], OPT.plan(2), policy=policy, pinned=64)
     assert clamped.target == 8 and "clamped" in clamped.message
 
 
 def test_an_infeasible_pin_holds() -> None:
     table = {(1, 2): 1.0, (2, 2): 0.8, (2, 4): 1.5}
     opt = Optimizer(table, cpus=2, max_batch=8)
-    decision = decide(
-        policy=Policy(min_batch=1, max_batch=8),
-        current_plan=opt.plan(2),
-        table=table,
-        optimal_latency=opt.latency,
-        history=[],
-        last_switch_at=None,
-        now=0.0,
-        pinned=8,
-    )
+    decision = _decide([], opt.plan(2), policy=Policy(min_batch=1, max_batch=8), opt=opt, pinned=8)
     assert decision.outcome is Outcome.HOLD_INFEASIBLE
 
 

@@ -37,9 +37,7 @@ def test_unknown_model_is_404() -> None:
 
 def test_a_burst_is_split_by_batch_size() -> None:
     async def body() -> None:
-        async with stack([4, 2]) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([4, 2], gate_closed=True) as (_d, fake, url, s):
             tasks = [asyncio.create_task(post(s, url)) for _ in range(6)]
             while fake.arrived < 6:
                 await asyncio.sleep(0.01)
@@ -68,9 +66,7 @@ def test_the_shed_series_exist_at_zero_before_the_first_request() -> None:
 
 def test_full_queue_sheds_with_503_and_retry_after() -> None:
     async def body() -> None:
-        async with stack([1], queue_limit=1) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([1], queue_limit=1, gate_closed=True) as (d, fake, url, s):
             # cap = 2 in flight for b=1, then 1 queued, then shed
             held = [asyncio.create_task(post(s, url)) for _ in range(3)]
             while fake.arrived < 2 or d.pending < 3:

@@ -107,9 +107,7 @@ def test_admission_comes_before_the_body() -> None:
     """A full queue answers 503 to a client that has sent only its headers."""
 
     async def body() -> None:
-        async with stack([1], queue_limit=0) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([1], queue_limit=0, gate_closed=True) as (_d, fake, url, s):
             held = [asyncio.create_task(post(s, url)) for _ in range(2)]  # cap: 2 in flight
             await until(lambda: fake.arrived == 2, "two in flight")
             reader, writer = await raw(url)
@@ -211,9 +209,7 @@ def test_a_client_that_gives_up_frees_its_slot_before_a_worker_sees_it() -> None
     """Before: the abandoned request stayed queued, ran, and was counted as a 200."""
 
     async def body() -> None:
-        async with stack([1], queue_limit=4) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([1], queue_limit=4, gate_closed=True) as (d, fake, url, s):
             held = [asyncio.create_task(post(s, url)) for _ in range(2)]
             await until(lambda: fake.arrived == 2, "two in flight")
             _reader, writer = await raw(url)
@@ -238,9 +234,7 @@ def test_a_client_that_leaves_after_forwarding_keeps_the_slot_until_the_worker_a
     until TorchServe answers; it is counted as cancelled in flight, not as a 200."""
 
     async def body() -> None:
-        async with stack([1], queue_limit=4) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([1], queue_limit=4, gate_closed=True) as (d, fake, url, s):
             _reader, writer = await raw(url)
             writer.write(head(3) + b"abc")
             await writer.drain()
@@ -262,9 +256,7 @@ def test_a_client_that_leaves_after_forwarding_keeps_the_slot_until_the_worker_a
 
 def test_when_the_backend_is_gone_queued_clients_get_503_at_once() -> None:
     async def body() -> None:
-        async with stack([1], queue_limit=8) as (d, fake, url, s):
-            all_up(d)
-            fake.gate.clear()
+        async with stack([1], queue_limit=8, gate_closed=True) as (d, fake, url, s):
             tasks = [asyncio.create_task(post(s, url)) for _ in range(5)]
             await until(lambda: d.slots.queued == 3, "three queued")
             d.fail("TorchServe exited")

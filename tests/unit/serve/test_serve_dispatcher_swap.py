@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dispatcher_support import run, stack
+from dispatcher_support import held, run, stack
 
 from packrat.serve.config import InstanceSpec
 
@@ -18,10 +18,13 @@ def _new(batches: list[int]) -> list[InstanceSpec]:
 
 def test_swap_moves_new_requests_while_old_ones_finish_on_the_old_set() -> None:
     async def go() -> None:
-        async with stack([1, 1], queue_limit=16) as (dispatcher, fake, url, session):
-            for i in range(2):
-                dispatcher.set_up(i, True)
-            fake.gate.clear()  # hold every answer
+        async with stack([1, 1], queue_limit=16, gate_closed=True) as (
+            dispatcher,
+            fake,
+            url,
+            session,
+        ):
+            # every answer held
 
             async def one(i: int) -> tuple[int, bytes]:
                 async with session.post(f"{url}/predictions/m", data=f"r{i}".encode()) as r:
@@ -57,22 +60,12 @@ def test_swap_moves_new_requests_while_old_ones_finish_on_the_old_set() -> None:
 
 def test_wait_idle_covers_a_retiring_set() -> None:
     async def go() -> None:
-        async with stack([1], queue_limit=4) as (dispatcher, fake, url, session):
-            dispatcher.set_up(0, True)
-            fake.gate.clear()
-
-            async def one() -> int:
-                async with session.post(f"{url}/predictions/m", data=b"x") as r:
-                    await r.read()
-                    return r.status
-
-            held = asyncio.ensure_future(one())
-            while dispatcher.pending < 1:
-                await asyncio.sleep(0.01)
+        async with stack([1], queue_limit=4, gate_closed=True) as (dispatcher, fake, url, session):
+            (request,) = await held(dispatcher, session, url, 1)
             dispatcher.swap(_new([1]))
             assert await dispatcher.wait_idle(0.1) is False  # the old set still has one
             fake.gate.set()
-            assert await held == 200
+            assert await request == 200
             assert await dispatcher.wait_idle(60.0) is True
 
     run(go)
@@ -80,18 +73,8 @@ def test_wait_idle_covers_a_retiring_set() -> None:
 
 def test_fail_answers_the_retiring_set_too() -> None:
     async def go() -> None:
-        async with stack([1], queue_limit=8) as (dispatcher, fake, url, session):
-            dispatcher.set_up(0, True)
-            fake.gate.clear()
-
-            async def one() -> int:
-                async with session.post(f"{url}/predictions/m", data=b"x") as r:
-                    await r.read()
-                    return r.status
-
-            reqs = [asyncio.ensure_future(one()) for _ in range(4)]  # 2 in flight, 2 queued
-            while dispatcher.pending < 4:
-                await asyncio.sleep(0.01)
+        async with stack([1], queue_limit=8, gate_closed=True) as (dispatcher, fake, url, session):
+            reqs = await held(dispatcher, session, url, 4)  # 2 in flight, 2 queued
             old = dispatcher.swap(_new([1]))
             dispatcher.fail("gone")
             assert old.queued == 0  # its waiters were answered at once

@@ -5,10 +5,11 @@ already serving keeps its last good configuration."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
-from kube_support import NS, T0, FakeKube, add_model, profile_json, set_spec
+from kube_support import NS, T0, TINY_SPEC, FakeKube, add_model, profile_json, set_spec
 
 from packrat.cli import main
 from packrat.controller.core.context import Config
@@ -24,13 +25,7 @@ POLICY = ModelPolicy.parse(
     priority_classes=["serving"],
     env_secrets=["model-env"],
 )
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "batchSize": 4,
-    "profiling": {"maxBatch": 8},
-    "switch": {"readyTimeoutSeconds": 60, "drainSeconds": 5},
-}
+SPEC: dict[str, Any] = copy.deepcopy(TINY_SPEC)
 
 
 def _env(secret: str) -> dict[str, Any]:
