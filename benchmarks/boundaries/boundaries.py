@@ -8,7 +8,7 @@ checkout. Configurations are interleaved (before, after, before, after, ...), ea
 ``--repeats`` times; the JSON written to ``--out`` holds every run, and the summary prints
 medians and ranges. The machine is shared: read the load average printed with the results.
 
-    python benchmarks/boundaries.py --repeats 3 --out benchmarks/results/boundaries.json
+    python benchmarks/boundaries/boundaries.py --repeats 3 --out benchmarks/results/boundaries.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Is every boundary bounded?"'
+    " (#is-every-boundary-bounded)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 QUERY_BYTES = 6 * 1024 * 1024 - 1024
 CONCURRENT = 24
 
@@ -203,7 +209,7 @@ def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="main", help="git ref of the 'before' tree")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)

@@ -13,8 +13,8 @@ seeded; at rest, the operator's API requests per model per minute over ``--windo
 seconds (counted by the emulator, the tests' own requests excluded), and the time from
 deleting a child (the Service, the active Deployment) to its repair.
 
-Run: ``.venv/bin/python benchmarks/controller_faults.py faults`` (about 4 minutes) and
-``.venv/bin/python benchmarks/controller_faults.py scale`` (about 3 x (window + 30) s).
+Run: ``.venv/bin/python benchmarks/boundaries/controller_faults.py faults`` (about 4 minutes) and
+``.venv/bin/python benchmarks/boundaries/controller_faults.py scale`` (about 3 x (window + 30) s).
 A benchmark, not a test: one shared, noisy machine; read medians and spreads.
 """
 
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from emulator import Api, EmulatorThread  # noqa: E402
@@ -42,6 +42,12 @@ from packrat.controller.api.drift import merge_patch  # noqa: E402
 from packrat.controller.core.model import parse  # noqa: E402
 from packrat.controller.profiling import manifests as pm  # noqa: E402
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the operator ride out faults, and what does it cost at scale?"'
+    " (#how-does-the-operator-ride-out-faults-and-what-does-it-cost-at-scale)"
+)
 
 NAMESPACE = "packrat-test"
 SPEC: dict[str, Any] = {
@@ -306,7 +312,7 @@ def main() -> int:
     # the profile only seeds a plan here: a busy shared machine must not fail the profiling Job
     # (the agent's pods inherit this environment, as the tests' do from tests/conftest.py)
     os.environ.setdefault("PACKRAT_ALLOW_CONTENDED", "1")
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
     f = sub.add_parser("faults")
     f.add_argument("--repeat", type=int, default=3)

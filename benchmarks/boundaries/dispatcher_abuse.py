@@ -19,7 +19,7 @@ old, new, ...) because these machines are shared and noisy.
 Usage::
 
     git archive c93121c operator | tar -x -C /tmp/packrat-old
-    .venv/bin/python benchmarks/dispatcher_abuse.py --old-tree /tmp/packrat-old/operator
+    .venv/bin/python benchmarks/boundaries/dispatcher_abuse.py --old-tree /tmp/packrat-old/operator
 """
 
 from __future__ import annotations
@@ -40,7 +40,13 @@ from aiohttp import web
 from packrat.bench.loadgen import percentile
 from packrat.serve.torchserve.process import free_ports
 
-HERE = Path(__file__).resolve().parents[1] / "operator"
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Is every boundary bounded?"'
+    " (#is-every-boundary-bounded)"
+)
+
+HERE = Path(__file__).resolve().parents[2] / "operator"
 BIG = 60 * 1000 * 1000
 
 DISPATCHER = """
@@ -349,7 +355,9 @@ async def amain(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        epilog=FIGURE, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--old-tree", type=Path, help="another source tree's operator/ dir")
     parser.add_argument(
         "--tree", action="append", default=[], metavar="LABEL=DIR",

@@ -14,7 +14,8 @@ pod client (``PodFanout``, ``PlanPoster``) to real sockets.
 each; the JSON written to ``--out`` holds every run, and the summary prints medians and
 ranges and the load average (the machine is shared and noisy).
 
-    python benchmarks/inpod_blackhole.py --repeats 3 --out benchmarks/results/inpod_blackhole.json
+    python benchmarks/boundaries/inpod_blackhole.py --repeats 3 \
+        --out benchmarks/results/inpod_blackhole.json
 """
 
 from __future__ import annotations
@@ -30,13 +31,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Is every boundary bounded?"'
+    " (#is-every-boundary-bounded)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = 8
 
 CHILD = r"""
 import datetime, json, socket, statistics, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
-from conftest import NS, T0, ready_model, set_spec
+try:  # the unit tests' fakes: tests/support since issue 36, tests/unit/conftest.py before
+    from kube_support import NS, T0, ready_model, set_spec
+except ImportError:
+    from conftest import NS, T0, ready_model, set_spec
 from packrat.controller.core.fanout import PodFanout
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.serving import manifests as m
@@ -109,7 +119,7 @@ def extract(ref: str, into: Path) -> Path:
     archive = into / "tree.tar"
     with archive.open("wb") as out:
         subprocess.run(
-            ["git", "-C", str(ROOT), "archive", ref, "operator/packrat", "tests/unit"],
+            ["git", "-C", str(ROOT), "archive", ref, "operator/packrat", "tests"],
             stdout=out,
             check=True,
         )
@@ -121,7 +131,9 @@ def extract(ref: str, into: Path) -> Path:
 def run(tree: Path, models: int) -> dict[str, Any]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tree / "operator"), str(tree / "tests" / "unit")]),
+        "PYTHONPATH": os.pathsep.join(
+            str(tree / p) for p in ("operator", "tests/support", "tests/unit")
+        ),
     }
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(models)],
@@ -141,7 +153,7 @@ def summary(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", default="main", help="git ref of the before tree")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", type=int, default=MODELS, help="blackholed models")

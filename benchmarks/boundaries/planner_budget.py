@@ -4,7 +4,7 @@
 server). Prints the outcome, the wall time to it, and this process's (the operator's) peak RSS
 before and after: the planning's memory is the child's, bounded by its address-space limit.
 
-    python benchmarks/planner_budget.py --seconds 60 --memory-mib 320
+    python benchmarks/boundaries/planner_budget.py --seconds 60 --memory-mib 320
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from packrat.controller.pipeline.plan_job import PlanBudget, PlanJobError, run_b
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 from packrat.plan.traces import gamma_trace
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Is every boundary bounded?"'
+    " (#is-every-boundary-bounded)"
+)
+
 
 def rss_mib(field: str = "VmHWM") -> float:
     text = Path("/proc/self/status").read_text()
@@ -35,7 +41,7 @@ def profile_json() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--memory-mib", type=int, default=320)
     parser.add_argument("--stages", type=int, default=16)

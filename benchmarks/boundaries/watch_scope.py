@@ -16,9 +16,9 @@ change (``--before-rev``, run from a ``git archive`` of that revision) and after
 tree), each with and without the unrelated objects, interleaved (A B C D, A B C D, ...)
 ``--repeat`` times.
 
-Run: ``.venv/bin/python benchmarks/watch_scope.py --out benchmarks/results/watch-scope.json``
-(about 8 minutes). A benchmark, not a test: one shared, noisy machine; read the medians and
-the spread, and the load average printed with them.
+Run: ``.venv/bin/python benchmarks/boundaries/watch_scope.py --out
+benchmarks/results/watch-scope.json`` (about 8 minutes). A benchmark, not a test: one shared,
+noisy machine; read the medians and the spread, and the load average printed with them.
 """
 
 from __future__ import annotations
@@ -34,16 +34,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "boundaries"))
 
+from controller_faults import SPEC, FakeDeployments, _body, _profile_json  # noqa: E402
 from emulator import Api, EmulatorThread  # noqa: E402
 from harness import TEST_IMAGE, wait_for  # noqa: E402
 
-from controller_faults import SPEC, FakeDeployments, _body, _profile_json  # noqa: E402
 from packrat.controller.core.model import parse  # noqa: E402
 from packrat.controller.profiling import manifests as pm  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the operator ride out faults, and what does it cost at scale?"'
+    " (#how-does-the-operator-ride-out-faults-and-what-does-it-cost-at-scale)"
+)
 
 NAMESPACE = "packrat-test"
 DEFAULT_BEFORE = "c4b2221"  # the last commit before server-side label selectors (house29)
@@ -178,7 +184,7 @@ def _before_tree(rev: str, workdir: Path) -> Path:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--unrelated", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=10.0)

@@ -11,13 +11,13 @@ latency of sequential single requests. Counts above the machine's cores run thro
 child harness that deals the instances round-robin over the cores (``child``), since a real
 plan may not exceed its cpuset.
 
-    python benchmarks/cold_start.py --model resnet50 --instances 1,2,4,8 --repeats 2 \
+    python benchmarks/cold_start/cold_start.py --model resnet50 --instances 1,2,4,8 --repeats 2 \
         --out benchmarks/results/cold-start-resnet50
 
 Against an older tree, side by side (``before`` runs the pod of that tree as it was):
 
     git worktree add /tmp/before c93121c
-    python benchmarks/cold_start.py --instances 2 --modes before,private,zygote \
+    python benchmarks/cold_start/cold_start.py --instances 2 --modes before,private,zygote \
         --baseline /tmp/before --out benchmarks/results/cold-start-resnet50-n2-before-after
 """
 
@@ -43,6 +43,12 @@ from typing import Any
 import aiohttp
 
 from packrat.serve.torchserve.process import free_ports
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a serving pod take to start, and how much memory does it hold?"'
+    " (#how-long-does-a-serving-pod-take-to-start-and-how-much-memory-does-it-hold)"
+)
 
 # private: every worker its own interpreter and weights (before issue 14); shared: one mapped
 # weight file; zygote: shared, and workers forked from the pod's zygote; before: the pod of
@@ -311,7 +317,7 @@ def parent(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     c = sub.add_parser("child")
     c.add_argument("--model", required=True)

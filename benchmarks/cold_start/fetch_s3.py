@@ -18,14 +18,20 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from s3_support import S3Server, missing_reason  # noqa: E402
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does fetching a storageUri model take?"'
+    " (#how-long-does-fetching-a-storageuri-model-take)"
+)
+
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()

@@ -1,15 +1,23 @@
-"""Plot and tabulate benchmarks/cold_start.py's results (issue 14): a PNG and markdown tables.
+"""Plot and tabulate cold_start.py's results: a PNG and markdown tables (issue 14).
 
-python benchmarks/plot_cold_start.py benchmarks/results/cold-start-resnet50.json
+    python benchmarks/cold_start/plot_cold_start.py \
+        benchmarks/results/cold-start-resnet50.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a serving pod take to start, and how much memory does it hold?"'
+    " (#how-long-does-a-serving-pod-take-to-start-and-how-much-memory-does-it-hold)"
+)
 
 KINDS = ("dispatcher", "jvm", "zygote", "launcher", "worker", "other")
 MODE_ORDER = ["before", "private", "shared", "zygote"]
@@ -128,13 +136,12 @@ def plot(summary: dict[tuple[str, int], dict[str, Any]], png: Path, model: str) 
 def main() -> int:
     """One or more result files (merged: e.g. the 1-instance and the 8-instance runs); the
     plot goes next to the first, or to ``--png PATH``."""
-    args = sys.argv[1:]
-    png_arg = None
-    if "--png" in args:
-        i = args.index("--png")
-        png_arg = Path(args[i + 1])
-        del args[i : i + 2]
-    paths = [Path(a) for a in args]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=FIGURE)
+    parser.add_argument("results", nargs="+", type=Path, help="cold_start.py's JSON files")
+    parser.add_argument("--png", type=Path, help="where the plot goes (next to the first)")
+    args = parser.parse_args()
+    paths: list[Path] = args.results
+    png_arg: Path | None = args.png
     datas = [json.loads(p.read_text()) for p in paths]
     summary = summarize([r for d in datas for r in d["results"]])
     png = png_arg or paths[0].with_suffix(".png")

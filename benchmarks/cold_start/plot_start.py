@@ -1,16 +1,25 @@
-"""Plot one instance count's pod start by mode from benchmarks/cold_start.py (issue 14): the
-median seconds to ready with the runs' range, and where the start's phases fall.
+"""Plot one instance count's pod start by mode from cold_start.py's results (issue 14).
 
-python benchmarks/plot_start.py benchmarks/results/cold-start-resnet50-n2-before-after.json
+The median seconds to ready with the runs' range, and where the start's phases fall:
+
+    python benchmarks/cold_start/plot_start.py \
+        benchmarks/results/cold-start-resnet50-n2-before-after.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a serving pod take to start, and how much memory does it hold?"'
+    " (#how-long-does-a-serving-pod-take-to-start-and-how-much-memory-does-it-hold)"
+)
 
 MODE_ORDER = ["before", "private", "shared", "zygote"]
 PHASES = (
@@ -90,7 +99,9 @@ def plot(summary: dict[str, dict[str, Any]], png: Path, title: str) -> None:
 
 
 def main() -> int:
-    path = Path(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=FIGURE)
+    parser.add_argument("result", type=Path, help="cold_start.py's JSON file")
+    path: Path = parser.parse_args().result
     data = json.loads(path.read_text())
     counts = {r["instances"] for r in data["results"]}
     summary = summarize(data["results"])

@@ -1,12 +1,12 @@
 """The discrete-event simulation's speed against an earlier revision's, side by side.
 
-Run: ``.venv/bin/python benchmarks/des_speed.py --base REV`` (from the repository root). Loads
-``operator/packrat/plan/des.py`` as it was at ``REV`` (``git show``) beside this tree's, checks
-that both give the same latencies on four configurations (one instance per replica, four mixed
-instances, an overloaded replica that queues and sheds, no batching delay), then times both,
-interleaved (A B B A ...), as this process's CPU time (the machine is shared: CPU time is less
-disturbed by other work than wall time). Prints the medians, the new/old ratio's median and
-range per configuration, and the load average.
+Run: ``.venv/bin/python benchmarks/optimizer/des_speed.py --base REV`` (from the repository
+root). Loads ``operator/packrat/plan/des.py`` as it was at ``REV`` (``git show``) beside this
+tree's, checks that both give the same latencies on four configurations (one instance per
+replica, four mixed instances, an overloaded replica that queues and sheds, no batching
+delay), then times both, interleaved (A B B A ...), as this process's CPU time (the machine is
+shared: CPU time is less disturbed by other work than wall time). Prints the medians, the
+new/old ratio's median and range per configuration, and the load average.
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ import numpy as np
 
 from packrat.plan import des
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How fast is the simulation after its split into named steps?"'
+    " (#how-fast-is-the-simulation-after-its-split-into-named-steps)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = {(t, b): (2.0 + 8.0 * b**0.8) / t**0.7 for t in (1, 2, 4, 8) for b in (1, 2, 4, 8, 16, 32)}
 CONFIGS: dict[str, dict[str, Any]] = {
     "one instance b8": {"instances": [(4, 8)], "replicas": 2, "rate": 700.0, "cv": 0.3},
@@ -83,7 +89,7 @@ def simulate(module: ModuleType, name: str, arrivals: np.ndarray) -> np.ndarray:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="the git revision to compare against")
     parser.add_argument("--arrivals", type=int, default=20000)
     parser.add_argument("--repeats", type=int, default=21)

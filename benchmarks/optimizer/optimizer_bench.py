@@ -1,6 +1,6 @@
 """Optimizer speed on the Packrat paper's profiles: one DP pass answers every batch size.
 
-Run: ``make bench-optimizer`` (or ``.venv/bin/python benchmarks/optimizer_bench.py``).
+Run: ``make bench-optimizer`` (or ``.venv/bin/python benchmarks/optimizer/optimizer_bench.py``).
 Reports medians of repeated runs, with min and max, for T=16 / all B <= 1024 on each
 published profile, and for a synthetic T=64 / B <= 1024 profile (the paper's shape scaled).
 """
@@ -16,7 +16,13 @@ from pathlib import Path
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How fast is the optimizer, and the simulation?"'
+    " (#how-fast-is-the-optimizer-and-the-simulation)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PAPER = ROOT / "benchmarks" / "profiles" / "packrat-paper"
 
 
@@ -51,7 +57,7 @@ def timed(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """A 3-stage pipeline in simulation: InferLine's per-stage planner vs the coarse-grained
 baselines (the whole pipeline replicated as one unit, sized for the mean and the peak rate).
 
-Run: ``.venv/bin/python benchmarks/pipeline_bench.py`` (a few minutes on 2 busy cores).
+Run: ``.venv/bin/python benchmarks/pipelines/pipeline_bench.py`` (a few minutes on 2 busy cores).
 Writes ``benchmarks/results/pipeline.{json,txt}`` and ``docs/img/pipeline-cost-miss.png``.
 
 Pipeline: ``benchmarks/pipelines/three-stage.yaml`` (ResNet-50 profiles of the Packrat
@@ -27,7 +27,13 @@ from packrat.plan.pipeline.search import PipelinePlanner
 from packrat.plan.pipeline.spec import load_pipeline_spec
 from packrat.plan.traces import gamma_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "What does a pipeline cost against coarse-grained provisioning?"'
+    " (#what-does-a-pipeline-cost-against-coarse-grained-provisioning)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "benchmarks" / "pipelines" / "three-stage.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 IMG = ROOT / "docs" / "img"
@@ -126,7 +132,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--duration", type=float, default=60.0, help="sample trace (s)")
     parser.add_argument("--slo", type=float, nargs="+", default=[600.0, 1000.0])

@@ -21,7 +21,8 @@ has only the model's compute; the HTTP hops (client -> router -> stage dispatche
 TorchServe and back) are the planner's ``spec.slo.hopOverheadMs`` per hop (``--hop-ms``,
 default the operator's), in the operator's simulation and in the re-run on the trace sent.
 
-Run: ``.venv/bin/python benchmarks/pipeline_emulator.py`` (about 10 minutes with the defaults).
+Run: ``.venv/bin/python benchmarks/pipelines/pipeline_emulator.py`` (about 10 minutes with the
+defaults).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
@@ -51,6 +52,12 @@ from packrat.plan.pipeline.simulate import DEFAULT_HOP_OVERHEAD_MS, Pipeline, St
 from packrat.plan.profile import Profile, load_profile  # noqa: E402
 from packrat.plan.provision import Config, SimSettings  # noqa: E402
 from packrat.plan.traces import gamma_trace  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Does the simulation match a real pod?"'
+    " (#does-the-simulation-match-a-real-pod)"
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "duo"
@@ -162,7 +169,7 @@ def level(
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="10,60", help="load levels, queries per second")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of load per level")
     ap.add_argument("--slo", type=float, default=100.0, help="end-to-end P99 SLO (ms)")

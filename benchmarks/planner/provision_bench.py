@@ -1,7 +1,7 @@
 """InferLine on Packrat plans, in simulation: DES speed, planner time, planner + tuner vs
 coarse-grained provisioning.
 
-Run: ``.venv/bin/python benchmarks/provision_bench.py`` (about 2-4 minutes on 2 busy cores).
+Run: ``.venv/bin/python benchmarks/planner/provision_bench.py`` (about 2-4 minutes on 2 busy cores).
 Writes ``benchmarks/results/provision.{json,txt}`` and ``provision-step.png``.
 
 (a) DES speed: simulated queries per second on a 20,000-arrival trace for three
@@ -32,7 +32,13 @@ from packrat.plan.profile import load_profile
 from packrat.plan.provision import Config, Planner, SimSettings, provision
 from packrat.plan.traces import gamma_trace, mean_rate, peak_rate, step_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How many cores does a P99 SLO take, and does the plan hold out of sample?"'
+    " (#how-many-cores-does-a-p99-slo-take-and-does-the-plan-hold-out-of-sample)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -177,7 +183,7 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--slo-ms", type=float, default=500.0)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--repeats", type=int, default=5)

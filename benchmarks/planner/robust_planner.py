@@ -12,7 +12,7 @@ Workloads (ResNet-50, the Packrat paper's TorchServe profile, T = 16, SLO 1000 m
 said): steady Poisson at 400/s; bursty gamma CV 4 with a 4x step (100/s, then 400/s, half the
 trace each); the issue's 100/s Poisson; 20/s Poisson with SLO 100 ms (a short trace's tail).
 
-Run: ``.venv/bin/python benchmarks/robust_planner.py [--seconds 300] [--fresh 5]``; writes
+Run: ``.venv/bin/python benchmarks/planner/robust_planner.py [--seconds 300] [--fresh 5]``; writes
 ``benchmarks/results/robust-planner[-<stem>].{json,txt}``.
 """
 
@@ -36,7 +36,13 @@ from packrat.plan.provision import provision
 from packrat.plan.simulation import simulate_config
 from packrat.plan.traces import gamma_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How many cores does a P99 SLO take, and does the plan hold out of sample?"'
+    " (#how-many-cores-does-a-p99-slo-take-and-does-the-plan-hold-out-of-sample)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -117,7 +123,7 @@ def evaluate(table: dict, answer: Any, slo: float, fresh: list[np.ndarray]) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--seconds", type=float, default=300.0, help="every trace's length")
     parser.add_argument("--plan-seconds", type=float, help="the planning trace's length")
     parser.add_argument("--fresh", type=int, default=5)

@@ -22,12 +22,12 @@ Sized for 16 cores in under 8 minutes with the defaults (coarse thread grid, 35 
 profile at ``--max-batch 64``; budgets 180 s co-located, 120 s alone; 5 repetitions).
 On this 2-core machine::
 
-    .venv/bin/python benchmarks/scale_experiment.py --model resnet50 --cpus 2 \\
+    .venv/bin/python benchmarks/planner/scale_experiment.py --model resnet50 --cpus 2 \\
         --batch 4,8,16 --max-batch 16 --repeats 8 --out benchmarks/results/scale24/resnet50-2cpu
 
 On a 16-core machine, from a checkout with the project installed::
 
-    python benchmarks/scale_experiment.py --model resnet50 --cpus 16 --out out16
+    python benchmarks/planner/scale_experiment.py --model resnet50 --cpus 16 --out out16
 """
 
 from __future__ import annotations
@@ -43,11 +43,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "operator"))
 
 from packrat.bench.microbench import BatchResult, run_bench  # noqa: E402
 from packrat.plan.profile import Profile, load_profile  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How much faster is a plan than one fat instance?"'
+    " (#how-much-faster-is-a-plan-than-one-fat-instance)"
+)
 
 PACKRAT = [sys.executable, "-m", "packrat"]
 MODES = ("co-located", "alone")
@@ -223,7 +229,7 @@ def table(mode: str, data: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--cpus", type=int, default=16)
     parser.add_argument("--batch", default="8,16,32,64", help="batch sizes to bench")

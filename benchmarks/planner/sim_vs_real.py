@@ -1,6 +1,6 @@
 """Simulated vs measured P99 on a real ``packrat serve`` pod, same traces, open-loop replay.
 
-Run: ``.venv/bin/python benchmarks/sim_vs_real.py`` (about 5 minutes: the pod starts, then
+Run: ``.venv/bin/python benchmarks/planner/sim_vs_real.py`` (about 5 minutes: the pod starts, then
 one Poisson trace per load level is replayed with ``run_trace``, what ``packrat loadgen
 --trace`` does). The DES gets the same trace, the profile the plan came from and the plan;
 results go to ``benchmarks/results/sim-vs-real.{json,txt}``.
@@ -38,7 +38,13 @@ from packrat.plan.profile import load_profile
 from packrat.plan.traces import gamma_trace
 from packrat.serve.codec import example_body
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Does the simulation match a real pod?"'
+    " (#does-the-simulation-match-a-real-pod)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -173,7 +179,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--profile", type=Path, default=RESULTS / "profile-resnet50-2cpu.json")
     parser.add_argument("--cpus", type=int, default=2)

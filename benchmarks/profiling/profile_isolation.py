@@ -13,7 +13,7 @@ and the one-line reason are recorded). It reports, per point, the quiet and busy
 (medians over the rounds) and their ratio, and per run what the checks found: the spare
 share of each core, CPU pressure, the suspects re-measured and the verdict.
 
-Run: ``.venv/bin/python benchmarks/profile_isolation.py --model resnet50 --max-batch 8``
+Run: ``.venv/bin/python benchmarks/profiling/profile_isolation.py --model resnet50 --max-batch 8``
 (about 5 minutes on 2 cores). Results: ``benchmarks/results/profile-isolation-<model>.json``
 and ``.txt``.
 """
@@ -31,7 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Do profiles hold beside busy neighbours?"'
+    " (#do-profiles-hold-beside-busy-neighbours)"
+)
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 PACKRAT = [sys.executable, "-m", "packrat"]
 
@@ -91,7 +97,7 @@ def profile(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--max-batch", type=int, default=8)

@@ -13,7 +13,7 @@ on core 0 and a ``--threads``-thread instance on cores 0..T-1, each alone and th
 loop pinned to core T-1 (a fresh process per measurement). It reports medians and the slowdown
 ratios (busy / alone).
 
-Run: ``.venv/bin/python benchmarks/thread_contention.py --model resnet50 --batch 4``
+Run: ``.venv/bin/python benchmarks/profiling/thread_contention.py --model resnet50 --batch 4``
 """
 
 from __future__ import annotations
@@ -27,7 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Do profiles hold beside busy neighbours?"'
+    " (#do-profiles-hold-beside-busy-neighbours)"
+)
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 BUSY = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
 
 
@@ -78,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         model, batch, cores, iters = args_list[1:5]
         worker(model, int(batch), [int(c) for c in cores.split(",")], int(iters))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="the fat instance's threads (>= 2)")
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         f"thread contention: model {args.model}, batch {args.batch}, cores {fat}, busy loop on "
         f"core {busy_core}; median of {args.iters} passes per measurement, {args.rounds} rounds "
         f"(order alternating), median over rounds",
-        f"command: .venv/bin/python benchmarks/thread_contention.py {' '.join(args_list)}",
+        "command: .venv/bin/python benchmarks/profiling/thread_contention.py "
+        + " ".join(args_list),
         "",
         "instance | alone ms | beside a busy core ms | slowdown",
         "---|---|---|---",

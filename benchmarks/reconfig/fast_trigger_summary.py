@@ -10,11 +10,12 @@ and prints per group (``before``: the operator before this change; ``final``: af
 - seconds from the decision (``status.batchSize.target`` set) to the plan switched in status;
 - the operator's API requests and passes per second while the model served (Ready to delete).
 
-Run: ``.venv/bin/python benchmarks/fast_trigger_summary.py benchmarks/results/react27``
+Run: ``.venv/bin/python benchmarks/reconfig/fast_trigger_summary.py benchmarks/results/react27``
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import gzip
 import itertools
@@ -24,6 +25,12 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How fast does the fast trigger react, and what does it cost?"'
+    " (#how-fast-does-the-fast-trigger-react-and-what-does-it-cost)"
+)
 
 
 def _decisions(samples: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
@@ -72,7 +79,15 @@ def _spread(values: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    folder = Path(argv[0] if argv else "benchmarks/results/react27")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=FIGURE)
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        type=Path,
+        default=Path("benchmarks/results/react27"),
+        help="the runs' folder (default: %(default)s)",
+    )
+    folder: Path = parser.parse_args(argv).folder
     groups: dict[str, dict[str, list[float]]] = {}
     for path in sorted(folder.glob("react27-*-*.json.gz")):
         which, n = re.fullmatch(r"react27-(\w+)-(\d+)\.json\.gz", path.name).groups()  # type: ignore[union-attr]

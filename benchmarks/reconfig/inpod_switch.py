@@ -14,7 +14,7 @@ Per switch: seconds from the plan change to the new plan serving, failed request
 p50/p99 latency of requests sent during the switch against those sent between switches.
 Modes alternate (inpod, pod, pod, inpod, ...) when both are asked for.
 
-    python benchmarks/inpod_switch.py --model resnet50 --modes inpod,pod --switches 4 \
+    python benchmarks/reconfig/inpod_switch.py --model resnet50 --modes inpod,pod --switches 4 \
         --out benchmarks/results/inpod-switch-resnet50
 """
 
@@ -39,6 +39,12 @@ import aiohttp
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
 from packrat.serve.torchserve.process import free_ports
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a plan switch take?"'
+    " (#how-long-does-a-plan-switch-take)"
+)
 
 TOKEN = "bench-" + os.urandom(12).hex()
 
@@ -215,7 +221,7 @@ async def run_mode(args: argparse.Namespace, mode: str, root: Path) -> dict[str,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--modes", default="inpod,pod")
     parser.add_argument("--switches", type=int, default=4)

@@ -27,7 +27,8 @@ numbers with that in mind. With the tiny model, latency is dominated by HTTP and
 overhead (client, proxy, dispatcher, TorchServe), so the comparison mainly shows correctness
 (zero failures, switches only at real load changes), not Packrat's speedup.
 
-Run: ``.venv/bin/python benchmarks/reconfig_experiment.py`` (about 6 minutes with the defaults).
+Run: ``.venv/bin/python benchmarks/reconfig/reconfig_experiment.py`` (about 6 minutes with the
+defaults).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
@@ -57,6 +58,12 @@ from seeding import seed_profile  # noqa: E402
 
 from packrat.controller.serving import manifests as m  # noqa: E402
 from packrat.plan.profile import parse_profile  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Does following the load (autoBatch) beat a static plan?"'
+    " (#does-following-the-load-autobatch-beat-a-static-plan)"
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 ROUNDED = ("auto-nearest", "auto-floor")
@@ -493,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule = [(str(p), int(b), float(d)) for p, b, d in job["schedule"]]
         asyncio.run(_bursts(job["url"], schedule, Path(job["out"]), zoo=job["zoo"]))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--phase-seconds", type=float, default=15.0)
@@ -577,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         f"autoBatch sustain {args.sustain}, minInterval {args.min_interval:.0f}s; "
         f"one run per configuration, sequential, on a shared 2-core machine; "
         f"total {time.monotonic() - began:.0f}s\n"
-        f"command: .venv/bin/python benchmarks/reconfig_experiment.py "
+        f"command: .venv/bin/python benchmarks/reconfig/reconfig_experiment.py "
         f"{' '.join(argv if argv is not None else sys.argv[1:])}\n"
     )
     switch_lines = "\n".join(

@@ -10,7 +10,8 @@
    with many concurrent requests. The same client against the stub alone gives the harness's
    own ceiling: if the two are close, the dispatcher rate is a lower bound.
 
-Usage: ``.venv/bin/python benchmarks/dispatcher_overhead.py [--requests 2000] [--seconds 5]``
+Usage: ``.venv/bin/python benchmarks/serving/dispatcher_overhead.py [--requests 2000]
+[--seconds 5]``
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.app import Dispatcher
 from packrat.serve.pod.server import wait_ready
 from packrat.serve.torchserve.process import allocate_ports, free_ports
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "What does the serving path cost per request?"'
+    " (#what-does-the-serving-path-cost-per-request)"
+)
 
 PLAN = {
     "cpus": 1,
@@ -211,7 +218,9 @@ def rate_part(seconds: float, cpus: list[int]) -> dict[str, object]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        epilog=FIGURE, description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--requests", type=int, default=2000, help="per path and concurrency")
     parser.add_argument("--seconds", type=float, default=5.0, help="per max-rate measurement")
     parser.add_argument("--json", type=Path, help="also write the results here")

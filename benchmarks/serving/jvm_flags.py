@@ -9,7 +9,7 @@ to warm the JIT is discarded); per block the request rate, p50 and p99, and the 
 microseconds per request (its /proc counters). A small model (``tiny``) makes the frontend's
 share of a request largest; medians and spread across blocks.
 
-    python benchmarks/jvm_flags.py --model tiny --starts 5 --blocks 6 --seconds 10 \\
+    python benchmarks/serving/jvm_flags.py --model tiny --starts 5 --blocks 6 --seconds 10 \\
         --out benchmarks/results/jvm-flags-tiny
 """
 
@@ -34,6 +34,12 @@ from packrat.serve.config import JVM_ARGS, registration_query
 from packrat.serve.torchserve.archive import build_archive
 from packrat.serve.torchserve.jvm import java_pids
 from packrat.serve.torchserve.process import TorchServe
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a serving pod take to start, and how much memory does it hold?"'
+    " (#how-long-does-a-serving-pod-take-to-start-and-how-much-memory-does-it-hold)"
+)
 
 # Both without TorchServe's class-data-sharing archive (packrat.serve.torchserve.jvm;
 # "-Xshare:auto" is
@@ -165,7 +171,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=6)

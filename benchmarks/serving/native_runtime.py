@@ -12,7 +12,8 @@ per repetition) because these machines are shared and noisy:
 - ``start``: a ResNet-50 pod with two 1-thread instances (``2x1t/b2``) started from nothing
   (fresh work directory: the weight file is written too), timed from the spawn to its first
   ``/ping`` 200; then its PSS (``/proc/<pid>/smaps_rollup`` of every process, by kind, as
-  ``benchmarks/cold_start.py`` reads it), and the pod's own start-up timeline (its log line).
+  ``benchmarks/cold_start/cold_start.py`` reads it), and the pod's own start-up timeline (its
+  log line).
   ``--before DIR`` adds native pods from another checkout's package, in the same rotation.
 - ``latency``: ResNet-50 through ``packrat serve`` at B = 4, 8, 16, 32 on both runtimes,
   the plan ``2x1t/b(B/2)`` (what the optimizer picks on this machine's profile) and fat
@@ -20,11 +21,11 @@ per repetition) because these machines are shared and noisy:
   each round sends one burst of B requests to each, in a rotated order; batch latency until
   the last answer. Ratios are paired by round (the same minute's background load).
 
-    python benchmarks/native_runtime.py cpu --blocks 6 --seconds 8 \
+    python benchmarks/serving/native_runtime.py cpu --blocks 6 --seconds 8 \
         --out benchmarks/results/native-cpu-tiny
-    python benchmarks/native_runtime.py start --repeats 4 \
+    python benchmarks/serving/native_runtime.py start --repeats 4 \
         --out benchmarks/results/native-start-resnet50 [--before OTHER_CHECKOUT/operator]
-    python benchmarks/native_runtime.py latency --min-bursts 8 --requests 64 \
+    python benchmarks/serving/native_runtime.py latency --min-bursts 8 --requests 64 \
         --out benchmarks/results/native-latency-resnet50
 """
 
@@ -46,7 +47,7 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cold_start"))
 from cold_start import _children, pod_memory
 from packrat.bench.loadgen import percentile, run_bursts
 from packrat.bench.servers import PackratServe
@@ -54,6 +55,12 @@ from packrat.plan.optimizer import Plan
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
 from packrat.serve.torchserve.process import free_ports
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Native runtime or TorchServe?"'
+    " (#native-runtime-or-torchserve)"
+)
 
 RUNTIMES = ("native", "torchserve")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -336,7 +343,7 @@ def latency_cell(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("cpu", "start", "latency"))
     parser.add_argument("--out", required=True, help="JSON results to PATH.json")
     parser.add_argument("--blocks", type=int, default=6)

@@ -17,7 +17,7 @@ Configurations alternate within each round (off, jsonl, ce, ce-hung, canary30, o
 these machines are shared and noisy; each reports the median over rounds of throughput and of
 p50/p99 latency, with the range. Usage::
 
-    .venv/bin/python benchmarks/payload_log_canary.py [--rounds 5] [--requests 2000]
+    .venv/bin/python benchmarks/serving/payload_log_canary.py [--rounds 5] [--requests 2000]
 """
 
 from __future__ import annotations
@@ -42,6 +42,12 @@ from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.app import Dispatcher
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "What do request logging and the canary split cost?"'
+    " (#what-do-request-logging-and-the-canary-split-cost)"
+)
 
 CONFIGS = ("off", "jsonl", "ce", "ce-hung", "canary30")
 TOKEN = "b" * 32
@@ -194,7 +200,7 @@ def offer_cost(calls: int = 20000) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--json", type=Path, help="also write the results here")

@@ -5,7 +5,7 @@ model called on a ready tensor (what the profiler's forked workers time). One th
 two interleaved, medians after a warm-up pass; a small gap means the profile the optimizer
 plans from is what the native runtime serves.
 
-    python benchmarks/service_overhead.py --model resnet50 --batch 1,8 --repeats 10 \\
+    python benchmarks/serving/service_overhead.py --model resnet50 --batch 1,8 --repeats 10 \\
         --out benchmarks/results/native-service-overhead-resnet50
 """
 
@@ -25,9 +25,15 @@ from packrat.runtime import modelid, zoo
 from packrat.serve.codec import example_body
 from packrat.serve.modelservice import BatchContext, ModelService
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Native runtime or TorchServe?"'
+    " (#native-runtime-or-torchserve)"
+)
+
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", default="1,8")
     parser.add_argument("--repeats", type=int, default=10)

@@ -34,7 +34,7 @@ for both variants, seeds interleaved:
 
 Each for every share in ``--fractions`` (1 and 0.5).
 
-Run: ``.venv/bin/python benchmarks/ingress_step.py`` (three minutes); writes
+Run: ``.venv/bin/python benchmarks/tuner/ingress_step.py`` (three minutes); writes
 ``benchmarks/results/ingress-step.{json,txt}``.
 """
 
@@ -57,7 +57,13 @@ from packrat.plan.profile import load_profile
 from packrat.plan.provision import Planner, provision
 from packrat.plan.traces import gamma_trace, step_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Does a downstream stage scale sooner when tuned from the ingress?"'
+    " (#does-a-downstream-stage-scale-sooner-when-tuned-from-the-ingress)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 STEP_S = 120.0
@@ -240,7 +246,7 @@ def report(args: Any, out: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--rate", type=float, default=50.0, help="base rate (x4 after the step)")
     parser.add_argument(
         "--fractions", type=float, nargs="+", default=[1.0, 0.5], help="shares of A's answers to B"

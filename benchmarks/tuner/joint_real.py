@@ -33,7 +33,7 @@ cores: a second replica adds no CPU, only a second queue. The numbers show the c
 (when they act, whether they fight, what the pods saw); they cannot show the capacity a real
 node's extra cores would add.
 
-Run (under ``flock /work/bench.lock``): ``.venv/bin/python benchmarks/joint_real.py``.
+Run (under ``flock /work/bench.lock``): ``.venv/bin/python benchmarks/tuner/joint_real.py``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
@@ -69,6 +69,12 @@ from packrat.plan.des import nearest_rank  # noqa: E402
 from packrat.plan.profile import parse_profile  # noqa: E402
 from packrat.plan.traces import gamma_trace  # noqa: E402
 from packrat.serve.codec import example_body  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the tuner follow a load step?"'
+    " (#how-does-the-tuner-follow-a-load-step)"
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 CONFIGS = ("fixed", "joint", "joint-fast")
@@ -453,7 +459,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--load-only"]:
         _load_only(json.loads(sys.argv[2]))
         return
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--rate", type=float, default=2.0)
@@ -489,7 +495,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.configs = args.configs.split(",")
-    command = "python benchmarks/joint_real.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/tuner/joint_real.py " + " ".join(sys.argv[1:])
     RESULTS.mkdir(parents=True, exist_ok=True)
     if args.merge:
         trials = [

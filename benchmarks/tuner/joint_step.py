@@ -46,7 +46,7 @@ The first seed's per-second arrivals, misses, outstanding queries, replicas and 
 around the step (100-220 s) of ``fixed`` and the ``-floor-keep`` variants go to
 ``{stem}-timeline.csv``.
 
-Run: ``.venv/bin/python benchmarks/joint_step.py`` (a few minutes); writes
+Run: ``.venv/bin/python benchmarks/tuner/joint_step.py`` (a few minutes); writes
 ``benchmarks/results/joint-step.{json,txt}`` and ``joint-step-timeline.csv``.
 """
 
@@ -82,7 +82,13 @@ from packrat.plan.reconfig import (
 )
 from packrat.plan.traces import gamma_trace, step_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the tuner follow a load step?"'
+    " (#how-does-the-tuner-follow-a-load-step)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 SAMPLE_S = 0.005
@@ -410,7 +416,7 @@ def summary(runs: list[dict], key: str) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--rate", type=float, default=50.0, help="base rate (x4 after the step)")
     parser.add_argument("--slo-ms", type=float, default=500.0)
     parser.add_argument("--startup-s", type=float, default=5.0)

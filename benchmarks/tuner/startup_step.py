@@ -16,7 +16,7 @@ advance). Workloads (ResNet-50's paper profile, SLO ``--slo-ms``):
 - ``ramp``: 120 s at the base rate, then up to 4x over 60 s (linear), then 60 s at 4x; the
   sample has a ramp too.
 
-Run: ``.venv/bin/python benchmarks/startup_step.py`` (a minute or two); writes
+Run: ``.venv/bin/python benchmarks/tuner/startup_step.py`` (a minute or two); writes
 ``benchmarks/results/startup-step.{json,txt}``.
 """
 
@@ -35,7 +35,13 @@ from packrat.plan.profile import load_profile
 from packrat.plan.provision import Planner, provision
 from packrat.plan.traces import gamma_trace, peak_rate, step_trace
 
-ROOT = Path(__file__).resolve().parents[1]
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the tuner follow a load step?"'
+    " (#how-does-the-tuner-follow-a-load-step)"
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "benchmarks" / "profiles" / "resnet-torchserve.csv"
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -122,7 +128,7 @@ def run(table: dict, name: str, sample: np.ndarray, trace: np.ndarray, args: Any
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--rate", type=float, default=50.0, help="base rate (x4 after the step)")
     parser.add_argument("--slo-ms", type=float, default=500.0)
     parser.add_argument("--startup-s", type=float, default=5.0)

@@ -16,7 +16,7 @@ A benchmark, not a test: one run on a shared machine. With the tiny model, laten
 HTTP and Python overhead, which the planner's profile does not contain; the point is the
 mechanism (scale-up time after the step, no failed requests, scale-down after the delay).
 
-Run: ``.venv/bin/python benchmarks/tuner_experiment.py`` (about 6 minutes with the defaults).
+Run: ``.venv/bin/python benchmarks/tuner/tuner_experiment.py`` (about 6 minutes with the defaults).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
@@ -44,6 +44,12 @@ from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
 from packrat.plan.traces import step_trace, trace_to_csv  # noqa: E402
 from packrat.serve.codec import example_body  # noqa: E402
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How does the tuner follow a load step?"'
+    " (#how-does-the-tuner-follow-a-load-step)"
+)
 
 RESULTS = ROOT / "benchmarks" / "results"
 NAME = "tuned"
@@ -205,7 +211,7 @@ def plot(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(epilog=FIGURE, description=__doc__)
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--factor", type=float, default=4.0)
