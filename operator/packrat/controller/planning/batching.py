@@ -6,7 +6,7 @@ batch then follows the load upwards within ``autoBatch``'s range (:func:`slo_bat
 replica size the planner chose, while the tuner sets the replicas. The planner's batch is the
 floor (:func:`slo_floor`): it chose that batch for the SLO's capacity, and a plan that
 followed a quiet period's small estimates down met the next step with too little (the DES,
-``benchmarks/joint_step.py``: 0% -> 12% misses). The top is the batch whose plan serves the
+``benchmarks/tuner/joint_step.py``: 0% -> 12% misses). The top is the batch whose plan serves the
 most among those expected within the SLO (:func:`slo_top`): a backlog reads as the largest
 batch, whose plan can miss the SLO for every query it holds and serve fewer. The tuner is
 told each pass what the running plan serves per replica (:func:`plan_capacity`) and counts
