@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packrat.cli import CliError, check_numbers
+from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
@@ -107,17 +108,20 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--max-cpus {args.max_cpus} exceeds the {top} cores the profile was measured on"
         )
+    done = Counter()
     try:
-        result = provision(
-            profile.table(),
-            trace,
-            slo_ms=args.slo_p99_ms,
-            max_cores=args.max_cores,
-            max_cpus=min(args.max_cpus or top, top),
-            sim=sim_from_args(args),
-            model=profile.meta.model,
-            robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
-        )
+        with heartbeat(lambda: f"provision: {done.value} simulations of {trace.size} arrivals"):
+            result = provision(
+                profile.table(),
+                trace,
+                slo_ms=args.slo_p99_ms,
+                max_cores=args.max_cores,
+                max_cpus=min(args.max_cpus or top, top),
+                sim=sim_from_args(args),
+                model=profile.meta.model,
+                robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
+                on_simulation=done,
+            )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
     return print_result(args, result, format_table(result))

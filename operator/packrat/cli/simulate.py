@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.cli import CliError, check_numbers
+from packrat.cli.heartbeat import heartbeat
 from packrat.cli.provision import check_common_numbers
 from packrat.plan.des import SPREADS, SimulationError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
@@ -156,15 +157,21 @@ def run(args: argparse.Namespace) -> int:
         spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
     )
     try:
-        summary = simulate_config(
-            table,
-            trace,
-            instances,
-            replicas=args.replicas,
-            sim=sim,
-            slo_ms=args.slo_p99_ms,
-            service_cv=args.service_cv,
-        )
+        with heartbeat(
+            lambda: (
+                f"simulate: {trace.size} arrivals on {args.replicas} replica(s) of "
+                f"{len(instances)} instance(s)"
+            )
+        ):
+            summary = simulate_config(
+                table,
+                trace,
+                instances,
+                replicas=args.replicas,
+                sim=sim,
+                slo_ms=args.slo_p99_ms,
+                service_cv=args.service_cv,
+            )
     except SimulationError as exc:
         raise CliError(str(exc)) from None
     doc = {**summary.to_dict(), "replicas": args.replicas, "instances": instances}

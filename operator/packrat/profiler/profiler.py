@@ -109,6 +109,8 @@ class ProfileSettings:
     mode: str = COLOCATED
     process: str = "forked"  # forked from one process with the model built | fresh
     fill_remainder: bool = True  # co-located: an untimed filler on the T mod t cores
+    # the progress JSON records (for the operator's log reader): None = when not a terminal
+    progress_records: bool | None = None
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -325,7 +327,12 @@ class _Session:
         self.load_start = round(os.getloadavg()[0], 2)
         run.kept = [k for k in self.grid if k in self.points]
         self.todo = [k for k in self.grid if k not in self.points]
-        progress = Progress(len(self.grid), stream=stream, label=f"profile {self.meta.model}")
+        progress = Progress(
+            len(self.grid),
+            stream=stream,
+            label=f"profile {self.meta.model}",
+            records=self.settings.progress_records,
+        )
         progress.done = len(run.kept)
         if run.kept:
             progress.show(f"resuming: {len(run.kept)} point(s) already in {path}")
@@ -366,6 +373,8 @@ class _Session:
         }
         if run.isolation:
             info["isolation"] = run.isolation
+            if run.isolation.get("contaminated"):  # stored only when allowed: say so plainly
+                info["contended"] = True
         return info
 
     def save(self) -> Profile | None:
