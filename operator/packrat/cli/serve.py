@@ -197,8 +197,8 @@ def _add_request_log_args(parser: argparse.ArgumentParser) -> None:
     logs.add_argument(
         "--request-log",
         metavar="SINK",
-        help="log sampled predictions: jsonl:PATH (jsonl:- for stdout) or an http(s):// "
-        "CloudEvents sink",
+        help="log sampled predictions: stdout (as spec.requestLogging.sink), jsonl:PATH "
+        "(jsonl:- is stdout) or an http(s):// CloudEvents sink",
     )
     logs.add_argument(
         "--request-log-sample-rate",
@@ -245,7 +245,8 @@ def payload_log_config(args: argparse.Namespace) -> Any:
 
     try:
         return PayloadLogConfig(
-            sink=args.request_log,
+            # "stdout", as the CRD's sink and the docs say it (docs-found item 1)
+            sink="jsonl:-" if args.request_log == "stdout" else args.request_log,
             sample_rate=args.request_log_sample_rate,
             mode=args.request_log_mode,
             queue_size=args.request_log_queue,
