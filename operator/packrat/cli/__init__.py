@@ -55,7 +55,8 @@ def check_numbers(
         if at_least is not None and not (math.isfinite(value) and value >= at_least):
             raise CliError(f"{flag} must be >= {at_least:g}, got {value}")
         if at_most is not None and not (math.isfinite(value) and value <= at_most):
-            raise CliError(f"{flag} must be <= {at_most:g}, got {value}")
+            limit = int(at_most) if float(at_most).is_integer() else at_most
+            raise CliError(f"{flag} must be <= {limit}, got {value}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

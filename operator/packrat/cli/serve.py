@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, check_numbers
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
@@ -278,8 +278,18 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
     return text, f"${args.plan_env}"
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The time flags finite and bounded, one line each, before anything starts (nan, inf and
+    1e308 were taken, issue 38's siblings); the batch delay as the CRD's maxBatchDelayMs."""
+    check_numbers(args, "drain_seconds", "drain_grace_seconds", at_least=0, at_most=3600)
+    check_numbers(args, "header_timeout", "body_timeout", above=0)
+    check_numbers(args, "header_timeout", "body_timeout", at_most=3600)
+    check_numbers(args, "max_batch_delay_ms", at_least=0, at_most=10_000)
+
+
 def run(args: argparse.Namespace) -> int:
     _check_model(args.model)
+    _check_numbers(args)
     # Taken out of the environment before any process starts: no child (the zygote,
     # TorchServe, the workers and a user's handler code in them) inherits the token that can
     # reconfigure the pod, not even in its /proc/<pid>/environ.
@@ -392,6 +402,7 @@ def _connection_limits(args: argparse.Namespace) -> Any:
 
     if args.queue_limit < 0:
         raise CliError("--queue-limit must be >= 0")
+
     if not 1 <= args.max_body_bytes <= args.max_buffered_bytes:
         raise CliError("need 1 <= --max-body-bytes <= --max-buffered-bytes")
     try:

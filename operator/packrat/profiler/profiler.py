@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -88,6 +89,9 @@ def thread_grid(cpus: int, threads: Sequence[int] | None = None) -> list[int]:
     return sorted(set(threads))
 
 
+WEEK_S = 7 * 86400  # the longest budget a profile run (or one point) may be given
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileSettings:
     """How to measure each point."""
@@ -121,10 +125,15 @@ class ProfileSettings:
             )
         if not 0 < self.precision < 1:
             raise ProfilerError(f"--precision must be in (0, 1), got {self.precision}")
-        if self.point_budget_s <= 0:
-            raise ProfilerError(f"--point-budget must be > 0, got {self.point_budget_s}")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ProfilerError(f"--time-budget must be > 0, got {self.time_budget_s}")
+        # finite and at most a week: nan and inf were taken (issue 38's siblings)
+        if not (math.isfinite(self.point_budget_s) and 0 < self.point_budget_s <= WEEK_S):
+            raise ProfilerError(
+                f"--point-budget must be in (0, {WEEK_S}], got {self.point_budget_s}"
+            )
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and 0 < self.time_budget_s <= WEEK_S
+        ):
+            raise ProfilerError(f"--time-budget must be in (0, {WEEK_S}], got {self.time_budget_s}")
         if self.warmup < 0 or self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ProfilerError(
                 "need --warmup >= 0, --min-samples >= 1 and max samples >= min samples"

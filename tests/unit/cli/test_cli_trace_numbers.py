@@ -5,6 +5,7 @@ traceback or minutes of simulation."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,55 @@ def test_trace_functions_refuse_what_the_simulators_cannot_hold() -> None:
     with pytest.raises(TraceError, match="arrivals"):
         gamma_trace(1e300, duration_s=1.0)
     assert parse_trace(f"0\n{MAX_TRACE_SPAN_S}\n")[-1] == MAX_TRACE_SPAN_S  # the edge holds
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--rate", "nan"], "--rate must be > 0, got nan"),
+        (["--rate", "1", "--duration", "inf"], "--duration must be > 0, got inf"),
+        (["--rate", "1", "--duration", "1e308"], "--duration must be <= 31536000"),
+        (["--rate", "1e308"], "requests; at most 1000000"),
+        (["--rate", "1", "--timeout", "nan"], "--timeout must be > 0, got nan"),
+        (["--rate", "1", "--timeout", "1e308"], "--timeout must be <= 3600"),
+        (["--rate", "1", "--seed", "-1"], "--seed must be >= 0, got -1"),
+        (["--burst", "1000000000"], "--burst must be <= 100000"),
+        (["--burst", "1", "--bursts", "0"], "--bursts must be >= 1, got 0"),
+    ],
+)
+def test_loadgen_numbers_are_one_line(
+    capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    args = ["loadgen", "--url", "http://127.0.0.1:9", "--model", "tiny", *flags]
+    _one_line(capsys, main(args), needle)
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--drain-seconds", "nan"], "--drain-seconds must be >= 0, got nan"),
+        (["--drain-grace-seconds", "1e308"], "--drain-grace-seconds must be <= 3600"),
+        (["--body-timeout", "nan"], "--body-timeout must be > 0, got nan"),
+        (["--header-timeout", "inf"], "--header-timeout must be > 0, got inf"),
+        (["--max-batch-delay-ms", str(10**30)], "--max-batch-delay-ms must be <= 10000"),
+    ],
+)
+def test_serve_numbers_are_one_line_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    # a plan file that does not exist: the numbers are checked before it is read
+    args = ["serve", "--model", "tiny", "--plan", "/nonexistent/plan.json", *flags]
+    _one_line(capsys, main(args), needle)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("point_budget_s", math.nan), ("point_budget_s", math.inf), ("time_budget_s", math.nan),
+     ("time_budget_s", 1e308), ("point_budget_s", -1.0)],
+)  # fmt: skip
+def test_profile_budgets_are_finite(field: str, value: float) -> None:
+    from packrat.profiler.errors import ProfilerError
+    from packrat.profiler.profiler import ProfileSettings
+
+    with pytest.raises(ProfilerError, match="budget must be in"):
+        ProfileSettings(**{field: value}).check()
