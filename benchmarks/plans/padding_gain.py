@@ -63,7 +63,8 @@ def main() -> None:
     for r in rows:
         print(
             f"{r['profile']} | {r['exact_falls']} | {r['exact_worst_fall']}x at "
-            f"B={r['exact_worst_fall_at']} | {r['padded_falls']} | {r['padded_batches']} | {r['largest_gain']}x at "
+            f"B={r['exact_worst_fall_at']} | {r['padded_falls']} | {r['padded_batches']} | "
+            f"{r['largest_gain']}x at "
             f"B={r['largest_gain_at']} ({r['largest_gain_ms']} ms)"
         )
     if args.out:
