@@ -1,5 +1,6 @@
-"""How much do monotone (padded) plans gain on the paper's profiles? (docs/measurements.md,
-"Monotone plans").
+"""How much do monotone (padded) plans gain on the paper's profiles? Makes the table of
+docs/measurements.md, "How much slower than a larger batch can an exact plan be, and what does
+padding gain?".
 
 For each of the 8 published profiles (benchmarks/profiles/packrat-paper, T=16) and every batch
 B in 1..--max-batch: the optimizer's expected latency for exactly B, the padded plan's (the
