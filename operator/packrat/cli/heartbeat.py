@@ -45,7 +45,9 @@ def heartbeat(
     log_every_s: float = 10.0,
 ) -> Iterator[None]:
     """While the block runs: ``<describe()>, elapsed m:ss`` on ``stream`` (default stderr),
-    first after ``after_s``; the line is closed when the block ends."""
+    first after ``after_s``; the line is closed when the block ends. A block that completes
+    after ``after_s`` shows the line at least once (the thread may not have run yet); one that
+    raises adds nothing to its error."""
     out = stream if stream is not None else sys.stderr
     tty = bool(getattr(out, "isatty", lambda: False)())
     every = tty_every_s if tty else log_every_s
@@ -53,12 +55,14 @@ def heartbeat(
     shown = [False]
     started = time.monotonic()
 
+    def line() -> str:
+        return f"{describe()}, elapsed {format_duration(time.monotonic() - started)}"
+
     def beat() -> None:
         if stop.wait(after_s):
             return
         while True:
-            line = f"{describe()}, elapsed {format_duration(time.monotonic() - started)}"
-            out.write(("\r\x1b[2K" + line) if tty else (line + "\n"))
+            out.write(("\r\x1b[2K" + line()) if tty else (line() + "\n"))
             out.flush()
             shown[0] = True
             if stop.wait(every):
@@ -66,11 +70,15 @@ def heartbeat(
 
     thread = threading.Thread(target=beat, name="packrat-heartbeat", daemon=True)
     thread.start()
+    completed = False
     try:
         yield
+        completed = True
     finally:
         stop.set()
         thread.join()
-        if shown[0] and tty:
+        if completed and not shown[0] and time.monotonic() - started >= after_s:
+            out.write(line() + "\n")  # a run that outlived after_s says so at least once
+        elif shown[0] and tty:
             out.write("\n")
-            out.flush()
+        out.flush()

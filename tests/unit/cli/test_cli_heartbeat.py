@@ -4,12 +4,24 @@ a heartbeat line with the work done so far and the time elapsed, nothing for a q
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.provision import provision
 from packrat.plan.traces import gamma_trace
+
+PROFILE = (
+    Path(__file__).resolve().parents[3]
+    / "benchmarks"
+    / "profiles"
+    / "packrat-paper"
+    / "resnet-pytorch.csv"
+)
 
 
 def _until(cond: object, timeout: float = 30.0) -> None:
@@ -60,3 +72,23 @@ def test_provision_counts_its_simulations() -> None:
         table, gamma_trace(50.0, duration_s=20.0), slo_ms=50.0, max_cores=8, on_simulation=done
     )
     assert done.value >= result.evaluations > 0
+
+
+def test_provision_and_simulate_show_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The commands wire it: with the first beat due at once, both say what they do."""
+    import packrat.cli.provision
+    import packrat.cli.simulate
+    from packrat.cli import main
+
+    for module in (packrat.cli.provision, packrat.cli.simulate):
+        monkeypatch.setattr(module, "heartbeat", lambda describe: heartbeat(describe, after_s=0))
+    common = ["--profile", str(PROFILE), "--rate", "20", "--seed", "1"]
+    assert main(["provision", *common, "--duration", "30", "--slo-p99-ms", "500"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"provision: \d+ simulations of \d+ arrivals, elapsed 0:\d\d", err), err
+    assert main(["simulate", *common, "--seconds", "30", "--replicas", "1", "--plan",
+                 "1x16t/b1"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert re.search(r"simulate: \d+ arrivals on 1 replica\(s\) of 1 instance\(s\)", err), err
