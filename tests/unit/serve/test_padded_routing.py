@@ -57,3 +57,20 @@ def test_the_pod_reads_a_padded_plan_as_the_operator_writes_it() -> None:
     back = from_status(to_status(plan))  # the status keeps it, too
     assert back is not None and layout(back) == layout(plan) and back.capacity == 4
     assert to_status(plan)["capacity"] == 4
+
+
+def test_the_bench_runs_a_padded_plan_as_the_dispatcher_splits_it() -> None:
+    """packrat bench (and the demo) measure a padded plan with the requests a burst of its
+    batch gives each instance: an exact plan's instances their own batch, a padded one's
+    fewer, an idle one left out."""
+    from packrat.bench.microbench import burst_pairs
+    from packrat.plan.optimizer import Optimizer
+    from packrat.plan.padding import padded_plan
+
+    table = {(1, 1): 5.0, (1, 2): 1.8, (1, 4): 3.0}
+    opt = Optimizer(table, cpus=3, max_batch=8)
+    exact = opt.plan(4)
+    assert burst_pairs(exact) == tuple(exact.expand())
+    plan = padded_plan(opt, 5)  # 5 exactly needs a (1, 1) at 5 ms; the plan for 6 is 3x b2
+    assert plan.capacity == 6 and plan.expected_latency_ms == 1.8
+    assert sorted(burst_pairs(plan)) == [(1, 1), (1, 2), (1, 2)]
