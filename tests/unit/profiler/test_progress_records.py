@@ -42,3 +42,5 @@ def test_the_operators_job_asks_for_them() -> None:
     cmd = profile_command(parse(body), output="/out/profile.json")
     i = cmd.index("--progress-records")
     assert cmd[i + 1] == "on" and cmd[-2:] == ["-o", "/out/profile.json"]
+    # and it still refuses a contended profile (a dedicated node's busy cores are a fault)
+    assert "--allow-contended" not in cmd
