@@ -54,6 +54,7 @@ from packrat.bench.serving_report import (
 )
 from packrat.plan.baselines import BASELINES, PER_CORE, baseline_plan, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.padding import PaddedPlans, padding_horizon
 from packrat.plan.profile import Profile, ProfileError, load_profile
 
 log = logging.getLogger(__name__)
@@ -232,8 +233,9 @@ def _config_plans(
     """Every configuration's plan per batch size; each batch's optimal plan, with its
     expected speedup over one instance per core, goes into ``result.plans``."""
     plans: dict[int, dict[str, Plan | None]] = {}
+    padded = PaddedPlans(optimizer)  # served as the operator serves it (plan/padding.py)
     for b in settings.batches:
-        plan = optimizer.plan(b)
+        plan = padded.plan(b)
         plans[b] = config_plans(plan, optimizer.table)
         per_core_plan = plans[b][PER_CORE]
         assert per_core_plan is not None
@@ -255,7 +257,9 @@ async def _bench(settings: BenchSettings, workdir: Path) -> BenchResult:
     t, cpus = _bench_cpus(settings)
     workdir.mkdir(parents=True, exist_ok=True)
     profile = await asyncio.to_thread(obtain_profile, settings, cpus=t)
-    optimizer = Optimizer.for_profile(profile, cpus=t, max_batch=max(settings.batches))
+    optimizer = Optimizer.for_profile(
+        profile, cpus=t, max_batch=padding_horizon(max(settings.batches))
+    )
     body = await asyncio.to_thread(example_body, settings.model)
     result = BenchResult(
         settings={

@@ -41,9 +41,10 @@ def check_numbers(
     *names: str,
     above: float | None = None,
     at_least: float | None = None,
+    at_most: float | None = None,
 ) -> None:
     """Each flag in ``names`` that was given (not None) finite and ``> above`` or
-    ``>= at_least``, else one line: ``--flag must be > 0, got nan``."""
+    ``>= at_least`` (and ``<= at_most``), else one line: ``--flag must be > 0, got nan``."""
     for name in names:
         value = getattr(args, name)
         if value is None:
@@ -53,6 +54,9 @@ def check_numbers(
             raise CliError(f"{flag} must be > {above:g}, got {value}")
         if at_least is not None and not (math.isfinite(value) and value >= at_least):
             raise CliError(f"{flag} must be >= {at_least:g}, got {value}")
+        if at_most is not None and not (math.isfinite(value) and value <= at_most):
+            limit = int(at_most) if float(at_most).is_integer() else at_most
+            raise CliError(f"{flag} must be <= {limit}, got {value}")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

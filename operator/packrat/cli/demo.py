@@ -9,10 +9,14 @@ side. It is a thin sequence of the real subcommands, so what the demo shows is e
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from packrat.cli import CliError
+
+BANNER_WIDTH = 78
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             [
                 "profile", "--model", args.model, "--cpus", str(cpus),
                 "--max-batch", str(max(batches)), "--point-budget", str(args.point_budget),
-                "-o", str(profile),
+                "--allow-contended", "--progress-records", "off", "-o", str(profile),
             ],
         ),
         (
@@ -70,10 +74,49 @@ def run(args: argparse.Namespace) -> int:
             ],
         ),
     ]  # fmt: skip
+    contended: list[str] | None = None
     for title, argv in steps:
         print(f"\n== {title}\n$ packrat {' '.join(argv)}", flush=True)
         code = main(argv)
         if code:
             return code
+        if argv[0] == "profile":
+            contended = contention(profile)
+            if contended is not None:
+                print(banner(contended), flush=True)
     print(f"\nprofile: {profile}\nplot:    {out / 'plan.png'}")
+    if contended is not None:
+        print(banner(contended), flush=True)
     return 0
+
+
+def contention(path: Path) -> list[str] | None:
+    """The reasons a stored profile was measured on busy cores, or None when it was not."""
+    try:
+        extra = json.loads(path.read_text(encoding="utf-8"))["meta"].get("extra") or {}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None
+    isolation = extra.get("isolation") if isinstance(extra, dict) else None
+    if not isinstance(isolation, dict) or not isolation.get("contaminated"):
+        return None
+    reasons = isolation.get("reasons") or ["the isolation check found the cores busy"]
+    return [str(r) for r in reasons]
+
+
+def banner(reasons: list[str]) -> str:
+    """The warning a person cannot miss: the cores were busy, what that means, what to do."""
+    lines = [
+        "BUSY CORES: other work ran on these cores while the profile was measured.",
+        *(f"  - {r}" for r in reasons[:4]),
+        "The profile is kept and marked contended (meta.extra.contended); its latencies,",
+        "the plans made from them and the measured speedups are indicative only.",
+        "The demo goes on: plan and fat are still measured side by side, on the same",
+        "busy cores. For clean figures, stop other work and run `make demo` again (the",
+        "operator's profiling Job refuses such a profile on a dedicated node).",
+    ]
+    rule = "!" * BANNER_WIDTH
+    body = "\n".join(f"!! {line}" for line in lines)
+    text = f"\n{rule}\n{body}\n{rule}"
+    if sys.stdout.isatty():  # bold red on a terminal
+        return f"\x1b[1;31m{text}\x1b[0m"
+    return text

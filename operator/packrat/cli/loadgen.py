@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, check_numbers
 
 
 def register(subparsers: Any) -> None:
@@ -69,16 +69,37 @@ def request_body(args: argparse.Namespace) -> tuple[bytes, str]:
     return example_body(spec), "application/octet-stream"
 
 
+# a load generator's own bounds: one burst, and the bursts of a run, as a client can hold
+MAX_BURST = 100_000
+MAX_TIMEOUT_S = 3600.0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every number finite and in range, one line each (nan, inf and 1e308 were taken: an
+    endless run, or a traceback, issue 38)."""
+    from packrat.plan.traces import MAX_ARRIVALS, MAX_TRACE_SPAN_S
+
+    check_numbers(args, "rate", "timeout", above=0)
+    check_numbers(args, "timeout", at_most=MAX_TIMEOUT_S)
+    check_numbers(args, "duration", above=0, at_most=MAX_TRACE_SPAN_S)
+    check_numbers(args, "burst", "bursts", at_least=1, at_most=MAX_BURST)
+    check_numbers(args, "warmup_bursts", at_least=0, at_most=MAX_BURST)
+    check_numbers(args, "seed", at_least=0)
+    if args.rate is not None and args.rate * args.duration > MAX_ARRIVALS:
+        raise CliError(
+            f"--rate x --duration is {args.rate * args.duration:g} requests; at most {MAX_ARRIVALS}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from packrat.bench.loadgen import format_summary, run_bursts, run_poisson
 
+    _check(args)
     body, content_type = request_body(args)
     result: Any
     if args.burst is not None:
-        if args.burst < 1 or args.bursts < 1:
-            raise CliError("--burst and --bursts must be >= 1")
         result = asyncio.run(
             run_bursts(
                 url=args.url,
@@ -110,8 +131,6 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        if args.rate <= 0 or args.duration <= 0:
-            raise CliError("--rate and --duration must be > 0")
         result = asyncio.run(
             run_poisson(
                 url=args.url,

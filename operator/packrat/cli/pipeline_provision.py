@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from packrat.cli import CliError
+from packrat.cli.heartbeat import heartbeat
 from packrat.cli.provision import (
     infeasible_line,
     ms,
@@ -45,15 +46,17 @@ def run_pipeline(args: argparse.Namespace) -> int:
             ],
             pipeline.edges,
         )
+    stages = len(pipeline.stages)
     try:
-        result = provision_pipeline(
-            pipeline,
-            trace,
-            slo_ms=slo,
-            max_cores=args.max_cores,
-            sim=sim_from_args(args),
-            models=spec.models,
-        )
+        with heartbeat(lambda: f"provision: {stages} stages on {trace.size} arrivals"):
+            result = provision_pipeline(
+                pipeline,
+                trace,
+                slo_ms=slo,
+                max_cores=args.max_cores,
+                sim=sim_from_args(args),
+                models=spec.models,
+            )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
     return print_result(args, result, format_pipeline_table(result))

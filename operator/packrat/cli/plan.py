@@ -15,6 +15,7 @@ from typing import Any
 
 from packrat.cli import CliError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.padding import PaddedPlans, padding_horizon
 from packrat.plan.profile import MAX_BATCH, Profile, ProfileError, load_profile
 
 
@@ -55,6 +56,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--batch", required=True, help="batch size(s): 8 or 4,8,16 or 1-32")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--plot", type=Path, help="write expected latency vs batch size (PNG)")
+    parser.add_argument(
+        "--exact",
+        action="store_true",
+        help=(
+            "instance batches sum to B exactly (default: a batch may run on a larger batch's "
+            "faster plan with slots left idle, as the operator serves it)"
+        ),
+    )
     parser.set_defaults(func=run)
 
 
@@ -100,6 +109,7 @@ def format_table(plans: Sequence[Plan]) -> str:
         "fat ms",
         "per-core ms",
         "speedup",
+        "holds",
     )
     rows = [header]
     for p in plans:
@@ -114,11 +124,23 @@ def format_table(plans: Sequence[Plan]) -> str:
                 fmt_ms(p.fat_latency_ms),
                 fmt_ms(per_core),
                 "-" if p.expected_speedup is None else f"{p.expected_speedup:.2f}x",
+                str(p.capacity) + ("*" if p.capacity > p.batch else ""),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in rows]
+    lines.extend(padding_note(p) for p in plans if p.capacity > p.batch)
     return "\n".join(lines)
+
+
+def padding_note(plan: Plan) -> str:
+    """One line for a padded plan: which batch's plan it runs and how many slots stay idle."""
+    idle = plan.capacity - plan.batch
+    return (
+        f"* batch {plan.batch} runs on the plan for batch {plan.capacity} "
+        f"({idle} slot{'s' if idle != 1 else ''} idle): faster than any plan for exactly "
+        f"{plan.batch}"
+    )
 
 
 def plot_plans(
@@ -182,9 +204,13 @@ def run(args: argparse.Namespace) -> int:
     if cpus is None or cpus <= 0:
         raise CliError("--cpus must be a positive integer")
     batches = parse_int_list(args.batch, what="--batch")
-    optimizer = make_optimizer(profile, cpus=cpus, max_batch=max(batches))
+    if max(batches) > MAX_BATCH:
+        raise CliError(f"--batch {max(batches)} is larger than {MAX_BATCH}")
+    horizon = max(batches) if args.exact else min(padding_horizon(max(batches)), MAX_BATCH)
+    optimizer = make_optimizer(profile, cpus=cpus, max_batch=horizon)
+    planner: Optimizer | PaddedPlans = optimizer if args.exact else PaddedPlans(optimizer)
     try:
-        plans = [optimizer.plan(b) for b in batches]
+        plans = [planner.plan(b) for b in batches]
     except PlanError as exc:
         raise CliError(str(exc)) from None
     if args.format == "json":
@@ -193,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(plans))
     if args.plot:
-        curve = [optimizer.plan(b) for b in range(1, max(batches) + 1) if optimizer.feasible(b)]
+        curve = [planner.plan(b) for b in range(1, max(batches) + 1) if planner.feasible(b)]
         title = f"{profile.meta.model}: expected latency on {cpus} cores"
         try:
             plot_plans(curve, args.plot, title=title, marked=plans)

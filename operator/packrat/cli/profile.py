@@ -159,6 +159,16 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
             "PACKRAT_ALLOW_CONTENDED=1"
         ),
     )
+    parser.add_argument(
+        "--progress-records",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help=(
+            "the machine-readable progress lines (packrat-progress {...}) after each progress "
+            "line, for a log reader such as the operator: auto (default) = only when stderr "
+            "is not a terminal"
+        ),
+    )
 
 
 def _add_verify_args(parser: argparse.ArgumentParser) -> None:
@@ -379,6 +389,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         mode=args.mode,
         process=args.process,
         fill_remainder=args.remainder == "fill",
+        progress_records={"on": True, "off": False}.get(args.progress_records),
         **({"allow_contended": True} if args.allow_contended else {}),
     )
     source = worker_source(args.process, args.model, handler)

@@ -20,10 +20,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from packrat.cli import CliError, check_numbers
+from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
-from packrat.plan.traces import MAX_ARRIVALS, TraceError, gamma_trace, load_trace
+from packrat.plan.traces import (
+    MAX_ARRIVALS,
+    MAX_TRACE_SPAN_S,
+    TraceError,
+    gamma_trace,
+    load_trace,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -78,8 +85,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.rate is not None:
         check_numbers(args, "rate", "cv", "duration", above=0)
     check_numbers(args, "max_cores", "max_cpus", at_least=1)
-    if args.max_batch_delay_ms < 0:
-        raise CliError("--max-batch-delay-ms must be >= 0")
+    check_common_numbers(args)
     if not (math.isfinite(args.max_utilization) and 0 < args.max_utilization <= 1):
         raise CliError(f"--max-utilization must be in (0, 1], got {args.max_utilization}")
     if not 0 <= args.resamples <= 64:
@@ -102,23 +108,38 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(
             f"--max-cpus {args.max_cpus} exceeds the {top} cores the profile was measured on"
         )
+    done = Counter()
     try:
-        result = provision(
-            profile.table(),
-            trace,
-            slo_ms=args.slo_p99_ms,
-            max_cores=args.max_cores,
-            max_cpus=min(args.max_cpus or top, top),
-            sim=sim_from_args(args),
-            model=profile.meta.model,
-            robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
-        )
+        with heartbeat(lambda: f"provision: {done.value} simulations of {trace.size} arrivals"):
+            result = provision(
+                profile.table(),
+                trace,
+                slo_ms=args.slo_p99_ms,
+                max_cores=args.max_cores,
+                max_cpus=min(args.max_cpus or top, top),
+                sim=sim_from_args(args),
+                model=profile.meta.model,
+                robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
+                on_simulation=done,
+            )
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
     return print_result(args, result, format_table(result))
 
 
-# -- shared with packrat.cli.pipeline_provision ------------------------------------------------
+# -- shared with packrat.cli.pipeline_provision and packrat.cli.simulate ------------------------
+# as the CRD's maxBatchDelayMs: a longer wait is not a serving configuration (nan and inf were
+# taken and simulated, issue 38)
+MAX_BATCH_DELAY_MS = 10_000
+
+
+def check_common_numbers(args: argparse.Namespace) -> None:
+    """The trace and batching flags both planners share: a finite delay in [0, 10 s], a seed
+    numpy accepts (a negative one was a traceback)."""
+    check_numbers(args, "max_batch_delay_ms", at_least=0, at_most=MAX_BATCH_DELAY_MS)
+    check_numbers(args, "seed", at_least=0, at_most=2**63 - 1)
+
+
 def trace_from_args(args: argparse.Namespace) -> np.ndarray:
     """``--trace FILE``, else the synthetic gamma trace of ``--rate``, ``--cv``, ``--duration``."""
     if args.trace is not None:
@@ -127,6 +148,8 @@ def trace_from_args(args: argparse.Namespace) -> np.ndarray:
         raise TraceError(
             f"--rate x --duration is {args.rate * args.duration:g} arrivals; at most {MAX_ARRIVALS}"
         )
+    if args.duration > MAX_TRACE_SPAN_S:
+        raise TraceError(f"--duration must be at most {MAX_TRACE_SPAN_S} s, got {args.duration:g}")
     return gamma_trace(args.rate, cv=args.cv, duration_s=args.duration, seed=args.seed)
 
 

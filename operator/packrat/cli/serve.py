@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, check_numbers
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
@@ -197,8 +197,8 @@ def _add_request_log_args(parser: argparse.ArgumentParser) -> None:
     logs.add_argument(
         "--request-log",
         metavar="SINK",
-        help="log sampled predictions: jsonl:PATH (jsonl:- for stdout) or an http(s):// "
-        "CloudEvents sink",
+        help="log sampled predictions: stdout (as spec.requestLogging.sink), jsonl:PATH "
+        "(jsonl:- is stdout) or an http(s):// CloudEvents sink",
     )
     logs.add_argument(
         "--request-log-sample-rate",
@@ -245,7 +245,8 @@ def payload_log_config(args: argparse.Namespace) -> Any:
 
     try:
         return PayloadLogConfig(
-            sink=args.request_log,
+            # "stdout", as the CRD's sink and the docs say it (docs-found item 1)
+            sink="jsonl:-" if args.request_log == "stdout" else args.request_log,
             sample_rate=args.request_log_sample_rate,
             mode=args.request_log_mode,
             queue_size=args.request_log_queue,
@@ -277,8 +278,18 @@ def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
     return text, f"${args.plan_env}"
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The time flags finite and bounded, one line each, before anything starts (nan, inf and
+    1e308 were taken, issue 38's siblings); the batch delay as the CRD's maxBatchDelayMs."""
+    check_numbers(args, "drain_seconds", "drain_grace_seconds", at_least=0, at_most=3600)
+    check_numbers(args, "header_timeout", "body_timeout", above=0)
+    check_numbers(args, "header_timeout", "body_timeout", at_most=3600)
+    check_numbers(args, "max_batch_delay_ms", at_least=0, at_most=10_000)
+
+
 def run(args: argparse.Namespace) -> int:
     _check_model(args.model)
+    _check_numbers(args)
     # Taken out of the environment before any process starts: no child (the zygote,
     # TorchServe, the workers and a user's handler code in them) inherits the token that can
     # reconfigure the pod, not even in its /proc/<pid>/environ.
@@ -391,6 +402,7 @@ def _connection_limits(args: argparse.Namespace) -> Any:
 
     if args.queue_limit < 0:
         raise CliError("--queue-limit must be >= 0")
+
     if not 1 <= args.max_body_bytes <= args.max_buffered_bytes:
         raise CliError("need 1 <= --max-body-bytes <= --max-buffered-bytes")
     try:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from packrat.cli import CliError, check_numbers
+from packrat.cli.heartbeat import heartbeat
+from packrat.cli.provision import check_common_numbers
 from packrat.plan.des import SPREADS, SimulationError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.profile import ProfileError, load_profile
@@ -28,6 +30,9 @@ from packrat.plan.traces import TraceError, gamma_trace, load_trace
 
 LABEL = re.compile(r"^(\d+)x(\d+)t/b(\d+)$")
 MAX_PLAN_BYTES = 1024 * 1024
+# the DES keeps a queue per replica: a billion replicas ran for minutes (issue 38); no
+# cluster serves one model from more than this
+MAX_SIM_REPLICAS = 10_000
 
 
 def register(subparsers: Any) -> None:
@@ -70,7 +75,9 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("give --cpus-per-replica and --batch, or --plan")
     if args.rate is not None:
         check_numbers(args, "rate", "cv", "seconds", above=0)
-    check_numbers(args, "max_batch_delay_ms", "service_cv", at_least=0)
+    check_numbers(args, "service_cv", at_least=0)
+    check_numbers(args, "replicas", at_most=MAX_SIM_REPLICAS)
+    check_common_numbers(args)
     check_numbers(args, "slo_p99_ms", above=0)
 
 
@@ -150,15 +157,21 @@ def run(args: argparse.Namespace) -> int:
         spread=args.spread, max_batch_delay_ms=args.max_batch_delay_ms, seed=args.seed
     )
     try:
-        summary = simulate_config(
-            table,
-            trace,
-            instances,
-            replicas=args.replicas,
-            sim=sim,
-            slo_ms=args.slo_p99_ms,
-            service_cv=args.service_cv,
-        )
+        with heartbeat(
+            lambda: (
+                f"simulate: {trace.size} arrivals on {args.replicas} replica(s) of "
+                f"{len(instances)} instance(s)"
+            )
+        ):
+            summary = simulate_config(
+                table,
+                trace,
+                instances,
+                replicas=args.replicas,
+                sim=sim,
+                slo_ms=args.slo_p99_ms,
+                service_cv=args.service_cv,
+            )
     except SimulationError as exc:
         raise CliError(str(exc)) from None
     doc = {**summary.to_dict(), "replicas": args.replicas, "instances": instances}

@@ -133,6 +133,12 @@ class Plan:
         return sum(g.threads * g.count for g in self.instances)
 
     @property
+    def capacity(self) -> int:
+        """The batch the instances hold together: ``batch``, or more for a padded plan (a
+        batch served by a larger batch's faster plan, slots left idle; see plan/padding.py)."""
+        return sum(g.batch * g.count for g in self.instances)
+
+    @property
     def label(self) -> str:
         """Short form for printer columns: ``4x4t/b8`` or ``2x4t/b4+1x8t/b8``."""
         return "+".join(f"{g.count}x{g.threads}t/b{g.batch}" for g in self.instances)
@@ -152,6 +158,7 @@ class Plan:
             "num_instances": self.num_instances,
             "total_threads": self.total_threads,
             "label": self.label,
+            "capacity": self.capacity,
             "alternatives": {a.name: a.to_dict() for a in self.alternatives},
             **({"model": self.model} if self.model else {}),
         }
@@ -185,8 +192,10 @@ class Plan:
         if threads > cpus:
             raise PlanError(f"plan uses {threads} threads but only {cpus} cpus")
         total = sum(g.batch * g.count for g in instances)
-        if total != batch:
+        if total < batch:  # more is a padded plan: slots left idle
             raise PlanError(f"plan instances serve batch {total}, expected {batch}")
+        if total > MAX_PLAN_BATCH:
+            raise PlanError(f"plan instances hold {total}, at most {MAX_PLAN_BATCH}")
         fat = data.get("fat_latency_ms")
         raw_alts = data.get("alternatives") or {}
         if not isinstance(raw_alts, Mapping) or not all(

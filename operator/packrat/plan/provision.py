@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -287,8 +287,10 @@ class Planner:
         max_cpus: int | None = None,
         sim: SimSettings | None = None,
         robust: Robustness | None = None,
+        on_simulation: Callable[[], None] | None = None,
     ) -> None:
         self.rate = check_request(slo_ms, trace_s)
+        self.on_simulation = on_simulation  # told after each simulation (progress)
         self.table = dict(table)
         self.trace = trace_s
         self.slo_ms = slo_ms
@@ -363,6 +365,8 @@ class Planner:
         seed: int | None = None,
     ) -> SimResult:
         s = self.sim
+        if self.on_simulation is not None:
+            self.on_simulation()
         return simulate(
             self.trace if trace is None else trace,
             self.table,
@@ -587,6 +591,7 @@ class Planner:
             max_cpus=self.max_cpus,
             sim=self.sim,
             robust=self.robust,
+            on_simulation=self.on_simulation,
         )
 
 
@@ -694,9 +699,10 @@ def provision(
     sim: SimSettings | None = None,
     model: str | None = None,
     robust: Robustness | None = None,
+    on_simulation: Callable[[], None] | None = None,
 ) -> Provision:
     """Plan replicas, replica size, plan shape and batch for ``slo_ms`` on ``trace_s``
-    (see the module docstring)."""
+    (see the module docstring); ``on_simulation`` is called before each simulation."""
     start = time.perf_counter()
     planner = Planner(
         table,
@@ -706,6 +712,7 @@ def provision(
         max_cpus=max_cpus,
         sim=sim,
         robust=robust,
+        on_simulation=on_simulation,
     )
     best, steps = planner.greedy()
     warnings = [w] if (w := tail_warning(trace_s)) else []

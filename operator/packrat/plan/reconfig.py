@@ -141,7 +141,7 @@ def plan_latency_at(plan: Plan, table: Mapping[tuple[int, int], float], batch: i
         raise PlanError(f"batch must be positive, got {batch}")
     worst = 0.0
     for group in plan.instances:
-        share = batch * group.batch / plan.batch
+        share = batch * group.batch / plan.capacity  # a padded plan holds more than its batch
         rounds = max(1, math.ceil(share / group.batch - 1e-9))
         per_round = math.ceil(share / rounds - 1e-9)
         profiled = sorted(b for (t, b) in table if t == group.threads and b >= per_round)

@@ -28,6 +28,14 @@ def gamma_trace(
     for name, value in (("rate", rate), ("cv", cv), ("duration", duration_s)):
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
             raise TraceError(f"{name} must be a finite number > 0, got {value!r}")
+    if duration_s > MAX_TRACE_SPAN_S:
+        raise TraceError(f"duration must be at most {MAX_TRACE_SPAN_S} s, got {duration_s:g}")
+    if rate * duration_s > MAX_ARRIVALS:
+        raise TraceError(
+            f"rate x duration is {rate * duration_s:g} arrivals; at most {MAX_ARRIVALS}"
+        )
+    if isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise TraceError(f"seed must be an integer in [0, 2**63), got {seed}")
     rng = np.random.default_rng(seed)
     shape = 1.0 / (cv * cv)
     scale = 1.0 / (rate * shape)
@@ -61,6 +69,9 @@ def step_trace(
 # costs minutes and gigabytes (10M lines: 190 s, 1.9 GB), so it is refused with one line.
 MAX_ARRIVALS = 1_000_000
 MAX_TRACE_FILE_BYTES = 64 * 1024 * 1024
+# A trace spans at most a year: the simulators work in milliseconds, and a timestamp such as
+# 1e308 s overflowed them (a traceback from ``packrat provision --trace``, issue 38).
+MAX_TRACE_SPAN_S = 365 * 86400
 
 
 def block_resample(
@@ -145,6 +156,11 @@ def parse_trace(text: str, *, origin: str = "<trace>") -> np.ndarray:
         values[i] = value
     if values.size == 0:
         raise TraceError(f"{origin}: no timestamps")
+    span = float(values[-1]) - float(values[0])
+    if not span <= MAX_TRACE_SPAN_S:  # also an infinite span (1e308 - -1e308)
+        raise TraceError(
+            f"{origin}: the timestamps span {span:g} s; at most {MAX_TRACE_SPAN_S} s (a year)"
+        )
     out: np.ndarray = values - values[0]
     return out
 

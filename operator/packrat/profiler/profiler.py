@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import importlib.metadata
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -88,6 +89,9 @@ def thread_grid(cpus: int, threads: Sequence[int] | None = None) -> list[int]:
     return sorted(set(threads))
 
 
+WEEK_S = 7 * 86400  # the longest budget a profile run (or one point) may be given
+
+
 @dataclass(frozen=True, slots=True)
 class ProfileSettings:
     """How to measure each point."""
@@ -109,6 +113,8 @@ class ProfileSettings:
     mode: str = COLOCATED
     process: str = "forked"  # forked from one process with the model built | fresh
     fill_remainder: bool = True  # co-located: an untimed filler on the T mod t cores
+    # the progress JSON records (for the operator's log reader): None = when not a terminal
+    progress_records: bool | None = None
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -119,10 +125,15 @@ class ProfileSettings:
             )
         if not 0 < self.precision < 1:
             raise ProfilerError(f"--precision must be in (0, 1), got {self.precision}")
-        if self.point_budget_s <= 0:
-            raise ProfilerError(f"--point-budget must be > 0, got {self.point_budget_s}")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ProfilerError(f"--time-budget must be > 0, got {self.time_budget_s}")
+        # finite and at most a week: nan and inf were taken (issue 38's siblings)
+        if not (math.isfinite(self.point_budget_s) and 0 < self.point_budget_s <= WEEK_S):
+            raise ProfilerError(
+                f"--point-budget must be in (0, {WEEK_S}], got {self.point_budget_s}"
+            )
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and 0 < self.time_budget_s <= WEEK_S
+        ):
+            raise ProfilerError(f"--time-budget must be in (0, {WEEK_S}], got {self.time_budget_s}")
         if self.warmup < 0 or self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ProfilerError(
                 "need --warmup >= 0, --min-samples >= 1 and max samples >= min samples"
@@ -325,7 +336,12 @@ class _Session:
         self.load_start = round(os.getloadavg()[0], 2)
         run.kept = [k for k in self.grid if k in self.points]
         self.todo = [k for k in self.grid if k not in self.points]
-        progress = Progress(len(self.grid), stream=stream, label=f"profile {self.meta.model}")
+        progress = Progress(
+            len(self.grid),
+            stream=stream,
+            label=f"profile {self.meta.model}",
+            records=self.settings.progress_records,
+        )
         progress.done = len(run.kept)
         if run.kept:
             progress.show(f"resuming: {len(run.kept)} point(s) already in {path}")
@@ -366,6 +382,8 @@ class _Session:
         }
         if run.isolation:
             info["isolation"] = run.isolation
+            if run.isolation.get("contaminated"):  # stored only when allowed: say so plainly
+                info["contended"] = True
         return info
 
     def save(self) -> Profile | None:

@@ -3,7 +3,9 @@
 On a terminal the bar redraws in place; in a pod's log (not a tty) it prints one line per
 step, so ``kubectl logs`` of a profiling Job shows how far it got and how long is left, and
 after it the same as data (:class:`packrat.plan.profile.ProgressRecord`, one JSON line), which
-the operator reads back for ``status.profiling.progress``.
+the operator reads back for ``status.profiling.progress``. The records are for logs, never for
+a person: ``records`` turns them on or off (default: only when the stream is not a terminal;
+the operator's Job asks for them, ``packrat demo`` does not).
 """
 
 from __future__ import annotations
@@ -37,13 +39,21 @@ def bar(done: int, total: int, width: int = 24) -> str:
 class Progress:
     """Counts steps of a known total and estimates the time left from the time per step."""
 
-    def __init__(self, total: int, *, stream: TextIO | None = None, label: str = "profile") -> None:
+    def __init__(
+        self,
+        total: int,
+        *,
+        stream: TextIO | None = None,
+        label: str = "profile",
+        records: bool | None = None,
+    ) -> None:
         self.total = total
         self.done = 0
         self.label = label
         self.stream = stream if stream is not None else sys.stderr
         self.started = time.monotonic()
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.records = not self._tty if records is None else records
         self._measured_time = 0.0
         self._measured = 0
 
@@ -92,6 +102,9 @@ class Progress:
                 self.stream.write("\n")
         else:
             self.stream.write(line + "\n")
+        if self.records:
+            if self._tty:
+                self.stream.write("\n")
             self.stream.write(self.record(elapsed, eta).to_line() + "\n")
         self.stream.flush()
 

@@ -67,12 +67,18 @@ class OperatorProcess:
         self.pod_url = pod_url
         self.inpod_switch = inpod_switch
         self.log = log
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        self.metrics_port = 0
+        self.liveness_port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._log_offset = 0  # where this start's output begins in the shared log
 
     def start(self) -> None:
+        """Start the operator on ports fresh for this start: a port freed by the previous
+        process may be taken by anything else on a busy machine between stop and start (it
+        was, and the restarted operator died with ``Address already in use``)."""
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1")
         cmd = [
             sys.executable,
@@ -109,6 +115,7 @@ class OperatorProcess:
         ]
         self.starts += 1
         with self.log.open("ab") as out:
+            self._log_offset = out.tell()
             out.write(f"\n=== operator start {self.starts} ===\n".encode())
             out.flush()
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -133,15 +140,32 @@ class OperatorProcess:
         ) as r:
             return str(r.read().decode())
 
-    def wait_healthy(self, timeout: float = 180) -> None:
-        """Wait until the operator answers its liveness probe (and so serves its metrics)."""
+    def wait_healthy(self, timeout: float = 180, *, port_retries: int = 3) -> None:
+        """Wait until the operator answers its liveness probe (and so serves its metrics).
+
+        A port picked free can still be taken by another process before the operator binds
+        it (the window is the operator's start-up, seconds on a loaded machine): an operator
+        that exits for that reason alone is started again on fresh ports, up to
+        ``port_retries`` times; any other exit fails."""
+        retries = port_retries
 
         def up() -> bool:
+            nonlocal retries
             if self.proc is not None and self.proc.poll() is not None:
+                if retries > 0 and self._lost_port_race():
+                    retries -= 1
+                    self.start()
+                    return False
                 raise AssertionError(f"the operator exited with {self.proc.returncode}")
             return self.healthy()
 
         wait_for(up, timeout=timeout, what="the operator's liveness probe", period=0.25)
+
+    def _lost_port_race(self) -> bool:
+        """This start's output says a port was taken (``Address already in use``)."""
+        with self.log.open("rb") as f:
+            f.seek(self._log_offset)
+            return b"Address already in use" in f.read()
 
     def healthy(self) -> bool:
         try:

@@ -107,10 +107,16 @@ def test_crd_names_and_shape() -> None:
     assert [c["name"] for c in printer if not c.get("priority")] == [
         "Ready",
         "Phase",
+        "Replicas",
+        "Available",
         "Plan",
         "Measured",
+        "URL",
         "Age",
     ]
+    assert columns["Replicas"] == ".status.replicas"
+    assert columns["Available"] == ".status.readyReplicas"
+    assert columns["URL"] == ".status.url"
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
     assert columns["Plan"] == ".status.plan.label"
     assert columns["Measured"] == ".status.measured.speedup"

@@ -41,7 +41,7 @@ def test_the_crd_is_valid_kubernetes(version: str) -> None:
     kubernetes_validate.validate(CRD, version, strict=True)
     assert CRD["spec"]["names"]["kind"] == "PackratPipeline"
     columns = {c["name"] for c in CRD["spec"]["versions"][0]["additionalPrinterColumns"]}
-    assert {"Ready", "SLO", "Simulated", "Measured", "Cores", "Age"} <= columns
+    assert {"Ready", "Phase", "SLO", "Simulated", "Measured", "Cores", "Age"} <= columns
 
 
 def test_the_example_validates_and_its_stages_are_packrat_models() -> None:

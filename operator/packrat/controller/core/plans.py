@@ -30,6 +30,7 @@ _FIELDS = (
     ("expected_speedup", "expectedSpeedup"),
     ("num_instances", "numInstances"),
     ("total_threads", "totalThreads"),
+    ("capacity", "capacity"),  # > batch for a padded plan (plan/padding.py)
 )
 
 

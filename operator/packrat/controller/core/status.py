@@ -460,6 +460,7 @@ class Status(Mapping[str, Any]):
 
     def set_endpoint(self, name: str, namespace: str, port: int) -> None:
         self._set("endpoint", {"service": f"{name}.{namespace}.svc", "port": port})
+        self._set("url", f"http://{name}.{namespace}.svc:{port}")  # the URL printer column
 
     def set_condition(
         self,

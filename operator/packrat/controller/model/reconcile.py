@@ -51,6 +51,7 @@ from packrat.controller.switch.failover import lost_active, release_unneeded
 from packrat.controller.switch.inpod import Pending, PodClient, switch_in_pod
 from packrat.controller.switch.plan_poster import switchable
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.padding import padded_plan, padding_horizon
 from packrat.plan.profile import Profile
 
 __all__ = ["Config", "Reconciler", "Result", "merge_patch", "pod_failure"]
@@ -288,14 +289,14 @@ class Reconciler:
                 profile,
                 digest=status.profile_digest,
                 cpus=serving.cpus,
-                max_batch=max_batch,
+                max_batch=padding_horizon(max_batch),  # room for a faster, larger plan
             )
             floor = slo_floor(model, prov.batch) if prov is not None and auto else None
             top: int | None = None
             if prov is not None and floor is not None:  # never above the SLO's top, even
                 top = slo_top(model, optimizer, profile, floor=floor, slo_ms=prov.slo_ms)
                 batch = min(batch, top)  # a batch chosen before the SLO was made tighter
-            plan = keep_served(status.served_plan, optimizer.plan(batch))
+            plan = keep_served(status.served_plan, padded_plan(optimizer, batch))
             plan, slower = verified.guard(p, plan, profile)  # never serve a plan slower than fat
         except PlanError as exc:
             status.failed()

@@ -24,6 +24,7 @@ from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.status import ModelStatus, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
+from packrat.plan.padding import PaddedPlans
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due, slo_ceiling
@@ -54,12 +55,13 @@ def slo_top(
     assert model.auto is not None
     top = min(model.auto.max, optimizer.max_batch)
     table = profile.table()
+    plans = PaddedPlans(optimizer)  # the plans the operator serves (plan/padding.py)
 
     def capacity(batch: int) -> float:
-        return backlogged_capacity(table, optimizer.plan(batch).expand())
+        return backlogged_capacity(table, plans.plan(batch).expand())
 
     return slo_ceiling(
-        optimizer.latency, slo_ms=slo_ms, floor=floor, top=max(floor, top), capacity=capacity
+        plans.latency, slo_ms=slo_ms, floor=floor, top=max(floor, top), capacity=capacity
     )
 
 
@@ -136,7 +138,7 @@ def observe_batch(
         policy=policy,
         current_plan=current_plan,
         table=profile.table(),
-        optimal_latency=optimizer.latency,
+        optimal_latency=PaddedPlans(optimizer).latency,
         history=history,
         last_switch_at=last_at.timestamp() if last_at else None,
         now=p.now.timestamp(),

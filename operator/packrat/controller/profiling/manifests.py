@@ -61,6 +61,8 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
         str(profiling.time_budget_seconds),
         "--mode",
         profiling.mode,
+        "--progress-records",  # the operator reads them back from the log
+        "on",
         "-o",
         output,
     ]

@@ -282,3 +282,27 @@ def test_auto_batch_replans_for_sustained_estimate(
     res = rec.reconcile(NS, "tiny", now=T0)
     assert res.phase == "Reconfiguring"
     assert kube.prm()["status"]["switch"]["plan"]["batch"] == 8
+
+
+def test_the_operator_serves_a_batch_on_a_faster_larger_plan() -> None:
+    """Issue 37 item 7: batch 3 on 2 cores is 5 ms exactly (2+1) but 1.8 ms on the plan for 4
+    (2+2, one slot idle); the operator serves the padded plan and its pods get it."""
+    import json
+
+    from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
+
+    lat = {(1, 1): 5.0, (1, 2): 1.8, (2, 1): 4.0, (2, 2): 3.0, (2, 4): 3.5}
+    points = tuple(ProfilePoint(threads=t, batch=b, latency_ms=v) for (t, b), v in lat.items())
+    text = Profile(meta=ProfileMeta(model="tiny", cpu_model="Test CPU", cpus=2), points=points)
+    spec = {"model": {"zoo": "tiny"}, "cpus": 2, "batchSize": 3, "profiling": {"maxBatch": 4}}
+    kube, rec = setup_model(spec)
+    rec.reconcile(NS, "tiny", now=T0)
+    kube.finish_job(ok=True, log=text.to_json())
+    rec.reconcile(NS, "tiny", now=T0)
+    plan = kube.prm()["status"]["plan"]
+    assert (plan["batch"], plan["capacity"], plan["expectedLatencyMs"]) == (3, 4, 1.8)
+    assert plan["instances"] == [{"threads": 1, "batch": 2, "count": 2, "latency_ms": 1.8}]
+    cm = kube.get("configmaps", NS, "tiny-a-plan")
+    assert cm is not None
+    pod_plan = json.loads(next(iter(cm["data"].values())))
+    assert pod_plan["batch"] == 3 and pod_plan["capacity"] == 4

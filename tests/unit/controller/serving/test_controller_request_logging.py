@@ -96,6 +96,15 @@ def test_serve_refuses_bad_flags_with_one_line() -> None:
         payload_log_config(args)
 
 
+def test_serve_takes_stdout_as_the_crd_and_docs_name_it() -> None:
+    """docs-found item 1: `packrat serve --request-log stdout` (as docs/serving.md and the
+    CRD's sink say) was refused; it is the jsonl:- sink."""
+    args = build_parser().parse_args(
+        ["serve", "--model", "tiny", "--plan", "p.json", "--request-log", "stdout"]
+    )
+    assert payload_log_config(args).sink == "jsonl:-"
+
+
 def test_a_logging_change_is_a_new_pod_template() -> None:
     def template(spec: dict[str, Any]) -> str:
         return model_spec(spec, name="resnet").template_hash(2)
