@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.core.storage import split_uri
-from packrat.runtime.egress import host_matches
+from packrat.runtime.egress import EgressError, host_matches, split_url
 
 POD_FIELDS = {
     "annotations",
@@ -263,9 +262,28 @@ def refused_by_policy(
                     f"spec.pod.env {item.get('name')!r} reads Secret {name!r}, which the "
                     "operator does not allow in model environments"
                 )
-    uri = (spec.get("model") or {}).get("storageUri")
-    if storage_hosts and isinstance(uri, str) and uri.startswith(("http://", "https://")):
-        host = split_uri(uri)[1].rsplit("@", 1)[-1].split(":")[0]
-        if not host_matches(host, storage_hosts):
-            out.append(f"spec.model.storageUri: {host} is not a storage host the operator allows")
+    if storage_hosts:
+        out += _refused_hosts(spec, storage_hosts)
+    return out
+
+
+def _refused_hosts(spec: Mapping[str, Any], storage_hosts: Sequence[str]) -> list[str]:
+    """Every http(s) URL a model's pods fetch (spec.model's and spec.canary.model's storageUri
+    and uri) outside the storage hosts, its host read by the fetch's own parser."""
+    out: list[str] = []
+    canary = spec.get("canary")
+    sources = [("spec.model", spec.get("model"))]
+    if isinstance(canary, Mapping):
+        sources.append(("spec.canary.model", canary.get("model")))
+    for where, model in sources:
+        for key in ("storageUri", "uri"):
+            uri = model.get(key) if isinstance(model, Mapping) else None
+            if not (isinstance(uri, str) and uri.startswith(("http://", "https://"))):
+                continue
+            try:
+                host = split_url(uri).host
+            except EgressError:
+                continue  # invalid: the spec's validation says so
+            if not host_matches(host, storage_hosts):
+                out.append(f"{where}.{key}: {host} is not a storage host the operator allows")
     return out
