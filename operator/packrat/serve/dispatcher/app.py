@@ -168,7 +168,9 @@ class Dispatcher(SwapMixin):
         self.arrivals = ArrivalLog()
         # batches the runtime sent, by why they left (the native runtime reports them)
         self.batch_counts: dict[str, int] = {"full": 0, "timeout": 0}
-        self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
+        self.canary = CanarySplit(  # 0% until set; its answers charged to the pod's budget
+            model=model, registry=self.metrics.registry, budget=self.budget
+        )
         self.payload_log = payload_log  # request and response logging, when on
         self.draining = False
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
@@ -364,7 +366,8 @@ class Dispatcher(SwapMixin):
             if self.canary.take():  # a share of the traffic goes to the canary's Service
                 answered = await self.canary.forward(request.headers, request.query, body)
                 if answered is not None:  # else (canary failed): served here
-                    return self._answer(answered, start, source="canary")
+                    reserve += answered[1]  # its answer's bytes, held as the body's are
+                    return self._answer(answered[0], start, source="canary")
             headers = passthrough(request.headers.items())
             answer = await self.run_one(request, headers, request.query, body, track)
             if answer.gone:  # answered, but nobody to answer: not a 200
