@@ -51,6 +51,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 __all__ = [
+    "CLUSTER_RANGES",
     "UNREACHABLE",
     "EgressError",
     "EgressPolicy",
@@ -70,6 +71,10 @@ UNREACHABLE = (
     "egress policy)"
 )
 CHUNK = 1 << 20
+# The cluster's own private ranges (Pods, Services): where an in-cluster receiver such as a
+# Knative broker lives. Loopback, link-local (the metadata services), unspecified, multicast
+# and reserved addresses are not among them.
+CLUSTER_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
 # getaddrinfo blocks without a timeout of its own: lookups run here, waited on with a deadline
 _RESOLVER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="egress-resolve")
 

@@ -172,6 +172,8 @@ class Dispatcher(SwapMixin):
             model=model, registry=self.metrics.registry, budget=self.budget
         )
         self.payload_log = payload_log  # request and response logging, when on
+        if payload_log is not None:  # its queue is inside this pod's buffer budget
+            payload_log.budget = self.budget
         self.draining = False
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.

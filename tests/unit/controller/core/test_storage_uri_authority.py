@@ -67,3 +67,19 @@ def test_the_storage_host_policy_covers_every_fetched_url(
     assert (refused is None) == (why == []), why
     if refused is not None:
         assert refused in why[0] and "evil.example.net" in why[0]
+
+
+@pytest.mark.parametrize(
+    ("sink", "ok"),
+    [
+        ("http://127.0.0.1:8081/models", False),  # the pod's own internal ports
+        ("http://169.254.169.254/latest/", False),  # the metadata service
+        ("http://localhost/", False),
+        ("http://broker.example.com?@10.0.0.1/", False),
+        ("http://broker-ingress.knative-eventing.svc.cluster.local/ns/b", True),
+        ("stdout", True),
+    ],
+)
+def test_the_request_log_sink_obeys_the_egress_policy(sink: str, ok: bool) -> None:
+    errors = _errors({"model": {"zoo": "tiny"}, "requestLogging": {"sink": sink}})
+    assert (errors == []) == ok, errors
