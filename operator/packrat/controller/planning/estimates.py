@@ -28,7 +28,10 @@ from packrat.controller.planning.autobatch import (
 
 logger = logging.getLogger(__name__)
 
-MAX_BYTES = 8 * 1024
+# A pod's /status grows with its instances (about 125 B each, plus the plan): 64 instances
+# answered 9,179 B, over the 8 KiB this once was, and autoBatch got nothing (issue 38). 128 KiB
+# holds a pod of 256 single-core instances several times over.
+MAX_BYTES = 128 * 1024
 DEADLINE_SECONDS = 2.0
 MAX_PODS = 64
 
@@ -93,6 +96,9 @@ class EstimateReader:
             max_bytes=MAX_BYTES,
         )
         values = [parse_pod_estimate(read_json(answer)) for answer in answers]
+        for answer, value in zip(answers, values, strict=True):
+            if value is None:  # for whoever wonders why autoBatch waits
+                logger.debug("no batch-size estimate from a pod of %s: %s", owner, answer.error)
         return [v for v in values if v is not None]
 
     def __call__(
