@@ -59,6 +59,11 @@ class StorageLimits:
             self.cloud_identity,
         ]
 
+    def tmp_volume(self) -> dict[str, Any]:
+        """The pods' /tmp: the weight file, a .mar's extraction, the runtime's files (two
+        copies of the largest model and 1 GiB beside), never the node's whole disk."""
+        return {"name": "tmp", "emptyDir": {"sizeLimit": str(2 * self.max_model_bytes + 1024**3)}}
+
     def model_volume(self) -> dict[str, Any]:
         """The emptyDir a model file is fetched into: no bigger than the largest model."""
         return {"name": "model", "emptyDir": {"sizeLimit": str(self.max_model_bytes)}}
