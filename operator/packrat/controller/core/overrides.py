@@ -183,7 +183,9 @@ def apply_pod(
 # here: each list, when set (a chart value, a ``packrat operator`` flag), is what the operator
 # accepts; a spec outside it is refused with ``Ready=False`` (reason ``PolicyRefused``) and a
 # Warning event, nothing is created for it, and the last good configuration keeps serving.
-# Unset, a list does not restrict (the behaviour before it existed).
+# Unset, a list does not restrict (the behaviour before it existed), with one exception that
+# no model needs: Kubernetes' own ``system-*`` priority classes (a pod with one preempts the
+# cluster's critical pods) are refused unless a list names them (issue 38).
 #
 # Patterns: an image entry ending in ``*`` is a prefix (``registry.example.com/packrat/*``),
 # any other entry is matched exactly (an image without its tag or digest also matches every tag
@@ -192,6 +194,7 @@ def apply_pod(
 # and checked here too.
 
 Allowed = tuple[str, ...] | None
+SYSTEM_PRIORITY = "system-"  # system-node-critical, system-cluster-critical: Kubernetes' own
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,7 @@ class ModelPolicy:
     service_accounts: Allowed = None
     priority_classes: Allowed = None
     env_secrets: Allowed = None
+    image_pull_secrets: Allowed = None
 
     @classmethod
     def parse(cls, **lists: Sequence[str] | None) -> ModelPolicy:
@@ -253,6 +257,20 @@ def refused_by_policy(
         value = pod.get(key)
         if allowed is not None and value is not None and value not in allowed:
             out.append(f"spec.pod.{key} {value!r} is not among the {what} the operator allows")
+    priority = pod.get("priorityClassName")
+    if policy.priority_classes is None and str(priority or "").startswith(SYSTEM_PRIORITY):
+        out.append(
+            f"spec.pod.priorityClassName {priority!r} is one of Kubernetes' own, which models "
+            "may use only when the operator's allow-list names it"
+        )
+    if policy.image_pull_secrets is not None:
+        for ref in pod.get("imagePullSecrets") or []:
+            name = (ref or {}).get("name")
+            if name not in policy.image_pull_secrets:
+                out.append(
+                    f"spec.pod.imagePullSecrets {name!r} is not among the pull Secrets the "
+                    "operator allows"
+                )
     if policy.env_secrets is not None:
         for item in pod.get("env") or []:
             ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
