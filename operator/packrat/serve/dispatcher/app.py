@@ -66,7 +66,7 @@ from packrat.serve.dispatcher.endpoints import read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
-from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.dispatcher.slots import STUCK_AFTER_S, BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
 from packrat.serve.dispatcher.v2 import v2_routes
@@ -135,6 +135,7 @@ class Dispatcher(SwapMixin):
         routes: Sequence[web.RouteDef] = (),
         payload_log: PayloadLogger | None = None,
         admin_token: AdminToken = None,
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
@@ -147,6 +148,7 @@ class Dispatcher(SwapMixin):
             queue_limit=queue_limit,
             queue_timeout_s=queue_timeout_s,
             on_change=self._gauges,
+            stuck_after_s=stuck_after_s,
         )
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
@@ -308,7 +310,8 @@ class Dispatcher(SwapMixin):
     @property
     def ready(self) -> bool:
         s = self.slots
-        return bool(self.instances) and all(s.up) and not self.draining and not s.failed
+        ok = bool(self.instances) and all(s.up) and not self.draining and not s.failed
+        return ok and not s.stuck()  # a hung instance: not ready until it answers (issue 38)
 
     def fail(self, reason: str) -> None:
         """TorchServe is gone: every queued request and every new one gets a 503 at once."""

@@ -61,6 +61,7 @@ from packrat.serve.dispatcher.app import (
 from packrat.serve.dispatcher.connections import ConnectionLimits
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
+from packrat.serve.dispatcher.slots import STUCK_AFTER_S
 from packrat.serve.native.runtime import NativeRuntime
 from packrat.serve.pod.health import (
     Health,
@@ -336,6 +337,8 @@ class PodServer:
             body_timeout_s=opts.body_timeout_s,
             routes=admin_routes(self.switcher, opts.admin_token),
             admin_token=opts.admin_token,  # POST /admin/canary
+            # a batch many times slower than planned is a hung handler, not a slow batch
+            stuck_after_s=max(STUCK_AFTER_S, 20 * opts.plan.expected_latency_ms / 1000.0),
             payload_log=(
                 PayloadLogger(opts.payload_log, model=self.name, registry=self.metrics.registry)
                 if opts.payload_log is not None
