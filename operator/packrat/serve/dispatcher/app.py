@@ -62,7 +62,7 @@ from packrat.serve.dispatcher.connections import (
     refuse_body,
     shield,
 )
-from packrat.serve.dispatcher.endpoints import read_only_routes
+from packrat.serve.dispatcher.endpoints import METRICS_INTERVAL_S, read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
@@ -136,10 +136,12 @@ class Dispatcher(SwapMixin):
         payload_log: PayloadLogger | None = None,
         admin_token: AdminToken = None,
         stuck_after_s: float = STUCK_AFTER_S,
+        metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
+        self.metrics_interval_s = metrics_interval_s  # /metrics: a snapshot at most this often
         self.instances = list(instances)
         self._attach_backend(backend, backend_url)
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
