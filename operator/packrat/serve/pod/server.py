@@ -72,6 +72,7 @@ from packrat.serve.pod.health import (
     warm,
 )
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
+from packrat.serve.pod.memory import container_memory_limit
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
 from packrat.serve.pod.timeline import StartTimeline, process_start
 from packrat.serve.torchserve.archive import default_model_name
@@ -189,6 +190,7 @@ class PodServer:
             else shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
         )
         self.generation = 0  # bumped by each in-pod plan switch
+        self.memory_limit = container_memory_limit()  # the watchdog's (pod.memory)
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
         self.zygote = (
