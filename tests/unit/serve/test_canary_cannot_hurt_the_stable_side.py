@@ -70,7 +70,7 @@ def test_a_huge_canary_answer_is_capped_and_served_here() -> None:
             async with session.post(f"{front}/predictions/m", data=b"x") as r:
                 assert r.status == 200 and HEADER not in r.headers
                 assert len(await r.read()) < 1024  # the local answer, not the canary's
-        async with session.get(f"{front}/status") as r:
+        async with session.get(f"{front}/status", headers=AUTH) as r:
             stats = (await r.json())["canary"]
         assert stats["errors"] == 3 and stats["served"] == 0
         assert d.budget.used == 0  # every reservation given back
@@ -103,7 +103,7 @@ def test_a_canary_redirect_never_reaches_a_client() -> None:
     async def check(d: Any, front: str, session: Any) -> None:
         async with session.post(f"{front}/predictions/m", data=b"x", allow_redirects=False) as r:
             assert r.status == 200 and "Location" not in r.headers and HEADER not in r.headers
-        async with session.get(f"{front}/status") as r:
+        async with session.get(f"{front}/status", headers=AUTH) as r:
             assert (await r.json())["canary"]["errors"] == 1
 
     run(lambda: _with_canary(hostile, check))
@@ -130,7 +130,7 @@ def test_4xx_answers_are_reported_as_failures() -> None:
         for _ in range(5):
             async with session.post(f"{front}/predictions/m", data=b"x") as r:
                 assert r.status == 400 and r.headers.get(HEADER) == "true"
-        async with session.get(f"{front}/status") as r:
+        async with session.get(f"{front}/status", headers=AUTH) as r:
             stats = (await r.json())["canary"]
         assert stats["client_errors"] == 5 and stats["requests"] == 5
 

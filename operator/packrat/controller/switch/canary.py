@@ -58,7 +58,7 @@ from packrat.controller.switch.inpod import slot_pods
 logger = logging.getLogger(__name__)
 
 ADMIN_PATH = "/admin/canary"
-MAX_BYTES = 64 * 1024  # a pod's /status or /admin/canary answer
+MAX_BYTES = 128 * 1024  # a pod's /status (256 instances fit) or /admin/canary answer
 DEADLINE_SECONDS = 5.0  # per fan-out, through the operator's one pod client
 INLINE_WAIT_SECONDS = 1.0  # the most a pass waits for one fan-out (two per pass)
 KEEP_SECONDS = 60.0  # an outstanding fan-out no pass asked for again is forgotten
@@ -114,13 +114,20 @@ class CanaryClient:
             ),
         )
 
-    def stats(self, urls: Sequence[str], *, owner: str = "") -> Answers | None:
+    def stats(self, urls: Sequence[str], *, owner: str = "", token: str = "") -> Answers | None:
         targets = [u.rstrip("/") + "/status" for u in urls]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}  # the live counts'
         return self._bounded(
             (owner, "stats"),
-            tuple(targets),
+            (tuple(targets), token),
             lambda: self.fanout.submit(
-                owner, "GET", targets, None, {}, deadline=DEADLINE_SECONDS, max_bytes=MAX_BYTES
+                owner,
+                "GET",
+                targets,
+                None,
+                headers,
+                deadline=DEADLINE_SECONDS,
+                max_bytes=MAX_BYTES,
             ),
         )
 
@@ -287,7 +294,7 @@ def _run(
         token=token,
         owner=_owner(p),
     )
-    counts = client.stats(urls, owner=_owner(p))
+    counts = client.stats(urls, owner=_owner(p), token=token)
     if answers is None or counts is None:  # outstanding: a later pass picks them up
         return
     failed = _failed(names, answers)

@@ -8,7 +8,9 @@ is the model's clients' business, not every client's). They answer from
 most every ``metrics_interval_s`` (:data:`METRICS_INTERVAL_S`): a client polling it between
 its own requests would otherwise read each request's time off the counters, the arrival log
 by another door (issue 38). Rendering it at most that often also bounds what a flood of
-``/metrics`` costs the event loop."""
+``/metrics`` costs the event loop. For the same reason ``/status`` shows its live counts
+(requests in flight and queued, the estimator's samples, batches, the canary's counts) only
+with the token, on a pod that has one; without, the configuration and the estimate."""
 
 from __future__ import annotations
 
@@ -69,10 +71,15 @@ def read_only_routes(
         response.charset = "utf-8"
         return response
 
-    async def handle_status(_request: web.Request) -> web.Response:
+    async def handle_status(request: web.Request) -> web.Response:
         doc: dict[str, Any] = dict(status()) if status else {}
         doc.setdefault("ready", d.ready)
         doc["draining"] = d.draining
+        if token and not bearer_accepted(request.headers.get("Authorization", ""), token):
+            # public: the configuration and the estimate; the live counts (when requests
+            # came, as the arrival log says) are the token's (issue 38)
+            doc["batch_size_estimate"] = {"estimate": d.estimator.estimate}
+            return web.json_response(doc)
         doc["outstanding"] = {"in_flight": d.slots.in_flight, "queued": d.slots.queued}
         doc["canary"] = d.canary.stats()
         doc["batch_size_estimate"] = {
