@@ -1,8 +1,10 @@
 """Issue 38: an instance whose handler hangs held its requests for 300 s while /ping stayed
 200, so the Service kept sending this pod work it could not do. An instance with requests
-outstanding and no answer for ``stuck_after_s`` is now *stuck*: it gets no new request, the
-pod answers /ping 503 (not ready: the Service sends others the traffic), and both end when it
-answers again. Real dispatcher, a real backend whose answers the test holds."""
+outstanding and no answer for ``stuck_after_s`` is now *stuck*: it gets no new request; when
+every instance is stuck the pod answers /ping 503 (not ready: the Service sends others the
+traffic); both end when they answer again. One slow request takes only its own instance out
+of the routing (a client cannot take a pod out of its Service with one). Real dispatcher, a
+real backend whose answers the test holds."""
 
 from __future__ import annotations
 
@@ -30,18 +32,25 @@ def test_a_hung_instance_makes_the_pod_unready_until_it_answers() -> None:
             d.set_up(1, True)
             assert await _ping(session, front) == 200
             fake.gate.clear()  # the handler hangs
-            hung = asyncio.create_task(session.post(f"{front}/predictions/m", data=b"abc"))
+            first = asyncio.create_task(session.post(f"{front}/predictions/m", data=b"abc"))
+
+            async def one_stuck() -> bool:
+                return d.slots.stuck() == [0]
+
+            await _until(one_stuck)
+            assert await _ping(session, front) == 200  # the other instance serves
+            # new work goes to the other instance, not behind the hung one
+            second = asyncio.create_task(session.post(f"{front}/predictions/m", data=b"abc"))
 
             async def unready() -> bool:
                 return await _ping(session, front) == 503
 
-            await _until(unready)
-            assert d.slots.in_flight == 1
-            # new work goes to the other instance, not behind the hung one
-            assert d.slots.stuck() == [0] or d.slots.stuck() == [1]
-            fake.gate.set()  # it answers after all
-            async with await hung as r:
-                assert r.status == 200
+            await _until(unready)  # both hung: the pod leaves the Service
+            assert sorted(d.slots.stuck()) == [0, 1] and d.slots.in_flight == 2
+            fake.gate.set()  # they answer after all
+            for task in (first, second):
+                async with await task as r:
+                    assert r.status == 200
 
             async def ready() -> bool:
                 return await _ping(session, front) == 200

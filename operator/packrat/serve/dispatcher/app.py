@@ -313,7 +313,9 @@ class Dispatcher(SwapMixin):
     def ready(self) -> bool:
         s = self.slots
         ok = bool(self.instances) and all(s.up) and not self.draining and not s.failed
-        return ok and not s.stuck()  # a hung instance: not ready until it answers (issue 38)
+        # every instance hung: not ready until one answers (issue 38); one slow request only
+        # takes its own instance out of the routing, not the pod out of the Service
+        return ok and len(s.stuck()) < len(self.instances)
 
     def fail(self, reason: str) -> None:
         """TorchServe is gone: every queued request and every new one gets a 503 at once."""
