@@ -273,3 +273,24 @@ def test_a_reply_over_the_answer_cap_is_read_past_and_answered_502(tmp_path: Pat
         await runtime.stop()
 
     _run(go)
+
+
+def test_a_huge_hello_is_a_failed_start(tmp_path: Path) -> None:
+    """Trying the surface again (issue 38): a worker's hello (its pid and start-up marks) was
+    read up to MAX_FRAME (512 MiB); a handler's process could make the pod hold that. It is
+    capped at 64 KiB: a longer one is read past and the worker did not start."""
+
+    class Bloated(FakeWorker):
+        async def run(self, sock: socket.socket) -> None:
+            _, writer = await asyncio.open_unix_connection(sock=sock)
+            writer.write(protocol.encode_hello({"ok": True, "pid": 1, "pad": "x" * (2 << 20)}))
+            await writer.drain()
+            await asyncio.sleep(3600)
+
+    async def go() -> None:
+        runtime = _runtime(tmp_path, Bloated(_echo()), delay_ms=0)
+        with pytest.raises(NativeStartError, match="hello"):
+            await runtime.add(INST)
+        await runtime.stop()
+
+    _run(go)

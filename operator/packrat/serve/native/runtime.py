@@ -60,6 +60,7 @@ RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STABLE_S = 30.0  # a worker that lived this long restarts at once again
 CHANNEL_BUFFER_BYTES = 4 * 1024 * 1024
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # one request's answer from a worker
+MAX_HELLO_BYTES = 64 * 1024  # a worker's hello: its pid, an error line, start-up marks
 _DRAIN_CHUNK = 1024 * 1024
 
 
@@ -118,7 +119,7 @@ class NativeInstance:
         worker = await self.runtime.spawn(self.inst)
         try:
             async with asyncio.timeout(self.runtime.load_timeout_s):
-                payload = await _read_frame(worker.reader)
+                payload = await _read_frame(worker.reader, MAX_HELLO_BYTES)
             hello = protocol.decode_hello(payload) if payload is not None else None
         except (TimeoutError, protocol.ProtocolError, OSError, asyncio.IncompleteReadError) as exc:
             hello = {"ok": False, "error": f"no hello from the worker: {type(exc).__name__}"}
@@ -216,12 +217,13 @@ class NativeInstance:
         the end of the channel (the worker died, even while idle) is noticed at once."""
         try:
             while True:
-                payload = await _read_frame(worker.reader, self._reply_limit())
-                if payload is None:
-                    raise EOFError("the worker closed its channel")
-                if payload is _TOO_LARGE:
+                try:
+                    payload = await _read_frame(worker.reader, self._reply_limit())
+                except _FrameTooLargeError:
                     self._too_large()
                     continue
+                if payload is None:
+                    raise EOFError("the worker closed its channel")
                 batch_id, results = protocol.decode_reply(payload)
                 batch = self._inflight
                 if batch_id != self._batch_id or len(results) != len(batch):
@@ -302,12 +304,13 @@ class NativeInstance:
             await asyncio.to_thread(worker.proc.wait)
 
 
-_TOO_LARGE = b""  # a frame over the reader's limit, read past (a frame is never empty)
+class _FrameTooLargeError(protocol.ProtocolError):
+    """A frame over the reader's limit: read past (dropped a chunk at a time, never held)."""
 
 
 async def _read_frame(reader: asyncio.StreamReader, limit: int = 0) -> bytes | None:
-    """The next frame's payload; None at the channel's end; :data:`_TOO_LARGE` (its bytes
-    read and dropped a chunk at a time, never held) when it is longer than ``limit``."""
+    """The next frame's payload; None at the channel's end; :class:`_FrameTooLargeError`
+    (after reading past it) when it is longer than ``limit``."""
     try:
         head = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
@@ -318,7 +321,7 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int = 0) -> bytes | N
     if limit and length > limit:
         while length:
             length -= len(await reader.readexactly(min(length, _DRAIN_CHUNK)))
-        return _TOO_LARGE
+        raise _FrameTooLargeError(f"a frame over {limit} bytes")
     return await reader.readexactly(length)
 
 
