@@ -71,6 +71,9 @@ async def stack(
         InstanceSpec(index=i, name=f"m_i{i}", threads=1, batch=b, cpus=(i,))
         for i, b in enumerate(batches)
     ]
+    # fresh /metrics on every read, so that tests read the counts they just caused (a pod's
+    # /metrics is a snapshot: tests/unit/serve/test_metrics_do_not_reveal_arrivals.py)
+    kwargs.setdefault("metrics_interval_s", 0.0)
     dispatcher = Dispatcher(model="m", instances=instances, backend_url=backend_url, **kwargs)
     front, url = await _serve_runner(dispatcher.runner(limits))
     try:

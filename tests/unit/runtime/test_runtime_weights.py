@@ -136,6 +136,10 @@ def test_a_killed_writers_temporary_file_is_removed_by_the_next_save(tmp_path: P
     old = time.time() - weights.STALE_TMP_SECONDS - 60
     os.utime(stale, (old, old))
     os.utime(other, (old, old))
-    weights.save(torch.nn.Linear(2, 2), path)
+    import fcntl
+
+    with live.open("rb") as writing:  # a live writer holds its file's lock (issue 38)
+        fcntl.flock(writing, fcntl.LOCK_EX)
+        weights.save(torch.nn.Linear(2, 2), path)
     assert path.exists() and live.exists() and other.exists()
     assert not stale.exists()

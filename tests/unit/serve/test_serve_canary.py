@@ -72,7 +72,7 @@ def test_split_is_exact_and_failures_fall_back() -> None:
                     async with session.post(f"{front}/predictions/m", data=b"x") as r:
                         answers.append((r.status, r.headers.get(HEADER)))
                 assert answers.count((400, "true")) == 3
-                async with session.get(f"{front}/status") as r:
+                async with session.get(f"{front}/status", headers=AUTH) as r:
                     stats = (await r.json())["canary"]
                 assert stats["served"] == 60 and stats["errors"] == 3 and stats["shed"] == 3
                 assert stats["client_errors"] == 3 and stats["p99Ms"] is not None

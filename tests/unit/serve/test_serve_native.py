@@ -247,3 +247,50 @@ def test_a_worker_that_does_not_answer_in_time_is_replaced(tmp_path: Path) -> No
         await runtime.stop()
 
     _run(go)
+
+
+def test_a_reply_over_the_answer_cap_is_read_past_and_answered_502(tmp_path: Path) -> None:
+    """Issue 38: a worker's reply is capped at its batch's answers (``max_answer_bytes`` each):
+    a longer one is read past a chunk at a time, never held whole, its batch answered 502, and
+    the worker goes on serving."""
+    huge = [True]
+
+    async def answer(batch: list[Item]) -> list[Result]:
+        if huge:
+            huge.pop()
+            return [Result(200, "application/octet-stream", b"x" * (3 << 20)) for _ in batch]
+        return await _echo()(batch)
+
+    worker = FakeWorker(answer)
+
+    async def go() -> None:
+        runtime = _runtime(tmp_path, worker, delay_ms=0)
+        runtime.max_answer_bytes = 1 << 20
+        await runtime.add(INST)
+        assert [a.status for a in await _forward(runtime, 1)] == [502]
+        assert [a.status for a in await _forward(runtime, 1)] == [200]
+        assert worker.started == 1  # not replaced: it only answered too much
+        await runtime.stop()
+
+    _run(go)
+
+
+def test_a_huge_hello_is_a_failed_start(tmp_path: Path) -> None:
+    """Trying the surface again (issue 38): a worker's hello (its pid and start-up marks) was
+    read up to MAX_FRAME (512 MiB); a handler's process could make the pod hold that. It is
+    capped at 64 KiB: a longer one is read past and the worker did not start."""
+
+    class Bloated(FakeWorker):
+        async def run(self, sock: socket.socket) -> None:
+            _, writer = await asyncio.open_unix_connection(sock=sock)
+            writer.write(protocol.encode_hello({"ok": True, "pid": 1, "pad": "x" * (2 << 20)}))
+            await writer.drain()
+            await asyncio.sleep(3600)
+
+    async def go() -> None:
+        runtime = _runtime(tmp_path, Bloated(_echo()), delay_ms=0)
+        with pytest.raises(NativeStartError, match="hello"):
+            await runtime.add(INST)
+        await runtime.stop()
+
+    _run(go)

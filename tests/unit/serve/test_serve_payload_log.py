@@ -52,7 +52,10 @@ class Sink:
 
 def _logger(sink: str, metrics: ServeMetrics, **kwargs: Any) -> PayloadLogger:
     return PayloadLogger(
-        PayloadLogConfig(sink=sink, **kwargs), model="m", registry=metrics.registry
+        # the sinks here listen on loopback, which a sink may reach only when allowed
+        PayloadLogConfig(sink=sink, egress_allow=("127.0.0.0/8",), **kwargs),
+        model="m",
+        registry=metrics.registry,
     )
 
 

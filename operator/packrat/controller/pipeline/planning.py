@@ -33,6 +33,7 @@ from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.status import ModelStatus
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.plan_job import (
+    QUEUED,
     PlanBudget,
     PlanJobError,
     PlannedPipeline,
@@ -150,7 +151,6 @@ def plan_pipeline(
     failed = p.status.get("planning") or {}
     if failed.get("signature") == signature:
         raise CannotPlan(str(failed.get("reason")), str(failed.get("message")))
-    cache.misses += 1
     job = {
         "stages": [
             {
@@ -170,11 +170,14 @@ def plan_pipeline(
     try:
         found = run_bounded(job, budget or PlanBudget())
     except PlanJobError as exc:
+        if exc.reason != QUEUED:  # queued: not planned, not a miss
+            cache.misses += 1
         if exc.reason == "PlanningBudgetExceeded":  # not again for these inputs
             p.status.set_planning(
                 {"signature": signature, "reason": exc.reason, "message": str(exc)}
             )
         raise CannotPlan(exc.reason, str(exc)) from None
+    cache.misses += 1
     p.status.set_planning(None)
     _persist(p, signature, found)
     cache.put(signature, found)

@@ -40,7 +40,7 @@ from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.fractions import feed_back
 from packrat.controller.pipeline.latency import Measured
-from packrat.controller.pipeline.plan_job import PlanBudget
+from packrat.controller.pipeline.plan_job import QUEUED, PlanBudget
 from packrat.controller.pipeline.planning import (
     CannotPlan,
     PipelinePlans,
@@ -230,6 +230,10 @@ class PipelineReconciler:
             )
             planned, signature = plan_pipeline(p, pipe, profiles, self.plans, budget)
         except CannotPlan as exc:
+            if exc.reason == QUEUED:  # every planning child is busy: its turn comes
+                p.result.waiting = True
+                p.cond("Provisioned", False, QUEUED, str(exc))
+                return previous
             message = f"cannot provision the pipeline for its SLO: {exc}"
             if previous_message != message:
                 p.emit("Warning", exc.reason, message)

@@ -42,7 +42,7 @@ def _env(secret: str) -> dict[str, Any]:
         ({"image": "registry.example.com/other/x:1"}, "spec.image"),
         ({"pod": {"serviceAccountName": "model-runner", "env": [_env("model-env")]}}, None),
         ({"pod": {"serviceAccountName": "cluster-admin-sa"}}, "serviceAccountName"),
-        ({"pod": {"priorityClassName": "system-node-critical"}}, "priorityClassName"),
+        ({"pod": {"priorityClassName": "batch-urgent"}}, "priorityClassName"),
         ({"pod": {"env": [_env("database-password")]}}, "database-password"),
         ({"model": {"storageUri": "https://models.example.com/m.pt"}}, None),
         ({"model": {"storageUri": "https://attacker.example.net/m.pt"}}, "storage host"),

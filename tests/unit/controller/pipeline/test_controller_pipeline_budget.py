@@ -80,3 +80,27 @@ def test_a_plan_is_persisted_and_a_restart_does_not_replan(cluster: Cluster) -> 
     assert third.plans.misses == 1
     fixed: dict[str, Any] = c.obj("configmaps", plan_configmap_name(NAME))
     assert fixed["data"]["plan.json"] != "{}"
+
+
+def test_planning_children_are_bounded_in_number() -> None:
+    """Issue 38: planning children are bounded one by one and in number (3 at once took 632 MB
+    beside the operator): a pipeline finding every child slot taken waits its turn, neither
+    failed nor planned, and is planned once a slot is free."""
+    from packrat.controller.pipeline import plan_job
+
+    taken = 0
+    while plan_job.CHILDREN.acquire(blocking=False):  # other pipelines are being planned
+        taken += 1
+    assert taken == plan_job.MAX_CHILDREN
+    try:
+        c = Cluster()
+        for _ in range(8):
+            c.step()
+        status = c.status()
+        cond = _cond(status, "Provisioned")
+        assert cond["reason"] == "PlanningQueued" and status.get("phase") != "Failed", status
+        assert "planning" not in status  # not a failure remembered for these inputs
+    finally:
+        for _ in range(taken):
+            plan_job.CHILDREN.release()
+    assert c.settle()["phase"] == "Serving"

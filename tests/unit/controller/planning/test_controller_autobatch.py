@@ -192,7 +192,13 @@ def test_estimate_reader_reads_every_ready_pod_the_service_selects(
 
     class Fanout:
         def get(
-            self, owner: str, urls: list[str], *, deadline: float, max_bytes: int
+            self,
+            owner: str,
+            urls: list[str],
+            *,
+            deadline: float,
+            max_bytes: int,
+            headers: dict[str, str] | None = None,
         ) -> list[Answer]:
             asked.extend(urls)
             docs = [answers.get(url.removesuffix("/status")) for url in urls]

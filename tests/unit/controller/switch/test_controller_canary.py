@@ -48,7 +48,8 @@ class FakeCanaryPods(CanaryClient):
         self.told.append((list(urls), target, percent))
         return [Answer(503 if u in self.refuse else 200, b"{}") for u in urls]
 
-    def stats(self, urls: Sequence[str], *, owner: str = "") -> list[Answer]:
+    def stats(self, urls: Sequence[str], *, owner: str = "", token: str = "") -> list[Answer]:
+        assert len(token) >= 16  # the live counts are the token's
         return [_json({"canary": self.report}) for _ in urls]
 
 
