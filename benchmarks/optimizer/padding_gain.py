@@ -8,7 +8,7 @@ best plan for any B' >= B, slots left idle), how many B the exact plans make slo
 larger batch, the largest such ratio, and how many B padding changes. Expected latencies from
 the profiles (the optimizer's figures, no timing), so the numbers are exact and reproducible.
 
-    python benchmarks/plans/padding_gain.py [--max-batch 128] [--out FILE.json]
+    python benchmarks/optimizer/padding_gain.py [--max-batch 128] [--out FILE.json]
 """
 
 from __future__ import annotations
