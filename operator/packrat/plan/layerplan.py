@@ -50,6 +50,7 @@ __all__ = [
     "StageProfile",
     "best_placement",
     "cold_latency",
+    "interleave",
     "lcache_curve",
     "schedule",
     "simulate",
@@ -188,8 +189,11 @@ class Schedule:
     placements: tuple[Placement, ...]
 
 
-def schedule(placements: Sequence[Placement], *, lookahead: int | None = None) -> Schedule:
-    """The two streams' operations for one cold pass (see module doc)."""
+def schedule(
+    placements: Sequence[Placement], *, lookahead: int | None = None, load_first: bool = False
+) -> Schedule:
+    """The two streams' operations for one cold pass (see module doc). ``load_first``: the
+    baseline that copies every loaded stage before running any (load-then-run)."""
     if lookahead is not None and lookahead < 0:
         raise ValueError("lookahead must be >= 0")
     loaded = [i for i, p in enumerate(placements) if p == "load"]
@@ -202,8 +206,12 @@ def schedule(placements: Sequence[Placement], *, lookahead: int | None = None) -
             gates.add(j)
         copy_ops += [Op("copy", i), Op("signal", i, "copied")]
     compute_ops: list[Op] = []
+    if load_first and loaded:
+        if lookahead is not None:
+            raise ValueError("load_first copies everything first: no lookahead")
+        compute_ops.append(Op("wait", loaded[-1], "copied"))
     for i, p in enumerate(placements):
-        if p == "load":
+        if p == "load" and not load_first:
             compute_ops.append(Op("wait", i, "copied"))
         compute_ops.append(Op("run", i))
         if i in gates:
@@ -238,3 +246,31 @@ def simulate(sched: Schedule, copy_s: Sequence[float], run_s: Sequence[float]) -
     if any(pos[n] < len(streams[n]) for n in streams):
         raise ValueError("schedule deadlocks: a wait's event is never signalled")
     return clock["compute"]
+
+
+def interleave(sched: Schedule) -> list[tuple[Literal["copy", "compute"], Op]]:
+    """An order in which to submit both streams' operations such that every wait is submitted
+    after the signal it waits for (CUDA's ``cudaStreamWaitEvent`` on an event not yet recorded
+    does not wait), each stream's own order kept."""
+    streams: dict[Literal["copy", "compute"], tuple[Op, ...]] = {
+        "copy": sched.copy,
+        "compute": sched.compute,
+    }
+    pos = {"copy": 0, "compute": 0}
+    done: set[tuple[str, int]] = set()
+    out: list[tuple[Literal["copy", "compute"], Op]] = []
+    while any(pos[n] < len(ops) for n, ops in streams.items()):
+        moved = False
+        for name, ops in streams.items():
+            while pos[name] < len(ops):
+                op = ops[pos[name]]
+                if op.kind == "wait" and (op.event, op.stage) not in done:
+                    break
+                if op.kind == "signal":
+                    done.add((op.event, op.stage))
+                out.append((name, op))
+                pos[name] += 1
+                moved = True
+        if not moved:
+            raise ValueError("schedule deadlocks: a wait's event is never signalled")
+    return out

@@ -14,6 +14,7 @@ from packrat.plan.layerplan import (
     StageProfile,
     best_placement,
     cold_latency,
+    interleave,
     lcache_curve,
     schedule,
     simulate,
@@ -93,6 +94,17 @@ def test_the_schedule_replays_the_pipeline_recurrence(
             next(op for op in sched.compute if op.kind == "run" and op.stage == i)
         )
         assert sched.compute[k - 1].kind == "wait" and sched.compute[k - 1].stage == i
+    # the submission order: each stream's order kept, every wait after its signal
+    order = interleave(sched)
+    assert tuple(op for s, op in order if s == "copy") == sched.copy
+    assert tuple(op for s, op in order if s == "compute") == sched.compute
+    for k, (_, op) in enumerate(order):
+        if op.kind == "wait":
+            key = (op.event, op.stage)
+            assert any(o.kind == "signal" and (o.event, o.stage) == key for _, o in order[:k])
+    if "load" in placements and lookahead is None:
+        first = schedule(placements, load_first=True)
+        assert simulate(first, copy, run) == pytest.approx(sum(copy) + sum(run))
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,0 +1,144 @@
+"""One pass of a staged model under a per-layer placement: the schedule of
+:mod:`packrat.plan.layerplan` executed by a device's two streams.
+
+The ordering is not decided here: :func:`~packrat.plan.layerplan.schedule` says which copy each
+run waits for, :func:`~packrat.plan.layerplan.interleave` the order to submit the operations
+in; this module only binds them to tensors: a ``copy`` fills the stage's scratch buffers from
+pinned host memory (``non_blocking`` on CUDA's copy stream), a ``run`` calls the stage with
+the weights its placement names (resident device copies, the scratch buffers just filled, or
+mapped host memory read in place). On the CPU stand-in the same code runs on two threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from packrat.plan.layerplan import Placement, interleave, schedule
+from packrat.runtime.gpu.device import Device
+from packrat.runtime.gpu.stages import StagedModel
+
+__all__ = ["ModelMemory", "run_pass"]
+
+
+@dataclass
+class ModelMemory:
+    """A model's weights in the tier's two memories: every tensor pinned in host memory, the
+    resident ones also in device memory (``resident``: key -> device tensor)."""
+
+    staged: StagedModel
+    device: Device
+    host: dict[str, Tensor] = field(default_factory=dict)
+    resident: dict[str, Tensor] = field(default_factory=dict)
+    _mapped: dict[str, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def pinned(cls, staged: StagedModel, device: Device) -> ModelMemory:
+        return cls(staged, device, {k: device.pin(t) for k, t in staged.tensors.items()})
+
+    def mapped(self, key: str) -> Tensor:
+        if key not in self._mapped:
+            self._mapped[key] = self.device.mapped(self.host[key])
+        return self._mapped[key]
+
+    def resident_prefix(self) -> int:
+        """How many leading stages have every tensor they own on the device."""
+        for i, s in enumerate(self.staged.stages):
+            if any(k not in self.resident for k in s.owned):
+                return i
+        return len(self.staged.stages)
+
+    def resident_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.resident.values())
+
+
+def _weights(
+    mem: ModelMemory, placements: Sequence[Placement], scratch: dict[str, Tensor]
+) -> list[dict[str, Tensor]]:
+    """Per stage, the tensor each of its names reads in this pass (module doc of stages.py)."""
+    owner = {k: i for i, s in enumerate(mem.staged.stages) for k in s.owned}
+    out: list[dict[str, Tensor]] = []
+    for i, s in enumerate(mem.staged.stages):
+        w: dict[str, Tensor] = {}
+        for key in s.tensors.values():
+            j = owner[key]
+            if key in mem.resident:
+                w[key] = mem.resident[key]
+            elif placements[j] == "load" and j <= i:
+                w[key] = scratch[key]
+            elif placements[j] == "resident":
+                raise ValueError(
+                    f"stage {mem.staged.stages[j].name} is placed resident but {key} is not"
+                )
+            else:  # read in place: the owner's choice, or a later owner's tensor not copied yet
+                w[key] = mem.mapped(key)
+        out.append(w)
+    return out
+
+
+def run_pass(
+    mem: ModelMemory,
+    placements: Sequence[Placement],
+    x: Tensor,
+    *,
+    lookahead: int | None = None,
+    load_first: bool = False,
+    log: list[tuple[str, str, int, float]] | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Run the model once; returns its output (on the device) and the device buffers the pass
+    loaded (key -> tensor), which the caller may keep resident or drop."""
+    stages = mem.staged.stages
+    if len(placements) != len(stages):
+        raise ValueError(f"{len(placements)} placements for {len(stages)} stages")
+    dev = mem.device
+    scratch = {
+        k: dev.empty_like(mem.host[k])
+        for i, s in enumerate(stages)
+        if placements[i] == "load"
+        for k in s.owned
+        if k not in mem.resident
+    }
+    weights = _weights(mem, placements, scratch)
+    state = {"x": x}
+
+    def copy(i: int) -> None:
+        for k in stages[i].owned:
+            if k in scratch:
+                dev.copy_into(scratch[k], mem.host[k])
+
+    def run(i: int) -> None:
+        with torch.no_grad():
+            state["x"] = stages[i].run(weights[i], state["x"])
+
+    def logged(stream: str, kind: str, i: int, fn: Callable[[], None]) -> Callable[[], None]:
+        if log is None:
+            return fn
+
+        def wrapped() -> None:
+            log.append((stream, f"{kind}-start", i, time.perf_counter()))
+            fn()
+            log.append((stream, f"{kind}-end", i, time.perf_counter()))
+
+        return wrapped
+
+    streams = dev.streams()
+    for stream, op in interleave(schedule(placements, lookahead=lookahead, load_first=load_first)):
+        if op.kind == "copy":
+            streams.submit(
+                stream, logged(stream, "copy", op.stage, functools.partial(copy, op.stage))
+            )
+        elif op.kind == "run":
+            streams.submit(
+                stream, logged(stream, "run", op.stage, functools.partial(run, op.stage))
+            )
+        elif op.kind == "signal":
+            streams.signal(stream, (op.event, op.stage))
+        else:
+            streams.wait(stream, (op.event, op.stage))
+    streams.finish()
+    return state["x"], scratch
