@@ -10,6 +10,7 @@ launch gaps an idle GPU sees are in it (as they are in a cold pass).
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -52,11 +53,11 @@ def profile_stages(mem: ModelMemory, x: Tensor, *, repeat: int = 5) -> list[Stag
                 mem.staged.stages[i].run(w, acts[i])
 
         copy_s = _median(dev.time_s, copy, repeat) if owned else 0.0
-        exec_s = _median(dev.time_s, lambda: run(full), repeat)
+        exec_s = _median(dev.time_s, functools.partial(run, full), repeat)
         exec_host_s: float | None
         try:
             in_place = {**full, **{k: mem.mapped(k) for k in owned}}
-            exec_host_s = _median(dev.time_s, lambda w=in_place: run(w), repeat)
+            exec_host_s = _median(dev.time_s, functools.partial(run, in_place), repeat)
         except (ValueError, RuntimeError, TypeError):
             exec_host_s = None
         out.append(StageProfile(s.name, mem.staged.owned_bytes(i), copy_s, exec_s, exec_host_s))
