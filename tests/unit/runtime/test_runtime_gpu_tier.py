@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from packrat.plan.layerplan import Op, Placement, Schedule
+from packrat.plan.layerplan import Op, Placement
 from packrat.runtime.gpu import executor as executor_mod
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
 from packrat.runtime.gpu.executor import ModelMemory, run_pass
@@ -50,6 +50,16 @@ def test_stages_in_order_are_the_plain_model(kind: str) -> None:
     with torch.no_grad():
         assert torch.equal(staged.forward(x), m(x))
     assert sum(staged.owned_bytes(i) for i in range(len(staged.stages))) == staged.total_bytes
+    # a stage computes with the weights it is handed, not the module's own, and restores them
+    nan = {
+        k: torch.full_like(t, float("nan")) if t.is_floating_point() else t
+        for k, t in staged.tensors.items()
+    }
+    with torch.no_grad():
+        assert torch.isnan(
+            staged.stages[-1].run(nan, staged.stages[-2].run(staged.tensors, m_input(staged, x)))
+        ).all()
+        assert torch.equal(staged.forward(x), m(x))
 
 
 def test_resnet50_cut_is_the_plain_model_and_owns_every_byte_once() -> None:
@@ -67,6 +77,13 @@ def test_the_tied_embedding_is_owned_by_the_head() -> None:
     staged = split(small("gpt2"))
     assert "embeddings.wte.weight" in staged.stages[-1].owned
     assert "embeddings.wte.weight" not in staged.stages[0].owned
+
+
+def m_input(staged: Any, x: torch.Tensor) -> torch.Tensor:
+    """The activation entering the second-to-last stage."""
+    for s in staged.stages[:-2]:
+        x = s.run(staged.tensors, x)
+    return x
 
 
 placement_st = st.lists(st.sampled_from(["resident", "load", "host"]), min_size=5, max_size=5)
@@ -105,13 +122,11 @@ def test_a_schedule_without_its_waits_reads_buffers_before_their_copy(monkeypatc
     """The check above can fail: drop the waits, and a run reads a buffer the copy has not
     filled yet (NaN on the stand-in)."""
 
-    def no_waits(placements: list[Placement], **kw: Any) -> Schedule:
-        copy = tuple(Op("copy", i) for i, p in enumerate(placements) if p == "load")
-        return Schedule(
-            copy, tuple(Op("run", i) for i in range(len(placements))), tuple(placements)
-        )
+    def no_waits(placements: tuple[Placement, ...], *args: Any) -> tuple[tuple[str, Op], ...]:
+        copy = [("copy", Op("copy", i)) for i, p in enumerate(placements) if p == "load"]
+        return (*copy, *(("compute", Op("run", i)) for i in range(len(placements))))
 
-    monkeypatch.setattr(executor_mod, "schedule", no_waits)
+    monkeypatch.setattr(executor_mod, "_order", no_waits)
     m = small("bert")
     mem = ModelMemory.pinned(split(m), CpuDevice(copy_delay_s_per_byte=1e-6))
     out, _ = run_pass(mem, ["load"] * len(mem.staged.stages), ids())
