@@ -100,7 +100,7 @@ def test_every_placement_gives_the_plain_output_in_the_planned_order(
     for i, p in enumerate(placements):  # the resident stages' tensors on the "device"
         if p == "resident":
             for k in mem.staged.stages[i].owned:
-                mem.resident[k] = mem.device.to_device(mem.host[k])
+                mem.put(k, mem.device.to_device(mem.host[k]))
     log: list[tuple[str, str, int, float]] = []
     lookahead = None if load_first else lookahead
     out, loaded = run_pass(mem, placements, x, lookahead=lookahead, load_first=load_first, log=log)

@@ -226,7 +226,7 @@ class CudaDevice:
             import cupy  # type: ignore[import-not-found]  # optional, where DHA runs
 
             ptr = int(cupy.cuda.runtime.hostGetDevicePointer(ptr, 0))
-        except ImportError:
+        except (ImportError, AttributeError):  # no CuPy, or a CuPy without the call: UVA
             pass
         view = torch.as_tensor(_HostView(ptr, host), device=self.torch_device)
         return view

@@ -15,7 +15,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
@@ -37,15 +37,39 @@ class ModelMemory:
     host: dict[str, Tensor] = field(default_factory=dict)
     resident: dict[str, Tensor] = field(default_factory=dict)
     _mapped: dict[str, Tensor] = field(default_factory=dict)
+    _warm: list[dict[str, Tensor]] | None = None
 
     @classmethod
     def pinned(cls, staged: StagedModel, device: Device) -> ModelMemory:
         return cls(staged, device, {k: device.pin(t) for k, t in staged.tensors.items()})
 
     def mapped(self, key: str) -> Tensor:
+        """The device's view of the pinned host tensor ``key`` (direct host access)."""
         if key not in self._mapped:
             self._mapped[key] = self.device.mapped(self.host[key])
         return self._mapped[key]
+
+    def put(self, key: str, t: Tensor) -> None:
+        self.resident[key] = t
+        self._changed()
+
+    def drop(self, keys: Sequence[str] | None = None) -> None:
+        """Evict ``keys`` (all when None) from the device."""
+        for k in list(self.resident) if keys is None else keys:
+            self.resident.pop(k, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._warm = None
+        self.staged.unbind()  # no module may keep an evicted tensor alive
+
+    def warm_weights(self) -> list[dict[str, Tensor]]:
+        """The per-stage weights of a fully resident pass, built once per residency (so the
+        stages stay bound between warm passes)."""
+        if self._warm is None:
+            resident = cast(tuple[Placement, ...], ("resident",) * len(self.staged.stages))
+            self._warm = _weights(self, resident, {})
+        return self._warm
 
     def resident_prefix(self) -> int:
         """How many leading stages have every tensor they own on the device."""
@@ -59,7 +83,10 @@ class ModelMemory:
 
 
 def _weights(
-    mem: ModelMemory, placements: Sequence[Placement], scratch: dict[str, Tensor]
+    mem: ModelMemory,
+    placements: Sequence[Placement],
+    scratch: dict[str, Tensor],
+    load_first: bool = False,
 ) -> list[dict[str, Tensor]]:
     """Per stage, the tensor each of its names reads in this pass (module doc of stages.py)."""
     owner = {k: i for i, s in enumerate(mem.staged.stages) for k in s.owned}
@@ -70,14 +97,19 @@ def _weights(
             j = owner[key]
             if key in mem.resident:
                 w[key] = mem.resident[key]
-            elif placements[j] == "load" and j <= i:
+            elif placements[j] == "load" and (j <= i or load_first):
                 w[key] = scratch[key]
             elif placements[j] == "resident":
                 raise ValueError(
                     f"stage {mem.staged.stages[j].name} is placed resident but {key} is not"
                 )
-            else:  # read in place: the owner's choice, or a later owner's tensor not copied yet
+            elif j == i or placements[j] == "host":  # read in place: the owner's choice
                 w[key] = mem.mapped(key)
+            else:  # a later owner's tensor, not copied yet: in place where the device can
+                try:
+                    w[key] = mem.mapped(key)
+                except (ValueError, RuntimeError, TypeError):
+                    w[key] = mem.device.to_device(mem.host[key])
         out.append(w)
     return out
 
@@ -112,12 +144,13 @@ def run_pass(
         for k in s.owned
         if k not in mem.resident
     }
-    weights = _weights(mem, placements, scratch)
     if all(p == "resident" for p in placements) and log is None:
-        with torch.no_grad():  # warm: nothing to order, no second stream
+        warm = mem.warm_weights()
+        with torch.no_grad():  # warm: nothing to order, no second stream, stages stay bound
             for i, s in enumerate(stages):
-                x = s.run(weights[i], x)
+                x = s.run(warm[i], x)
         return x, scratch
+    weights = _weights(mem, placements, scratch, load_first)
     state = {"x": x}
 
     def copy(i: int) -> None:
@@ -156,4 +189,5 @@ def run_pass(
         else:
             streams.wait(stream, (op.event, op.stage))
     streams.finish()
+    mem.staged.unbind()  # the scratch buffers must not outlive the pass through the modules
     return state["x"], scratch

@@ -64,16 +64,28 @@ class DevicePool:
         self._lru: tuple[str, ...] = ()
 
     def add(
-        self, name: str, staged: StagedModel, profile: list[StageProfile], rate: float = 0.0
+        self,
+        name: str,
+        staged: StagedModel,
+        profile: list[StageProfile],
+        rate: float = 0.0,
+        *,
+        host: dict[str, Tensor] | None = None,
     ) -> None:
-        """Pin the model's weights in host memory; nothing is put on the device yet."""
+        """Pin the model's weights in host memory (or use ``host``, pinned copies already made,
+        e.g. shared by pools compared side by side); nothing is put on the device yet."""
         if name in self.models:
             raise ValueError(f"model {name} is already in the pool")
         if len(profile) != len(staged.stages):
             raise ValueError(
                 f"{name}: {len(profile)} stage profiles for {len(staged.stages)} stages"
             )
-        self.models[name] = _Entry(ModelMemory.pinned(staged, self.device), tuple(profile), rate)
+        mem = (
+            ModelMemory(staged, self.device, host)
+            if host is not None
+            else ModelMemory.pinned(staged, self.device)
+        )
+        self.models[name] = _Entry(mem, tuple(profile), rate)
 
     def set_rate(self, name: str, rate: float) -> None:
         self.models[name].rate = rate
@@ -104,14 +116,13 @@ class DevicePool:
 
     def _drop(self, name: str, stage: int) -> None:
         mem = self.models[name].mem
-        for k in mem.staged.stages[stage].owned:
-            mem.resident.pop(k, None)
+        mem.drop(mem.staged.stages[stage].owned)
 
     def _load(self, name: str, stage: int) -> None:
         mem = self.models[name].mem
         for k in mem.staged.stages[stage].owned:
             if k not in mem.resident:
-                mem.resident[k] = self.device.to_device(mem.host[k])
+                mem.put(k, self.device.to_device(mem.host[k]))
 
     def _placements(self, name: str) -> tuple[tuple[Placement, ...], bool]:
         """This request's placement and whether it copies everything before running."""
@@ -138,7 +149,7 @@ class DevicePool:
             sizes = {n: m.mem.staged.total_bytes for n, m in self.models.items()}
             step = lru_access(self._lru, sizes, self.budget_bytes, name)
             for victim in step.evicted:
-                self.models[victim].mem.resident.clear()
+                self.models[victim].mem.drop()
             self._lru = step.resident
         placements, load_first = self._placements(name)
         if any(p != "resident" for p in placements):
@@ -146,7 +157,8 @@ class DevicePool:
         out, loaded = run_pass(e.mem, placements, x, load_first=load_first)
         self.stats.bytes_copied += sum(t.numel() * t.element_size() for t in loaded.values())
         if self.policy == "lru" and name in self._lru:  # admitted: the whole model stays
-            e.mem.resident.update(loaded)
+            for k, t in loaded.items():
+                e.mem.put(k, t)
             for stage in range(len(e.profile)):
                 self._load(name, stage)  # stages read in place this time, if any
         return out

@@ -18,7 +18,7 @@ the final norm and tied head; an ``nn.Sequential`` (and the zoo's tiny MLP) -- i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,28 +41,42 @@ class Stage:
     module: nn.Module
     tensors: dict[str, str]  # local name in ``module`` -> global key
     owned: tuple[str, ...]
-    # (submodule, "_parameters" or "_buffers", attribute, global key): where each tensor is bound
-    slots: tuple[tuple[nn.Module, str, str, str], ...]
+    # (the submodule's _parameters or _buffers dict, attribute, global key, the original tensor)
+    slots: tuple[tuple[dict[str, Any], str, str, Tensor], ...]
+    bound: list[dict[str, Tensor] | None] = field(default_factory=lambda: [None], compare=False)
+    # stages that bind into some of the same dicts (GPT-2's tied table): binding here makes
+    # theirs stale, so they bind again on their next run
+    peers: list[Stage] = field(default_factory=list, compare=False, repr=False)
+
+    def bind(self, weights: dict[str, Tensor]) -> None:
+        """Put ``weights`` (global key -> tensor) in place of the module's own tensors.
+
+        Not :func:`torch.func.functional_call`: that costs about 100-300 us a call in Python,
+        more than a warm stage's kernels at batch 1; binding into the modules' dicts costs well
+        under a microsecond a tensor, and nothing when the same weights are bound already (a
+        warm model's passes). Stages run one at a time (one compute stream); a stage shared by
+        models of one architecture is rebound when another model's weights come.
+        """
+        if self.bound[0] is weights:
+            return
+        for table, attr, key, _ in self.slots:
+            table[attr] = weights[key]
+        self.bound[0] = weights
+        for peer in self.peers:
+            if peer.bound[0] is not None:
+                peer.bound[0] = {}  # stale: not None, so unbind still restores
+
+    def unbind(self) -> None:
+        """Put the module's own tensors back, so no module keeps a device buffer alive."""
+        if self.bound[0] is None:
+            return
+        for table, attr, _, original in self.slots:
+            table[attr] = original
+        self.bound[0] = None
 
     def run(self, weights: dict[str, Tensor], x: Tensor) -> Tensor:
-        """Run the stage with ``weights`` (global key -> tensor) bound in place of its own.
-
-        Not :func:`torch.func.functional_call`: that costs about 100-300 us per call in Python,
-        more than a warm stage's kernels at batch 1; binding the tensors into the modules'
-        dicts directly costs about a microsecond per tensor. The originals are put back after
-        the call, so no module keeps a device buffer alive. Stages run one at a time (one
-        compute stream), so binding is not shared between concurrent calls.
-        """
-        saved = []
-        try:
-            for mod, kind, attr, key in self.slots:
-                table = getattr(mod, kind)
-                saved.append((table, attr, table[attr]))
-                table[attr] = weights[key]
-            out: Tensor = self.module(x)
-        finally:
-            for table, attr, old in reversed(saved):
-                table[attr] = old
+        self.bind(weights)
+        out: Tensor = self.module(x)
         return out
 
 
@@ -84,7 +98,12 @@ class StagedModel:
         """All stages with the built tensors (the reference the executor is checked against)."""
         for s in self.stages:
             x = s.run(self.tensors, x)
+        self.unbind()
         return x
+
+    def unbind(self) -> None:
+        for s in self.stages:
+            s.unbind()
 
 
 def _nbytes(t: Tensor) -> int:
@@ -170,10 +189,10 @@ def split(model: nn.Module) -> StagedModel:
     keys: dict[int, str] = {}  # id of the tensor object -> global key
     tensors: dict[str, Tensor] = {}
     per_stage: list[dict[str, str]] = []
-    per_slots: list[tuple[tuple[nn.Module, str, str, str], ...]] = []
+    per_slots: list[tuple[tuple[dict[str, Any], str, str, Tensor], ...]] = []
     for sname, mod in parts:
         names: dict[str, str] = {}
-        slots: list[tuple[nn.Module, str, str, str]] = []
+        slots: list[tuple[dict[str, Any], str, str, Tensor]] = []
         for sub_name, sub in mod.named_modules(remove_duplicate=False):
             for kind in ("_parameters", "_buffers"):
                 for attr, t in getattr(sub, kind).items():
@@ -183,7 +202,7 @@ def split(model: nn.Module) -> StagedModel:
                     key = keys.setdefault(id(t), f"{sname}.{local}")
                     tensors[key] = t.detach()
                     names[local] = key
-                    slots.append((sub, kind, attr, key))
+                    slots.append((getattr(sub, kind), attr, key, t))
         per_stage.append(names)
         per_slots.append(tuple(slots))
     last_user = {k: i for i, names in enumerate(per_stage) for k in names.values()}
@@ -197,4 +216,7 @@ def split(model: nn.Module) -> StagedModel:
         )
         for i, ((sname, mod), names) in enumerate(zip(parts, per_stage, strict=True))
     )
+    for a in stages:
+        tables = {id(t) for t, *_ in a.slots}
+        a.peers.extend(b for b in stages if b is not a and tables & {id(t) for t, *_ in b.slots})
     return StagedModel(stages, tensors)
