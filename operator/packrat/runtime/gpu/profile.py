@@ -61,4 +61,5 @@ def profile_stages(mem: ModelMemory, x: Tensor, *, repeat: int = 5) -> list[Stag
         except (ValueError, RuntimeError, TypeError):
             exec_host_s = None
         out.append(StageProfile(s.name, mem.staged.owned_bytes(i), copy_s, exec_s, exec_host_s))
+    mem.staged.unbind()  # the profile's device copies must not stay alive through the modules
     return out
