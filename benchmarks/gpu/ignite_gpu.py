@@ -7,7 +7,7 @@ Makes the figures of issue 40 (docs/measurements.md, "Ignite on a GPU"):
    model on the device, and the staged model fully resident), and cold latency with the
    weights in pinned host memory: load-then-run (every stage copied, then run), pipelined
    (stage i runs while i+1 is copied), pipelined + direct host access (the per-layer plan of
-   packrat.plan.layerplan: some stages read in place from mapped host memory). Configurations
+   packrat.plan.gpu.layerplan: some stages read in place from mapped host memory). Configurations
    interleaved round by round; medians, p10/p90, the plan's predicted latency beside each.
    Targets: pipelined + DHA <= 0.7x load-then-run; staged warm within 5% of plain warm.
 2. A pool of N models (default 40, the three kinds in turn, each with its own weights) with a
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from packrat.plan.layerplan import (
+from packrat.plan.gpu.layerplan import (
     Placement,
     StageProfile,
     best_placement,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from packrat.plan.layerplan import (
+from packrat.plan.gpu.layerplan import (
     Placement,
     StageProfile,
     best_placement,
@@ -129,6 +129,6 @@ def test_bad_profiles_say_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="in place"):
         cold_latency([StageProfile("x", 1, 1.0, 1.0)], ["host"])
     with pytest.raises(ValueError, match="deadlocks"):
-        from packrat.plan.layerplan import Op, Schedule
+        from packrat.plan.gpu.layerplan import Op, Schedule
 
         simulate(Schedule((), (Op("wait", 0, "copied"), Op("run", 0)), ("load",)), [1.0], [1.0])

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from packrat.plan.layerplan import Op, Placement
+from packrat.plan.gpu.layerplan import Op, Placement
 from packrat.runtime.gpu import executor as executor_mod
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
 from packrat.runtime.gpu.executor import ModelMemory, run_pass

@@ -1,8 +1,8 @@
 """One pass of a staged model under a per-layer placement: the schedule of
-:mod:`packrat.plan.layerplan` executed by a device's two streams.
+:mod:`packrat.plan.gpu.layerplan` executed by a device's two streams.
 
-The ordering is not decided here: :func:`~packrat.plan.layerplan.schedule` says which copy each
-run waits for, :func:`~packrat.plan.layerplan.interleave` the order to submit the operations
+The ordering is not decided here: :func:`~packrat.plan.gpu.layerplan.schedule` says which copy each
+run waits for, :func:`~packrat.plan.gpu.layerplan.interleave` the order to submit the operations
 in; this module only binds them to tensors: a ``copy`` fills the stage's scratch buffers from
 pinned host memory (``non_blocking`` on CUDA's copy stream), a ``run`` calls the stage with
 the weights its placement names (resident device copies, the scratch buffers just filled, or
@@ -20,7 +20,7 @@ from typing import Literal, cast
 import torch
 from torch import Tensor
 
-from packrat.plan.layerplan import Op, Placement, interleave, schedule
+from packrat.plan.gpu.layerplan import Op, Placement, interleave, schedule
 from packrat.runtime.gpu.device import Device
 from packrat.runtime.gpu.stages import StagedModel
 

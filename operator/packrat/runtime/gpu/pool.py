@@ -6,7 +6,7 @@ also holds, while it runs, the buffers of the stages it loads (at most one model
 pool serves one request at a time), which are dropped afterwards.
 
 - ``policy="lcache"``: the prefixes come from :func:`packrat.plan.lcache.plan_curves` over each
-  model's GPU curve (:func:`packrat.plan.layerplan.lcache_curve`, from its measured per-stage
+  model's GPU curve (:func:`packrat.plan.gpu.layerplan.lcache_curve`, from its measured per-stage
   profile) and its request rate; :meth:`DevicePool.replan` applies a plan by evicting from the
   tail first, then loading front first. A request runs its resident prefix and the rest by the
   per-layer plan (loaded in the pipeline, or read in place with ``cold="dha"``).
@@ -22,7 +22,13 @@ from typing import Literal
 
 from torch import Tensor
 
-from packrat.plan.layerplan import LayerPlan, Placement, StageProfile, best_placement, lcache_curve
+from packrat.plan.gpu.layerplan import (
+    LayerPlan,
+    Placement,
+    StageProfile,
+    best_placement,
+    lcache_curve,
+)
 from packrat.plan.lcache import Residency, evictions, loads, lru_access, plan_curves
 from packrat.runtime.gpu.device import Device
 from packrat.runtime.gpu.executor import ModelMemory, run_pass

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from packrat.plan.layerplan import StageProfile
+from packrat.plan.gpu.layerplan import StageProfile
 from packrat.runtime.gpu.executor import ModelMemory
 
 __all__ = ["profile_stages"]
