@@ -9,6 +9,7 @@ Makes the figures of issue 40 (docs/measurements.md, "Ignite on a GPU"):
    (stage i runs while i+1 is copied), pipelined + direct host access (the per-layer plan of
    packrat.plan.gpu.layerplan: some stages read in place from mapped host memory). Configurations
    interleaved round by round; medians, p10/p90, the plan's predicted latency beside each.
+   Warm with the stages read in place even when warm (in_place_always: embeddings) too.
    Targets: pipelined + DHA <= 0.7x load-then-run; staged warm within 5% of plain warm.
 2. A pool of N models (default 40, the three kinds in turn, each with its own weights) with a
    device budget for about 8 of them and a Zipf request mix at batch 1: per-request latency
@@ -48,6 +49,7 @@ from packrat.plan.gpu.layerplan import (
     StageProfile,
     best_placement,
     cold_latency,
+    in_place_always,
     warm_latency,
 )
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
@@ -127,10 +129,13 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
     profile = profile_stages(cold_mem, x, repeat=args.profile_repeat)
     n = len(staged.stages)
     loads: tuple[Placement, ...] = ("load",) * n
-    dha = best_placement(profile, 0).placements
+    fixed = in_place_always(profile)
+    dha = best_placement(profile, 0, fixed_host=fixed).placements
+    warm_dha: tuple[Placement, ...] = tuple("host" if i in fixed else "resident" for i in range(n))
     configs: dict[str, Callable[[], Tensor]] = {
         "warm_plain": lambda: plain(x),
         "warm_staged": lambda: run_pass(warm_mem, ("resident",) * n, x)[0],
+        "warm_dha": lambda: run_pass(warm_mem, warm_dha, x)[0],
         "load_then_run": lambda: run_pass(cold_mem, loads, x, load_first=True)[0],
         "pipelined": lambda: run_pass(cold_mem, loads, x)[0],
         "pipelined_dha": lambda: run_pass(cold_mem, dha, x)[0],
@@ -142,7 +147,7 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
             fn()
         # warm requests follow warm requests (a warm model's stages stay bound); the cold
         # configurations are interleaved among themselves: A B A B ..., C D E C D E ...
-        for group in (("warm_plain", "warm_staged"), COLD):
+        for group in (("warm_plain", "warm_staged", "warm_dha"), COLD):
             for _ in range(args.rounds):
                 for k in group:
                     t, out = timed(dev, configs[k])
@@ -162,11 +167,13 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
         "stages": n,
         "bytes": staged.total_bytes,
         "dha_placements": list(dha),
+        "in_place_when_warm": [staged.stages[i].name for i in sorted(fixed)],
         "latency": {k: summary(v) for k, v in times.items()},
         "predicted_ms": {k: v * 1e3 for k, v in predicted.items()},
         "ratio_dha_vs_load_then_run": med["pipelined_dha"] / med["load_then_run"],
         "ratio_pipelined_vs_load_then_run": med["pipelined"] / med["load_then_run"],
         "ratio_warm_staged_vs_plain": med["warm_staged"] / med["warm_plain"],
+        "ratio_warm_dha_vs_plain": med["warm_dha"] / med["warm_plain"],
         "output_mismatches": mismatches,
         "profile": [s.__dict__ for s in profile],
     }

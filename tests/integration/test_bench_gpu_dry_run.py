@@ -51,6 +51,7 @@ def test_dry_run_exercises_every_step_and_loses_nothing(tmp_path: Path) -> None:
         assert set(r["latency"]) == {
             "warm_plain",
             "warm_staged",
+            "warm_dha",
             "load_then_run",
             "pipelined",
             "pipelined_dha",

@@ -21,6 +21,10 @@ dominated in both coordinates never leads to a better end and only the Pareto fr
 (exact, and small in practice: at most one state per distinct copy-stream time). Tested
 against enumerating all ``2^n`` placements.
 
+:func:`in_place_always` picks the stages read in place even when warm (an embedding lookup
+reads a few rows: keeping its table on the device buys nothing), within a small share of the
+warm latency; their bytes never take device memory.
+
 :func:`lcache_curve` turns a profile into LCache's :class:`~packrat.plan.lcache.Curve`: for each
 resident prefix ``p``, the best placement of the rest, so the cross-model policy
 (:func:`~packrat.plan.lcache.plan_curves`) sees the GPU tier's real cold latencies.
@@ -50,6 +54,7 @@ __all__ = [
     "StageProfile",
     "best_placement",
     "cold_latency",
+    "in_place_always",
     "interleave",
     "lcache_curve",
     "schedule",
@@ -111,19 +116,48 @@ def warm_latency(stages: Sequence[StageProfile]) -> float:
     return sum(s.exec_s for s in stages)
 
 
+def in_place_always(stages: Sequence[StageProfile], tolerance: float = 0.01) -> frozenset[int]:
+    """The stages read in place even when the model is warm (DeepPlan keeps BERT's word
+    embedding on the host): those whose in-place execution costs little more than resident,
+    taken by the least extra time per byte saved, while their extra time sums to at most
+    ``tolerance`` of the warm latency. Their bytes never take device memory."""
+    budget = tolerance * warm_latency(stages)
+    candidates = sorted(
+        (max(s.exec_host_s - s.exec_s, 0.0) / s.bytes, i)
+        for i, s in enumerate(stages)
+        if s.exec_host_s is not None and s.bytes > 0
+    )
+    chosen: set[int] = set()
+    used = 0.0
+    for _, i in candidates:
+        extra = max((stages[i].exec_host_s or 0.0) - stages[i].exec_s, 0.0)
+        if used + extra <= budget:
+            chosen.add(i)
+            used += extra
+    return frozenset(chosen)
+
+
 def best_placement(
-    stages: Sequence[StageProfile], resident_prefix: int = 0, *, allow_host: bool = True
+    stages: Sequence[StageProfile],
+    resident_prefix: int = 0,
+    *,
+    allow_host: bool = True,
+    fixed_host: frozenset[int] = frozenset(),
 ) -> LayerPlan:
-    """The least cold latency with the first ``resident_prefix`` stages resident and each other
-    stage loaded or read in place (unbounded lookahead; ties go to ``load``, then fewer
-    in-place stages)."""
+    """The least cold latency with the first ``resident_prefix`` stages resident, the stages in
+    ``fixed_host`` read in place (:func:`in_place_always`), and each other stage loaded or read
+    in place (unbounded lookahead; ties go to ``load``, then fewer in-place stages)."""
     if not 0 <= resident_prefix <= len(stages):
         raise ValueError(f"resident prefix {resident_prefix} outside 0..{len(stages)}")
+    if any(stages[i].exec_host_s is None for i in fixed_host):
+        raise ValueError("a stage that cannot be read in place is fixed in place")
     # state: (copy stream free at, last stage done at) -> placements so far
     frontier: dict[tuple[float, float], tuple[Placement, ...]] = {(0.0, 0.0): ()}
     for i, s in enumerate(stages):
         options: list[Placement] = ["resident"] if i < resident_prefix else ["load"]
-        if i >= resident_prefix and allow_host and s.exec_host_s is not None:
+        if i in fixed_host:
+            options = ["host"]
+        elif i >= resident_prefix and allow_host and s.exec_host_s is not None:
             options.append("host")
         nxt: dict[tuple[float, float], tuple[Placement, ...]] = {}
         for (load_end, run_end), chosen in frontier.items():
@@ -156,16 +190,23 @@ def _pareto(
 
 
 def lcache_curve(
-    name: str, rate: float, stages: Sequence[StageProfile], *, allow_host: bool = True
+    name: str,
+    rate: float,
+    stages: Sequence[StageProfile],
+    *,
+    allow_host: bool = True,
+    fixed_host: frozenset[int] = frozenset(),
 ) -> Curve:
     """LCache's curve for this model on the GPU tier: for each resident prefix ``p = 0..n``,
-    the cold latency of the best placement of the rest, and the prefix's bytes."""
+    the cold latency of the best placement of the rest, and the device bytes of the prefix
+    (the ``fixed_host`` stages in it take none)."""
     lat = tuple(
-        best_placement(stages, p, allow_host=allow_host).latency_s for p in range(len(stages) + 1)
+        best_placement(stages, p, allow_host=allow_host, fixed_host=fixed_host).latency_s
+        for p in range(len(stages) + 1)
     )
     sizes = [0]
-    for s in stages:
-        sizes.append(sizes[-1] + s.bytes)
+    for i, s in enumerate(stages):
+        sizes.append(sizes[-1] + (0 if i in fixed_host else s.bytes))
     return Curve(name, rate, lat, tuple(sizes))
 
 

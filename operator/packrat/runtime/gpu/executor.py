@@ -15,7 +15,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -37,7 +37,7 @@ class ModelMemory:
     host: dict[str, Tensor] = field(default_factory=dict)
     resident: dict[str, Tensor] = field(default_factory=dict)
     _mapped: dict[str, Tensor] = field(default_factory=dict)
-    _warm: list[dict[str, Tensor]] | None = None
+    _steady: tuple[tuple[Placement, ...], list[dict[str, Tensor]]] | None = None
 
     @classmethod
     def pinned(cls, staged: StagedModel, device: Device) -> ModelMemory:
@@ -60,21 +60,22 @@ class ModelMemory:
         self._changed()
 
     def _changed(self) -> None:
-        self._warm = None
+        self._steady = None
         self.staged.unbind()  # no module may keep an evicted tensor alive
 
-    def warm_weights(self) -> list[dict[str, Tensor]]:
-        """The per-stage weights of a fully resident pass, built once per residency (so the
-        stages stay bound between warm passes)."""
-        if self._warm is None:
-            resident = cast(tuple[Placement, ...], ("resident",) * len(self.staged.stages))
-            self._warm = _weights(self, resident, {})
-        return self._warm
+    def steady_weights(self, placements: tuple[Placement, ...]) -> list[dict[str, Tensor]]:
+        """The per-stage weights of a pass that copies nothing (resident and in-place stages
+        only), built once per residency and placement (so the stages stay bound between such
+        passes: a warm model's requests)."""
+        if self._steady is None or self._steady[0] != placements:
+            self._steady = (placements, _weights(self, placements, {}))
+        return self._steady[1]
 
-    def resident_prefix(self) -> int:
-        """How many leading stages have every tensor they own on the device."""
+    def resident_prefix(self, skip: frozenset[int] = frozenset()) -> int:
+        """How many leading stages have every tensor they own on the device (the ``skip``
+        stages, read in place even when warm, count as there)."""
         for i, s in enumerate(self.staged.stages):
-            if any(k not in self.resident for k in s.owned):
+            if i not in skip and any(k not in self.resident for k in s.owned):
                 return i
         return len(self.staged.stages)
 
@@ -144,11 +145,11 @@ def run_pass(
         for k in s.owned
         if k not in mem.resident
     }
-    if all(p == "resident" for p in placements) and log is None:
-        warm = mem.warm_weights()
-        with torch.no_grad():  # warm: nothing to order, no second stream, stages stay bound
+    if "load" not in placements and log is None:
+        steady = mem.steady_weights(tuple(placements))
+        with torch.no_grad():  # nothing copied: nothing to order, no second stream
             for i, s in enumerate(stages):
-                x = s.run(warm[i], x)
+                x = s.run(steady[i], x)
         return x, scratch
     weights = _weights(mem, placements, scratch, load_first)
     state = {"x": x}

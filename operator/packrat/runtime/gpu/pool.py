@@ -27,6 +27,7 @@ from packrat.plan.gpu.layerplan import (
     Placement,
     StageProfile,
     best_placement,
+    in_place_always,
     lcache_curve,
 )
 from packrat.plan.lcache import Residency, evictions, loads, lru_access, plan_curves
@@ -45,6 +46,7 @@ class _Entry:
     mem: ModelMemory
     profile: tuple[StageProfile, ...]
     rate: float
+    fixed_host: frozenset[int] = frozenset()  # read in place even when warm (embeddings)
     plans: dict[int, LayerPlan] = field(default_factory=dict)
 
 
@@ -91,7 +93,8 @@ class DevicePool:
             if host is not None
             else ModelMemory.pinned(staged, self.device)
         )
-        self.models[name] = _Entry(mem, tuple(profile), rate)
+        fixed = in_place_always(profile) if self.cold == "dha" else frozenset()
+        self.models[name] = _Entry(mem, tuple(profile), rate, fixed)
 
     def set_rate(self, name: str, rate: float) -> None:
         self.models[name].rate = rate
@@ -100,7 +103,15 @@ class DevicePool:
         return sum(e.mem.resident_bytes() for e in self.models.values())
 
     def prefixes(self) -> dict[str, int]:
-        return {n: e.mem.resident_prefix() for n, e in self.models.items()}
+        return {n: self._prefix(e) for n, e in self.models.items()}
+
+    @staticmethod
+    def _prefix(e: _Entry) -> int:
+        """The resident prefix, the in-place stages at its end not counted (as plans count)."""
+        p = e.mem.resident_prefix(e.fixed_host)
+        while p > 0 and p - 1 in e.fixed_host:
+            p -= 1
+        return p
 
     # -- LCache -----------------------------------------------------------------------------
     def replan(self) -> Residency:
@@ -108,7 +119,9 @@ class DevicePool:
         if self.policy != "lcache":
             raise ValueError("replan is LCache's; LRU admits on demand")
         curves = [
-            lcache_curve(n, e.rate, e.profile, allow_host=self.cold == "dha")
+            lcache_curve(
+                n, e.rate, e.profile, allow_host=self.cold == "dha", fixed_host=e.fixed_host
+            )
             for n, e in self.models.items()
         ]
         plan = plan_curves(curves, self.budget_bytes)
@@ -125,7 +138,10 @@ class DevicePool:
         mem.drop(mem.staged.stages[stage].owned)
 
     def _load(self, name: str, stage: int) -> None:
-        mem = self.models[name].mem
+        e = self.models[name]
+        if stage in e.fixed_host:
+            return  # read in place even when warm: never on the device
+        mem = e.mem
         for k in mem.staged.stages[stage].owned:
             if k not in mem.resident:
                 mem.put(k, self.device.to_device(mem.host[k]))
@@ -133,7 +149,7 @@ class DevicePool:
     def _placements(self, name: str) -> tuple[tuple[Placement, ...], bool]:
         """This request's placement and whether it copies everything before running."""
         e = self.models[name]
-        prefix = e.mem.resident_prefix()
+        prefix = e.mem.resident_prefix(e.fixed_host)
         n = len(e.profile)
         if self.cold == "load-then-run" or (self.cold == "pipelined" and self.policy == "lru"):
             res: tuple[Placement, ...] = ("resident",)
@@ -141,7 +157,9 @@ class DevicePool:
             plain = res * prefix + load * (n - prefix)
             return plain, self.cold == "load-then-run"
         if prefix not in e.plans:
-            e.plans[prefix] = best_placement(e.profile, prefix, allow_host=self.cold == "dha")
+            e.plans[prefix] = best_placement(
+                e.profile, prefix, allow_host=self.cold == "dha", fixed_host=e.fixed_host
+            )
         return e.plans[prefix].placements, False
 
     # -- serving ----------------------------------------------------------------------------
@@ -158,7 +176,7 @@ class DevicePool:
                 self.models[victim].mem.drop()
             self._lru = step.resident
         placements, load_first = self._placements(name)
-        if any(p != "resident" for p in placements):
+        if e.mem.resident_prefix(e.fixed_host) < len(e.profile):
             self.stats.cold += 1
         out, loaded = run_pass(e.mem, placements, x, load_first=load_first)
         self.stats.bytes_copied += sum(t.numel() * t.element_size() for t in loaded.values())
