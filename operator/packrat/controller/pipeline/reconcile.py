@@ -231,7 +231,7 @@ class PipelineReconciler:
             planned, signature = plan_pipeline(p, pipe, profiles, self.plans, budget)
         except CannotPlan as exc:
             if exc.reason == QUEUED:  # every planning child is busy: its turn comes
-                p.result.waiting = True
+                p.result.in_progress()
                 p.cond("Provisioned", False, QUEUED, str(exc))
                 return previous
             message = f"cannot provision the pipeline for its SLO: {exc}"

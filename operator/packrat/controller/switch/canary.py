@@ -342,7 +342,7 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
             urls, target=None, percent=0, ident="", token=token, owner=_owner(p)
         )
         if answers is None:  # outstanding: nothing is deleted before every pod answered
-            p.result.waiting = True
+            p.result.in_progress()
             return
         failed = _failed(names, answers)
         if failed:  # a pod may still send to the canary: keep it, ask again

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
-from kube_support import NS, T0, ModelSetUp, merge, profile_json, set_spec
+from kube_support import NS, T0, ModelSetUp, merge, profile_json, set_spec, setup_model
 from openapi_schema_validator import OAS30Validator
 from packaging_support import ROOT, strict_schema
 

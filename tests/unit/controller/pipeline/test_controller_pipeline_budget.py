@@ -97,7 +97,7 @@ def test_planning_children_are_bounded_in_number() -> None:
         for _ in range(8):
             c.step()
         status = c.status()
-        cond = _cond(status, "Provisioned")
+        cond = condition(status, "Provisioned")
         assert cond["reason"] == "PlanningQueued" and status.get("phase") != "Failed", status
         assert "planning" not in status  # not a failure remembered for these inputs
     finally:
