@@ -635,6 +635,14 @@ def _controller_calls() -> set[tuple[str, str, str]]:
         resource = literal or plurals[constant]
         if method in _VERBS:
             calls.add((_API_GROUPS[resource], resource, _VERBS[method]))
+    # api.children.keep(kube, <resource>, ...): the one way a child is kept in shape: a get
+    # (unless the caller read it), a create, and a patch when it has a drift or settle step
+    for match in re.finditer(r"\bkeep\(\s*[\w.]*kube,\s*\"([a-z]+)\"([^)]*)\)", source):
+        resource, rest = match.group(1), match.group(2)
+        group = _API_GROUPS[resource]
+        calls |= {(group, resource, "get"), (group, resource, "create")}
+        if "drift=" in rest or "settle=" in rest:
+            calls.add((group, resource, "patch"))
     if "kube.read_log(" in source:
         calls.add(("", "pods/log", "get"))
     status_patch = r"kube\.patch\(\s*(?:\"([a-z]+)\"|(PLURAL))[^)]*?subresource=\"status\""

@@ -106,9 +106,15 @@ class EstimateReader:
         return [v for v in values if v is not None]
 
     def __call__(
-        self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
+        self,
+        namespace: str,
+        name: str,
+        pods: list[dict[str, Any]] | None = None,
+        *,
+        token: tuple[str | None] | None = None,
     ) -> Reading | None:
-        """``pods``: the model's ready pods when the caller has listed them already."""
+        """``pods``: the model's ready pods when the caller has listed them already;
+        ``token``: ``(the model's token,)`` when the caller has read it already."""
         owner = f"{namespace}/{name}"
         if pods is None:
             pods = self.ready_pods(namespace, name)
@@ -116,8 +122,8 @@ class EstimateReader:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
             # the model's own pods show their live counts (the fast trigger's evidence) only
             # with its token; the Service, which an author could point elsewhere, gets none
-            token = read_token(self.kube, namespace, name)
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            (value,) = token or (read_token(self.kube, namespace, name),)
+            headers = {"Authorization": f"Bearer {value}"} if value else {}
             with self._lock:
                 self._last[owner] = (urls, headers)
             return reading_of(self._read_all(owner, urls, headers), "pods")

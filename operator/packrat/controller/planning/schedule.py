@@ -37,6 +37,7 @@ from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.arrivals import ArrivalReader
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import EstimateReader
+from packrat.controller.serving.admin_token import read_token
 from packrat.plan.reconfig import FastPolicy
 
 logger = logging.getLogger(__name__)
@@ -246,10 +247,14 @@ def read_before_pass(
     scale factor, in place of the model's own."""
     shared = want_estimates and want_arrivals and ingress is None
     pods = estimates.ready_pods(namespace, name) if shared else None
-    reading = ab.as_reading(estimates(namespace, name, pods)) if want_estimates else None
+    # one read of the model's token for both readers (its pods show their counts with it)
+    token = (read_token(estimates.kube, namespace, name),) if shared and pods else None
+    reading = (
+        ab.as_reading(estimates(namespace, name, pods, token=token)) if want_estimates else None
+    )
     if not want_arrivals:
         return reading, None
     if ingress is None:
-        return reading, arrivals(namespace, name, pods)
+        return reading, arrivals(namespace, name, pods, token=token)
     service, factor = ingress
     return reading, arrivals.ingress(namespace, service, reader=name, factor=factor)
