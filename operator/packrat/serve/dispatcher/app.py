@@ -69,7 +69,8 @@ from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
-from packrat.serve.dispatcher.v2 import v2_routes
+from packrat.serve.dispatcher.v2 import ParsePool, v2_routes
+from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES
 
 __all__ = ["Backend", "BackendGoneError", "Dispatcher", "QueueFullError", "Stage"]
 
@@ -170,6 +171,7 @@ class Dispatcher(SwapMixin):
         self.batch_counts: dict[str, int] = {"full": 0, "timeout": 0}
         self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
         self.payload_log = payload_log  # request and response logging, when on
+        self.parser = ParsePool()  # v2 bodies are parsed off the event loop
         self.draining = False
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.
@@ -271,6 +273,7 @@ class Dispatcher(SwapMixin):
         if self.upstream is not None:
             await self.upstream.close()
         await self.canary.close()
+        self.parser.close()
         if self.payload_log is not None:
             await self.payload_log.close()
 
@@ -388,11 +391,18 @@ class Dispatcher(SwapMixin):
         return self.finish(response, start, answer.source)
 
     async def admit(
-        self, request: web.Request, start: float, track: Stage, *, cap: int | None = None
+        self,
+        request: web.Request,
+        start: float,
+        track: Stage,
+        *,
+        cap: int | None = None,
+        arrival: bool = True,
     ) -> tuple[bytes, int] | web.Response:
         """Admission, before a byte of the body is read, then the body: ``(body, reserved
         bytes)`` (the caller gives the bytes back to :attr:`budget`), or the refusal, already
-        counted. ``cap``: the largest body (default :attr:`max_body_bytes`, one request)."""
+        counted. ``cap``: the largest body (default :attr:`max_body_bytes`, one request).
+        ``arrival``: record one arrival (False: the caller records its samples once known)."""
         limit = cap or self.max_body_bytes
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
@@ -420,7 +430,8 @@ class Dispatcher(SwapMixin):
         # An arrival for the tuner only once admitted and whole: a flood the pod refuses (too
         # large, queue full, broken bodies) must not buy its sender more replicas; a saturated
         # pod shows as admitted arrivals at its capacity.
-        self.arrivals.record()
+        if arrival:
+            self.arrivals.record()
         track.stage = "queued"
         return body, reserve
 
@@ -433,15 +444,17 @@ class Dispatcher(SwapMixin):
         track: Stage,
         *,
         shields: bool = True,
+        admitted: bool = False,
     ) -> Answer:
         """One request body through the queue and an instance: the runtime's answer, or the
         dispatcher's own 503 (a shed); not counted yet (:meth:`finish`). ``shields``: keep the
         client's disconnect from cancelling it once forwarded (a caller running several bodies
-        of one request at once shields them all itself)."""
+        of one request at once shields them all itself). ``admitted``: its queue place was
+        checked already, with the other samples of its request (:meth:`Slots.admissible`)."""
         # This request stays with the set it was admitted to, even across a swap.
         slots, instances, counters = self.slots, self.instances, self._per_instance
         try:
-            index = await slots.acquire()
+            index = await slots.acquire(admitted=admitted)
         except QueueFullError:
             return Answer(error_response(503, "queue full", **self._retry()), "dispatcher")
         except TimeoutError:
@@ -485,6 +498,16 @@ class Dispatcher(SwapMixin):
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
+
+    def retry_headers(self) -> dict[str, str]:
+        """``Retry-After`` for a shed answer."""
+        return self._retry()
+
+    @property
+    def max_samples(self) -> int:
+        """The most samples one v2 request may carry: the plan's batch (its instances'
+        batches together), as Triton's ``max_batch_size``."""
+        return max(1, min(MAX_SAMPLES, sum(self.slots.batches)))
 
     def _shed(self, response: web.Response, start: float) -> web.Response:
         """An answer the dispatcher gives itself."""

@@ -19,12 +19,14 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
 from packrat.serve.dispatcher.connections import shield
 from packrat.serve.dispatcher.v2_codec import (
+    InferRequest,
     V2Error,
     build_response,
     model_metadata,
@@ -35,7 +37,9 @@ from packrat.serve.dispatcher.v2_codec import (
 if TYPE_CHECKING:
     from packrat.serve.dispatcher.app import Dispatcher
 
-__all__ = ["HEADER_LENGTH", "v2_routes"]
+__all__ = ["HEADER_LENGTH", "ParseBusyError", "ParsePool", "header_length", "v2_routes"]
+
+_T = TypeVar("_T")
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 VERSION = "1"
@@ -116,32 +120,101 @@ def v2_routes(d: Dispatcher, *, alive: Callable[[], bool] | None) -> list[web.Ro
     ]
 
 
+class ParseBusyError(Exception):
+    """Every place in the parse pool's line is taken: shed the request (503)."""
+
+
+class ParsePool:
+    """Where v2 request bodies are parsed and split: off the event loop, in ``threads``
+    threads, with at most ``waiting`` bodies in line (beyond: :class:`ParseBusyError`).
+
+    A JSON body costs CPU in proportion to its size (``json.loads``, then flattening); on the
+    event loop one large body held every other client and the readiness probe for seconds
+    (issue 38). In a thread the loop keeps running: Python hands the GIL over every few
+    milliseconds, so probes and small requests interleave with the parse, and the pool's
+    single thread bounds what parsing may take from the loop to one thread's share. A
+    process pool would isolate more, at the cost of copying every body (and its samples)
+    between processes; the declared shapes are checked before any data is flattened and the
+    body is capped at the plan's batch, so a parse is bounded anyway."""
+
+    def __init__(self, *, threads: int = 1, waiting: int = 8) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="v2-parse")
+        self.limit = threads + waiting
+        self.pending = 0  # submitted and not finished (a cancelled caller's parse still runs)
+
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        if self.pending >= self.limit:
+            raise ParseBusyError
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        job = self._executor.submit(fn, *args)
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._done))
+        return await asyncio.wrap_future(job)
+
+    def _done(self) -> None:
+        self.pending -= 1
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _parse_split(
+    body: bytes,
+    header: int | None,
+    inputs: list[dict[str, Any]] | None,
+    max_samples: int,
+) -> tuple[InferRequest, list[tuple[bytes, str]]]:
+    """In the parse pool: the request, checked against the model, and its samples."""
+    req = parse_request(body, header, inputs, max_samples=max_samples)
+    return req, split_samples(req, inputs, max_samples=max_samples)
+
+
+def header_length(value: str | None) -> int | None:
+    """The binary extension's header length (ASCII digits only: ``"²".isdigit()`` holds)."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 12):
+        raise V2Error(f"{HEADER_LENGTH} must be a number of bytes")
+    return int(value)
+
+
 async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     from packrat.serve.dispatcher.app import Stage
 
     start = time.perf_counter()
     track = Stage()
     header = request.headers.get(HEADER_LENGTH)
-    admitted = await d.admit(request, start, track, cap=d.batch_body_bytes)  # a batch
+    # A batch of at most the plan's samples, each at most one sample's body.
+    cap = min(d.batch_body_bytes, d.max_samples * d.max_body_bytes)
+    admitted = await d.admit(request, start, track, cap=cap, arrival=False)
     if isinstance(admitted, web.Response):
         return _as_v2(admitted)
     body, reserve = admitted
     try:
         try:
-            if header is not None and not (header.isdigit() and len(header) <= 12):
-                raise V2Error(f"{HEADER_LENGTH} must be a number of bytes")
-            req = parse_request(body, int(header) if header is not None else None)
-            samples = split_samples(req, d.inputs)
+            req, samples = await d.parser.run(
+                _parse_split, body, header_length(header), d.inputs, d.max_samples
+            )
         except V2Error as exc:
             return d.finish(v2_error(400, str(exc)), start, "dispatcher")
+        except ParseBusyError:
+            busy = v2_error(503, "too many requests being parsed", **d.retry_headers())
+            return d.finish(busy, start, "dispatcher")
         del body  # the samples hold the bytes from here
+        # The queue is charged by samples (each takes a place), and so is the tuner's log.
+        if not d.slots.admissible(len(samples)):
+            full = v2_error(503, "queue full", **d.retry_headers())
+            return d.finish(full, start, "dispatcher")
+        d.arrivals.record(len(samples))
         # The samples run together; none is cancelled by a disconnect once any is forwarded
         # (each holds its slot until its worker answers), so the request is shielded whole.
         shield(request, True)
         try:
             answers = await asyncio.gather(
                 *(
-                    d.run_one(request, {"Content-Type": t}, {}, b, track, shields=False)
+                    d.run_one(
+                        request, {"Content-Type": t}, {}, b, track, shields=False, admitted=True
+                    )
                     for b, t in samples
                 )
             )

@@ -33,12 +33,13 @@ __all__ = [
     "Tensor",
     "V2Error",
     "build_response",
+    "check_declared",
     "model_metadata",
     "parse_request",
     "split_samples",
 ]
 
-MAX_SAMPLES = 1024  # samples in one v2 request (each takes a place in the dispatcher's queue)
+MAX_SAMPLES = 1024  # samples in one v2 request at most; the dispatcher caps it at the plan's batch
 MAX_DEPTH = 64  # nesting of a JSON "data" array
 OUTPUT = "output__0"
 
@@ -80,6 +81,13 @@ class InferRequest:
     binary_default: bool = False
 
 
+class Unchecked:
+    """The marker for "no model to check the declared inputs against" (the codec alone)."""
+
+
+UNCHECKED = Unchecked()
+
+
 def input_name(k: int) -> str:
     return f"input__{k}"
 
@@ -103,11 +111,22 @@ def model_metadata(name: str, inputs: Sequence[Mapping[str, Any]] | None) -> dic
 
 
 # -- requests ---------------------------------------------------------------------------------
-def parse_request(body: bytes, header_length: int | None) -> InferRequest:
+def parse_request(
+    body: bytes,
+    header_length: int | None,
+    model: Sequence[Mapping[str, Any]] | Unchecked | None = UNCHECKED,
+    *,
+    max_samples: int = MAX_SAMPLES,
+) -> InferRequest:
     """A v2 infer request: JSON, or (binary extension) ``header_length`` bytes of JSON then
-    the binary tensors in input order. Raises :class:`V2Error` only."""
+    the binary tensors in input order. Raises :class:`V2Error` only.
+
+    ``model``: the model's inputs (None: a user's .mar, one BYTES input): every input's
+    declared name, datatype and shape is checked against them, with at most ``max_samples``
+    samples, before any ``data`` array is flattened, so a request the model cannot take
+    costs one ``json.loads`` and no more (issue 38)."""
     try:
-        return _parse(body, header_length)
+        return _parse(body, header_length, model, max_samples)
     except V2Error:
         raise
     except RecursionError:
@@ -116,7 +135,12 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
         raise V2Error(f"malformed inference request: {type(exc).__name__}: {exc}"[:300]) from None
 
 
-def _parse(body: bytes, header_length: int | None) -> InferRequest:
+def _parse(
+    body: bytes,
+    header_length: int | None,
+    model: Sequence[Mapping[str, Any]] | Unchecked | None,
+    max_samples: int,
+) -> InferRequest:
     if header_length is not None and not 0 < header_length <= len(body):
         raise V2Error(f"Inference-Header-Content-Length {header_length} is not within the body")
     head = body[:header_length] if header_length is not None else body
@@ -129,6 +153,8 @@ def _parse(body: bytes, header_length: int | None) -> InferRequest:
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise V2Error("'inputs' must be a non-empty array")
+    if not isinstance(model, Unchecked):
+        check_declared(inputs, model, max_samples)
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     tensors, offset = [], 0
     for k, spec in enumerate(inputs):
@@ -156,6 +182,46 @@ def _parse(body: bytes, header_length: int | None) -> InferRequest:
         binary=wanted,
         binary_default=binary_default,
     )
+
+
+def check_declared(
+    declared: Sequence[Any], model: Sequence[Mapping[str, Any]] | None, max_samples: int
+) -> None:
+    """The request's inputs as declared (name, datatype, shape; not their data) against the
+    model's: the same count, datatypes and sample shapes, one batch size of 1..``max_samples``.
+    Cheap: it reads no ``data`` array."""
+    heads = [_object(spec, f"input {k}") for k, spec in enumerate(declared)]
+    shapes = []
+    for k, head in enumerate(heads):
+        name = _string(head.get("name"), f"input {k}'s name")
+        shape = head.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise V2Error(f"input {name}: 'shape' must be an array of non-negative integers")
+        shapes.append((name, head.get("datatype"), shape))
+    if model is None:  # a .mar: one BYTES input of shape [N]
+        if len(shapes) != 1 or shapes[0][1] != "BYTES" or len(shapes[0][2]) != 1:
+            raise V2Error("this model takes one BYTES input of shape [N]")
+        _check_count(shapes[0][2][0], max_samples)
+        return
+    if len(shapes) != len(model):
+        raise V2Error(f"the model takes {len(model)} input(s), got {len(shapes)}")
+    names = [input_name(k) for k in range(len(model))]
+    if sorted(n for n, _, _ in shapes) == sorted(names):
+        shapes.sort(key=lambda t: names.index(t[0]))
+    batches = set()
+    for (name, datatype, shape), item in zip(shapes, model, strict=True):
+        want_type = _BY_TORCH.get(str(item["dtype"]))
+        sample = [int(d) for d in item["shape"]]
+        if datatype != want_type:
+            raise V2Error(f"input {name}: datatype {datatype}, the model takes {want_type}")
+        if len(shape) != len(sample) + 1 or shape[1:] != sample:
+            raise V2Error(f"input {name}: shape {shape}, the model takes {[-1, *sample]}")
+        batches.add(shape[0])
+    if len(batches) != 1:
+        raise V2Error("every input must have the same batch size (first dimension)")
+    _check_count(batches.pop(), max_samples)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -264,7 +330,10 @@ def _bytes_items(
 
 
 def split_samples(
-    req: InferRequest, inputs: Sequence[Mapping[str, Any]] | None
+    req: InferRequest,
+    inputs: Sequence[Mapping[str, Any]] | None,
+    *,
+    max_samples: int = MAX_SAMPLES,
 ) -> list[tuple[bytes, str]]:
     """One (body, content type) per sample of ``req``, for a model with ``inputs`` (None: a
     user's .mar, one BYTES element per request body)."""
@@ -273,7 +342,7 @@ def split_samples(
         if len(req.inputs) != 1 or one.datatype != "BYTES" or len(one.shape) != 1:
             raise V2Error("this model takes one BYTES input of shape [N]")
         t = req.inputs[0]
-        _check_count(len(t.items))
+        _check_count(len(t.items), max_samples)
         return [(item, t.content_type) for item in t.items]
     if len(req.inputs) != len(inputs):
         raise V2Error(f"the model takes {len(inputs)} input(s), got {len(req.inputs)}")
@@ -295,14 +364,14 @@ def split_samples(
         batch = t.shape[0]
         slices.append((t.raw, len(t.raw) // batch if batch else 0))
     n = batch or 0
-    _check_count(n)
+    _check_count(n, max_samples)
     octets = "application/octet-stream"
     return [(b"".join(raw[i * w : (i + 1) * w] for raw, w in slices), octets) for i in range(n)]
 
 
-def _check_count(n: int) -> None:
-    if not 1 <= n <= MAX_SAMPLES:
-        raise V2Error(f"a request carries 1..{MAX_SAMPLES} samples, got {n}")
+def _check_count(n: int, max_samples: int) -> None:
+    if not 1 <= n <= max_samples:
+        raise V2Error(f"a request carries 1..{max_samples} samples (the model's batch), got {n}")
 
 
 # -- responses --------------------------------------------------------------------------------
