@@ -437,7 +437,7 @@ class Dispatcher(SwapMixin):
 
     async def run_one(
         self,
-        request: web.Request,
+        request: web.Request | None,
         headers: Mapping[str, str],
         query: Mapping[str, str],
         body: bytes,
@@ -466,16 +466,17 @@ class Dispatcher(SwapMixin):
         counters[index].inc()
         # Once forwarded, the request runs to completion even if its client leaves: the
         # worker has it, and its slot must stay taken until the runtime answers.
-        if shields:
+        if shields and request is not None:
             shield(request, True)
         try:
             response = await self._forward_then_release(
                 slots, index, instances[index], headers=headers, query=query, body=body
             )
         finally:
-            if shields:
+            if shields and request is not None:
                 shield(request, False)
-        return Answer(response, self.source, gone=disconnected(request))
+        gone = request is not None and disconnected(request)  # None: gRPC, its caller's own
+        return Answer(response, self.source, gone=gone)
 
     def finish(self, response: web.Response, start: float, source: str) -> web.Response:
         """Count the answer of one HTTP request (``source``: who answered, the dispatcher or

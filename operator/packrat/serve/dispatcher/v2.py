@@ -49,7 +49,7 @@ def v2_error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-def _message(response: web.Response) -> str:
+def message_of(response: web.Response) -> str:
     """The message of one of the dispatcher's or the runtime's error answers."""
     body = response.body if isinstance(response.body, bytes) else b""
     try:
@@ -63,7 +63,7 @@ def _message(response: web.Response) -> str:
 
 def _as_v2(response: web.Response) -> web.Response:
     keep = {k: v for k, v in response.headers.items() if k in ("Retry-After", "Connection")}
-    out = v2_error(response.status, _message(response), **keep)
+    out = v2_error(response.status, message_of(response), **keep)
     if response.headers.get("Connection") == "close":
         out.force_close()
     return out

@@ -309,16 +309,7 @@ def _bytes_items(
     if size is not None:  # 4-byte little-endian length, then the bytes, per element
         if not isinstance(size, int) or not 0 <= size <= len(binary):
             raise V2Error(f"input {name}: binary_data_size is not within the body")
-        items, offset, chunk = [], 0, binary[:size]
-        while offset < size:
-            if offset + 4 > size:
-                raise V2Error(f"input {name}: a BYTES element is truncated")
-            (length,) = struct.unpack_from("<I", chunk, offset)
-            offset += 4
-            if offset + length > size:
-                raise V2Error(f"input {name}: a BYTES element is truncated")
-            items.append(bytes(chunk[offset : offset + length]))
-            offset += length
+        items = list(unpack_bytes(binary[:size], name))
     else:
         flat = _flatten(spec.get("data"), name)
         if not all(isinstance(v, str) for v in flat):
@@ -380,29 +371,18 @@ def build_response(
 ) -> tuple[bytes, int | None]:
     """The v2 response for the samples' ``answers`` (JSON rows; or, ``raw_bytes``, a .mar's
     bodies as BYTES), and the JSON header's length when any output is binary."""
-    unknown = [n for n in req.binary if n != OUTPUT]
-    if unknown:
-        raise V2Error(f"unknown output {unknown[0]!r}: this model has {OUTPUT}")
+    check_outputs(req)
     binary = req.binary.get(OUTPUT, req.binary_default)
     if raw_bytes:
         out: dict[str, Any] = {"name": OUTPUT, "datatype": "BYTES", "shape": [len(answers)]}
-        data: bytes | None = (
-            b"".join(struct.pack("<I", len(a)) + a for a in answers) if binary else None
-        )
+        data: bytes | None = pack_bytes(answers) if binary else None
         if not binary:
             out["data"] = [a.decode(errors="replace") for a in answers]
     else:
-        rows = [json.loads(a) for a in answers]
-        shape, flat = _stack(rows)
-        dtype = "FP32" if any(isinstance(v, float) for v in flat) else "INT64"
+        dtype, shape, flat = stack_answers(answers)
         out = {"name": OUTPUT, "datatype": dtype, "shape": shape}
-        data = None
-        if binary:
-            values = array(_NUMERIC[dtype][0], flat)
-            if sys.byteorder != "little":
-                values.byteswap()
-            data = values.tobytes()
-        else:
+        data = pack(dtype, flat) if binary else None
+        if not binary:
             out["data"] = flat
     doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": [out]}
     if req.id is not None:
@@ -412,6 +392,70 @@ def build_response(
     out["parameters"] = {"binary_data_size": len(data)}
     head = json.dumps(doc, separators=(",", ":")).encode()
     return head + data, len(head)
+
+
+def check_outputs(req: InferRequest) -> None:
+    """Only the model's one output may be asked for."""
+    unknown = [n for n in req.binary if n != OUTPUT]
+    if unknown:
+        raise V2Error(f"unknown output {unknown[0]!r}: this model has {OUTPUT}")
+
+
+def stack_answers(answers: Sequence[bytes]) -> tuple[str, list[int], list[Any]]:
+    """The samples' JSON rows as one tensor: datatype (FP32 when any value is a float,
+    INT64 otherwise), shape ``[N, *row]`` and row-major values. ValueError: rows that do not
+    stack (the model's fault, not the client's)."""
+    rows = [json.loads(a) for a in answers]
+    shape, flat = _stack(rows)
+    dtype = "FP32" if any(isinstance(v, float) for v in flat) else "INT64"
+    return dtype, shape, flat
+
+
+def pack(datatype: str, flat: Sequence[Any]) -> bytes:
+    """Row-major values as the protocol's raw little-endian bytes."""
+    values = array(_NUMERIC[datatype][0], flat)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tobytes()
+
+
+def pack_bytes(items: Sequence[bytes]) -> bytes:
+    """BYTES elements as raw contents: each a 4-byte little-endian length, then its bytes."""
+    return b"".join(struct.pack("<I", len(a)) + a for a in items)
+
+
+def unpack_bytes(raw: bytes | memoryview, name: str) -> tuple[bytes, ...]:
+    """The BYTES elements of raw contents (:func:`pack_bytes`); V2Error when truncated."""
+    items, offset, size = [], 0, len(raw)
+    while offset < size:
+        if offset + 4 > size:
+            raise V2Error(f"input {name}: a BYTES element is truncated")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > size:
+            raise V2Error(f"input {name}: a BYTES element is truncated")
+        items.append(bytes(raw[offset : offset + length]))
+        offset += length
+    return tuple(items)
+
+
+def numeric_raw(name: str, datatype: str, values: Sequence[Any]) -> bytes:
+    """Typed values (a gRPC request's contents) as raw little-endian bytes of ``datatype``."""
+    if datatype not in _NUMERIC:
+        raise V2Error(f"input {name}: datatype {datatype} is not supported")
+    try:
+        out = array(_NUMERIC[datatype][0], values)
+    except (OverflowError, TypeError):
+        raise V2Error(f"input {name}: a value does not fit {datatype}") from None
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes()
+
+
+def element_size(datatype: str) -> int | None:
+    """Bytes per element of a numeric datatype (None: BYTES or unknown)."""
+    entry = _NUMERIC.get(datatype)
+    return entry[2] if entry else None
 
 
 def _stack(rows: Sequence[Any]) -> tuple[list[int], list[Any]]:
