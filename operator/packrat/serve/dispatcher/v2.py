@@ -46,7 +46,10 @@ VERSION = "1"
 
 
 def v2_error(status: int, message: str, **headers: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+    """The protocol's error, as ``application/json`` exactly: the KServe SDK reads the message
+    only under that content type (aiohttp's ``json_response`` adds ``; charset=utf-8``)."""
+    body = json.dumps({"error": message}).encode()
+    return web.Response(body=body, status=status, headers=headers, content_type="application/json")
 
 
 def message_of(response: web.Response) -> str:
