@@ -161,3 +161,47 @@ def test_kserve_sdk_rest_and_grpc(pod: OipPod) -> None:
     assert doc["grpc"]["bad_shape"]["code"] == "INVALID_ARGUMENT"
     assert doc["grpc"]["other_model"]["code"] == "NOT_FOUND"
     assert doc["grpc"]["id"] == "k1"
+
+
+def test_tritonclient_http_surface_and_metadata_matches_infer(pod: OipPod) -> None:
+    """Every v2 REST path tritonclient calls, errors parsed (not 'failed to parse'), gzip and
+    deflate bodies, and metadata that says what infer returns (over REST and gRPC)."""
+    http = pytest.importorskip("tritonclient.http", reason="tritonclient[http] (dev extras)")
+    grpc_client = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc]")
+    utils = pytest.importorskip("tritonclient.utils")
+    client = http.InferenceServerClient(pod.url.removeprefix("http://"), network_timeout=60)
+    x, expected = rows()
+    results = []
+    for compression in (None, "gzip", "deflate"):
+        tensor = http.InferInput("input__0", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=False)
+        results.append(client.infer("tiny", [tensor], request_compression_algorithm=compression))
+    for result in results:
+        np.testing.assert_allclose(result.as_numpy("output__0"), expected, atol=1e-5)
+    (out,) = client.get_model_metadata("tiny")["outputs"]
+    got = results[0].get_output("output__0")
+    assert out["datatype"] == got["datatype"] == "FP32"
+    assert out["shape"][1:] == got["shape"][1:] and out["shape"][0] == -1
+    (gout,) = grpc_client.InferenceServerClient(pod.grpc).get_model_metadata("tiny").outputs
+    assert (gout.datatype, list(gout.shape)) == (out["datatype"], out["shape"])
+    assert client.get_model_config("tiny")["max_batch_size"] == BATCH
+    (stats,) = client.get_inference_statistics("tiny")["model_stats"]
+    assert stats["inference_stats"]["success"]["count"] >= 3
+    assert client.get_model_repository_index() == [
+        {"name": "tiny", "version": "1", "state": "READY"}
+    ]
+    for call in (
+        lambda: client.get_model_metadata("other"),
+        lambda: client.get_model_config("other"),
+        lambda: client.get_inference_statistics("other"),
+    ):
+        with pytest.raises(utils.InferenceServerException) as err:
+            call()
+        assert err.value.status() == "404" and "other" in str(err.value.message())
+    wanted = [http.InferRequestedOutput("output__0", class_count=2)]
+    tensor = http.InferInput("input__0", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    with pytest.raises(utils.InferenceServerException) as err:
+        client.infer("tiny", [tensor], outputs=wanted)
+    assert err.value.status() == "400" and "classification" in str(err.value.message())
+    client.close()

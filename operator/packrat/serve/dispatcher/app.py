@@ -67,10 +67,11 @@ from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.dispatcher.stats import ModelStats
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
-from packrat.serve.dispatcher.v2 import ParsePool, v2_routes
-from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES
+from packrat.serve.dispatcher.v2 import ParsePool, v2_errors, v2_routes
+from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, output_metadata
 
 __all__ = ["Backend", "BackendGoneError", "Dispatcher", "QueueFullError", "Stage"]
 
@@ -176,6 +177,9 @@ class Dispatcher(SwapMixin):
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.
         self.inputs: list[dict[str, Any]] | None = None
+        # The output's v2 datatype and shape, learned from the first answer (the warm-up's).
+        self.output: dict[str, Any] | None = None
+        self.stats = ModelStats()  # the v2 statistics extension's counters
         self._routes = [
             *read_only_routes(self, status=status, alive=alive, token=admin_token),
             *v2_routes(self, alive=alive),
@@ -247,7 +251,8 @@ class Dispatcher(SwapMixin):
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.batch_body_bytes)
+        # v2 paths answer every error in the protocol's JSON shape, unknown paths included
+        app = web.Application(client_max_size=self.batch_body_bytes, middlewares=[v2_errors])
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
         app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
@@ -344,6 +349,12 @@ class Dispatcher(SwapMixin):
                 return False
         return True
 
+    def learn_output(self, answer: bytes) -> None:
+        """One sample's answer (the warm-up's): the output's datatype and shape, for the v2
+        metadata, once."""
+        if self.output is None and self.inputs is not None:
+            self.output = output_metadata(answer)
+
     def _every(self) -> list[Slots]:
         return [self.slots, *self._retiring]
 
@@ -409,6 +420,11 @@ class Dispatcher(SwapMixin):
         length = request.content_length
         if length is not None and length > limit:
             return self._refuse(request, self._too_large(length, limit), start)
+        if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+            # gzip/deflate (a tritonclient option): aiohttp inflates as it reads, in bounded
+            # steps; the cap holds for the inflated bytes (a zip bomb is a 413), and the budget
+            # reserves the cap, not the compressed length
+            length = None
         if not self.slots.admissible():
             return self._shed(error_response(503, "queue full", **self._retry()), start)
         reserve = length if length is not None else limit
@@ -545,7 +561,9 @@ class Dispatcher(SwapMixin):
     def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
         m = self.metrics
         code = str(response.status)
-        self._duration.observe(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self._duration.observe(took)
+        self.stats.record(response.status < 400, took)
         counter = self._by_code.get(code)
         if counter is None:
             counter = self._by_code[code] = m.requests.labels(self.model, code)

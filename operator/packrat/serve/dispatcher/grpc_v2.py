@@ -52,6 +52,7 @@ from packrat.serve.dispatcher.v2_codec import (
     numeric_raw,
     pack,
     pack_bytes,
+    refuse_classification,
     split_samples,
     stack_answers,
     unpack_bytes,
@@ -131,6 +132,8 @@ def to_infer_request(
             inputs=tuple(tensors),
             binary={o.name: True for o in msg.outputs},
         )
+        for o in msg.outputs:
+            refuse_classification(dict(o.parameters))
         return req, split_samples(req, inputs, max_samples=max_samples)
     except V2Error:
         raise
@@ -298,7 +301,7 @@ class GrpcFront:
 
     async def _model_metadata(self, request: Any, _context: Any) -> Any:
         self._known(request.name, request.version)
-        doc = model_metadata(self.d.model, self.d.inputs)
+        doc = model_metadata(self.d.model, self.d.inputs, self.d.output)
         out = _RESP["ModelMetadata"](
             name=doc["name"], versions=doc["versions"], platform=doc["platform"]
         )

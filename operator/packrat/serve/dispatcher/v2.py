@@ -1,9 +1,14 @@
 """The Open Inference Protocol (v2) REST endpoints at the dispatcher, on either runtime.
 
 ``GET /v2`` (server metadata), ``/v2/health/live``, ``/v2/health/ready``,
-``/v2/models/{name}[/versions/{v}]`` (model metadata), ``.../ready``, and
-``POST .../infer`` with JSON tensors or the binary tensor extension
-(``Inference-Header-Content-Length``). Health answers 200 for true and 400 for false, as the
+``/v2/models/{name}[/versions/{v}]`` (model metadata: the output as the model answered its
+warm-up), ``.../ready`` (with the model's ``name``), ``.../config`` (Triton's model
+configuration JSON), ``.../stats`` (the statistics extension: counters per model),
+``GET /v2/models`` and ``POST /v2/repository/index`` (the one model), and ``POST .../infer``
+with JSON tensors or the binary tensor extension (``Inference-Header-Content-Length``), gzip or
+deflate bodies (inflated within the same byte cap). The classification extension is a clear
+400. Every error under ``/v2``, unknown paths and wrong methods included, is
+``{"error": ...}`` (:func:`v2_errors`). Health answers 200 for true and 400 for false, as the
 protocol says. An infer request goes through the same admission, limits, queue and instances
 as ``/predictions`` (:meth:`~packrat.serve.dispatcher.app.Dispatcher.admit`,
 :meth:`~packrat.serve.dispatcher.app.Dispatcher.run_one`): its N samples are N places in the
@@ -18,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +34,7 @@ from packrat.serve.dispatcher.v2_codec import (
     InferRequest,
     V2Error,
     build_response,
+    model_config,
     model_metadata,
     parse_request,
     split_samples,
@@ -37,7 +43,14 @@ from packrat.serve.dispatcher.v2_codec import (
 if TYPE_CHECKING:
     from packrat.serve.dispatcher.app import Dispatcher
 
-__all__ = ["HEADER_LENGTH", "ParseBusyError", "ParsePool", "header_length", "v2_routes"]
+__all__ = [
+    "HEADER_LENGTH",
+    "ParseBusyError",
+    "ParsePool",
+    "header_length",
+    "v2_errors",
+    "v2_routes",
+]
 
 _T = TypeVar("_T")
 
@@ -72,6 +85,26 @@ def _as_v2(response: web.Response) -> web.Response:
     return out
 
 
+@web.middleware
+async def v2_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Under ``/v2``, aiohttp's own errors (an unknown path: 404, a wrong method: 405, a
+    body over the app's size: 413) in the protocol's shape, ``{"error": ...}``: clients parse
+    every v2 answer as JSON (tritonclient reported a parse error for the plain-text ones)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        path = request.path
+        if exc.status < 400 or not (path == "/v2" or path.startswith("/v2/")):
+            raise
+        text = f"{exc.reason}: {request.method} {path[:200]}"
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            text += f" (allowed: {', '.join(sorted(exc.allowed_methods))})"
+            return v2_error(exc.status, text, Allow=",".join(sorted(exc.allowed_methods)))
+        return v2_error(exc.status, text)
+
+
 def v2_routes(d: Dispatcher, *, alive: Callable[[], bool] | None) -> list[web.RouteDef]:
     """The v2 routes for dispatcher ``d``; ``alive`` as for ``/healthz``."""
 
@@ -94,14 +127,35 @@ def v2_routes(d: Dispatcher, *, alive: Callable[[], bool] | None) -> list[web.Ro
         return web.json_response({"live": ok}, status=200 if ok else 400)
 
     async def ready(request: web.Request) -> web.Response:
-        if "model" in request.match_info and (missing := known(request)) is not None:
-            return missing
-        return web.json_response({"ready": d.ready}, status=200 if d.ready else 400)
+        doc: dict[str, Any] = {"ready": d.ready}
+        if "model" in request.match_info:
+            if (missing := known(request)) is not None:
+                return missing
+            doc = {"name": d.model, **doc}
+        return web.json_response(doc, status=200 if d.ready else 400)
 
     async def metadata(request: web.Request) -> web.Response:
         if (missing := known(request)) is not None:
             return missing
-        return web.json_response(model_metadata(d.model, d.inputs))
+        return web.json_response(model_metadata(d.model, d.inputs, d.output))
+
+    async def config(request: web.Request) -> web.Response:
+        if (missing := known(request)) is not None:
+            return missing
+        meta = model_metadata(d.model, d.inputs, d.output)
+        return web.json_response(model_config(meta, d.max_samples))
+
+    async def stats(request: web.Request) -> web.Response:
+        if (missing := known(request)) is not None:
+            return missing
+        return web.json_response(d.stats.document(d.model, VERSION))
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"models": [d.model]})
+
+    async def index(_request: web.Request) -> web.Response:
+        state = "READY" if d.ready else "UNAVAILABLE"
+        return web.json_response([{"name": d.model, "version": VERSION, "state": state}])
 
     async def infer(request: web.Request) -> web.StreamResponse:
         if (missing := known(request)) is not None:
@@ -118,6 +172,12 @@ def v2_routes(d: Dispatcher, *, alive: Callable[[], bool] | None) -> list[web.Ro
         web.get(versioned, metadata),
         web.get(f"{model}/ready", ready),
         web.get(f"{versioned}/ready", ready),
+        web.get(f"{model}/config", config),
+        web.get(f"{versioned}/config", config),
+        web.get(f"{model}/stats", stats),
+        web.get(f"{versioned}/stats", stats),
+        web.get("/v2/models", models),
+        web.post("/v2/repository/index", index),
         web.post(f"{model}/infer", infer),
         web.post(f"{versioned}/infer", infer),
     ]

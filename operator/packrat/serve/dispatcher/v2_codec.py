@@ -34,8 +34,11 @@ __all__ = [
     "V2Error",
     "build_response",
     "check_declared",
+    "model_config",
     "model_metadata",
+    "output_metadata",
     "parse_request",
+    "refuse_classification",
     "split_samples",
 ]
 
@@ -92,8 +95,14 @@ def input_name(k: int) -> str:
     return f"input__{k}"
 
 
-def model_metadata(name: str, inputs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """``GET /v2/models/{name}``: the inputs with a variable batch dimension."""
+def model_metadata(
+    name: str,
+    inputs: Sequence[Mapping[str, Any]] | None,
+    output: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``GET /v2/models/{name}``: the inputs with a variable batch dimension, and the output
+    as the model answers (``output``: :func:`output_metadata` of an answer it gave; before the
+    pod has one, FP32 of unknown shape)."""
     if inputs is None:
         ins = [{"name": input_name(0), "datatype": "BYTES", "shape": [-1]}]
         outs = [{"name": OUTPUT, "datatype": "BYTES", "shape": [-1]}]
@@ -106,8 +115,48 @@ def model_metadata(name: str, inputs: Sequence[Mapping[str, Any]] | None) -> dic
             }
             for k, item in enumerate(inputs)
         ]
-        outs = [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]
+        shape = list(output["shape"]) if output else [-1, -1]
+        dtype = str(output["datatype"]) if output else "FP32"
+        outs = [{"name": OUTPUT, "datatype": dtype, "shape": shape}]
     return {"name": name, "versions": ["1"], "platform": "pytorch", "inputs": ins, "outputs": outs}
+
+
+def output_metadata(answer: bytes) -> dict[str, Any] | None:
+    """The output's datatype and shape (``[-1, *row]``) from one sample's answer (a JSON row,
+    as infer stacks it), or None when it is not one."""
+    try:
+        datatype, shape, _ = stack_answers([answer])
+    except (ValueError, TypeError, RecursionError, V2Error):
+        return None
+    return {"datatype": datatype, "shape": [-1, *shape[1:]]}
+
+
+_CONFIG_TYPES = {k: f"TYPE_{'STRING' if k == 'BYTES' else k}" for k in [*_NUMERIC, "BYTES"]}
+
+
+def model_config(meta: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
+    """``GET /v2/models/{name}/config``: the model's configuration as Triton's model
+    configuration JSON (what tritonclient's ``get_model_config`` reads), from its metadata:
+    the batch dimension is ``max_batch_size``, ``dims`` the rest."""
+
+    def tensors(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "data_type": _CONFIG_TYPES.get(str(t["datatype"]), "TYPE_STRING"),
+                "dims": list(t["shape"][1:]) or [1],
+            }
+            for t in items
+        ]
+
+    return {
+        "name": meta["name"],
+        "platform": "pytorch_libtorch",
+        "backend": "packrat",
+        "max_batch_size": max_batch,
+        "input": tensors(meta["inputs"]),
+        "output": tensors(meta["outputs"]),
+    }
 
 
 # -- requests ---------------------------------------------------------------------------------
@@ -172,6 +221,7 @@ def _parse(
     for requested in outputs:
         out = _object(requested, "an output")
         oparams = _object(out.get("parameters", {}), "an output's parameters")
+        refuse_classification(oparams)
         wanted[_string(out.get("name"), "an output's name")] = bool(
             oparams.get("binary_data", binary_default)
         )
@@ -182,6 +232,19 @@ def _parse(
         binary=wanted,
         binary_default=binary_default,
     )
+
+
+CLASSIFICATION = ("classification", "class_count")
+
+
+def refuse_classification(params: Mapping[str, Any]) -> None:
+    """The classification extension (an output's ``classification``/``class_count``) is not
+    served: a clear 400 rather than an answer that silently ignores it."""
+    if any(key in params for key in CLASSIFICATION):
+        raise V2Error(
+            "the classification extension is not supported: ask for output__0 and take its "
+            "top classes on the client"
+        )
 
 
 def check_declared(
