@@ -494,6 +494,36 @@ class Dispatcher(SwapMixin):
         gone = request is not None and disconnected(request)  # None: gRPC, its caller's own
         return Answer(response, self.source, gone=gone)
 
+    async def run_sample(
+        self, request: web.Request | None, headers: Mapping[str, str], body: bytes, track: Stage
+    ) -> Answer:
+        """One sample of a v2 request (REST, or gRPC: ``request`` None), as a ``/predictions``
+        body goes: the canary's share to the canary (served here when it fails), the rest
+        through the queue (its place admitted with its request's) and an instance."""
+        if self.canary.take():
+            answered = await self.canary.forward(headers, {}, body)
+            if answered is not None:
+                return Answer(answered, "canary")
+        return await self.run_one(request, headers, {}, body, track, shields=False, admitted=True)
+
+    def offer_log(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        response: web.Response,
+        start: float,
+    ) -> None:
+        """One answered request to the request log, when it is on (sampled, never awaited)."""
+        if self.payload_log is not None:
+            self.payload_log.offer(
+                headers=headers,
+                request_body=body,
+                status=response.status,
+                response_headers=response.headers,
+                response_body=response.body if isinstance(response.body, bytes) else b"",
+                latency_s=time.perf_counter() - start,
+            )
+
     def finish(self, response: web.Response, start: float, source: str) -> web.Response:
         """Count the answer of one HTTP request (``source``: who answered, the dispatcher or
         the runtime) and close its connection during a drain."""

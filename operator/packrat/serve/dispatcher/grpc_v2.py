@@ -32,12 +32,13 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from aiohttp import web
 from prometheus_client import Counter
 
+from packrat.serve.dispatcher.canary import HEADER as CANARY_HEADER
 from packrat.serve.dispatcher.oip import SERVICE, message
 from packrat.serve.dispatcher.v2 import VERSION, ParseBusyError, message_of
 from packrat.serve.dispatcher.v2_codec import (
@@ -188,9 +189,32 @@ def to_response(model: str, req: InferRequest, answers: Sequence[bytes], *, raw_
 class RpcError(Exception):
     """An infer's failure: its HTTP-equivalent status, message and who answered."""
 
-    def __init__(self, status: int, text: str, source: str, *, shed: bool = False) -> None:
+    def __init__(
+        self, status: int, text: str, source: str, *, shed: bool = False, ran: bool = False
+    ) -> None:
         super().__init__(text)
         self.status, self.text, self.source, self.shed = status, text, source, shed
+        self.ran = ran  # its samples ran: an answer, logged
+
+
+class Received(NamedTuple):
+    """A ModelInferRequest as received (``raw``, for the request log) and parsed."""
+
+    raw: bytes
+    message: Any
+
+
+GRPC_TYPE = "application/grpc"
+
+
+def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's metadata as headers for the request log (text values only)."""
+    pairs = context.invocation_metadata() or ()
+    out = {str(k): v for k, v in pairs if isinstance(v, str)}
+    if "x-request-id" in out:  # gRPC metadata keys are lower case
+        out["X-Request-Id"] = out.pop("x-request-id")
+    out["Content-Type"] = GRPC_TYPE
+    return out
 
 
 class GrpcFront:
@@ -248,19 +272,24 @@ class GrpcFront:
             "ModelReady": self._model_ready,
             "ServerMetadata": self._server_metadata,
             "ModelMetadata": self._model_metadata,
-            "ModelInfer": self._infer,
         }
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                name: grpc.unary_unary_rpc_method_handler(
-                    self._counted(name, fn),
-                    request_deserializer=_REQ[name].FromString,
-                    response_serializer=_RESP[name].SerializeToString,
-                )
-                for name, fn in methods.items()
-            },
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                self._counted(name, fn),
+                request_deserializer=_REQ[name].FromString,
+                response_serializer=_RESP[name].SerializeToString,
+            )
+            for name, fn in methods.items()
+        }
+        # ModelInfer keeps the bytes as received and sends the bytes it serialized itself,
+        # so the request log gets both without serializing anything again
+        parse = _REQ["ModelInfer"].FromString
+        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+            self._counted("ModelInfer", self._infer),
+            request_deserializer=lambda raw: Received(raw, parse(raw)),
+            response_serializer=bytes,
         )
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     def _counted(self, name: str, fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
         counter = self._calls
@@ -311,20 +340,30 @@ class GrpcFront:
         return out
 
     # -- inference -------------------------------------------------------------------------------
-    async def _infer(self, request: Any, _context: Any) -> Any:
+    async def _infer(self, received: Received, context: grpc.aio.ServicerContext) -> bytes:
         from packrat.serve.dispatcher.app import Stage
 
         d, start, track = self.d, time.perf_counter(), Stage()
         try:
-            return await self._infer_counted(request, start, track)
+            out, canary = await self._infer_counted(received.message, start, track)
         except RpcError as exc:
             d.finish(web.Response(status=exc.status), start, exc.source or "dispatcher")
+            if exc.ran:  # answered after its samples ran: logged as REST's answers are
+                failed = web.Response(status=exc.status, text=exc.text)
+                d.offer_log(_headers(context), received.raw, failed, start)
             raise
         except asyncio.CancelledError:
             d.metrics.cancelled.labels(d.model, track.stage).inc()
             raise
+        data: bytes = out.SerializeToString()
+        answer = web.Response(status=200, body=data, content_type=GRPC_TYPE)
+        d.offer_log(_headers(context), received.raw, answer, start)
+        d.finish(answer, start, "canary" if canary else d.source)
+        if canary:  # as REST marks an answer the canary gave
+            context.set_trailing_metadata(((CANARY_HEADER.lower(), "true"),))
+        return data
 
-    async def _infer_counted(self, request: Any, start: float, track: Any) -> Any:
+    async def _infer_counted(self, request: Any, start: float, track: Any) -> tuple[Any, bool]:
         d = self.d
         self._known(request.model_name, request.model_version)
         if d.failed:
@@ -358,28 +397,23 @@ class GrpcFront:
         if failed is not None:
             r = failed.response
             shed = r.status == 503 and "Retry-After" in r.headers
-            raise RpcError(r.status, message_of(r), failed.source, shed=shed)
+            raise RpcError(r.status, message_of(r), failed.source, shed=shed, ran=True)
         bodies = [a.response.body if isinstance(a.response.body, bytes) else b"" for a in answers]
         try:
             raw_bytes = d.inputs is None
             out = await d.parser.run(lambda: to_response(d.model, req, bodies, raw_bytes=raw_bytes))
         except V2Error as exc:
-            raise RpcError(400, str(exc), "dispatcher") from None
+            raise RpcError(400, str(exc), "dispatcher", ran=True) from None
         except ParseBusyError:
             raise RpcError(503, "too many answers being encoded", "dispatcher", shed=True) from None
         except ValueError as exc:
-            raise RpcError(500, f"the model's answers: {exc}", d.source) from None
-        d.finish(web.Response(status=200), start, d.source)
-        return out
+            raise RpcError(500, f"the model's answers: {exc}", d.source, ran=True) from None
+        return out, any(a.source == "canary" for a in answers)
 
     async def _run(self, samples: list[tuple[bytes, str]], track: Any) -> list[Any]:
         """The samples through the queue and the instances; once they run, a client that
         cancels does not cancel them (each holds its slot until its worker answers)."""
         d = self.d
-        runs = asyncio.gather(
-            *(
-                d.run_one(None, {"Content-Type": t}, {}, b, track, shields=False, admitted=True)
-                for b, t in samples
-            )
-        )
+        runs = asyncio.gather(*(d.run_sample(None, {"Content-Type": t}, b, track)
+                                for b, t in samples))  # fmt: skip
         return list(await asyncio.shield(runs))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from packrat.serve.dispatcher.canary import HEADER as CANARY_HEADER
 from packrat.serve.dispatcher.connections import shield
 from packrat.serve.dispatcher.v2_codec import (
     InferRequest,
@@ -77,8 +78,10 @@ def message_of(response: web.Response) -> str:
     return str(doc)[:500]
 
 
-def _as_v2(response: web.Response) -> web.Response:
+def _as_v2(response: web.Response, *, canary: bool = False) -> web.Response:
     keep = {k: v for k, v in response.headers.items() if k in ("Retry-After", "Connection")}
+    if canary:
+        keep[CANARY_HEADER] = "true"
     out = v2_error(response.status, message_of(response), **keep)
     if response.headers.get("Connection") == "close":
         out.force_close()
@@ -263,7 +266,14 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
         except ParseBusyError:
             busy = v2_error(503, "too many requests being parsed", **d.retry_headers())
             return d.finish(busy, start, "dispatcher")
-        del body  # the samples hold the bytes from here
+        logged = body if d.payload_log is not None else b""  # else the samples hold the bytes
+        del body
+
+        def answered(response: web.Response, source: str) -> web.Response:
+            """Counted, and logged as a /predictions answer is (the v2 request and answer)."""
+            d.offer_log(request.headers, logged, response, start)
+            return d.finish(response, start, source)
+
         # The queue is charged by samples (each takes a place), and so is the tuner's log.
         if not d.slots.admissible(len(samples)):
             full = v2_error(503, "queue full", **d.retry_headers())
@@ -274,30 +284,28 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
         shield(request, True)
         try:
             answers = await asyncio.gather(
-                *(
-                    d.run_one(
-                        request, {"Content-Type": t}, {}, b, track, shields=False, admitted=True
-                    )
-                    for b, t in samples
-                )
+                *(d.run_sample(request, {"Content-Type": t}, b, track) for b, t in samples)
             )
         finally:
             shield(request, False)
         if any(a.gone for a in answers):
             d.metrics.cancelled.labels(d.model, track.stage).inc()
             return v2_error(499, "the client went away")
+        canary = any(a.source == "canary" for a in answers)
         failed = next((a for a in answers if a.response.status != 200), None)
         if failed is not None:
-            return d.finish(_as_v2(failed.response), start, failed.source)
+            return answered(_as_v2(failed.response, canary=canary), failed.source)
         outputs = [a.response.body if isinstance(a.response.body, bytes) else b"" for a in answers]
         try:
             payload, head = build_response(d.model, req, outputs, raw_bytes=d.inputs is None)
         except V2Error as exc:
-            return d.finish(v2_error(400, str(exc)), start, "dispatcher")
+            return answered(v2_error(400, str(exc)), "dispatcher")
         except ValueError as exc:  # answers that do not stack: the model's, not the client's
-            return d.finish(v2_error(500, f"the model's answers: {exc}"), start, d.source)
+            return answered(v2_error(500, f"the model's answers: {exc}"), d.source)
         response = _response(payload, head)
-        return d.finish(response, start, d.source)
+        if canary:  # as /predictions marks an answer the canary gave
+            response.headers[CANARY_HEADER] = "true"
+        return answered(response, "canary" if canary else d.source)
     except asyncio.CancelledError:
         d.metrics.cancelled.labels(d.model, track.stage).inc()
         raise
