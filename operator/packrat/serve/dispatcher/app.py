@@ -70,6 +70,7 @@ from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slo
 from packrat.serve.dispatcher.stats import ModelStats
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
+from packrat.serve.dispatcher.v1 import v1_predict
 from packrat.serve.dispatcher.v2 import ParsePool, v2_errors, v2_routes
 from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, output_metadata
 
@@ -255,6 +256,11 @@ class Dispatcher(SwapMixin):
         app = web.Application(client_max_size=self.batch_body_bytes, middlewares=[v2_errors])
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
+        # curl -T (TorchServe's README) PUTs the file; TorchServe answers it as a POST
+        app.router.add_put("/predictions/{model}", self.handle_predict)
+        app.router.add_put("/predictions/{model}/{version}", self.handle_predict)
+        # KServe's v1 protocol: each instance a sample (packrat.serve.dispatcher.v1)
+        app.router.add_post("/v1/models/{model}:predict", self.handle_v1)
         app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -400,6 +406,9 @@ class Dispatcher(SwapMixin):
                 latency_s=time.perf_counter() - start,
             )
         return self.finish(response, start, answer.source)
+
+    async def handle_v1(self, request: web.Request) -> web.StreamResponse:
+        return await v1_predict(self, request)
 
     async def admit(
         self,

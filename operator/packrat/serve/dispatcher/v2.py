@@ -78,7 +78,7 @@ def message_of(response: web.Response) -> str:
     return str(doc)[:500]
 
 
-def _as_v2(response: web.Response, *, canary: bool = False) -> web.Response:
+def as_v2(response: web.Response, *, canary: bool = False) -> web.Response:
     keep = {k: v for k, v in response.headers.items() if k in ("Retry-After", "Connection")}
     if canary:
         keep[CANARY_HEADER] = "true"
@@ -254,7 +254,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     cap = min(d.batch_body_bytes, d.max_samples * d.max_body_bytes)
     admitted = await d.admit(request, start, track, cap=cap, arrival=False)
     if isinstance(admitted, web.Response):
-        return _as_v2(admitted)
+        return as_v2(admitted)
     body, reserve = admitted
     try:
         try:
@@ -294,7 +294,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
         canary = any(a.source == "canary" for a in answers)
         failed = next((a for a in answers if a.response.status != 200), None)
         if failed is not None:
-            return answered(_as_v2(failed.response, canary=canary), failed.source)
+            return answered(as_v2(failed.response, canary=canary), failed.source)
         outputs = [a.response.body if isinstance(a.response.body, bytes) else b"" for a in answers]
         try:
             payload, head = build_response(d.model, req, outputs, raw_bytes=d.inputs is None)
