@@ -1,8 +1,8 @@
 """Write operator/packrat/serve/dispatcher/oip/descriptor.py from grpc_predict_v2.proto beside it.
 
 The Open Inference Protocol's gRPC messages (package ``inference``) are built at run time from
-the serialized file descriptor this script stores (:mod:`packrat.serve.dispatcher.oip`), in a
-private descriptor pool: protoc's usual ``_pb2`` modules register the names in the process-wide
+the serialized file descriptor this script stores (``packrat.serve.dispatcher.oip.messages``),
+in a private descriptor pool: protoc's usual ``_pb2`` modules register the names in the process-wide
 pool, where tritonclient's own ``inference.*`` messages (a superset, from Triton's
 grpc_service.proto) already live, and importing both fails with "duplicate symbol". Storing the
 descriptor keeps grpcio-tools (protoc) a development tool only: the serving image needs grpcio

@@ -29,7 +29,7 @@ def test_our_messages_and_tritonclients_live_in_one_process() -> None:
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc]")
     import tritonclient.grpc.service_pb2 as triton
 
-    from packrat.serve.dispatcher.oip import message
+    from packrat.serve.dispatcher.oip.messages import message
 
     ours = message("ModelInferRequest")(model_name="m", id="x")
     ours.raw_input_contents.append(b"abc")

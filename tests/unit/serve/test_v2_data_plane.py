@@ -23,9 +23,9 @@ from aiohttp import web
 from packrat.runtime import modelid
 from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.app import Dispatcher
-from packrat.serve.dispatcher.grpc_v2 import GrpcFront
 from packrat.serve.dispatcher.metrics import ServeMetrics
-from packrat.serve.dispatcher.oip import SERVICE, message
+from packrat.serve.dispatcher.oip.grpc_server import GrpcFront
+from packrat.serve.dispatcher.oip.messages import SERVICE, message
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
 
 TINY = modelid.zoo_input_spec("tiny")

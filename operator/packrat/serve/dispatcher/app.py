@@ -64,13 +64,13 @@ from packrat.serve.dispatcher.connections import (
 )
 from packrat.serve.dispatcher.endpoints import read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.oip.stats import ModelStats
+from packrat.serve.dispatcher.oip.v1 import v1_predict
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
-from packrat.serve.dispatcher.stats import ModelStats
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
-from packrat.serve.dispatcher.v1 import v1_predict
 from packrat.serve.dispatcher.v2 import ParsePool, v2_errors, v2_routes
 from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, output_metadata
 
@@ -259,7 +259,7 @@ class Dispatcher(SwapMixin):
         # curl -T (TorchServe's README) PUTs the file; TorchServe answers it as a POST
         app.router.add_put("/predictions/{model}", self.handle_predict)
         app.router.add_put("/predictions/{model}/{version}", self.handle_predict)
-        # KServe's v1 protocol: each instance a sample (packrat.serve.dispatcher.v1)
+        # KServe's v1 protocol: each instance a sample (packrat.serve.dispatcher.oip.v1)
         app.router.add_post("/v1/models/{model}:predict", self.handle_v1)
         app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
         app.on_startup.append(self._on_startup)

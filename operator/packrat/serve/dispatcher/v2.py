@@ -186,6 +186,9 @@ def v2_routes(d: Dispatcher, *, alive: Callable[[], bool] | None) -> list[web.Ro
     ]
 
 
+INLINE_BYTES = 16 * 1024  # bodies up to this size are parsed on the event loop
+
+
 class ParseBusyError(Exception):
     """Every place in the parse pool's line is taken: shed the request (503)."""
 
@@ -203,12 +206,20 @@ class ParsePool:
     between processes; the declared shapes are checked before any data is flattened and the
     body is capped at the plan's batch, so a parse is bounded anyway."""
 
-    def __init__(self, *, threads: int = 1, waiting: int = 8) -> None:
+    def __init__(
+        self, *, threads: int = 1, waiting: int = 8, inline_bytes: int = INLINE_BYTES
+    ) -> None:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="v2-parse")
         self.limit = threads + waiting
         self.pending = 0  # submitted and not finished (a cancelled caller's parse still runs)
+        self.inline_bytes = inline_bytes
 
-    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+    async def run(self, fn: Callable[..., _T], *args: Any, size: int | None = None) -> _T:
+        """``fn(*args)`` in the pool; inline when ``size`` (the bytes it works on) is at most
+        :attr:`inline_bytes`: a small body parses in well under a millisecond, less than
+        handing it to a thread and back costs (measured: benchmarks/serving/grpc_cpu.py)."""
+        if size is not None and size <= self.inline_bytes:
+            return fn(*args)
         if self.pending >= self.limit:
             raise ParseBusyError
         loop = asyncio.get_running_loop()
@@ -259,7 +270,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     try:
         try:
             req, samples = await d.parser.run(
-                _parse_split, body, header_length(header), d.inputs, d.max_samples
+                _parse_split, body, header_length(header), d.inputs, d.max_samples, size=len(body)
             )
         except V2Error as exc:
             return d.finish(v2_error(400, str(exc)), start, "dispatcher")

@@ -78,7 +78,7 @@ from packrat.serve.zygote.process import ZygoteProcess, ZygoteStartError
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
 if TYPE_CHECKING:  # grpcio is an optional extra: imported when a gRPC port is asked for
-    from packrat.serve.dispatcher.grpc_v2 import GrpcFront
+    from packrat.serve.dispatcher.oip.grpc_server import GrpcFront
 
 __all__ = [
     "PodServer",
@@ -507,7 +507,7 @@ class PodServer:
         port = self.opts.grpc_port
         if port is None or self.dispatcher is None:
             return
-        from packrat.serve.dispatcher.grpc_v2 import GrpcFront
+        from packrat.serve.dispatcher.oip.grpc_server import GrpcFront
 
         self.grpc = GrpcFront(self.dispatcher, alive=self._alive)
         bound = await self.grpc.start(self.opts.host, port)

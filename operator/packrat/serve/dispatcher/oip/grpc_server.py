@@ -1,8 +1,8 @@
 """The Open Inference Protocol (v2) over gRPC at the dispatcher, on either runtime.
 
-The protocol's ``inference.GRPCInferenceService`` (:mod:`packrat.serve.dispatcher.oip`) on a
-port of its own beside the REST port (8081 by default): ``ServerLive``, ``ServerReady``,
-``ModelReady``, ``ServerMetadata``, ``ModelMetadata`` and ``ModelInfer`` with typed
+The protocol's ``inference.GRPCInferenceService`` (:mod:`.messages`) on a port of its own
+beside the REST port (8081 by default): ``ServerLive``, ``ServerReady``, ``ModelReady``,
+``ServerMetadata``, ``ModelMetadata`` and ``ModelInfer`` with typed
 ``contents`` or ``raw_input_contents``. An infer request takes the REST path's every step
 (:mod:`packrat.serve.dispatcher.v2`): its declared inputs are checked against the model
 before any contents are converted, it carries at most the plan's batch, it is converted and
@@ -39,7 +39,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from packrat.serve.dispatcher.canary import HEADER as CANARY_HEADER
-from packrat.serve.dispatcher.oip import SERVICE, message
+from packrat.serve.dispatcher.oip.messages import SERVICE, message
 from packrat.serve.dispatcher.v2 import VERSION, ParseBusyError, message_of
 from packrat.serve.dispatcher.v2_codec import (
     OUTPUT,
@@ -378,7 +378,7 @@ class GrpcFront:
         try:
             try:
                 req, samples = await d.parser.run(
-                    to_infer_request, request, d.inputs, d.max_samples
+                    to_infer_request, request, d.inputs, d.max_samples, size=size
                 )
             except V2Error as exc:
                 raise RpcError(400, str(exc), "dispatcher") from None
@@ -401,7 +401,10 @@ class GrpcFront:
         bodies = [a.response.body if isinstance(a.response.body, bytes) else b"" for a in answers]
         try:
             raw_bytes = d.inputs is None
-            out = await d.parser.run(lambda: to_response(d.model, req, bodies, raw_bytes=raw_bytes))
+            out = await d.parser.run(
+                lambda: to_response(d.model, req, bodies, raw_bytes=raw_bytes),
+                size=sum(map(len, bodies)),
+            )
         except V2Error as exc:
             raise RpcError(400, str(exc), "dispatcher", ran=True) from None
         except ParseBusyError:

@@ -63,7 +63,7 @@ async def v1_predict(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     body, reserve = admitted
     try:
         try:
-            samples = await d.parser.run(instances_of, body, d.max_samples)
+            samples = await d.parser.run(instances_of, body, d.max_samples, size=len(body))
         except V1Error as exc:
             return d.finish(v2_error(400, str(exc)), start, "dispatcher")
         except ParseBusyError:
