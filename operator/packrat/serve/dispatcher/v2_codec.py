@@ -39,6 +39,7 @@ __all__ = [
     "output_metadata",
     "parse_request",
     "refuse_classification",
+    "request_spec",
     "split_samples",
 ]
 
@@ -381,6 +382,17 @@ def _bytes_items(
     if len(items) != count:
         raise V2Error(f"input {name}: shape needs {count} elements, got {len(items)}")
     return tuple(items)
+
+
+def request_spec(req: InferRequest) -> list[dict[str, Any]]:
+    """The inputs a request declares, as a model's input spec (dtype, sample shape): for a
+    splitter that does not know the model (a pipeline's router; its first stage checks)."""
+    spec = []
+    for t in req.inputs:
+        if t.datatype not in _NUMERIC or not t.shape:
+            raise V2Error(f"input {t.name}: a numeric tensor with a batch dimension is needed")
+        spec.append({"dtype": _NUMERIC[t.datatype][1], "shape": list(t.shape[1:])})
+    return spec
 
 
 def split_samples(
