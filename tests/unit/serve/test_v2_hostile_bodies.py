@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from packrat.runtime import modelid
 from packrat.serve.config import InstanceSpec
@@ -265,3 +267,36 @@ def test_a_binary_header_length_that_is_no_ascii_number_is_a_400(value: str) -> 
             assert "Inference-Header-Content-Length" in json.loads(body)["error"]
 
     run(go())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    names=st.lists(st.sampled_from(["input__0", "input__1", "x"]), min_size=1, max_size=2),
+    dtype=st.sampled_from(["FP32", "INT64", "FP64", "BYTES"]),
+    batch=st.integers(0, 10),
+    tail=st.lists(st.integers(0, 17), min_size=0, max_size=2),
+)
+def test_checking_the_declaration_first_refuses_exactly_what_splitting_refuses(
+    names: list[str], dtype: str, batch: int, tail: list[int]
+) -> None:
+    """The early check (before any data is read) agrees with the full parse and split."""
+    shape = [batch, *tail]
+    count = 1
+    for d in shape:
+        count *= d
+    data: list[Any] = ["a"] * count if dtype == "BYTES" else [1] * count
+    doc = {"inputs": [{"name": n, "datatype": dtype, "shape": shape, "data": data} for n in names]}
+    body = json.dumps(doc).encode()
+
+    def verdict(early: bool) -> bool:
+        try:
+            if early:
+                req = v2_codec.parse_request(body, None, TINY, max_samples=8)
+            else:
+                req = v2_codec.parse_request(body, None)
+            v2_codec.split_samples(req, TINY, max_samples=8)
+        except v2_codec.V2Error:
+            return False
+        return True
+
+    assert verdict(True) == verdict(False)
