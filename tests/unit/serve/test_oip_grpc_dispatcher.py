@@ -255,3 +255,31 @@ def test_a_message_beyond_the_plans_samples_is_refused_before_it_is_parsed() -> 
             assert d.parser.pending == 0 and d.budget.used == 0
 
     run(go())
+
+
+def test_grpc_refuses_a_message_over_the_cap_before_holding_it() -> None:
+    """The port opens once the model's inputs (and so the cap) are known: a message beyond
+    the cap is refused by gRPC itself, never handed to the dispatcher."""
+
+    async def go() -> None:
+        instances = [InstanceSpec(index=0, name="tiny_i0", threads=1, batch=2, cpus=(0,))]
+        d = Dispatcher(model="tiny", instances=instances, backend=Rows())
+        d.inputs = TINY
+        d.max_body_bytes = 4096
+        d.set_up(0, True)
+        server = GrpcFront(d)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            req = message("ModelInferRequest")(model_name="tiny")
+            req.inputs.add(name="input__0", datatype="FP32", shape=[2, 16])
+            req.raw_input_contents.append(b"\0" * (64 * 1024))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(f"127.0.0.1:{port}", "ModelInfer", req, "ModelInferResponse")
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert d.metrics.requests.labels("tiny", "413")._value.get() == 0  # not ours
+            assert d.budget.used == 0 and d.arrivals.total == 0
+        finally:
+            await server.stop(None)
+            d.parser.close()
+
+    run(go())
