@@ -9,7 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 # 2-core machine, against 15 s for the install itself); Python writes what it imports on first use.
 PIP_INSTALL := $(PIP) install --no-compile
 
-.PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs profiling-jobs
+.PHONY: venv demo test unit integration prometheus-tools actionlint-tools s3-tools kserve-tools oip-descriptor dashboards dashboard-png chart-readme lint typecheck layers bench bench-optimizer bench-reconfig bench-contention e2e-kind images clean crds-sync docs profiling-jobs
 
 venv: $(STAMP)
 
@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0 numpy==2.4.6
-	$(PIP_INSTALL) -e '.[serve,operator,storage,dev]'
+	$(PIP_INSTALL) -e '.[serve,operator,storage,grpc,dev]'
 	$(BIN)/python -m packrat.serve.torchserve.jvm write-archive || echo "no CDS archive: TorchServe starts without it"
 	touch $(STAMP)
 
@@ -67,10 +67,19 @@ checks: lint typecheck layers
 
 suite: suite-unit suite-integration
 
+# The KServe SDK's REST and gRPC clients in their own virtualenv (.venv/kserve; see
+# tests/integration/requirements-kserve.txt): the conformance tests drive it as a subprocess.
+kserve-tools:
+	@test -x $(VENV)/kserve/bin/python -a -f $(VENV)/kserve/.installed || { $(PYTHON) -m venv $(VENV)/kserve && $(VENV)/kserve/bin/python -m pip --disable-pip-version-check -q install --no-compile -r tests/integration/requirements-kserve.txt && touch $(VENV)/kserve/.installed; } || echo "make kserve-tools: the KServe SDK not installed; its conformance tests will skip" >&2
+
+# The Open Inference Protocol's gRPC descriptor, from its .proto (grpcio-tools, a dev tool).
+oip-descriptor: venv
+	$(PY) scripts/gen_oip_descriptor.py
+
 suite-unit: venv prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider
 
-suite-integration: venv prometheus-tools actionlint-tools s3-tools
+suite-integration: venv prometheus-tools actionlint-tools s3-tools kserve-tools
 	$(BIN)/pytest tests/integration -q -p no:cacheprovider
 
 bench-optimizer: venv

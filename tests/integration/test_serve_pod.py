@@ -415,11 +415,11 @@ def test_a_v2_client_gets_the_models_answers(pod: Pod) -> None:
     meta = client.get_model_metadata("tiny")
     assert meta["inputs"] == [{"name": "input__0", "datatype": "FP32", "shape": [-1, 16]}]
     model = zoo.load_model("tiny")
-    x = torch.randn(5, 16, generator=torch.Generator().manual_seed(11))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(11))  # the plan's batch
     with torch.inference_mode():
         expected = model(x).numpy()
     for binary in (True, False):
-        tensor = v2.InferInput("input__0", [5, 16], "FP32")
+        tensor = v2.InferInput("input__0", [4, 16], "FP32")
         tensor.set_data_from_numpy(x.numpy(), binary_data=binary)
         wanted = [v2.InferRequestedOutput("output__0", binary_data=binary)]
         result = client.infer("tiny", [tensor], outputs=wanted, request_id="r1")

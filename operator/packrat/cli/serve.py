@@ -66,6 +66,13 @@ def _add_dispatcher_args(parser: argparse.ArgumentParser) -> None:
     """The dispatcher's port, queue, batch estimate and SIGTERM drain."""
     parser.add_argument("--host", default="0.0.0.0", help="dispatcher address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="dispatcher port (default 8080)")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=None,
+        help="also serve the Open Inference Protocol over gRPC on this port (the operator's "
+        "pods use 8081; needs the grpc extra); default: no gRPC port",
+    )
     parser.add_argument("--max-batch-delay-ms", type=int, default=5, help="TorchServe batch delay")
     parser.add_argument(
         "--queue-limit",
@@ -479,6 +486,7 @@ def _serve_options(
         model_name=args.model_name,
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         max_batch_delay_ms=args.max_batch_delay_ms,
         queue_limit=args.queue_limit,
         drain_seconds=args.drain_seconds,

@@ -82,7 +82,9 @@ def accepted_tokens(token: AdminToken) -> tuple[str, ...]:
 def bearer_accepted(authorization: str, token: AdminToken) -> bool:
     """Whether an ``Authorization`` header bears an accepted token (compared in constant
     time with each; False when there is none)."""
-    given = authorization.encode()
+    # A header aiohttp decoded from non-ASCII bytes holds surrogates: compare its bytes as
+    # sent (issue 38: a plain encode() raised, and the request answered 500).
+    given = authorization.encode("utf-8", "surrogateescape")
     ok = False
     for held in accepted_tokens(token):
         ok |= hmac.compare_digest(given, f"Bearer {held}".encode())

@@ -183,6 +183,7 @@ class Router:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body_bytes)
         app.router.add_post("/predictions/{name}", self.handle_predict)
+        app.router.add_post("/v2/models/{name}/infer", self.handle_v2)
         app.router.add_get("/ping", self.handle_ping)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/arrivals", self.handle_arrivals)
@@ -220,6 +221,24 @@ class Router:
         return web.json_response(self.arrivals.after(after, limit=limit))
 
     async def handle_predict(self, request: web.Request) -> web.Response:
+        return await self._serve(request, self._predict)
+
+    async def handle_v2(self, request: web.Request) -> web.Response:
+        """The Open Inference Protocol's infer for the pipeline, as ``/predictions`` with each
+        sample a query (:mod:`packrat.serve.router_v2`)."""
+        from packrat.serve.router_v2 import infer
+
+        return await self._serve(request, lambda r, b, d, h: infer(self, r, b, d, h))
+
+    async def _predict(
+        self, request: web.Request, body: bytes, deadline: float, held: Held
+    ) -> web.Response:
+        self.arrivals.record()  # admitted, its body whole: the pipeline's ingress
+        ctype = request.headers.get("Content-Type", "application/octet-stream")
+        return await self._run(Answer(body, ctype), deadline, held)
+
+    async def _serve(self, request: web.Request, run: Any) -> web.Response:
+        """Admission, the body, then ``run(request, body, deadline, held)``."""
         start = time.monotonic()
         name = self.config.pipeline
         if request.match_info["name"] != name:
@@ -247,10 +266,7 @@ class Router:
             except BodyRefusedError as exc:
                 text = "request body too large" if exc.status == 413 else exc.message
                 return self._refuse(request, exc.status, text)
-            self.arrivals.record()  # admitted, its body whole: the pipeline's ingress
-            ctype = request.headers.get("Content-Type", "application/octet-stream")
-            deadline = start + budget_ms / 1000.0
-            resp = await self._run(Answer(body, ctype), deadline, held)
+            resp: web.Response = await run(request, body, start + budget_ms / 1000.0, held)
         finally:
             held.release()
         self.metrics.duration.labels(name).observe(time.monotonic() - start)
@@ -276,6 +292,17 @@ class Router:
         resp.force_close()
         refuse_body(request)
         return resp
+
+    def answer(
+        self,
+        status: int,
+        doc: dict[str, Any],
+        path: Sequence[str] | None = None,
+        *,
+        retry: bool = False,
+    ) -> web.Response:
+        """An answer in JSON, counted (``retry``: with ``Retry-After``)."""
+        return self._answer(status, doc, path, retry=retry)
 
     def _answer(
         self,

@@ -264,6 +264,8 @@ class Agent:
             if arg == "--port" and argv[i + 1] == "8080":
                 pod.port = pod.port or free_port()
                 argv[i + 1] = str(pod.port)
+            if arg == "--grpc-port" and argv[i + 1] == "8081":  # pods share this host's ports
+                argv[i + 1] = str(free_port())
             if arg == "--host" and argv[i + 1] == "0.0.0.0":
                 argv[i + 1] = "127.0.0.1"
         env = dict(os.environ)

@@ -172,8 +172,9 @@ def test_model_namespaces_accept_8080_from_the_operator_and_clients() -> None:
         for kind in ("serving", "router"):
             assert allowed(policies, operator, pods[kind], 8080), kind
             assert allowed(policies, client, pods[kind], 8080), kind  # Service clients
+            assert allowed(policies, client, pods[kind], 8081), kind  # and gRPC's port
             assert not allowed(policies, client, pods[kind], 7070), kind  # nothing else
-        assert not allowed(policies, client, pods["profiling"], 8080 + 1)
+        assert not allowed(policies, client, pods["profiling"], 8082)
     # a namespace neither watched nor listed is left alone
     assert allowed(policies, client, _model_pods("models-c")["serving"], 7070)
 

@@ -280,7 +280,7 @@ class RowBackend:
 
 
 async def _stack() -> tuple[Dispatcher, web.AppRunner, str]:
-    instances = [InstanceSpec(index=i, name=f"tiny_i{i}", threads=1, batch=2, cpus=(i,))
+    instances = [InstanceSpec(index=i, name=f"tiny_i{i}", threads=1, batch=4, cpus=(i,))
                  for i in range(2)]  # fmt: skip
     d = Dispatcher(model="tiny", instances=instances, backend=RowBackend())
     d.inputs = TINY
@@ -358,12 +358,12 @@ def test_a_v2_batch_may_exceed_the_one_sample_body_cap() -> None:
         try:
             for i in range(2):
                 d.set_up(i, True)
-            body = _request(_rows(64))
-            d.max_body_bytes = len(body) // 4  # what the pod sets for one sample
+            body = _request(_rows(8))
+            d.max_body_bytes = len(body) // 3  # what the pod sets for one sample
             async with aiohttp.ClientSession() as s:
                 async with s.post(url + "/v2/models/tiny/infer", data=body) as r:
                     assert r.status == 200
-                    assert (await r.json())["outputs"][0]["shape"] == [64, 1]
+                    assert (await r.json())["outputs"][0]["shape"] == [8, 1]
                 async with s.post(url + "/predictions/tiny", data=body) as r:
                     assert r.status == 413
         finally:

@@ -19,6 +19,7 @@ from packrat.controller.core.overrides import apply_pod
 from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
 
 PORT = 8080
+GRPC_PORT = 8081  # the Open Inference Protocol over gRPC (packrat serve --grpc-port)
 PRESTOP_SECONDS = 5
 RUN_AS_USER = 10001
 SERVING_APP = "packrat-serving"
@@ -248,6 +249,8 @@ def serve_command(spec: ModelSpec) -> list[str]:
         f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         "--port",
         str(PORT),
+        "--grpc-port",
+        str(GRPC_PORT),
         "--host",
         "0.0.0.0",
         "--max-batch-delay-ms",
@@ -354,7 +357,10 @@ def build_serve_container(
             *base_env(),
             _env_from(PLAN_ENV, "configMapKeyRef", plan_configmap_name(spec.name, slot), PLAN_KEY),
         ],
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+        ],
         "resources": guaranteed_resources(spec),
         "securityContext": container_security(),
         "volumeMounts": [
@@ -409,7 +415,16 @@ def service(owner: Mapping[str, Any], *, slot: str) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": service_selector(name, slot=slot),
-            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "grpc",  # h2c: gRPC without TLS, as meshes and Gateways read it
+                    "port": GRPC_PORT,
+                    "targetPort": "grpc",
+                    "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c",
+                },
+            ],
         },
     }
 

@@ -64,12 +64,15 @@ from packrat.serve.dispatcher.connections import (
 )
 from packrat.serve.dispatcher.endpoints import METRICS_INTERVAL_S, read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
+from packrat.serve.dispatcher.oip.stats import ModelStats
+from packrat.serve.dispatcher.oip.v1 import v1_predict
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
 from packrat.serve.dispatcher.slots import STUCK_AFTER_S, BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
-from packrat.serve.dispatcher.v2 import v2_routes
+from packrat.serve.dispatcher.v2 import ParsePool, v2_errors, v2_routes
+from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, output_metadata
 
 __all__ = ["Backend", "BackendGoneError", "Dispatcher", "QueueFullError", "Stage"]
 
@@ -178,10 +181,14 @@ class Dispatcher(SwapMixin):
         self.payload_log = payload_log  # request and response logging, when on
         if payload_log is not None:  # its queue is inside this pod's buffer budget
             payload_log.budget = self.budget
+        self.parser = ParsePool()  # v2 bodies are parsed off the event loop
         self.draining = False
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.
         self.inputs: list[dict[str, Any]] | None = None
+        # The output's v2 datatype and shape, learned from the first answer (the warm-up's).
+        self.output: dict[str, Any] | None = None
+        self.stats = ModelStats()  # the v2 statistics extension's counters
         self._routes = [
             *read_only_routes(self, status=status, alive=alive, token=admin_token),
             *v2_routes(self, alive=alive),
@@ -253,9 +260,15 @@ class Dispatcher(SwapMixin):
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.batch_body_bytes)
+        # v2 paths answer every error in the protocol's JSON shape, unknown paths included
+        app = web.Application(client_max_size=self.batch_body_bytes, middlewares=[v2_errors])
         app.router.add_post("/predictions/{model}", self.handle_predict)
         app.router.add_post("/predictions/{model}/{version}", self.handle_predict)
+        # curl -T (TorchServe's README) PUTs the file; TorchServe answers it as a POST
+        app.router.add_put("/predictions/{model}", self.handle_predict)
+        app.router.add_put("/predictions/{model}/{version}", self.handle_predict)
+        # KServe's v1 protocol: each instance a sample (packrat.serve.dispatcher.oip.v1)
+        app.router.add_post("/v1/models/{model}:predict", self.handle_v1)
         app.router.add_routes(self._routes)  # the read-only endpoints, then the owner's
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -279,6 +292,7 @@ class Dispatcher(SwapMixin):
         if self.upstream is not None:
             await self.upstream.close()
         await self.canary.close()
+        self.parser.close()
         if self.payload_log is not None:
             await self.payload_log.close()
 
@@ -352,6 +366,12 @@ class Dispatcher(SwapMixin):
                 return False
         return True
 
+    def learn_output(self, answer: bytes) -> None:
+        """One sample's answer (the warm-up's): the output's datatype and shape, for the v2
+        metadata, once."""
+        if self.output is None and self.inputs is not None:
+            self.output = output_metadata(answer)
+
     def _every(self) -> list[Slots]:
         return [self.slots, *self._retiring]
 
@@ -399,18 +419,33 @@ class Dispatcher(SwapMixin):
             )
         return self.finish(response, start, answer.source)
 
+    async def handle_v1(self, request: web.Request) -> web.StreamResponse:
+        return await v1_predict(self, request)
+
     async def admit(
-        self, request: web.Request, start: float, track: Stage, *, cap: int | None = None
+        self,
+        request: web.Request,
+        start: float,
+        track: Stage,
+        *,
+        cap: int | None = None,
+        arrival: bool = True,
     ) -> tuple[bytes, int] | web.Response:
         """Admission, before a byte of the body is read, then the body: ``(body, reserved
         bytes)`` (the caller gives the bytes back to :attr:`budget`), or the refusal, already
-        counted. ``cap``: the largest body (default :attr:`max_body_bytes`, one request)."""
+        counted. ``cap``: the largest body (default :attr:`max_body_bytes`, one request).
+        ``arrival``: record one arrival (False: the caller records its samples once known)."""
         limit = cap or self.max_body_bytes
         if self.failed:
             return self._shed(error_response(503, "the model server is gone"), start)
         length = request.content_length
         if length is not None and length > limit:
             return self._refuse(request, self._too_large(length, limit), start)
+        if request.headers.get("Content-Encoding", "identity").lower() != "identity":
+            # gzip/deflate (a tritonclient option): aiohttp inflates as it reads, in bounded
+            # steps; the cap holds for the inflated bytes (a zip bomb is a 413), and the budget
+            # reserves the cap, not the compressed length
+            length = None
         if not self.slots.admissible():
             return self._shed(error_response(503, "queue full", **self._retry()), start)
         reserve = length if length is not None else limit
@@ -432,28 +467,31 @@ class Dispatcher(SwapMixin):
         # An arrival for the tuner only once admitted and whole: a flood the pod refuses (too
         # large, queue full, broken bodies) must not buy its sender more replicas; a saturated
         # pod shows as admitted arrivals at its capacity.
-        self.arrivals.record()
+        if arrival:
+            self.arrivals.record()
         track.stage = "queued"
         return body, reserve
 
     async def run_one(
         self,
-        request: web.Request,
+        request: web.Request | None,
         headers: Mapping[str, str],
         query: Mapping[str, str],
         body: bytes,
         track: Stage,
         *,
         shields: bool = True,
+        admitted: bool = False,
     ) -> Answer:
         """One request body through the queue and an instance: the runtime's answer, or the
         dispatcher's own 503 (a shed); not counted yet (:meth:`finish`). ``shields``: keep the
         client's disconnect from cancelling it once forwarded (a caller running several bodies
-        of one request at once shields them all itself)."""
+        of one request at once shields them all itself). ``admitted``: its queue place was
+        checked already, with the other samples of its request (:meth:`Slots.admissible`)."""
         # This request stays with the set it was admitted to, even across a swap.
         slots, instances, counters = self.slots, self.instances, self._per_instance
         try:
-            index = await slots.acquire()
+            index = await slots.acquire(admitted=admitted)
         except QueueFullError:
             return Answer(error_response(503, "queue full", **self._retry()), "dispatcher")
         except TimeoutError:
@@ -465,16 +503,51 @@ class Dispatcher(SwapMixin):
         counters[index].inc()
         # Once forwarded, the request runs to completion even if its client leaves: the
         # worker has it, and its slot must stay taken until the runtime answers.
-        if shields:
+        if shields and request is not None:
             shield(request, True)
         try:
             response = await self._forward_then_release(
                 slots, index, instances[index], headers=headers, query=query, body=body
             )
         finally:
-            if shields:
+            if shields and request is not None:
                 shield(request, False)
-        return Answer(response, self.source, gone=disconnected(request))
+        gone = request is not None and disconnected(request)  # None: gRPC, its caller's own
+        return Answer(response, self.source, gone=gone)
+
+    async def run_sample(
+        self, request: web.Request | None, headers: Mapping[str, str], body: bytes, track: Stage
+    ) -> Answer:
+        """One sample of a v2 request (REST, or gRPC: ``request`` None), as a ``/predictions``
+        body goes: the canary's share to the canary (served here when it fails), the rest
+        through the queue (its place admitted with its request's) and an instance."""
+        if self.canary.take():
+            answered = await self.canary.forward(headers, {}, body)
+            if answered is not None:
+                # charged while it was read (capped); a sample's answer is then held only
+                # until its request's answers are stacked, released here so that no failure
+                # path of the three protocols' callers can leak it from the budget
+                self.budget.release(answered[1])
+                return Answer(answered[0], "canary")
+        return await self.run_one(request, headers, {}, body, track, shields=False, admitted=True)
+
+    def offer_log(
+        self,
+        headers: Mapping[str, str],
+        body: bytes,
+        response: web.Response,
+        start: float,
+    ) -> None:
+        """One answered request to the request log, when it is on (sampled, never awaited)."""
+        if self.payload_log is not None:
+            self.payload_log.offer(
+                headers=headers,
+                request_body=body,
+                status=response.status,
+                response_headers=response.headers,
+                response_body=response.body if isinstance(response.body, bytes) else b"",
+                latency_s=time.perf_counter() - start,
+            )
 
     def finish(self, response: web.Response, start: float, source: str) -> web.Response:
         """Count the answer of one HTTP request (``source``: who answered, the dispatcher or
@@ -497,6 +570,16 @@ class Dispatcher(SwapMixin):
 
     def _retry(self) -> dict[str, str]:
         return {"Retry-After": str(self.retry_after_s)}
+
+    def retry_headers(self) -> dict[str, str]:
+        """``Retry-After`` for a shed answer."""
+        return self._retry()
+
+    @property
+    def max_samples(self) -> int:
+        """The most samples one v2 request may carry: the plan's batch (its instances'
+        batches together), as Triton's ``max_batch_size``."""
+        return max(1, min(MAX_SAMPLES, sum(self.slots.batches)))
 
     def _shed(self, response: web.Response, start: float) -> web.Response:
         """An answer the dispatcher gives itself."""
@@ -533,7 +616,9 @@ class Dispatcher(SwapMixin):
     def _count(self, response: web.Response, start: float, *, source: str) -> web.Response:
         m = self.metrics
         code = str(response.status)
-        self._duration.observe(time.perf_counter() - start)
+        took = time.perf_counter() - start
+        self._duration.observe(took)
+        self.stats.record(response.status < 400, took)
         counter = self._by_code.get(code)
         if counter is None:
             counter = self._by_code[code] = m.requests.labels(self.model, code)

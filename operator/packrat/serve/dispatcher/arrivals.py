@@ -34,12 +34,13 @@ class ArrivalLog:
         self._clock = clock
         self.total = 0
 
-    def record(self) -> None:
+    def record(self, n: int = 1) -> None:
+        """``n`` arrivals now (a v2 request's samples: ``n`` requests to the tuner)."""
         now = self._clock()
         if self._times and now < self._times[-1]:
             now = self._times[-1]  # a wall clock stepped back: keep the log sorted
-        self._times.append(now)
-        self.total += 1
+        self._times.extend([now] * n)
+        self.total += n
 
     def __len__(self) -> int:
         return len(self._times)

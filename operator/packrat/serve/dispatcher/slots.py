@@ -81,13 +81,19 @@ class Slots:
         if up:
             self._dispatch()
 
-    def admissible(self) -> bool:
-        """Whether a new request could take a slot or a place in the queue right now."""
+    def admissible(self, n: int = 1) -> bool:
+        """Whether ``n`` new requests (a v2 request's samples) could each take a slot or a
+        place in the queue right now."""
         if self.failed:
             return False
-        if len(self._waiters) < self.queue_limit:
-            return True
-        return not self._waiters and self._choose() is not None
+        free = 0
+        if not self._waiters:  # with nobody waiting, free slots are taken at once
+            free = sum(
+                max(0, cap - out)
+                for cap, out, up in zip(self.caps, self.outstanding, self.up, strict=True)
+                if up
+            )
+        return n - free <= self.queue_limit - len(self._waiters)
 
     def fail(self, reason: str) -> None:
         """The backend is gone: every waiter (and every later acquire) raises at once."""
@@ -107,8 +113,10 @@ class Slots:
             return False
         return True
 
-    async def acquire(self) -> int:
-        """An instance index for one request: at once, or after waiting in the queue.
+    async def acquire(self, *, admitted: bool = False) -> int:
+        """An instance index for one request: at once, or after waiting in the queue
+        (``admitted``: its place was checked with :meth:`admissible` already, with the other
+        samples of its request, which may have filled the queue since).
 
         Raises :class:`QueueFullError`, :class:`BackendGoneError`, ``TimeoutError`` (waited
         ``queue_timeout_s``) or ``CancelledError`` (the caller gave up); in every case the
@@ -122,7 +130,7 @@ class Slots:
                 self._take(index)
                 self._changed()
                 return index
-        if len(self._waiters) >= self.queue_limit:
+        if len(self._waiters) >= self.queue_limit and not admitted:
             raise QueueFullError
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)

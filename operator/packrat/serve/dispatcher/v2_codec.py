@@ -33,12 +33,17 @@ __all__ = [
     "Tensor",
     "V2Error",
     "build_response",
+    "check_declared",
+    "model_config",
     "model_metadata",
+    "output_metadata",
     "parse_request",
+    "refuse_classification",
+    "request_spec",
     "split_samples",
 ]
 
-MAX_SAMPLES = 1024  # samples in one v2 request (each takes a place in the dispatcher's queue)
+MAX_SAMPLES = 1024  # samples in one v2 request at most; the dispatcher caps it at the plan's batch
 MAX_DEPTH = 64  # nesting of a JSON "data" array
 OUTPUT = "output__0"
 
@@ -80,12 +85,25 @@ class InferRequest:
     binary_default: bool = False
 
 
+class Unchecked:
+    """The marker for "no model to check the declared inputs against" (the codec alone)."""
+
+
+UNCHECKED = Unchecked()
+
+
 def input_name(k: int) -> str:
     return f"input__{k}"
 
 
-def model_metadata(name: str, inputs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """``GET /v2/models/{name}``: the inputs with a variable batch dimension."""
+def model_metadata(
+    name: str,
+    inputs: Sequence[Mapping[str, Any]] | None,
+    output: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``GET /v2/models/{name}``: the inputs with a variable batch dimension, and the output
+    as the model answers (``output``: :func:`output_metadata` of an answer it gave; before the
+    pod has one, FP32 of unknown shape)."""
     if inputs is None:
         ins = [{"name": input_name(0), "datatype": "BYTES", "shape": [-1]}]
         outs = [{"name": OUTPUT, "datatype": "BYTES", "shape": [-1]}]
@@ -98,16 +116,67 @@ def model_metadata(name: str, inputs: Sequence[Mapping[str, Any]] | None) -> dic
             }
             for k, item in enumerate(inputs)
         ]
-        outs = [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, -1]}]
+        shape = list(output["shape"]) if output else [-1, -1]
+        dtype = str(output["datatype"]) if output else "FP32"
+        outs = [{"name": OUTPUT, "datatype": dtype, "shape": shape}]
     return {"name": name, "versions": ["1"], "platform": "pytorch", "inputs": ins, "outputs": outs}
 
 
-# -- requests ---------------------------------------------------------------------------------
-def parse_request(body: bytes, header_length: int | None) -> InferRequest:
-    """A v2 infer request: JSON, or (binary extension) ``header_length`` bytes of JSON then
-    the binary tensors in input order. Raises :class:`V2Error` only."""
+def output_metadata(answer: bytes) -> dict[str, Any] | None:
+    """The output's datatype and shape (``[-1, *row]``) from one sample's answer (a JSON row,
+    as infer stacks it), or None when it is not one."""
     try:
-        return _parse(body, header_length)
+        datatype, shape, _ = stack_answers([answer])
+    except (ValueError, TypeError, RecursionError, V2Error):
+        return None
+    return {"datatype": datatype, "shape": [-1, *shape[1:]]}
+
+
+_CONFIG_TYPES = {k: f"TYPE_{'STRING' if k == 'BYTES' else k}" for k in [*_NUMERIC, "BYTES"]}
+
+
+def model_config(meta: Mapping[str, Any], max_batch: int) -> dict[str, Any]:
+    """``GET /v2/models/{name}/config``: the model's configuration as Triton's model
+    configuration JSON (what tritonclient's ``get_model_config`` reads), from its metadata:
+    the batch dimension is ``max_batch_size``, ``dims`` the rest."""
+
+    def tensors(items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "data_type": _CONFIG_TYPES.get(str(t["datatype"]), "TYPE_STRING"),
+                "dims": list(t["shape"][1:]) or [1],
+            }
+            for t in items
+        ]
+
+    return {
+        "name": meta["name"],
+        "platform": "pytorch_libtorch",
+        "backend": "packrat",
+        "max_batch_size": max_batch,
+        "input": tensors(meta["inputs"]),
+        "output": tensors(meta["outputs"]),
+    }
+
+
+# -- requests ---------------------------------------------------------------------------------
+def parse_request(
+    body: bytes,
+    header_length: int | None,
+    model: Sequence[Mapping[str, Any]] | Unchecked | None = UNCHECKED,
+    *,
+    max_samples: int = MAX_SAMPLES,
+) -> InferRequest:
+    """A v2 infer request: JSON, or (binary extension) ``header_length`` bytes of JSON then
+    the binary tensors in input order. Raises :class:`V2Error` only.
+
+    ``model``: the model's inputs (None: a user's .mar, one BYTES input): every input's
+    declared name, datatype and shape is checked against them, with at most ``max_samples``
+    samples, before any ``data`` array is flattened, so a request the model cannot take
+    costs one ``json.loads`` and no more (issue 38)."""
+    try:
+        return _parse(body, header_length, model, max_samples)
     except V2Error:
         raise
     except RecursionError:
@@ -116,7 +185,12 @@ def parse_request(body: bytes, header_length: int | None) -> InferRequest:
         raise V2Error(f"malformed inference request: {type(exc).__name__}: {exc}"[:300]) from None
 
 
-def _parse(body: bytes, header_length: int | None) -> InferRequest:
+def _parse(
+    body: bytes,
+    header_length: int | None,
+    model: Sequence[Mapping[str, Any]] | Unchecked | None,
+    max_samples: int,
+) -> InferRequest:
     if header_length is not None and not 0 < header_length <= len(body):
         raise V2Error(f"Inference-Header-Content-Length {header_length} is not within the body")
     head = body[:header_length] if header_length is not None else body
@@ -129,6 +203,8 @@ def _parse(body: bytes, header_length: int | None) -> InferRequest:
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise V2Error("'inputs' must be a non-empty array")
+    if not isinstance(model, Unchecked):
+        check_declared(inputs, model, max_samples)
     binary = memoryview(body)[header_length:] if header_length is not None else memoryview(b"")
     tensors, offset = [], 0
     for k, spec in enumerate(inputs):
@@ -146,6 +222,7 @@ def _parse(body: bytes, header_length: int | None) -> InferRequest:
     for requested in outputs:
         out = _object(requested, "an output")
         oparams = _object(out.get("parameters", {}), "an output's parameters")
+        refuse_classification(oparams)
         wanted[_string(out.get("name"), "an output's name")] = bool(
             oparams.get("binary_data", binary_default)
         )
@@ -156,6 +233,59 @@ def _parse(body: bytes, header_length: int | None) -> InferRequest:
         binary=wanted,
         binary_default=binary_default,
     )
+
+
+CLASSIFICATION = ("classification", "class_count")
+
+
+def refuse_classification(params: Mapping[str, Any]) -> None:
+    """The classification extension (an output's ``classification``/``class_count``) is not
+    served: a clear 400 rather than an answer that silently ignores it."""
+    if any(key in params for key in CLASSIFICATION):
+        raise V2Error(
+            "the classification extension is not supported: ask for output__0 and take its "
+            "top classes on the client"
+        )
+
+
+def check_declared(
+    declared: Sequence[Any], model: Sequence[Mapping[str, Any]] | None, max_samples: int
+) -> None:
+    """The request's inputs as declared (name, datatype, shape; not their data) against the
+    model's: the same count, datatypes and sample shapes, one batch size of 1..``max_samples``.
+    Cheap: it reads no ``data`` array."""
+    heads = [_object(spec, f"input {k}") for k, spec in enumerate(declared)]
+    shapes = []
+    for k, head in enumerate(heads):
+        name = _string(head.get("name"), f"input {k}'s name")
+        shape = head.get("shape")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise V2Error(f"input {name}: 'shape' must be an array of non-negative integers")
+        shapes.append((name, head.get("datatype"), shape))
+    if model is None:  # a .mar: one BYTES input of shape [N]
+        if len(shapes) != 1 or shapes[0][1] != "BYTES" or len(shapes[0][2]) != 1:
+            raise V2Error("this model takes one BYTES input of shape [N]")
+        _check_count(shapes[0][2][0], max_samples)
+        return
+    if len(shapes) != len(model):
+        raise V2Error(f"the model takes {len(model)} input(s), got {len(shapes)}")
+    names = [input_name(k) for k in range(len(model))]
+    if sorted(n for n, _, _ in shapes) == sorted(names):
+        shapes.sort(key=lambda t: names.index(t[0]))
+    batches = set()
+    for (name, datatype, shape), item in zip(shapes, model, strict=True):
+        want_type = _BY_TORCH.get(str(item["dtype"]))
+        sample = [int(d) for d in item["shape"]]
+        if datatype != want_type:
+            raise V2Error(f"input {name}: datatype {datatype}, the model takes {want_type}")
+        if len(shape) != len(sample) + 1 or shape[1:] != sample:
+            raise V2Error(f"input {name}: shape {shape}, the model takes {[-1, *sample]}")
+        batches.add(shape[0])
+    if len(batches) != 1:
+        raise V2Error("every input must have the same batch size (first dimension)")
+    _check_count(batches.pop(), max_samples)
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -243,16 +373,7 @@ def _bytes_items(
     if size is not None:  # 4-byte little-endian length, then the bytes, per element
         if not isinstance(size, int) or not 0 <= size <= len(binary):
             raise V2Error(f"input {name}: binary_data_size is not within the body")
-        items, offset, chunk = [], 0, binary[:size]
-        while offset < size:
-            if offset + 4 > size:
-                raise V2Error(f"input {name}: a BYTES element is truncated")
-            (length,) = struct.unpack_from("<I", chunk, offset)
-            offset += 4
-            if offset + length > size:
-                raise V2Error(f"input {name}: a BYTES element is truncated")
-            items.append(bytes(chunk[offset : offset + length]))
-            offset += length
+        items = list(unpack_bytes(binary[:size], name))
     else:
         flat = _flatten(spec.get("data"), name)
         if not all(isinstance(v, str) for v in flat):
@@ -263,8 +384,22 @@ def _bytes_items(
     return tuple(items)
 
 
+def request_spec(req: InferRequest) -> list[dict[str, Any]]:
+    """The inputs a request declares, as a model's input spec (dtype, sample shape): for a
+    splitter that does not know the model (a pipeline's router; its first stage checks)."""
+    spec = []
+    for t in req.inputs:
+        if t.datatype not in _NUMERIC or not t.shape:
+            raise V2Error(f"input {t.name}: a numeric tensor with a batch dimension is needed")
+        spec.append({"dtype": _NUMERIC[t.datatype][1], "shape": list(t.shape[1:])})
+    return spec
+
+
 def split_samples(
-    req: InferRequest, inputs: Sequence[Mapping[str, Any]] | None
+    req: InferRequest,
+    inputs: Sequence[Mapping[str, Any]] | None,
+    *,
+    max_samples: int = MAX_SAMPLES,
 ) -> list[tuple[bytes, str]]:
     """One (body, content type) per sample of ``req``, for a model with ``inputs`` (None: a
     user's .mar, one BYTES element per request body)."""
@@ -273,7 +408,7 @@ def split_samples(
         if len(req.inputs) != 1 or one.datatype != "BYTES" or len(one.shape) != 1:
             raise V2Error("this model takes one BYTES input of shape [N]")
         t = req.inputs[0]
-        _check_count(len(t.items))
+        _check_count(len(t.items), max_samples)
         return [(item, t.content_type) for item in t.items]
     if len(req.inputs) != len(inputs):
         raise V2Error(f"the model takes {len(inputs)} input(s), got {len(req.inputs)}")
@@ -295,14 +430,14 @@ def split_samples(
         batch = t.shape[0]
         slices.append((t.raw, len(t.raw) // batch if batch else 0))
     n = batch or 0
-    _check_count(n)
+    _check_count(n, max_samples)
     octets = "application/octet-stream"
     return [(b"".join(raw[i * w : (i + 1) * w] for raw, w in slices), octets) for i in range(n)]
 
 
-def _check_count(n: int) -> None:
-    if not 1 <= n <= MAX_SAMPLES:
-        raise V2Error(f"a request carries 1..{MAX_SAMPLES} samples, got {n}")
+def _check_count(n: int, max_samples: int) -> None:
+    if not 1 <= n <= max_samples:
+        raise V2Error(f"a request carries 1..{max_samples} samples (the model's batch), got {n}")
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -311,29 +446,18 @@ def build_response(
 ) -> tuple[bytes, int | None]:
     """The v2 response for the samples' ``answers`` (JSON rows; or, ``raw_bytes``, a .mar's
     bodies as BYTES), and the JSON header's length when any output is binary."""
-    unknown = [n for n in req.binary if n != OUTPUT]
-    if unknown:
-        raise V2Error(f"unknown output {unknown[0]!r}: this model has {OUTPUT}")
+    check_outputs(req)
     binary = req.binary.get(OUTPUT, req.binary_default)
     if raw_bytes:
         out: dict[str, Any] = {"name": OUTPUT, "datatype": "BYTES", "shape": [len(answers)]}
-        data: bytes | None = (
-            b"".join(struct.pack("<I", len(a)) + a for a in answers) if binary else None
-        )
+        data: bytes | None = pack_bytes(answers) if binary else None
         if not binary:
             out["data"] = [a.decode(errors="replace") for a in answers]
     else:
-        rows = [json.loads(a) for a in answers]
-        shape, flat = _stack(rows)
-        dtype = "FP32" if any(isinstance(v, float) for v in flat) else "INT64"
+        dtype, shape, flat = stack_answers(answers)
         out = {"name": OUTPUT, "datatype": dtype, "shape": shape}
-        data = None
-        if binary:
-            values = array(_NUMERIC[dtype][0], flat)
-            if sys.byteorder != "little":
-                values.byteswap()
-            data = values.tobytes()
-        else:
+        data = pack(dtype, flat) if binary else None
+        if not binary:
             out["data"] = flat
     doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": [out]}
     if req.id is not None:
@@ -343,6 +467,70 @@ def build_response(
     out["parameters"] = {"binary_data_size": len(data)}
     head = json.dumps(doc, separators=(",", ":")).encode()
     return head + data, len(head)
+
+
+def check_outputs(req: InferRequest) -> None:
+    """Only the model's one output may be asked for."""
+    unknown = [n for n in req.binary if n != OUTPUT]
+    if unknown:
+        raise V2Error(f"unknown output {unknown[0]!r}: this model has {OUTPUT}")
+
+
+def stack_answers(answers: Sequence[bytes]) -> tuple[str, list[int], list[Any]]:
+    """The samples' JSON rows as one tensor: datatype (FP32 when any value is a float,
+    INT64 otherwise), shape ``[N, *row]`` and row-major values. ValueError: rows that do not
+    stack (the model's fault, not the client's)."""
+    rows = [json.loads(a) for a in answers]
+    shape, flat = _stack(rows)
+    dtype = "FP32" if any(isinstance(v, float) for v in flat) else "INT64"
+    return dtype, shape, flat
+
+
+def pack(datatype: str, flat: Sequence[Any]) -> bytes:
+    """Row-major values as the protocol's raw little-endian bytes."""
+    values = array(_NUMERIC[datatype][0], flat)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values.tobytes()
+
+
+def pack_bytes(items: Sequence[bytes]) -> bytes:
+    """BYTES elements as raw contents: each a 4-byte little-endian length, then its bytes."""
+    return b"".join(struct.pack("<I", len(a)) + a for a in items)
+
+
+def unpack_bytes(raw: bytes | memoryview, name: str) -> tuple[bytes, ...]:
+    """The BYTES elements of raw contents (:func:`pack_bytes`); V2Error when truncated."""
+    items, offset, size = [], 0, len(raw)
+    while offset < size:
+        if offset + 4 > size:
+            raise V2Error(f"input {name}: a BYTES element is truncated")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > size:
+            raise V2Error(f"input {name}: a BYTES element is truncated")
+        items.append(bytes(raw[offset : offset + length]))
+        offset += length
+    return tuple(items)
+
+
+def numeric_raw(name: str, datatype: str, values: Sequence[Any]) -> bytes:
+    """Typed values (a gRPC request's contents) as raw little-endian bytes of ``datatype``."""
+    if datatype not in _NUMERIC:
+        raise V2Error(f"input {name}: datatype {datatype} is not supported")
+    try:
+        out = array(_NUMERIC[datatype][0], values)
+    except (OverflowError, TypeError):
+        raise V2Error(f"input {name}: a value does not fit {datatype}") from None
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes()
+
+
+def element_size(datatype: str) -> int | None:
+    """Bytes per element of a numeric datatype (None: BYTES or unknown)."""
+    entry = _NUMERIC.get(datatype)
+    return entry[2] if entry else None
 
 
 def _stack(rows: Sequence[Any]) -> tuple[list[int], list[Any]]:

@@ -39,7 +39,7 @@ Runner = Callable[[list[Item]], list[Result]]
 
 
 def _zoo_runner(model_dir: Path, weights: Path | None) -> Runner:
-    from packrat.runtime.mar import request_value
+    from packrat.runtime.mar import request_row
     from packrat.serve.modelservice import BatchContext, ModelService
 
     spec = json.loads((model_dir / "packrat_model.json").read_text())
@@ -47,7 +47,7 @@ def _zoo_runner(model_dir: Path, weights: Path | None) -> Runner:
 
     def run(items: list[Item]) -> list[Result]:
         context = BatchContext(len(items))
-        rows = [{"body": request_value(i.body, i.content_type)} for i in items]
+        rows = [request_row(i.body, i.content_type) for i in items]  # forms split: TorchServe's
         answers = service.handle(rows, context)
         return [
             Result(status, ctype, a if isinstance(a, bytes) else str(a).encode())

@@ -171,7 +171,10 @@ async def warm(pod: PodServer, inst: InstanceSpec) -> None:
     headers = {"Content-Type": "application/octet-stream"}
 
     async def one() -> int:
-        return (await runtime.forward(inst.name, headers, {}, body)).status
+        answer = await runtime.forward(inst.name, headers, {}, body)
+        if answer.status == 200 and isinstance(answer.body, bytes) and pod.dispatcher:
+            pod.dispatcher.learn_output(answer.body)  # what the v2 metadata says it returns
+        return answer.status
 
     count = min(WARMUP_REQUESTS, inst.batch)
     statuses = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)

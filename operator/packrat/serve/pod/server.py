@@ -34,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -79,6 +79,9 @@ from packrat.serve.torchserve.archive import default_model_name
 from packrat.serve.zygote.process import ZygoteProcess, ZygoteStartError
 from packrat.serve.zygote.shared_weights import ensure_weights, shared_weights_file
 
+if TYPE_CHECKING:  # grpcio is an optional extra: imported when a gRPC port is asked for
+    from packrat.serve.dispatcher.oip.grpc_server import GrpcFront
+
 __all__ = [
     "PodServer",
     "ServeOptions",
@@ -102,6 +105,7 @@ class ServeOptions:
     model_name: str | None = None
     host: str = "0.0.0.0"
     port: int = 8080
+    grpc_port: int | None = None  # the Open Inference Protocol over gRPC (None: off)
     max_batch_delay_ms: int = 5
     queue_limit: int = 1024
     drain_seconds: float = 30.0
@@ -146,6 +150,18 @@ def resolve_cores(plan: Plan, cpus: Sequence[int] | None) -> tuple[list[int], li
     return available, cores
 
 
+def check_grpc_port(grpc_port: int, port: int) -> None:
+    """A usable gRPC port, and grpcio installed (the ``grpc`` extra), or one clear error."""
+    if not 0 <= grpc_port < 65536 or grpc_port == port:
+        raise ServeConfigError(f"--grpc-port must be in 0..65535 and not --port, got {grpc_port}")
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        raise ServeConfigError(
+            "--grpc-port needs grpcio: pip install 'packrat-operator[grpc]'"
+        ) from None
+
+
 def sample_body(inputs: list[dict[str, Any]] | None, spec: str) -> bytes | None:
     """One request body for warm-up, raw bytes, made without torch where it can be."""
     if inputs is None:
@@ -164,6 +180,9 @@ class PodServer:
             known = ", ".join(RUNTIMES)
             raise ServeConfigError(f"unknown runtime {opts.runtime!r}: one of {known}")
         self.opts = opts
+        self.grpc: GrpcFront | None = None
+        if opts.grpc_port is not None:
+            check_grpc_port(opts.grpc_port, opts.port)
         self.name = opts.model_name or default_model_name(opts.model)
         self.cpus, cores = resolve_cores(opts.plan, opts.cpus)
         self.instances: list[InstanceSpec] = plan_instances(opts.plan, model=self.name, cores=cores)
@@ -406,7 +425,10 @@ class PodServer:
             # Endpoints and load balancers notice a terminating pod late: keep serving,
             # reporting not-ready, until they have stopped sending new connections.
             await asyncio.sleep(opts.drain_grace_seconds)
-        await site.stop()
+        if self.grpc is not None:  # new calls refused, those in flight finish
+            await asyncio.gather(site.stop(), self.grpc.stop(opts.drain_seconds))
+        else:
+            await site.stop()
         if not await dispatcher.wait_idle(opts.drain_seconds):
             log.warning(
                 "packrat serve: %d requests still outstanding after the drain",
@@ -424,6 +446,8 @@ class PodServer:
         """Stop everything run started, in reverse; the private workdir goes after a clean
         stop."""
         await self.switcher.close()
+        if self.grpc is not None:
+            await self.grpc.stop(None)
         for task in monitors:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -461,6 +485,7 @@ class PodServer:
         # The model is prepared while the runtime starts (TorchServe's JVM).
         await asyncio.gather(prepare(), runtime.start())
         log.info("packrat serve: the %s runtime is up and the model is prepared", runtime.kind)
+        await self._start_grpc()
         # Instances start while the zygote may still be preparing: TorchServe's launchers and
         # the native runtime wait for it. A zygote that fails ends the start (and the
         # instances waiting on it) with its own error.
@@ -480,6 +505,18 @@ class PodServer:
                 log.info("packrat serve: weight file: %s", await self.zygote.write_weights())
             except ZygoteStartError as exc:  # only a later start needs the file
                 log.warning("packrat serve: the zygote did not write the weight file: %s", exc)
+
+    async def _start_grpc(self) -> None:
+        """The gRPC port, once the model's inputs (and so its message cap) are known; until
+        then gRPC clients find the port closed, as they would a server not ready."""
+        port = self.opts.grpc_port
+        if port is None or self.dispatcher is None:
+            return
+        from packrat.serve.dispatcher.oip.grpc_server import GrpcFront
+
+        self.grpc = GrpcFront(self.dispatcher, alive=self._alive)
+        bound = await self.grpc.start(self.opts.host, port)
+        log.info("packrat serve: the Open Inference Protocol over gRPC on port %d", bound)
 
     def _log_timeline(self) -> None:
         """The start-up timeline (:mod:`packrat.serve.pod.timeline`): one log line and the
