@@ -150,3 +150,47 @@ def _cached(
         conversion_s=float(manifest.get("conversion_s", 0.0)),
         converted_now=False,
     )
+
+
+ARTEFACTS_ENV = "PACKRAT_ARTEFACTS"  # the serving pod's artefact folder (packrat serve --artefacts)
+
+
+def find(root: Path, spec: str, engine: Engine) -> Artefact:
+    """The artefact the profiling Job converted for ``spec`` (never converted here: a pod
+    that cannot find it fails to load with this one line)."""
+    from packrat.runtime.engines import input_specs
+    from packrat.runtime.zoo import model_digest, model_name
+
+    version = engine.version()
+    specs = input_specs(spec)
+    digest = model_digest(spec)
+    folder = artefact_folder(
+        root,
+        model=model_name(spec),
+        digest=digest,
+        engine=engine.name,
+        version=version,
+        inputs=specs,
+    )
+    found = _cached(engine.name, version, digest, specs, folder)
+    if found is None:
+        raise EngineError(
+            f"no {engine.name} {version} artefact for {model_name(spec)} in {root}: profile it "
+            f"with packrat profile --engines {engine.name} --artefacts {root}"
+        )
+    return found
+
+
+def load_converted(spec: str, name: str, *, threads: int) -> tuple[Any, Path | None]:
+    """A runner of engine ``name`` for ``spec`` from the folder in :data:`ARTEFACTS_ENV`."""
+    from packrat.runtime.engines import EngineMissingError, engine
+
+    chosen = engine(name)
+    missing = chosen.missing()
+    if missing is not None:
+        raise EngineMissingError(missing)
+    root = os.environ.get(ARTEFACTS_ENV)
+    if not root:
+        raise EngineError(f"engine {name}: no artefact folder ({ARTEFACTS_ENV} / --artefacts)")
+    artefact = find(Path(root), spec, chosen)
+    return chosen.load(artefact.path, model=None, threads=threads), artefact.path
