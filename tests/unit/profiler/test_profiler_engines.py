@@ -77,3 +77,20 @@ def test_an_engine_that_disagrees_or_crashes_is_never_planned(
     profile = load_profile(tmp_path / "p.json")
     optimizer = Optimizer.for_profile(profile, cpus=1, max_batch=2)
     assert {optimizer.plan(b).engine for b in (1, 2)} == {"eager"}
+
+
+def test_plans_are_verified_on_their_engine_against_the_fastest_fat_engine(
+    tmp_path: Path,
+) -> None:
+    _need(engines.ONNXRUNTIME)
+    from packrat.bench.verify import verify_plans
+    from packrat.plan.profile import load_profile
+
+    _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "onnxruntime"))
+    profile = load_profile(tmp_path / "p.json")
+    record = verify_plans(profile, spec="tiny", cpus=1, batches=[2], repeats=2)
+    assert "error" not in record, record
+    (result,) = record["results"]
+    plan = Optimizer.for_profile(profile, cpus=1, max_batch=2).plan(2)
+    assert result["label"] == plan.label and result["plan"].get("engine", "eager") == plan.engine
+    assert result["fatMs"] > 0 and result["planMs"] > 0
