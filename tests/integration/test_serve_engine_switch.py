@@ -174,6 +174,8 @@ def test_switch_from_eager_to_openvino_and_back_fails_no_request(
                 served = sum(statuses.values())
                 switched.append(await _post_plan(s, url, plan))
                 docs.append((await _get(f"{url}/status"))[1])
+                async with s.get(f"{url}/metrics") as r:
+                    docs.append(await r.text())
                 if plan is OPENVINO:
                     answers.append((await _predict(s, url, body))[1])
                 while sum(statuses.values()) < served + 50:
@@ -186,6 +188,9 @@ def test_switch_from_eager_to_openvino_and_back_fails_no_request(
     assert [a[0] for a in switched] == [200, 200], switched
     assert switched[0][1]["plan"] == "2x1t/b2 openvino"
     assert docs[0]["plan"]["engine"] == "openvino"
+    assert 'packrat_plan_engine{engine="openvino",model="tiny"} 1.0' in docs[1]
+    assert 'packrat_plan_engine{engine="eager",model="tiny"} 0.0' in docs[1]
+    assert 'packrat_plan_engine{engine="eager",model="tiny"} 1.0' in docs[3]
     assert switched[1][1]["plan"] == "2x1t/b2"
     assert set(statuses) == {200}, statuses  # zero failed requests through both switches
     eager_out, ov_out = (json.loads(a) for a in answers)
