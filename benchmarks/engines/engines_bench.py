@@ -161,15 +161,16 @@ def bench_model(model: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def summary(model: str, result: dict[str, Any]) -> list[str]:
-    """Ratios per batch: the fastest thin plan against the fastest fat engine, OpenVINO's own
-    best hint and today's eager plan (> 1: the thin plan is faster)."""
+    """Ratios per batch: the fastest thin plan (2x1t on 2 cores) against the fastest fat
+    engine, OpenVINO's own best hint and today's eager plan (> 1: the thin plan is faster).
+    A profile picks thin or fat per engine; where fat wins, the served plan is that fat."""
     lines = []
     for batch, rows in result["batches"].items():
         med = {n: r["median_ms"] for n, r in rows.items()}
         thin = min((v, n) for n, v in med.items() if n.endswith(" thin"))
         fat = min((v, n) for n, v in med.items() if n.endswith(" fat"))
         hints = [(v, n) for n, v in med.items() if n.startswith("ov-hint")]
-        line = (f"{model} B={batch}: plan {thin[1]} {thin[0]:.1f} ms; fastest fat {fat[1]} "
+        line = (f"{model} B={batch}: thin {thin[1]} {thin[0]:.1f} ms; fastest fat {fat[1]} "
                 f"{fat[0]:.1f} ms (x{fat[0] / thin[0]:.2f})")  # fmt: skip
         if hints:
             hint = min(hints)
