@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP_INSTALL) torch==2.13.0 numpy==2.4.6
-	$(PIP_INSTALL) -e '.[serve,operator,storage,grpc,dev]'
+	$(PIP_INSTALL) -e '.[serve,operator,storage,grpc,onnxruntime,openvino,dev]'
 	$(BIN)/python -m packrat.serve.torchserve.jvm write-archive || echo "no CDS archive: TorchServe starts without it"
 	touch $(STAMP)
 

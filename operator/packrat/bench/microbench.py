@@ -23,8 +23,14 @@ from typing import Any, TextIO
 from packrat.plan.baselines import BASELINES, baseline_pairs, even_split, expected_latency
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.padding import PaddedPlans, padding_horizon
-from packrat.plan.profile import Profile
-from packrat.profiler.client import HandlerTarget, Worker, WorkerSource, worker_source
+from packrat.plan.profile import EAGER, ENGINES_KEY, Profile
+from packrat.profiler.client import (
+    EngineTarget,
+    HandlerTarget,
+    Worker,
+    WorkerSource,
+    worker_source,
+)
 from packrat.profiler.measure import check_pinning
 from packrat.profiler.profiler import ProfilerError, ProfileSettings, profile_cpus, run_profile
 from packrat.profiler.stats import Summary, summarize
@@ -50,6 +56,7 @@ class BenchConfig:
     name: str
     instances: tuple[tuple[int, int], ...]
     expected_ms: float | None
+    engine: str = EAGER  # what its instances run (packrat.runtime.engines)
 
     @property
     def label(self) -> str:
@@ -57,7 +64,15 @@ class BenchConfig:
         for pair in self.instances:
             counts[pair] = counts.get(pair, 0) + 1
         ordered = sorted(counts.items(), key=lambda kv: (-kv[0][0], -kv[0][1]))
-        return "+".join(f"{n}x{t}t/b{b}" for (t, b), n in ordered)
+        shape = "+".join(f"{n}x{t}t/b{b}" for (t, b), n in ordered)
+        return shape if self.engine == EAGER else f"{shape} {self.engine}"
+
+
+def fat_engine(plan: Plan) -> str:
+    """The engine of the fastest fat instance the optimizer compared ``plan`` with."""
+    prefix = "fat_engine_"
+    found = [a.name[len(prefix) :] for a in plan.alternatives if a.name.startswith(prefix)]
+    return found[0] if found else plan.engine
 
 
 def burst_pairs(plan: Plan) -> tuple[tuple[int, int], ...]:
@@ -79,11 +94,16 @@ def burst_pairs(plan: Plan) -> tuple[tuple[int, int], ...]:
 
 
 def bench_configs(plan: Plan, table: dict[tuple[int, int], float]) -> list[BenchConfig]:
-    """The plan, the fat instance and one 1-thread instance per core for ``plan.batch``."""
-    configs = [BenchConfig("plan", burst_pairs(plan), plan.expected_latency_ms)]
+    """The plan, the fat instance (of the fastest fat engine) and one 1-thread instance per
+    core for ``plan.batch``."""
+    configs = [
+        BenchConfig("plan", burst_pairs(plan), plan.expected_latency_ms, engine=plan.engine)
+    ]
     for name in BASELINES:
         pairs = baseline_pairs(name, cpus=plan.cpus, batch=plan.batch)
-        configs.append(BenchConfig(name, pairs, expected_latency(pairs, table)))
+        engine = fat_engine(plan) if name == "fat" else plan.engine
+        expected = plan.fat_latency_ms if name == "fat" else expected_latency(pairs, table)
+        configs.append(BenchConfig(name, pairs, expected, engine=engine))
     return configs
 
 
@@ -172,14 +192,19 @@ class WorkerPool:
         self.handler = handler
         self.timeout = startup_timeout_s
         self.source = source or worker_source("forked", spec, handler)
-        self.workers: dict[tuple[int, tuple[int, ...]], Worker] = {}
+        self.workers: dict[tuple[int, tuple[int, ...], str], Worker] = {}
+        # other engines' workers (packrat.runtime.engines), from their own sources
+        self.engine_sources: dict[str, WorkerSource] = {}
 
-    def get_all(self, wanted: Sequence[tuple[int, Sequence[int]]]) -> list[Worker]:
+    def get_all(
+        self, wanted: Sequence[tuple[int, Sequence[int]]], engine: str = EAGER
+    ) -> list[Worker]:
         """Workers for every (threads, cores), starting missing ones concurrently."""
-        keys = [(t, tuple(sorted(c))) for t, c in wanted]
+        keys = [(t, tuple(sorted(c)), engine) for t, c in wanted]
         new = [k for k in dict.fromkeys(keys) if k not in self.workers]
-        for t, cores in new:
-            self.workers[(t, cores)] = self.source.spawn(cpus=cores, threads=t)
+        source = self.source if engine == EAGER else self.engine_sources[engine]
+        for t, cores, _ in new:
+            self.workers[(t, cores, engine)] = source.spawn(cpus=cores, threads=t)
         for key in new:
             ready = self.workers[key].wait_ready(timeout=self.timeout)
             check_pinning(ready, cores=key[1], threads=key[0])
@@ -189,11 +214,29 @@ class WorkerPool:
         for worker in self.workers.values():
             worker.close()
         self.workers.clear()
+        self._close_sources()
 
     def kill(self) -> None:
         for worker in self.workers.values():
             worker.kill()
         self.workers.clear()
+        self._close_sources()
+
+    def _close_sources(self) -> None:
+        for source in self.engine_sources.values():
+            source.close()
+        self.engine_sources.clear()
+
+    def add_engines(self, profile: Profile, *, kind: str) -> None:
+        """Sources for the converted engines the profile kept (their artefacts)."""
+        records = profile.meta.extra.get(ENGINES_KEY, {})
+        for engine in profile.engines:
+            if engine == EAGER or engine in self.engine_sources:
+                continue
+            record = records.get(engine, {}) if isinstance(records, dict) else {}
+            path = (record.get("artefact") or {}).get("path")
+            target = EngineTarget(engine, Path(path) if path else None)
+            self.engine_sources[engine] = worker_source(kind, self.spec, None, target)
 
 
 def run_once(workers: Sequence[Worker], batches: Sequence[int], *, timeout: float) -> float:
@@ -291,6 +334,7 @@ def run_bench(
     own = source is None
     source = source or worker_source("forked", spec, handler)
     pool = WorkerPool(spec, handler=handler, source=source)
+    pool.add_engines(profile, kind=source.kind)
     results: list[BatchResult] = []
     try:
         for plan in plans:
@@ -379,7 +423,10 @@ def _start_configs(
             if config.name != "fat":
                 raise
             cores = assign_cores(threads, cpus=base, span_sockets=True)
-        workers = pool.get_all([(t, c) for (t, _), c in zip(config.instances, cores, strict=True)])
+        workers = pool.get_all(
+            [(t, c) for (t, _), c in zip(config.instances, cores, strict=True)],
+            engine=config.engine,
+        )
         runs[config.name] = (workers, [b for _, b in config.instances])
         out[config.name] = ConfigResult(config, cores)
     return runs, out

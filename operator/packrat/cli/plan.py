@@ -16,7 +16,7 @@ from typing import Any
 from packrat.cli import CliError
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.padding import PaddedPlans, padding_horizon
-from packrat.plan.profile import MAX_BATCH, Profile, ProfileError, load_profile
+from packrat.plan.profile import ENGINES_KEY, MAX_BATCH, Profile, ProfileError, load_profile
 
 
 def parse_int_list(text: str, *, what: str) -> list[int]:
@@ -92,6 +92,18 @@ def make_optimizer(profile: Profile, *, cpus: int, max_batch: int) -> Optimizer:
         raise CliError(str(exc)) from None
 
 
+def engine_notes(profile: Profile) -> list[str]:
+    """One line per engine the profile left out (it failed to convert or disagreed with eager)."""
+    engines = profile.meta.extra.get(ENGINES_KEY)
+    if not isinstance(engines, dict):
+        return []
+    return [
+        f"engine {name} left out: {str(record.get('reason', ''))[:200]}"
+        for name, record in sorted(engines.items())
+        if isinstance(record, dict) and record.get("status") == "excluded"
+    ]
+
+
 def fmt_ms(value: float | None) -> str:
     """Milliseconds with two decimals, or three significant digits below 1 ms."""
     if value is None:
@@ -114,6 +126,14 @@ def format_table(plans: Sequence[Plan]) -> str:
     rows = [header]
     for p in plans:
         per_core = next((a.latency_ms for a in p.alternatives if a.name == "per_core"), None)
+        fat_engine = next(
+            (
+                a.name.removeprefix("fat_engine_")
+                for a in p.alternatives
+                if a.name.startswith("fat_engine_")
+            ),
+            None,
+        )
         rows.append(
             (
                 str(p.cpus),
@@ -121,7 +141,7 @@ def format_table(plans: Sequence[Plan]) -> str:
                 p.label,
                 str(p.num_instances),
                 fmt_ms(p.expected_latency_ms),
-                fmt_ms(p.fat_latency_ms),
+                fmt_ms(p.fat_latency_ms) + (f" {fat_engine}" if fat_engine else ""),
                 fmt_ms(per_core),
                 "-" if p.expected_speedup is None else f"{p.expected_speedup:.2f}x",
                 str(p.capacity) + ("*" if p.capacity > p.batch else ""),
@@ -218,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(format_table(plans))
+        for line in engine_notes(profile):
+            print(line)
     if args.plot:
         curve = [planner.plan(b) for b in range(1, max(batches) + 1) if planner.feasible(b)]
         title = f"{profile.meta.model}: expected latency on {cpus} cores"

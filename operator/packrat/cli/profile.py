@@ -78,6 +78,21 @@ def _add_grid_args(parser: argparse.ArgumentParser) -> None:
     """The grid of points measured (cores, batches, thread counts) and the output file."""
     parser.add_argument("--cpus", type=int, required=True, help="T: cores per replica")
     parser.add_argument("--max-batch", type=int, default=32, help="largest batch (default 32)")
+    parser.add_argument(
+        "--engines",
+        default="eager",
+        help=(
+            "engines to profile, comma-separated (eager, inductor, onnxruntime, openvino) or "
+            "'all' installed; each is converted once, checked against eager and left out with "
+            "its reason when it fails (default eager)"
+        ),
+    )
+    parser.add_argument(
+        "--artefacts",
+        type=Path,
+        help="folder of converted artefacts, reused across profiles and by the pods "
+        "(default: artefacts/ beside -o)",
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="profile JSON to write")
     parser.add_argument(
         "--threads", help="thread counts to profile, e.g. 1,2,4 (default: --thread-grid)"
@@ -188,7 +203,12 @@ def _add_verify_args(parser: argparse.ArgumentParser) -> None:
 
 
 def format_profile_table(profile: Any) -> str:
-    """Latency grid: one row per batch, one column per thread count (ms)."""
+    """Latency grid: one row per batch, one column per thread count (ms); one grid per
+    engine when several were profiled."""
+    if len(profile.engines) > 1:
+        return "\n".join(
+            f"engine {e}:\n" + format_profile_table(profile.for_engine(e)) for e in profile.engines
+        )
     threads = profile.threads
     rows = [["batch", *(f"t={t} ms" for t in threads)]]
     for b in profile.batches:
@@ -297,6 +317,8 @@ def _profile_grid(
             settings=replace(settings, time_budget_s=budget),
             handler=handler,
             source=source,
+            engines=args.engines,
+            artefacts=args.artefacts,
         )
 
     result = once(threads, settings.time_budget_s)
@@ -372,7 +394,12 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, workdir: Path) -> int:
     from packrat.profiler.client import worker_source
     from packrat.profiler.profiler import ProfilerError, ProfileSettings
+    from packrat.runtime.engines import EngineError, parse_engines
 
+    try:
+        args.engines = parse_engines(args.engines)
+    except EngineError as exc:
+        raise CliError(f"--engines: {exc}") from None
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
     verify = (

@@ -60,6 +60,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         "fed batches by the dispatcher over Unix sockets; no JVM) or torchserve (TorchServe on "
         f"loopback); default {DEFAULT_RUNTIME}",
     )
+    parser.add_argument(
+        "--artefacts",
+        type=Path,
+        help="folder of the engines' converted artefacts (packrat profile --engines ... "
+        "--artefacts DIR), for a plan whose engine is not eager (native runtime only)",
+    )
 
 
 def _add_dispatcher_args(parser: argparse.ArgumentParser) -> None:
@@ -310,6 +316,10 @@ def run(args: argparse.Namespace) -> int:
     # TorchServe, the workers and a user's handler code in them) inherits the token that can
     # reconfigure the pod, not even in its /proc/<pid>/environ.
     args.admin_token = os.environ.pop(args.admin_token_env, None) if args.admin_token_env else None
+    if args.artefacts is not None:  # read by the workers (and the zygote they fork from)
+        from packrat.runtime.engines.cache import ARTEFACTS_ENV
+
+        os.environ[ARTEFACTS_ENV] = str(args.artefacts.resolve())
     zygote, workdir = _prestart(args)
     try:
         return _run(args, zygote=zygote, workdir=workdir)
@@ -322,6 +332,31 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if zygote is not None:
             zygote.stop_now()  # nothing left to do after the pod stopped it
+
+
+def _check_engine(engine: str, args: argparse.Namespace) -> None:
+    """A plan's engine can run here, or one clear line before any worker starts."""
+    if engine == "eager":
+        return
+    if args.runtime != "native":
+        raise CliError(
+            f"the plan runs on {engine}; the {args.runtime} runtime serves eager plans only "
+            "(use --runtime native)"
+        )
+    from packrat.runtime.engines import EngineError
+    from packrat.runtime.engines import engine as get_engine
+    from packrat.runtime.engines.cache import find
+
+    try:
+        chosen = get_engine(engine)
+        missing = chosen.missing()
+        if missing is not None:
+            raise CliError(missing)
+        if args.artefacts is None:
+            raise CliError(f"the plan runs on {engine}: give --artefacts DIR (packrat profile's)")
+        find(args.artefacts, args.model, chosen)
+    except EngineError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _check_model(model: str) -> None:
@@ -370,6 +405,7 @@ def _run(args: argparse.Namespace, *, zygote: Any, workdir: Path | None) -> int:
     warmup = _warmup_body(args)
     try:
         plan = parse_plan(text, origin=origin)
+        _check_engine(plan.engine, args)
         opts = _serve_options(
             args,
             plan=plan,

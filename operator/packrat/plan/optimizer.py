@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from packrat.plan.profile import Profile
+from packrat.plan.profile import EAGER, Profile
 
 Table = Mapping[tuple[int, int], float]
 
@@ -117,6 +117,7 @@ class Plan:
     fat_latency_ms: float | None
     alternatives: tuple[Alternative, ...] = field(default=())
     model: str | None = None
+    engine: str = EAGER  # what every instance runs (packrat.runtime.engines)
 
     @property
     def expected_speedup(self) -> float | None:
@@ -140,8 +141,10 @@ class Plan:
 
     @property
     def label(self) -> str:
-        """Short form for printer columns: ``4x4t/b8`` or ``2x4t/b4+1x8t/b8``."""
-        return "+".join(f"{g.count}x{g.threads}t/b{g.batch}" for g in self.instances)
+        """Short form for printer columns: ``4x4t/b8`` or ``2x4t/b4+1x8t/b8``, followed by the
+        engine unless it is eager (``2x1t/b8 openvino``)."""
+        shape = "+".join(f"{g.count}x{g.threads}t/b{g.batch}" for g in self.instances)
+        return shape if self.engine == EAGER else f"{shape} {self.engine}"
 
     def expand(self) -> list[tuple[int, int]]:
         """One ``(threads, batch)`` per instance, widest instances first."""
@@ -161,6 +164,8 @@ class Plan:
             "capacity": self.capacity,
             "alternatives": {a.name: a.to_dict() for a in self.alternatives},
             **({"model": self.model} if self.model else {}),
+            # eager plans keep their old form (and the serving hashes computed from it)
+            **({"engine": self.engine} if self.engine != EAGER else {}),
         }
 
     @classmethod
@@ -216,6 +221,9 @@ class Plan:
         model = data.get("model")
         if model is not None and not isinstance(model, str):
             raise PlanError("plan model must be a string")
+        engine = data.get("engine", EAGER)
+        if not isinstance(engine, str) or not engine or len(engine) > 32 or not engine.isascii():
+            raise PlanError(f"plan engine must be a short name, got {str(engine)[:40]!r}")
         return cls(
             cpus=cpus,
             batch=batch,
@@ -224,6 +232,7 @@ class Plan:
             fat_latency_ms=None if fat is None else _latency(fat, "fat_latency_ms"),
             alternatives=alternatives,
             model=model,
+            engine=engine,
         )
 
 
@@ -253,6 +262,7 @@ class Optimizer:
         max_batch: int,
         model: str | None = None,
         alternatives: bool = True,
+        engine: str = EAGER,
     ) -> None:
         if isinstance(cpus, bool) or not isinstance(cpus, int) or cpus <= 0:
             raise PlanError(f"cpus must be a positive integer, got {cpus!r}")
@@ -265,6 +275,7 @@ class Optimizer:
         self.cpus = cpus
         self.max_batch = max_batch
         self.model = model
+        self.engine = engine
         self._with_alternatives = alternatives
         self._latency: dict[int, float] = {}
         self._pairs: dict[int, list[tuple[int, int]]] = {}
@@ -279,7 +290,22 @@ class Optimizer:
 
     @classmethod
     def for_profile(cls, profile: Profile, *, cpus: int, max_batch: int) -> Optimizer:
-        return cls(profile.table(), cpus=cpus, max_batch=max_batch, model=profile.meta.model)
+        """The optimizer of a profile; of several engines: the best plan per engine, then the
+        best over engines (:class:`packrat.plan.engines.EngineOptimizer`)."""
+        engines = profile.engines
+        if len(engines) > 1:
+            from packrat.plan.engines import EngineOptimizer
+
+            return EngineOptimizer(
+                profile.tables(), cpus=cpus, max_batch=max_batch, model=profile.meta.model
+            )
+        return cls(
+            profile.table(),
+            cpus=cpus,
+            max_batch=max_batch,
+            model=profile.meta.model,
+            engine=engines[0],
+        )
 
     # -- the DP ------------------------------------------------------------------------------
     def _solve(self) -> None:
@@ -386,6 +412,7 @@ class Optimizer:
             fat_latency_ms=fat,
             alternatives=tuple(alternatives),
             model=self.model,
+            engine=self.engine,
         )
 
 

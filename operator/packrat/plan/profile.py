@@ -10,6 +10,12 @@ disjoint cores, all timed (what an instance sees inside a plan that fills the no
 ``alone``, one instance on otherwise idle cores. v1 files (and CSV imports, such as the
 paper's profiles) carry no mode and read as ``alone``, which is how they were measured; the
 optimizer and everything downstream accept either mode.
+
+Engines: each point says which engine ran it (``engine``, :data:`EAGER` when absent, so every
+older file reads as eager PyTorch). A profile may hold several engines' tables, L(engine, t,
+b); :meth:`Profile.for_engine` gives one engine's, and ``meta.extra["engines"]`` records per
+engine its artefact and whether it passed the correctness gate (an engine left out has no
+points, so no plan can use it).
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ COLOCATED = "co-located"
 ALONE = "alone"
 MODES = (COLOCATED, ALONE)
 CSV_COLUMNS = ("threads", "batch", "latency_ms")
+EAGER = "eager"  # the engine of every point that names none
+ENGINES_KEY = "engines"  # meta.extra: per engine, its artefact and its correctness verdict
+_ENGINE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 # Bounds that keep a hostile file from turning into a huge optimizer table: no machine has
 # more cores than MAX_CPUS, and no profiled batch is larger than MAX_BATCH.
 MAX_CPUS = 4096
@@ -60,10 +69,15 @@ class ProfilePoint:
     p50_ms: float | None = None
     p99_ms: float | None = None
     cv: float | None = None
+    engine: str = EAGER
 
     @property
     def key(self) -> tuple[int, int]:
         return (self.threads, self.batch)
+
+    @property
+    def engine_key(self) -> tuple[str, int, int]:
+        return (self.engine, self.threads, self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +113,41 @@ class Profile:
         validate_points(self.points, origin=origin)
 
     # -- queries -------------------------------------------------------------------------
-    def latency(self, threads: int, batch: int) -> float | None:
-        """L(threads, batch) in ms, or None when that pair was not profiled."""
-        point = self.index.get((threads, batch))
+    def latency(self, threads: int, batch: int, engine: str | None = None) -> float | None:
+        """L(threads, batch) in ms (of ``engine``, or of the fastest engine), or None when
+        that pair was not profiled."""
+        source = self if engine is None else self.for_engine(engine)
+        point = source.index.get((threads, batch))
         return point.latency_ms if point else None
 
     @property
     def index(self) -> dict[tuple[int, int], ProfilePoint]:
-        return {p.key: p for p in self.points}
+        """Points by (threads, batch); where several engines measured a pair, the fastest."""
+        out: dict[tuple[int, int], ProfilePoint] = {}
+        for p in self.points:
+            old = out.get(p.key)
+            if old is None or p.latency_ms < old.latency_ms:
+                out[p.key] = p
+        return out
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines with points, eager first."""
+        return sorted({p.engine for p in self.points}, key=lambda e: (e != EAGER, e))
+
+    def for_engine(self, engine: str) -> Profile:
+        """One engine's points (ProfileError when it has none)."""
+        points = tuple(p for p in self.points if p.engine == engine)
+        if not points:
+            raise ProfileError(
+                f"{self.meta.source or '<profile>'}: no points of engine {engine!r} "
+                f"(engines: {', '.join(self.engines)})"
+            )
+        return replace(self, points=points)
+
+    def tables(self) -> dict[str, dict[tuple[int, int], float]]:
+        """Every engine's table ``{engine: {(threads, batch): latency_ms}}``."""
+        return {e: self.for_engine(e).table() for e in self.engines}
 
     @property
     def threads(self) -> list[int]:
@@ -121,11 +162,14 @@ class Profile:
         return max(p.threads for p in self.points)
 
     def table(self) -> dict[tuple[int, int], float]:
-        """The profile as ``{(threads, batch): latency_ms}``, the optimizer's input."""
-        return {p.key: p.latency_ms for p in self.points}
+        """The profile as ``{(threads, batch): latency_ms}``, the optimizer's input.
+
+        With several engines, each pair's fastest engine: a lower bound for callers that do
+        not choose an engine (the optimizer's ``for_profile`` plans per engine)."""
+        return {k: p.latency_ms for k, p in self.index.items()}
 
     def with_points(self, points: Iterable[ProfilePoint]) -> Profile:
-        return replace(self, points=tuple(sorted(points, key=lambda p: p.key)))
+        return replace(self, points=tuple(sorted(points, key=_order)))
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -135,8 +179,12 @@ class Profile:
             "format": FORMAT,
             "meta": meta,
             "points": [
-                {k: v for k, v in asdict(p).items() if v is not None}
-                for p in sorted(self.points, key=lambda p: p.key)
+                {
+                    k: v
+                    for k, v in asdict(p).items()
+                    if v is not None and not (k == "engine" and v == EAGER)
+                }
+                for p in sorted(self.points, key=_order)
             ],
         }
 
@@ -144,6 +192,8 @@ class Profile:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
     def to_csv(self) -> str:
+        if self.engines != [EAGER]:
+            raise ProfileError("a profile of several engines has no CSV form; save it as JSON")
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(CSV_COLUMNS)
@@ -164,14 +214,19 @@ class Profile:
         tmp.replace(path)
 
 
+def _order(p: ProfilePoint) -> tuple[bool, str, int, int]:
+    return (p.engine != EAGER, p.engine, p.threads, p.batch)
+
+
 # -- validation ------------------------------------------------------------------------------
 def _finite_positive(value: float) -> bool:
     return math.isfinite(value) and value > 0
 
 
 def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
-    """Reject empty profiles, non-positive or NaN latencies, bad sizes and duplicates."""
-    seen: dict[tuple[int, int], int] = {}
+    """Reject empty profiles, non-positive or NaN latencies, bad sizes, bad engine names and
+    duplicates."""
+    seen: dict[tuple[str, int, int], int] = {}
     count = 0
     for row, p in enumerate(points, start=1):
         count += 1
@@ -193,9 +248,14 @@ def validate_points(points: Iterable[ProfilePoint], *, origin: str) -> None:
                 raise ProfileError(f"{where}: {name} must be a finite number >= 0, got {value}")
         if p.samples is not None and (not isinstance(p.samples, int) or p.samples < 1):
             raise ProfileError(f"{where}: samples must be >= 1, got {p.samples}")
-        if p.key in seen:
-            raise ProfileError(f"{where}: duplicate of point {seen[p.key]}")
-        seen[p.key] = row
+        engine_ok = isinstance(p.engine, str) and 0 < len(p.engine) <= 32
+        if not engine_ok or not set(p.engine) <= _ENGINE_CHARS:
+            raise ProfileError(
+                f"{where}: engine must be a short lower-case name, got {_show(p.engine)}"
+            )
+        if p.engine_key in seen:
+            raise ProfileError(f"{where}: duplicate of point {seen[p.engine_key]}")
+        seen[p.engine_key] = row
     if count == 0:
         raise ProfileError(f"{origin}: the profile has no points")
 
@@ -293,6 +353,7 @@ def profile_from_dict(data: Any, *, origin: str = "<profile>") -> Profile:
                 p50_ms=_opt_float(item.get("p50_ms"), where=where, name="p50_ms"),
                 p99_ms=_opt_float(item.get("p99_ms"), where=where, name="p99_ms"),
                 cv=_opt_float(item.get("cv"), where=where, name="cv"),
+                engine=item.get("engine", EAGER),
             )
         )
     return Profile(meta=meta, points=tuple(points))

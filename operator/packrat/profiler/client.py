@@ -29,6 +29,7 @@ from packrat.runtime.forkserver import ForkServer, ForkServerError
 from packrat.runtime.pinning import thread_env
 
 __all__ = [
+    "EngineTarget",
     "ForkedWorker",
     "ForkedWorkers",
     "FreshWorkers",
@@ -72,6 +73,24 @@ class HandlerTarget:
             "--content-type",
             self.content_type,
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTarget:
+    """Run the instances on a converted engine (:mod:`packrat.runtime.engines`): its name and
+    artefact, loaded by each worker after it pinned itself (after the fork, when forked)."""
+
+    name: str
+    artefact: Path | None = None
+
+    def args(self) -> list[str]:
+        return ["--engine", self.name] + (
+            ["--artefact", str(self.artefact)] if self.artefact is not None else []
+        )
+
+
+def _engine_args(engine: EngineTarget | None) -> list[str]:
+    return engine.args() if engine is not None else []
 
 
 class Worker:
@@ -224,6 +243,7 @@ class WorkerProcess(Worker):
         cpus: Sequence[int],
         threads: int,
         handler: HandlerTarget | None = None,
+        engine: EngineTarget | None = None,
     ) -> None:
         super().__init__(spec=spec, cpus=cpus, threads=threads)
         cmd = [
@@ -237,6 +257,7 @@ class WorkerProcess(Worker):
             "--threads",
             str(threads),
             *(handler.args() if handler is not None else []),
+            *_engine_args(engine),
         ]
         self.proc = subprocess.Popen(
             cmd,
@@ -353,12 +374,15 @@ class FreshWorkers:
     handler: HandlerTarget | None = None
     kind: str = "fresh"
     startup_s: float = 0.0
+    engine: EngineTarget | None = None
 
     def start(self) -> None:
         return None
 
     def spawn(self, *, cpus: Sequence[int], threads: int) -> Worker:
-        return WorkerProcess(spec=self.spec, cpus=cpus, threads=threads, handler=self.handler)
+        return WorkerProcess(
+            spec=self.spec, cpus=cpus, threads=threads, handler=self.handler, engine=self.engine
+        )
 
     def close(self) -> None:
         return None
@@ -375,11 +399,17 @@ class ForkedWorkers:
     kind: str = "forked"
     startup_s: float = 0.0
     server: ForkServer | None = None
+    engine: EngineTarget | None = None
 
     def start(self) -> None:
         if self.server is not None:
             return
-        args = ["--model", self.spec, *(self.handler.args() if self.handler else [])]
+        args = [
+            "--model",
+            self.spec,
+            *(self.handler.args() if self.handler else []),
+            *_engine_args(self.engine),
+        ]
         server = ForkServer("packrat.profiler.forked", args, env=_child_env(1))
         try:
             server.wait_ready(timeout=self.startup_timeout_s)
@@ -402,10 +432,15 @@ class ForkedWorkers:
 PROCESS_KINDS = ("forked", "fresh")
 
 
-def worker_source(kind: str, spec: str, handler: HandlerTarget | None = None) -> WorkerSource:
-    """Workers of ``kind`` ("forked", the default, or "fresh") for ``spec``."""
+def worker_source(
+    kind: str,
+    spec: str,
+    handler: HandlerTarget | None = None,
+    engine: EngineTarget | None = None,
+) -> WorkerSource:
+    """Workers of ``kind`` ("forked", the default, or "fresh") for ``spec`` (on ``engine``)."""
     if kind == "forked":
-        return ForkedWorkers(spec, handler)
+        return ForkedWorkers(spec, handler, engine=engine)
     if kind == "fresh":
-        return FreshWorkers(spec, handler)
+        return FreshWorkers(spec, handler, engine=engine)
     raise ValueError(f"unknown worker kind {kind!r} (known: {', '.join(PROCESS_KINDS)})")

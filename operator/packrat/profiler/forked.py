@@ -25,6 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--archive", help="a TorchServe .mar whose handler to run")
     parser.add_argument("--sample-request", help="file: the request body for --archive")
     parser.add_argument("--content-type", default="application/octet-stream")
+    parser.add_argument("--engine", default="eager", help="the engine each worker loads")
+    parser.add_argument("--artefact", help="the engine's converted artefact")
     args = parser.parse_args(argv)
     from packrat.profiler import worker
 
@@ -40,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             archive=args.archive,
             sample_request=sample,
             content_type=args.content_type,
+            engine=args.engine,
+            artefact=args.artefact,
         )
         targets.append(target)
         return {"load_s": target.load_s}

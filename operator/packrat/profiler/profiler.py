@@ -27,7 +27,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from packrat.plan.profile import COLOCATED, MODES, Profile, ProfileMeta, ProfilePoint
+from packrat.plan.profile import (
+    COLOCATED,
+    EAGER,
+    ENGINES_KEY,
+    MODES,
+    Profile,
+    ProfileMeta,
+    ProfilePoint,
+)
 from packrat.profiler.checkpoint import existing_profile as _existing
 from packrat.profiler.client import (
     PROCESS_KINDS,
@@ -197,6 +205,8 @@ def run_profile(
     on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None = None,
     handler: HandlerTarget | None = None,
     source: WorkerSource | None = None,
+    engines: Sequence[str] = (EAGER,),
+    artefacts: str | Path | None = None,
 ) -> ProfileRun:
     """Profile ``spec`` on a T-cpu grid; checkpoint to ``output`` after every point.
 
@@ -204,9 +214,35 @@ def run_profile(
     handler (what a serving worker runs); ``spec`` still names the model and its digest.
     ``source``: where workers come from (default: per ``settings.process``, closed at the
     end; a given one is left open for the caller, e.g. to verify plans with it).
+    ``engines``: profile L(engine, t, b) for each (:mod:`.engines`: converted once into the
+    ``artefacts`` folder, checked against eager, left out with the reason when wrong).
     """
     settings = settings or ProfileSettings()
     settings.check()
+    if list(engines) != [EAGER]:
+        from packrat.profiler.engines import run_engines
+
+        if handler is not None:
+            raise ProfilerError(
+                "engines other than eager profile the bare model only (an archive's handler "
+                "runs eager)"
+            )
+        run: ProfileRun = run_engines(
+            eager_source=source,
+            spec=spec,
+            cpus=cpus,
+            max_batch=max_batch,
+            output=output,
+            threads=threads,
+            extra_batches=extra_batches,
+            settings=settings,
+            allowed=allowed,
+            stream=stream,
+            on_point=on_point,
+            engines=engines,
+            artefacts=artefacts,
+        )
+        return run
     own = source is None
     workers = source or worker_source(settings.process, spec, handler)
     try:
@@ -243,8 +279,12 @@ def _run_profile(
     on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None,
     handler: HandlerTarget | None,
     source: WorkerSource,
+    engine: str = EAGER,
+    run: ProfileRun | None = None,
+    began: float | None = None,
+    engine_records: dict[str, Any] | None = None,
 ) -> ProfileRun:
-    began = time.monotonic()
+    began = time.monotonic() if began is None else began
     try:
         digest = model_digest(spec)
     except ZooError as exc:
@@ -282,9 +322,14 @@ def _run_profile(
         meta=meta,
         through=_through(handler),
         path=Path(output) if output is not None else None,
-        run=ProfileRun(profile=None, cpus=base),
+        run=run if run is not None else ProfileRun(profile=None, cpus=base),
+        engine=engine,
     )
     session.resume(stream)
+    if engine_records is not None:  # this run's verdicts; a left-out engine keeps no points
+        session.extra[ENGINES_KEY] = {**session.extra.get(ENGINES_KEY, {}), **engine_records}
+        passed = {e for e, r in engine_records.items() if r.get("status") == "ok"}
+        session.others = [p for p in session.others if p.engine in passed]
     session.start_workers()
     session.measure_todo(on_point)
     session.verify()
@@ -323,24 +368,33 @@ class _Session:
     load_start: float = 0.0
     todo: list[tuple[int, int]] = field(default_factory=list)
     progress: Progress | None = None
+    engine: str = EAGER  # the engine this session measures
+    others: list[ProfilePoint] = field(default_factory=list)  # other engines' points, kept
+
+    def tag(self, key: tuple[int, int]) -> str:
+        return (
+            f"t{key[0]}b{key[1]}" if self.engine == EAGER else f"{self.engine}/t{key[0]}b{key[1]}"
+        )
 
     def resume(self, stream: TextIO | None) -> None:
         """Keep the points an earlier run of the same profile left in the file."""
         path = self.path
         old = _existing(path, self.meta, self.through) if path is not None else None
         if old is not None:
-            self.points = dict(old.index)
+            self.others = [p for p in old.points if p.engine != self.engine]
+            mine = old.for_engine(self.engine) if self.engine in old.engines else None
+            self.points = dict(mine.index) if mine is not None else {}
             self.extra = dict(old.meta.extra)
             self.meta = replace(self.meta, created=old.meta.created or self.meta.created)
         run = self.run
         self.load_start = round(os.getloadavg()[0], 2)
         run.kept = [k for k in self.grid if k in self.points]
         self.todo = [k for k in self.grid if k not in self.points]
+        label = f"profile {self.meta.model}" + (
+            f" on {self.engine}" if self.engine != EAGER else ""
+        )
         progress = Progress(
-            len(self.grid),
-            stream=stream,
-            label=f"profile {self.meta.model}",
-            records=self.settings.progress_records,
+            len(self.grid), stream=stream, label=label, records=self.settings.progress_records
         )
         progress.done = len(run.kept)
         if run.kept:
@@ -391,7 +445,8 @@ class _Session:
         if not self.points:
             return None
         info = self.info()
-        profile = Profile(meta=replace(self.meta, extra=info), points=tuple(self.points.values()))
+        points = tuple(replace(p, engine=self.engine) for p in self.points.values())
+        profile = Profile(meta=replace(self.meta, extra=info), points=points + tuple(self.others))
         profile = profile.with_points(profile.points)
         if self.path is not None:
             profile.save(self.path)
@@ -451,6 +506,8 @@ class _Session:
         """Keep a measured point and its report, and checkpoint the profile."""
         run, extra = self.run, self.extra
         run.startup_s += report["startup_s"]
+        label = self.tag(point.key)
+        point = replace(point, engine=self.engine)
         self.points[point.key] = point
         run.measured.append(point.key)
         if report["cpu_share"] is not None:

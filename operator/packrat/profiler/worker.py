@@ -65,6 +65,8 @@ class Target:
     load_s: float = 0.0
     sample_request: bytes = b""
     content_type: str = "application/octet-stream"
+    engine: str = "eager"  # packrat.runtime.engines: what runs the batches
+    artefact: str | None = None  # its converted artefact (loaded by the pinned worker)
 
     def cleanup(self) -> None:
         if self.workdir is not None:
@@ -77,13 +79,28 @@ def load_target(
     archive: str | None = None,
     sample_request: bytes | None = None,
     content_type: str = "application/octet-stream",
+    engine: str = "eager",
+    artefact: str | None = None,
 ) -> Target:
-    """Build the model (or load the archive's handler); the caller has set its threads."""
+    """Build the model (or load the archive's handler); the caller has set its threads.
+
+    With a converted ``engine`` nothing is built here: each pinned worker loads the artefact
+    itself (:class:`Instance`), after the fork when forked, since engines' thread pools do
+    not survive one."""
     from packrat.runtime.zoo import load_model
 
     start = time.perf_counter()
-    target = Target(spec=spec, sample_request=sample_request or b"", content_type=content_type)
-    if archive is not None:
+    target = Target(
+        spec=spec,
+        sample_request=sample_request or b"",
+        content_type=content_type,
+        engine=engine,
+        artefact=artefact,
+    )
+    if engine != "eager":
+        if archive is not None:
+            raise ValueError("an archive's handler runs eager only")
+    elif archive is not None:
         from packrat.runtime.mar import HandlerService
 
         target.workdir = tempfile.mkdtemp(prefix="packrat-profile-")
@@ -121,6 +138,16 @@ class Instance:
         self.load_s = target.load_s
         self._example_input = example_input
         self._inputs: dict[int, Any] = {}
+        self.engine = target.engine
+        self.runner: Any = None
+        if target.engine != "eager":  # this (pinned) process loads the artefact
+            from packrat.runtime import engines
+
+            began = time.perf_counter()
+            artefact = Path(target.artefact) if target.artefact else None
+            self.runner = engines.engine(target.engine).load(artefact, model=None, threads=threads)
+            self.engine_load_s = time.perf_counter() - began
+            self.load_s += self.engine_load_s
 
     @classmethod
     def fresh(
@@ -132,6 +159,8 @@ class Instance:
         archive: str | None = None,
         sample_request: bytes | None = None,
         content_type: str = "application/octet-stream",
+        engine: str = "eager",
+        artefact: str | None = None,
     ) -> Instance:
         """Pin this (fresh) process, then import torch and load the model."""
         os.environ.update(thread_env(threads))
@@ -141,7 +170,12 @@ class Instance:
 
         pin_current_process(cpus, threads=threads)
         target = load_target(
-            spec, archive=archive, sample_request=sample_request, content_type=content_type
+            spec,
+            archive=archive,
+            sample_request=sample_request,
+            content_type=content_type,
+            engine=engine,
+            artefact=artefact,
         )
         return cls(target, cpus=cpus, threads=threads)
 
@@ -159,6 +193,11 @@ class Instance:
             self.service.predict(bodies, content_type=self.content_type)
             return start, time.monotonic()
         x = self._input(batch)
+        if self.runner is not None:
+            inputs = x if isinstance(x, tuple) else (x,)
+            start = time.monotonic()
+            self.runner.run(inputs)
+            return start, time.monotonic()
         with self.torch.inference_mode():
             start = time.monotonic()
             if isinstance(x, tuple):
@@ -179,6 +218,7 @@ class Instance:
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_s": self.load_s,
             "forked": self.forked,
+            "engine": self.engine,
             "through": "handler" if self.service is not None else "model",
             "handler": self.service.handler if self.service is not None else None,
         }
@@ -302,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--archive", help="a TorchServe .mar whose handler to run")
     parser.add_argument("--sample-request", help="file: the request body for --archive")
     parser.add_argument("--content-type", default="application/octet-stream")
+    parser.add_argument("--engine", default="eager", help="the engine to run the batches")
+    parser.add_argument("--artefact", help="the engine's converted artefact")
     args = parser.parse_args(argv)
 
     out = _protocol_out()
@@ -314,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             archive=args.archive,
             sample_request=sample,
             content_type=args.content_type,
+            engine=args.engine,
+            artefact=args.artefact,
         )
     except Exception as exc:
         traceback.print_exc()

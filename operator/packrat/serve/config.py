@@ -32,15 +32,19 @@ class InstanceSpec:
     threads: int
     batch: int
     cpus: tuple[int, ...]
+    engine: str = "eager"  # what the worker runs (packrat.runtime.engines; native runtime only)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "index": self.index,
             "name": self.name,
             "threads": self.threads,
             "batch": self.batch,
             "cpus": list(self.cpus),
         }
+        if self.engine != "eager":
+            out["engine"] = self.engine
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +151,7 @@ def plan_instances(
                 threads=threads,
                 batch=batch,
                 cpus=tuple(cpus),
+                engine=plan.engine,
             )
         )
     return specs

@@ -21,6 +21,8 @@ from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.pods import job_state, pod_failure, unschedulable
 from packrat.controller.core.status import ProfileRecord, now_iso, parse_time
 from packrat.controller.profiling import manifests as pm
+from packrat.controller.profiling.engines import CONDITION as ENGINES_CONDITION
+from packrat.controller.profiling.engines import engines_condition, left_out
 from packrat.controller.profiling.isolation import CONDITION as ISOLATION_CONDITION
 from packrat.controller.profiling.isolation import cores_exclusive
 from packrat.controller.profiling.progress import parse_progress
@@ -99,6 +101,9 @@ def ensure_profile(
         if exclusive is not None:
             p.cond(ISOLATION_CONDITION, exclusive, reason, message[:2000])
             p.result.cores_exclusive = exclusive
+        verified, reason, message = engines_condition(profile)
+        if verified is not None:
+            p.cond(ENGINES_CONDITION, verified, reason, message[:2000])
         return profile
 
     drop_superseded(p, jobs, keep=obj_name)
@@ -241,6 +246,8 @@ def _store(
     exclusive, reason, message = cores_exclusive(profile)
     if exclusive is False:
         p.emit("Warning", reason, f"profiling pod: {message}"[:1000])
+    for engine, why in left_out(profile).items():
+        p.emit("Warning", "EngineLeftOut", f"engine {engine} is not served: {why}"[:1000])
     return ensure_profile(p, model, configmap=cm_body, jobs=[])
 
 

@@ -9,7 +9,9 @@ A ``spec`` is a zoo name (``resnet50``, ``inception_v3``, ``bert-base``, ``gpt2`
 optionally prefixed ``zoo:``) or a path to a TorchScript file (``.pt``/``.pth``/``.ts``).
 A TorchScript file describes its input in an extra file ``packrat.json`` written by
 :func:`save_torchscript` (``{"inputs": [{"shape": [3, 224, 224], "dtype": "float32"}]}``,
-shapes without the batch dimension).
+shapes without the batch dimension). A ``.pt2`` file is a ``torch.export`` program
+(``torch.export.save``): its inputs are the example inputs it was exported with (their
+first dimension taken as the batch), so it needs no description.
 
 The architectures live in one module per family (:mod:`~packrat.runtime.zoo.tiny`,
 :mod:`~packrat.runtime.zoo.resnet`, :mod:`~packrat.runtime.zoo.inception`,
@@ -129,12 +131,41 @@ def _quiet_jit() -> Iterator[None]:
         yield
 
 
+class _Exported(nn.Module):
+    """A ``torch.export`` program as a module: its unlifted graph module, which refuses
+    ``train``/``eval`` (an exported program has one mode), behind a module that accepts them."""
+
+    def __init__(self, program: nn.Module) -> None:
+        super().__init__()
+        self.program = program
+
+    def forward(self, *inputs: Tensor) -> Any:
+        return self.program(*inputs)
+
+    def train(self, mode: bool = True) -> _Exported:
+        self.training = mode  # the program keeps the mode it was exported in
+        return self
+
+
+def _exported(path: Path) -> Any:
+    try:
+        return torch.export.load(str(path))
+    except Exception as exc:  # a corrupt or foreign archive: one line, not a traceback
+        raise ZooError(f"{path}: not a loadable torch.export program (.pt2): {exc}"[:300]) from None
+
+
 def load_model(spec: str) -> nn.Module:
-    """Build a zoo model (random weights, fixed seed) or load a TorchScript file, in eval mode."""
+    """Build a zoo model (random weights, fixed seed) or load a TorchScript file or a
+    torch.export program (.pt2), in eval mode."""
     key = _zoo_key(spec)
     if key is not None:
         return _seeded(_ZOO[key].build)
     path = _model_path(spec)
+    if path.suffix.lower() == ".pt2":
+        module = _Exported(_exported(path).module())
+        for p in module.parameters():
+            p.requires_grad_(False)
+        return module.eval()
     try:
         with _quiet_jit():
             module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
@@ -144,7 +175,25 @@ def load_model(spec: str) -> nn.Module:
     return module  # type: ignore[no-any-return]
 
 
+def _exported_inputs(path: Path) -> tuple[_Input, ...] | None:
+    """A .pt2's inputs: its example inputs without their first (batch) dimension."""
+    examples = _exported(path).example_inputs
+    args = examples[0] if examples else ()
+    if not args or not all(isinstance(a, Tensor) and a.dim() >= 1 for a in args):
+        return None
+    return tuple(
+        _Input(
+            tuple(int(d) for d in a.shape[1:]),
+            a.dtype,
+            0 if a.dtype.is_floating_point or a.numel() == 0 else int(a.max()) + 1,
+        )
+        for a in args
+    )
+
+
 def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
+    if path.suffix.lower() == ".pt2":
+        return _exported_inputs(path)
     extra = {EXTRA_FILE: ""}
     try:
         with _quiet_jit():
@@ -182,6 +231,11 @@ def _inputs(spec: str) -> tuple[_Input, ...]:
         return _ZOO[key].inputs
     path = _model_path(spec)
     inputs = _file_inputs(path)
+    if inputs is None and path.suffix.lower() == ".pt2":
+        raise ZooError(
+            f"{spec}: the torch.export program keeps no example inputs with a batch "
+            f"dimension; export it with example tensors of shape (batch, ...)"
+        )
     if inputs is None:
         raise ZooError(
             f"{spec}: the TorchScript file does not describe its input; save it with "

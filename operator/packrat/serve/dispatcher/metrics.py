@@ -165,6 +165,12 @@ class ServeMetrics(MetricSet):
             "The batch size B the running plan was computed for.",
             ["model"],
         )
+        self.plan_engine = self._gauge(
+            "packrat_plan_engine",
+            "1 for the engine the running plan's instances run (eager, onnxruntime, openvino, "
+            "inductor), 0 for an engine an earlier plan ran.",
+            ["model", "engine"],
+        )
 
     def _add_robustness_metrics(self) -> None:
         """Robustness (issue 10): what the dispatcher refused, dropped or is holding."""

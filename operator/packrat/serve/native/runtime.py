@@ -428,6 +428,8 @@ class NativeRuntime:
         ]  # fmt: skip
         if self.weights is not None:
             args += ["--weights", str(self.weights)]
+        if inst.engine != "eager":  # loaded by the worker itself, after the fork
+            args += ["--engine", inst.engine]
         return args
 
     async def spawn(self, inst: InstanceSpec) -> _Worker:

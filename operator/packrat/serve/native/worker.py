@@ -38,12 +38,12 @@ log = logging.getLogger("packrat.native.worker")
 Runner = Callable[[list[Item]], list[Result]]
 
 
-def _zoo_runner(model_dir: Path, weights: Path | None) -> Runner:
+def _zoo_runner(model_dir: Path, weights: Path | None, engine: str, threads: int) -> Runner:
     from packrat.runtime.mar import request_row
     from packrat.serve.modelservice import BatchContext, ModelService
 
     spec = json.loads((model_dir / "packrat_model.json").read_text())
-    service = ModelService(spec, model_dir, weights)
+    service = ModelService(spec, model_dir, weights, engine=engine, threads=threads)
 
     def run(items: list[Item]) -> list[Result]:
         context = BatchContext(len(items))
@@ -83,8 +83,11 @@ def load(args: argparse.Namespace) -> Runner:
              args.name, cpus, args.threads, os.getpid())  # fmt: skip
     model_dir = Path(args.model_dir)
     if args.kind == "mar":
+        if args.engine != "eager":
+            raise ValueError(f"a .mar's handler runs eager only, not {args.engine}")
         return _mar_runner(model_dir, args.name, args.batch)
-    return _zoo_runner(model_dir, Path(args.weights) if args.weights else None)
+    weights = Path(args.weights) if args.weights else None
+    return _zoo_runner(model_dir, weights, args.engine, args.threads)
 
 
 def serve(channel: socket.socket, run: Runner) -> int:
@@ -122,6 +125,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--kind", choices=("model", "mar"), required=True)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--weights")
+    parser.add_argument("--engine", default="eager", help="packrat.runtime.engines name")
     return parser.parse_args(argv)
 
 

@@ -79,6 +79,10 @@ class InPodSwitch:
         if runtime is None or dispatcher is None or not dispatcher.ready:
             raise SwitchError(503, "the pod is not serving yet; nothing to switch")
         old_plan = pod.opts.plan
+        if plan.engine != "eager" and pod.opts.runtime != "native":
+            raise SwitchError(
+                400, f"the {pod.opts.runtime} runtime serves eager plans only, not {plan.engine}"
+            )
         if plan.to_dict() == old_plan.to_dict():
             return {"switched": False, "plan": plan.label, "message": "already serving it"}
         from packrat.serve.pod.server import resolve_cores

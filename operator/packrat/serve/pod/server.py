@@ -258,10 +258,19 @@ class PodServer:
         self.opts.plan = plan
         self.instances = list(instances)
         self.generation = generation
+        self.show_engine(plan.engine)
         self.health = {
             inst.name: Health(up=True, pid=pid, warmed_pid=pid, status="READY")
             for inst, pid in zip(instances, pids, strict=True)
         }
+
+    def show_engine(self, engine: str) -> None:
+        """``packrat_plan_engine``: 1 for the running plan's engine, 0 for the others seen."""
+        gauge = self.metrics.plan_engine
+        for sample in [s for metric in gauge.collect() for s in metric.samples]:
+            if sample.labels.get("model") == self.name and sample.labels.get("engine") != engine:
+                gauge.labels(self.name, sample.labels["engine"]).set(0)
+        gauge.labels(self.name, engine).set(1)
 
     def _alive(self) -> bool:
         """Liveness: the runtime runs, and no instance has been down for ``stuck_instance_s``
@@ -536,6 +545,7 @@ class PodServer:
         log.info("packrat serve: %s", timeline.line())
         for step, seconds in timeline.offsets().items():
             self.metrics.startup_seconds.labels(self.name, step).set(seconds)
+        self.show_engine(self.opts.plan.engine)
 
     async def _zygote_ready(self) -> None:
         assert self.zygote is not None

@@ -1,0 +1,196 @@
+"""Converted artefacts, once per (model digest, engine, engine version, input specs).
+
+The profiling Job converts; the profile records where the artefact is; every pod and every
+later profile of the same model finds it by the same key and loads it, never converting
+again. A conversion is written to a temporary folder beside its final one and renamed into
+place, so a reader sees a complete artefact or none, and two Jobs racing both end with one.
+
+Layout under the cache root (where the pods read weights)::
+
+    <model>-<digest16>/<engine>-<version>-<specs12>/artefact.json   (the manifest)
+                                                    model.xml ...    (the engine's files)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from packrat.runtime.engines.base import Engine, EngineError, InputSpec, specs_digest
+
+MANIFEST = "artefact.json"
+FORMAT = "packrat.artefact/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Artefact:
+    """A converted model: its engine, its file (None for eager) and how it was made."""
+
+    engine: str
+    version: str
+    model_digest: str
+    inputs: tuple[InputSpec, ...]
+    path: Path | None
+    folder: Path | None
+    conversion_s: float = 0.0
+    converted_now: bool = False  # False: found in the cache
+
+    def to_record(self) -> dict[str, Any]:
+        """As the profile records it (``meta.extra.engines.<name>.artefact``)."""
+        return {
+            "engine": self.engine,
+            "version": self.version,
+            "path": None if self.path is None else str(self.path),
+            "conversion_s": round(self.conversion_s, 3),
+        }
+
+
+def artefact_folder(
+    root: Path, *, model: str, digest: str, engine: str, version: str, inputs: Sequence[InputSpec]
+) -> Path:
+    safe_version = "".join(c if c.isalnum() or c in ".-_" else "_" for c in version)[:40]
+    return (
+        root
+        / f"{model}-{digest.removeprefix('sha256:')[:16]}"
+        / f"{engine}-{safe_version}-{specs_digest(inputs)}"
+    )
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    return data
+
+
+def converted(
+    engine: Engine,
+    *,
+    root: Path,
+    model_name: str,
+    digest: str,
+    inputs: Sequence[InputSpec],
+    build: Callable[[], nn.Module],
+) -> Artefact:
+    """The engine's artefact for this model, from the cache or converted now (and cached)."""
+    version = engine.version()
+    specs = tuple(inputs)
+    folder = artefact_folder(
+        root, model=model_name, digest=digest, engine=engine.name, version=version, inputs=specs
+    )
+    found = _cached(engine.name, version, digest, specs, folder)
+    if found is not None:
+        return found
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        began = time.monotonic()
+        path = engine.convert(build(), specs, tmp)
+        seconds = time.monotonic() - began
+        manifest = {
+            "format": FORMAT,
+            "engine": engine.name,
+            "version": version,
+            "model_digest": digest,
+            "inputs": [i.to_dict() for i in specs],
+            "file": None if path is None else path.name,
+            "conversion_s": round(seconds, 3),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another Job finished the same conversion first: keep theirs
+            found = _cached(engine.name, version, digest, specs, folder)
+            if found is None:
+                raise EngineError(f"{engine.name}: cannot store the artefact in {folder}") from None
+            return found
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Artefact(
+        engine=engine.name,
+        version=version,
+        model_digest=digest,
+        inputs=specs,
+        path=None if path is None else folder / path.name,
+        folder=folder,
+        conversion_s=seconds,
+        converted_now=True,
+    )
+
+
+def _cached(
+    engine: str, version: str, digest: str, inputs: tuple[InputSpec, ...], folder: Path
+) -> Artefact | None:
+    manifest = read_manifest(folder)
+    if manifest is None or manifest.get("model_digest") != digest:
+        return None
+    name = manifest.get("file")
+    path = None if name is None else folder / str(name)
+    if path is not None and not path.is_file():
+        return None
+    return Artefact(
+        engine=engine,
+        version=version,
+        model_digest=digest,
+        inputs=inputs,
+        path=path,
+        folder=folder,
+        conversion_s=float(manifest.get("conversion_s", 0.0)),
+        converted_now=False,
+    )
+
+
+ARTEFACTS_ENV = "PACKRAT_ARTEFACTS"  # the serving pod's artefact folder (packrat serve --artefacts)
+
+
+def find(root: Path, spec: str, engine: Engine) -> Artefact:
+    """The artefact the profiling Job converted for ``spec`` (never converted here: a pod
+    that cannot find it fails to load with this one line)."""
+    from packrat.runtime.engines import input_specs
+    from packrat.runtime.zoo import model_digest, model_name
+
+    version = engine.version()
+    specs = input_specs(spec)
+    digest = model_digest(spec)
+    folder = artefact_folder(
+        root,
+        model=model_name(spec),
+        digest=digest,
+        engine=engine.name,
+        version=version,
+        inputs=specs,
+    )
+    found = _cached(engine.name, version, digest, specs, folder)
+    if found is None:
+        raise EngineError(
+            f"no {engine.name} {version} artefact for {model_name(spec)} in {root}: profile it "
+            f"with packrat profile --engines {engine.name} --artefacts {root}"
+        )
+    return found
+
+
+def load_converted(spec: str, name: str, *, threads: int) -> tuple[Any, Path | None]:
+    """A runner of engine ``name`` for ``spec`` from the folder in :data:`ARTEFACTS_ENV`."""
+    from packrat.runtime.engines import EngineMissingError, engine
+
+    chosen = engine(name)
+    missing = chosen.missing()
+    if missing is not None:
+        raise EngineMissingError(missing)
+    root = os.environ.get(ARTEFACTS_ENV)
+    if not root:
+        raise EngineError(f"engine {name}: no artefact folder ({ARTEFACTS_ENV} / --artefacts)")
+    artefact = find(Path(root), spec, chosen)
+    return chosen.load(artefact.path, model=None, threads=threads), artefact.path

@@ -1,0 +1,79 @@
+"""ONNX Runtime (CPU execution provider, every graph optimisation): the optional extra
+``onnxruntime``."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from packrat.runtime.engines.base import (
+    ONNXRUNTIME,
+    EngineError,
+    EngineMissingError,
+    InputSpec,
+    memory_report,
+)
+from packrat.runtime.engines.onnx_export import export_onnx
+
+
+def _module() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise EngineMissingError(OnnxRuntime().missing()) from None
+    return onnxruntime
+
+
+class OrtRunner:
+    def __init__(self, session: Any, artefact: Path) -> None:
+        self.session = session
+        self.artefact = artefact
+        self.names = [i.name for i in session.get_inputs()]
+
+    def run(self, inputs: Sequence[Tensor]) -> Tensor | tuple[Tensor, ...]:
+        feed = {n: t.contiguous().numpy() for n, t in zip(self.names, inputs, strict=True)}
+        outs = [torch.from_numpy(o) for o in self.session.run(None, feed)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def memory(self) -> dict[str, int]:
+        return memory_report(self.artefact)
+
+
+class OnnxRuntime:
+    name = ONNXRUNTIME
+    fork_safe = False  # its thread pool is created with the session: load after the fork
+
+    def missing(self) -> str | None:
+        for package in ("onnxruntime", "onnx"):
+            try:
+                importlib.metadata.version(package)
+            except importlib.metadata.PackageNotFoundError:
+                return (
+                    f"engine onnxruntime: the {package} package is not installed "
+                    f"(pip install 'packrat-operator[onnxruntime]')"
+                )
+        return None
+
+    def version(self) -> str:
+        return importlib.metadata.version("onnxruntime")
+
+    def convert(self, model: nn.Module, inputs: Sequence[InputSpec], folder: Path) -> Path:
+        return export_onnx(model, inputs, folder / "model.onnx")
+
+    def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> OrtRunner:
+        if artefact is None:
+            raise EngineError("onnxruntime: no artefact to load")
+        ort = _module()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        session = ort.InferenceSession(str(artefact), options, providers=["CPUExecutionProvider"])
+        return OrtRunner(session, artefact)

@@ -1,0 +1,96 @@
+"""Profiling several engines (real worker processes, the tiny model): each engine converted
+once and reused by a second profile, checked against eager, and an engine that disagrees or
+crashes left out of the profile, with its reason, so that no plan can use it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from packrat.plan.optimizer import Optimizer
+from packrat.plan.profile import ENGINES_KEY
+from packrat.profiler.profiler import ProfileSettings, run_profile
+from packrat.runtime import engines
+from packrat.runtime.engines.prepare import FAULT_ENV
+
+QUICK = ProfileSettings(
+    precision=0.3, point_budget_s=1.0, warmup=1, min_samples=3, verify=False, allow_contended=True
+)
+
+
+def _need(*names: str) -> None:
+    for name in names:
+        reason = engines.engine(name).missing()
+        if reason is not None:
+            pytest.skip(reason)
+
+
+def _profile(output: Path, artefacts: Path, names: tuple[str, ...]) -> dict[str, object]:
+    run = run_profile(
+        spec="tiny",
+        cpus=1,
+        max_batch=2,
+        output=output,
+        threads=[1],
+        settings=QUICK,
+        allowed=[0],
+        engines=names,
+        artefacts=artefacts,
+    )
+    assert run.profile is not None
+    return json.loads(output.read_text())
+
+
+def test_converted_once_and_reused_by_a_second_profile(tmp_path: Path) -> None:
+    _need(engines.ONNXRUNTIME)
+    artefacts = tmp_path / "artefacts"
+    first = _profile(tmp_path / "a.json", artefacts, ("eager", "onnxruntime"))
+    record = first["meta"]["extra"][ENGINES_KEY]["onnxruntime"]  # type: ignore[index]
+    assert record["status"] == "ok" and record["converted_now"] is True
+    onnx = Path(record["artefact"]["path"])
+    stamp = (onnx.stat().st_mtime_ns, onnx.stat().st_ino)
+    points = first["points"]
+    assert {p.get("engine", "eager") for p in points} == {"eager", "onnxruntime"}  # type: ignore[union-attr]
+
+    second = _profile(tmp_path / "b.json", artefacts, ("eager", "onnxruntime"))
+    again = second["meta"]["extra"][ENGINES_KEY]["onnxruntime"]  # type: ignore[index]
+    assert again["converted_now"] is False and again["artefact"]["path"] == str(onnx)
+    assert (onnx.stat().st_mtime_ns, onnx.stat().st_ino) == stamp  # not rewritten
+    assert len(list(artefacts.rglob("artefact.json"))) == 1
+
+
+@pytest.mark.parametrize("fault", ["wrong", "crash"])
+def test_an_engine_that_disagrees_or_crashes_is_never_planned(
+    fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _need(engines.OPENVINO)
+    monkeypatch.setenv(FAULT_ENV, f"openvino:{fault}")
+    doc = _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "openvino"))
+    record = doc["meta"]["extra"][ENGINES_KEY]["openvino"]  # type: ignore[index]
+    assert record["status"] == "excluded"
+    assert ("differs from eager" if fault == "wrong" else "injected fault") in record["reason"]
+    assert all(p.get("engine", "eager") == "eager" for p in doc["points"])  # type: ignore[union-attr]
+    from packrat.plan.profile import load_profile
+
+    profile = load_profile(tmp_path / "p.json")
+    optimizer = Optimizer.for_profile(profile, cpus=1, max_batch=2)
+    assert {optimizer.plan(b).engine for b in (1, 2)} == {"eager"}
+
+
+def test_plans_are_verified_on_their_engine_against_the_fastest_fat_engine(
+    tmp_path: Path,
+) -> None:
+    _need(engines.ONNXRUNTIME)
+    from packrat.bench.verify import verify_plans
+    from packrat.plan.profile import load_profile
+
+    _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "onnxruntime"))
+    profile = load_profile(tmp_path / "p.json")
+    record = verify_plans(profile, spec="tiny", cpus=1, batches=[2], repeats=2)
+    assert "error" not in record, record
+    (result,) = record["results"]
+    plan = Optimizer.for_profile(profile, cpus=1, max_batch=2).plan(2)
+    assert result["label"] == plan.label and result["plan"].get("engine", "eager") == plan.engine
+    assert result["fatMs"] > 0 and result["planMs"] > 0
