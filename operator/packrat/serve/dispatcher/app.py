@@ -375,8 +375,7 @@ class Dispatcher(SwapMixin):
             if self.canary.take():  # a share of the traffic goes to the canary's Service
                 answered = await self.canary.forward(request.headers, request.query, body)
                 if answered is not None:  # else (canary failed): served here
-                    reserve += answered[1]  # its answer's bytes, held as the body's are
-                    return self._answer(answered[0], start, source="canary")
+                    return self._answer(answered, start, source="canary")
             headers = passthrough(request.headers.items())
             answer = await self.run_one(request, headers, request.query, body, track)
             if answer.gone:  # answered, but nobody to answer: not a 200
