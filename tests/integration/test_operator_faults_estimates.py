@@ -147,4 +147,5 @@ def test_fault8_hostile_pod_status_is_bounded(setup: tuple[Api, Kube, Pods]) -> 
     assert pods.redirect_hits == 0  # the redirect was not followed
     # the huge answer was cut short: at most what the socket buffers took before the close
     assert pods.huge_sent < HUGE // 4, pods.huge_sent
-    assert MAX_BYTES <= 8 * 1024
+    # a cap that holds a 256-instance pod's /status (issue 38), far below the huge answer
+    assert MAX_BYTES <= 128 * 1024

@@ -7,6 +7,7 @@ Real dispatcher, real canary server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -44,6 +45,12 @@ class Hostile:
         return web.Response(body=b"from-canary")
 
 
+async def _until(predicate: Any) -> None:
+    async with asyncio.timeout(30):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
 async def _with_canary(hostile: Hostile, check: Any, **kwargs: Any) -> None:
     app = web.Application()
     app.router.add_post("/predictions/{name}", hostile.predict)
@@ -73,7 +80,7 @@ def test_a_huge_canary_answer_is_capped_and_served_here() -> None:
         async with session.get(f"{front}/status", headers=AUTH) as r:
             stats = (await r.json())["canary"]
         assert stats["errors"] == 3 and stats["served"] == 0
-        assert d.budget.used == 0  # every reservation given back
+        await _until(lambda: d.budget.used == 0)  # every reservation given back
 
     run(lambda: _with_canary(hostile, check))
 
@@ -90,7 +97,7 @@ def test_a_canary_answer_is_charged_to_the_buffer_budget() -> None:
         with_room = d.canary.counts.copy()
         async with session.post(f"{front}/predictions/m", data=b"x") as r:
             assert r.headers.get(HEADER) == "true" and await r.read() == b"from-canary"
-        assert d.budget.used == 0
+        await _until(lambda: d.budget.used == 0)  # released once the answer is gone
         assert with_room["errors"] == 0  # a full budget is not the canary's failure
 
     run(lambda: _with_canary(hostile, check))
@@ -135,3 +142,30 @@ def test_4xx_answers_are_reported_as_failures() -> None:
         assert stats["client_errors"] == 5 and stats["requests"] == 5
 
     run(lambda: _with_canary(hostile, check))
+
+
+def test_the_answer_stays_charged_while_it_lives() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from packrat.serve.dispatcher.canary import CanarySplit
+    from packrat.serve.dispatcher.connections import BufferBudget
+
+    async def main() -> None:
+        hostile = Hostile()
+        app = web.Application()
+        app.router.add_post("/predictions/{name}", hostile.predict)
+        runner, canary_url = await _serve(app)
+        budget = BufferBudget(1024)
+        split = CanarySplit(model="m", registry=CollectorRegistry(), budget=budget)
+        try:
+            split.configure(f"{canary_url}/predictions/m2", 100, "v2")
+            answer = await split.forward({}, {}, b"x")
+            assert answer is not None and answer.body == b"from-canary"
+            assert budget.used == len(b"from-canary")  # held by the answer
+            del answer
+            assert budget.used == 0  # freed with it
+        finally:
+            await split.close()
+            await runner.cleanup()
+
+    run(main)

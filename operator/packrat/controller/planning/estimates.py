@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 # holds a pod of 256 single-core instances several times over.
 MAX_BYTES = 128 * 1024
 DEADLINE_SECONDS = 2.0
+TOKEN_SECONDS = 60.0
 MAX_PODS = 64
 
 
@@ -84,7 +86,22 @@ class EstimateReader:
         # per model, the pod addresses its last read went to (what peek() reads again);
         # bounded by the models this operator serves, forgotten with a deleted model
         self._last: dict[str, tuple[list[str], dict[str, str]]] = {}
+        self._tokens: dict[str, tuple[float, str | None]] = {}  # when read, and the token
         self._lock = threading.Lock()
+
+    def _token(self, namespace: str, name: str) -> str | None:
+        """The model's admin token, read at most every ``TOKEN_SECONDS`` (a token a minute
+        old is still one the pods accept: they take the current and the previous one, and
+        the schedule rotates at most every 600 s)."""
+        key, now = f"{namespace}/{name}", time.monotonic()
+        with self._lock:
+            kept = self._tokens.get(key)
+        if kept is not None and now - kept[0] < TOKEN_SECONDS:
+            return kept[1]
+        token = read_token(self.kube, namespace, name)
+        with self._lock:
+            self._tokens[key] = (now, token)
+        return token
 
     def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return ready_pods(self.kube, namespace, name)
@@ -122,7 +139,7 @@ class EstimateReader:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
             # the model's own pods show their live counts (the fast trigger's evidence) only
             # with its token; the Service, which an author could point elsewhere, gets none
-            (value,) = token or (read_token(self.kube, namespace, name),)
+            (value,) = token or (self._token(namespace, name),)
             headers = {"Authorization": f"Bearer {value}"} if value else {}
             with self._lock:
                 self._last[owner] = (urls, headers)
@@ -147,3 +164,4 @@ class EstimateReader:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._last.pop(f"{namespace}/{name}", None)
+            self._tokens.pop(f"{namespace}/{name}", None)

@@ -395,8 +395,7 @@ class Dispatcher(SwapMixin):
             if self.canary.take():  # a share of the traffic goes to the canary's Service
                 answered = await self.canary.forward(request.headers, request.query, body)
                 if answered is not None:  # else (canary failed): served here
-                    reserve += answered[1]  # its answer's bytes, held as the body's are
-                    return self._answer(answered[0], start, source="canary")
+                    return self._answer(answered, start, source="canary")
             headers = passthrough(request.headers.items())
             answer = await self.run_one(request, headers, request.query, body, track)
             if answer.gone:  # answered, but nobody to answer: not a 200
@@ -523,12 +522,8 @@ class Dispatcher(SwapMixin):
         through the queue (its place admitted with its request's) and an instance."""
         if self.canary.take():
             answered = await self.canary.forward(headers, {}, body)
-            if answered is not None:
-                # charged while it was read (capped); a sample's answer is then held only
-                # until its request's answers are stacked, released here so that no failure
-                # path of the three protocols' callers can leak it from the budget
-                self.budget.release(answered[1])
-                return Answer(answered[0], "canary")
+            if answered is not None:  # charged to the budget for as long as it lives
+                return Answer(answered, "canary")
         return await self.run_one(request, headers, {}, body, track, shields=False, admitted=True)
 
     def offer_log(

@@ -38,6 +38,7 @@ import collections
 import json
 import math
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,9 +142,10 @@ class CanarySplit:
     # -- the forward -----------------------------------------------------------------------------
     async def forward(
         self, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
-    ) -> tuple[web.Response, int] | None:
-        """The canary's answer and the bytes of :attr:`budget` it holds (the caller releases
-        them once done with it), or None when the request must be served here."""
+    ) -> web.Response | None:
+        """The canary's answer, or None when the request must be served here. Its bytes stay
+        charged to :attr:`budget` for as long as the answer lives (released when it is freed,
+        whoever holds it: the caller need not know)."""
         url = self.url
         if url is None:
             return None
@@ -183,7 +185,9 @@ class CanarySplit:
             return None
         self._count("served" if status < 400 else "client_errors", time.perf_counter() - start, url)
         out[HEADER] = "true"
-        return web.Response(status=status, body=payload, headers=out), held
+        response = web.Response(status=status, body=payload, headers=out)
+        weakref.finalize(response, self.budget.release, held)
+        return response
 
     def _hold(self, declared: int | None) -> int:
         """Reserve the answer's bytes (its declared length, else the cap) before reading."""
