@@ -92,6 +92,45 @@ def reference_from_spec(doc: Mapping[str, Any]) -> TunerReference:
     )
 
 
+@dataclass(frozen=True)
+class Autoscaling:
+    """``spec.autoscaling`` of a valid spec, typed once with its defaults
+    (:data:`AUTOSCALING_DEFAULTS`, filled in by :func:`with_slo_defaults`): who changes the
+    replica count (``mode``), within which bounds, how often the tuner looks, and where its
+    arrivals come from (``ingress``: a Service and a scale factor)."""
+
+    mode: str
+    min_replicas: int
+    max_replicas: int
+    scale_down_delay_seconds: float
+    interval_seconds: float
+    startup_floor_seconds: float
+    has_reference: bool  # autoscaling.reference given (typed: ``ModelSpec.reference``)
+    ingress: tuple[str, float] | None
+    signature: str  # every field as given (a tuner is rebuilt when it changes)
+
+    @classmethod
+    def of(cls, auto: Mapping[str, Any]) -> Autoscaling:
+        """The typed form of a validated ``spec.autoscaling`` (defaults filled in)."""
+        full = {**AUTOSCALING_DEFAULTS, **auto}
+        ingress = full.get("ingress")
+        return cls(
+            mode=str(full["mode"]),
+            min_replicas=int(full["minReplicas"]),
+            max_replicas=int(full["maxReplicas"]),
+            scale_down_delay_seconds=float(full["scaleDownDelaySeconds"]),
+            interval_seconds=float(full["intervalSeconds"]),
+            startup_floor_seconds=float(full["startupFloorSeconds"]),
+            has_reference=isinstance(full.get("reference"), Mapping),
+            ingress=(
+                (str(ingress["service"]), float(ingress["scaleFactor"]))
+                if isinstance(ingress, Mapping)
+                else None
+            ),
+            signature=repr(sorted(full.items())),
+        )
+
+
 def spec_reference(spec: Mapping[str, Any]) -> TunerReference | None:
     """The reference a (validated) spec gives its tuner itself, if any."""
     auto = spec.get("autoscaling")
