@@ -108,17 +108,18 @@ class Tuners:
             found = self._items.get(key)
             if found is not None and found[0] == signature:
                 return found[1]
+            low, high = auto.min_replicas, auto.max_replicas
             tuner = Tuner(
                 planned_replicas=ref.replicas,
                 replica_capacity=ref.capacity,
                 windows=ref.windows,
                 planned_rates=ref.planned_rates,
-                min_replicas=auto.min_replicas,
-                max_replicas=auto.max_replicas,
+                min_replicas=low,
+                max_replicas=high,
                 scale_down_delay_s=auto.scale_down_delay_seconds,
                 noise_z=NOISE_Z,
             )
-            tuner.replicas = max(tuner.min_replicas, min(auto.max_replicas, current))
+            tuner.replicas = max(low, min(high, current))
             self._items[key] = (signature, tuner)
             return tuner
 
