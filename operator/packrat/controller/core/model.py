@@ -28,7 +28,7 @@ from typing import Any
 
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging
-from packrat.controller.core.slo_spec import Autoscaling, TunerReference, spec_reference
+from packrat.controller.core.slo_spec import Autoscaling, Slo, TunerReference, spec_reference
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -134,7 +134,7 @@ class ModelSpec:
     profiling: Profiling
     switch: SwitchTiming
     source: Mapping[str, Any]  # spec.model
-    slo: Mapping[str, Any] | None
+    slo: Slo | None  # spec.slo, typed with its defaults
     autoscaling: Autoscaling | None  # spec.autoscaling, typed with its defaults
     reference: TunerReference | None  # spec.autoscaling.reference (a pipeline stage's)
     node_selector: Mapping[str, str]
@@ -304,7 +304,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             drain_seconds=float(switch["drainSeconds"]),
         ),
         "source": spec["model"],
-        "slo": slo if isinstance(slo, Mapping) else None,
+        "slo": Slo.of(slo) if isinstance(slo, Mapping) else None,
         "autoscaling": Autoscaling.of(autoscaling) if isinstance(autoscaling, Mapping) else None,
         "reference": spec_reference(spec),
         "node_selector": spec.get("nodeSelector") or MappingProxyType({}),

@@ -93,6 +93,36 @@ def reference_from_spec(doc: Mapping[str, Any]) -> TunerReference:
 
 
 @dataclass(frozen=True)
+class Slo:
+    """``spec.slo`` of a valid spec (a model's or a pipeline's), typed once with its
+    defaults (:data:`SLO_DEFAULTS`): the P99 objective, and the sample arrivals it is planned
+    on, a gamma trace at ``rate`` (its ``cv``, over ``duration_seconds``) or a recorded one
+    (``trace``: its ConfigMap and key)."""
+
+    latency_p99_ms: float
+    rate: float | None
+    cv: float
+    duration_seconds: float
+    max_cores: int | None
+    trace: tuple[str, str] | None  # (ConfigMap, key)
+
+    @classmethod
+    def of(cls, slo: Mapping[str, Any]) -> Slo:
+        full = {**SLO_DEFAULTS, **slo}
+        trace, rate, cores = full.get("trace"), full.get("rate"), full.get("maxCores")
+        return cls(
+            latency_p99_ms=float(full["latencyP99Ms"]),
+            rate=float(rate) if rate is not None else None,
+            cv=float(full["cv"]),
+            duration_seconds=float(full["durationSeconds"]),
+            max_cores=int(cores) if cores is not None else None,
+            trace=(
+                (str(trace["configMap"]), str(trace["key"])) if isinstance(trace, Mapping) else None
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Autoscaling:
     """``spec.autoscaling`` of a valid spec, typed once with its defaults
     (:data:`AUTOSCALING_DEFAULTS`, filled in by :func:`with_slo_defaults`): who changes the

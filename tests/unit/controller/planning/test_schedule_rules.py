@@ -123,3 +123,13 @@ def test_spec_autoscaling_is_typed_once_with_its_defaults() -> None:
     assert other is not None and other.ingress == ("pipe", 0.5)
     assert other.signature != auto.signature  # a tuner is rebuilt when a field changes
     assert model_spec({**SPEC, "batchSize": 2}).autoscaling is None
+
+
+def test_spec_slo_is_typed_once_with_its_defaults() -> None:
+    slo = model_spec({**SPEC, "slo": SLO}).slo
+    assert slo is not None and (slo.latency_p99_ms, slo.rate, slo.cv) == (20.0, 2000.0, 1.0)
+    assert slo.duration_seconds == 4.0 and slo.max_cores is None and slo.trace is None
+    traced = {"latencyP99Ms": 50, "trace": {"configMap": "t", "key": "k"}, "maxCores": 8}
+    other = model_spec({**SPEC, "slo": traced}).slo
+    assert other is not None and other.trace == ("t", "k") and other.rate is None
+    assert other.max_cores == 8 and other.duration_seconds == 120.0
