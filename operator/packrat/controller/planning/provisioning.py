@@ -231,9 +231,9 @@ def provision_model(
                 profile.table(),
                 trace,
                 slo_ms=slo.latency_p99_ms,
+                max_batch_delay_ms=float(model.max_batch_delay_ms),
                 max_cpus=model.cpus,
                 max_cores=slo.max_cores,
-                max_batch_delay_ms=float(model.max_batch_delay_ms),
                 signature=signature,
             )
         except ValueError as exc:  # ProvisionError, PlanError, SimulationError: the profile
