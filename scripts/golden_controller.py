@@ -5,7 +5,7 @@ Drives fixed scenarios through the real reconcilers against the unit tests' in-m
 API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's result,
 the next-pass schedule the daemon would choose for a grid of models, and every CLI help text.
 
-    python scripts/golden_controller.py --record   # writes scripts/golden/controller.json
+    python scripts/golden_controller.py --record   # writes scripts/golden/controller.json.gz
     python scripts/golden_controller.py            # compares with it; exit 1 on a difference
 
 Run it from the repository root with ``PYTHONPATH=operator``. A difference prints the first
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import copy
 import datetime
+import gzip
 import io
 import json
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-GOLDEN = ROOT / "scripts" / "golden" / "controller.json"
+GOLDEN = ROOT / "scripts" / "golden" / "controller.json.gz"
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
 from conftest import NS, T0, FakeKube, profile_json  # noqa: E402
@@ -354,10 +355,11 @@ def main() -> int:
     now = {name: json.loads(json.dumps(run(), default=str)) for name, run in SCENARIOS.items()}
     if args.record:
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
+        text = json.dumps(now, indent=1, sort_keys=True) + "\n"
+        GOLDEN.write_bytes(gzip.compress(text.encode(), mtime=0))
         print(f"recorded {GOLDEN.relative_to(ROOT)}")
         return 0
-    recorded = json.loads(GOLDEN.read_text())
+    recorded = json.loads(gzip.decompress(GOLDEN.read_bytes()))
     diff = _first_difference(recorded, now)
     if diff:
         print(f"golden check FAILED at {diff}")

@@ -28,7 +28,7 @@ from typing import Any
 
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging
-from packrat.controller.core.slo_spec import TunerReference, spec_reference
+from packrat.controller.core.slo_spec import Autoscaling, Slo, TunerReference, spec_reference
 from packrat.controller.core.spec import (
     API_VERSION,
     DEFAULT_IMAGE,
@@ -134,8 +134,8 @@ class ModelSpec:
     profiling: Profiling
     switch: SwitchTiming
     source: Mapping[str, Any]  # spec.model
-    slo: Mapping[str, Any] | None
-    autoscaling: Mapping[str, Any] | None
+    slo: Slo | None  # spec.slo, typed with its defaults
+    autoscaling: Autoscaling | None  # spec.autoscaling, typed with its defaults
     reference: TunerReference | None  # spec.autoscaling.reference (a pipeline stage's)
     node_selector: Mapping[str, str]
     tolerations: Sequence[Mapping[str, Any]]
@@ -304,8 +304,8 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             drain_seconds=float(switch["drainSeconds"]),
         ),
         "source": spec["model"],
-        "slo": slo if isinstance(slo, Mapping) else None,
-        "autoscaling": autoscaling if isinstance(autoscaling, Mapping) else None,
+        "slo": Slo.of(slo) if isinstance(slo, Mapping) else None,
+        "autoscaling": Autoscaling.of(autoscaling) if isinstance(autoscaling, Mapping) else None,
         "reference": spec_reference(spec),
         "node_selector": spec.get("nodeSelector") or MappingProxyType({}),
         "tolerations": tuple(spec.get("tolerations") or ()),
@@ -391,14 +391,6 @@ def parse(obj: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> Mode
 _SOURCE_META = ("name", "namespace", "uid", "generation", "annotations")
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 @dataclass(frozen=True)
 class Parsed:
     """A typed spec and what it was parsed from, so that a later read of the same object in
@@ -417,7 +409,7 @@ class Parsed:
 def _source(obj: Mapping[str, Any], default_image: str) -> Any:
     """What :func:`parse` reads of ``obj``, as plain data."""
     meta = obj.get("metadata") or {}
-    return _plain([obj.get("spec"), [meta.get(k) for k in _SOURCE_META], default_image])
+    return thaw([obj.get("spec"), [meta.get(k) for k in _SOURCE_META], default_image])
 
 
 def parse_again(

@@ -92,6 +92,75 @@ def reference_from_spec(doc: Mapping[str, Any]) -> TunerReference:
     )
 
 
+@dataclass(frozen=True)
+class Slo:
+    """``spec.slo`` of a valid spec (a model's or a pipeline's), typed once with its
+    defaults (:data:`SLO_DEFAULTS`): the P99 objective, and the sample arrivals it is planned
+    on, a gamma trace at ``rate`` (its ``cv``, over ``duration_seconds``) or a recorded one
+    (``trace``: its ConfigMap and key)."""
+
+    latency_p99_ms: float
+    rate: float | None
+    cv: float
+    duration_seconds: float
+    max_cores: int | None
+    trace: tuple[str, str] | None  # (ConfigMap, key)
+
+    @classmethod
+    def of(cls, slo: Mapping[str, Any]) -> Slo:
+        full = {**SLO_DEFAULTS, **slo}
+        trace, rate, cores = full.get("trace"), full.get("rate"), full.get("maxCores")
+        return cls(
+            latency_p99_ms=float(full["latencyP99Ms"]),
+            rate=float(rate) if rate is not None else None,
+            cv=float(full["cv"]),
+            duration_seconds=float(full["durationSeconds"]),
+            max_cores=int(cores) if cores is not None else None,
+            trace=(
+                (str(trace["configMap"]), str(trace["key"])) if isinstance(trace, Mapping) else None
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """``spec.autoscaling`` of a valid spec, typed once with its defaults
+    (:data:`AUTOSCALING_DEFAULTS`, filled in by :func:`with_slo_defaults`): who changes the
+    replica count (``mode``), within which bounds, how often the tuner looks, and where its
+    arrivals come from (``ingress``: a Service and a scale factor)."""
+
+    mode: str
+    min_replicas: int
+    max_replicas: int
+    scale_down_delay_seconds: float
+    interval_seconds: float
+    startup_floor_seconds: float
+    has_reference: bool  # autoscaling.reference given (typed: ``ModelSpec.reference``)
+    ingress: tuple[str, float] | None
+    signature: str  # every field as given (a tuner is rebuilt when it changes)
+
+    @classmethod
+    def of(cls, auto: Mapping[str, Any]) -> Autoscaling:
+        """The typed form of a validated ``spec.autoscaling`` (defaults filled in)."""
+        full = {**AUTOSCALING_DEFAULTS, **auto}
+        ingress = full.get("ingress")
+        return cls(
+            mode=str(full["mode"]),
+            min_replicas=int(full["minReplicas"]),
+            max_replicas=int(full["maxReplicas"]),
+            scale_down_delay_seconds=float(full["scaleDownDelaySeconds"]),
+            interval_seconds=float(full["intervalSeconds"]),
+            startup_floor_seconds=float(full["startupFloorSeconds"]),
+            has_reference=isinstance(full.get("reference"), Mapping),
+            ingress=(
+                (str(ingress["service"]), float(ingress["scaleFactor"]))
+                if isinstance(ingress, Mapping)
+                else None
+            ),
+            signature=repr(sorted(full.items())),
+        )
+
+
 def spec_reference(spec: Mapping[str, Any]) -> TunerReference | None:
     """The reference a (validated) spec gives its tuner itself, if any."""
     auto = spec.get("autoscaling")
@@ -127,12 +196,23 @@ def validate_slo(errors: list[str], spec: Mapping[str, Any]) -> None:
         _validate_autoscaling(errors, auto, has_slo=slo is not None)
 
 
-def _validate_slo(errors: list[str], slo: Any, spec: Mapping[str, Any]) -> None:
-    if not isinstance(slo, Mapping):
-        errors.append("spec.slo must be an object")
+def _object(
+    errors: list[str], value: Any, where: str, fields: set[str], what: str = "an object"
+) -> Mapping[str, Any] | None:
+    """``value`` when it is an object (each field it has that is not one of ``fields`` an
+    error), else None and that error."""
+    if not isinstance(value, Mapping):
+        errors.append(f"{where} must be {what}")
+        return None
+    for key in sorted(set(value) - fields):
+        errors.append(f"{where}.{key}: unknown field")
+    return value
+
+
+def _validate_slo(errors: list[str], value: Any, spec: Mapping[str, Any]) -> None:
+    slo = _object(errors, value, "spec.slo", SLO_FIELDS)
+    if slo is None:
         return
-    for key in sorted(set(slo) - SLO_FIELDS):
-        errors.append(f"spec.slo.{key}: unknown field")
     p99 = slo.get("latencyP99Ms")
     if not _number(p99) or not 0 < p99 <= 3_600_000:
         errors.append(f"spec.slo.latencyP99Ms must be a number of ms in (0, 3600000], got {p99!r}")
@@ -154,17 +234,12 @@ def _validate_slo(errors: list[str], slo: Any, spec: Mapping[str, Any]) -> None:
     cores = slo.get("maxCores")
     if cores is not None and (not _int(cores) or not 1 <= cores <= 10_000):
         errors.append(f"spec.slo.maxCores must be an integer in 1..10000, got {cores!r}")
-    if has_trace:
-        trace = slo["trace"]
-        if not isinstance(trace, Mapping):
-            errors.append("spec.slo.trace must be an object")
-        else:
-            for key in sorted(set(trace) - TRACE_FIELDS):
-                errors.append(f"spec.slo.trace.{key}: unknown field")
-            for key in ("configMap", "key"):
-                value = trace.get(key)
-                if not isinstance(value, str) or not value or len(value) > 253:
-                    errors.append(f"spec.slo.trace.{key} must be a non-empty name, got {value!r}")
+    trace = _object(errors, slo["trace"], "spec.slo.trace", TRACE_FIELDS) if has_trace else None
+    if trace is not None:
+        for key in ("configMap", "key"):
+            value = trace.get(key)
+            if not isinstance(value, str) or not value or len(value) > 253:
+                errors.append(f"spec.slo.trace.{key} must be a non-empty name, got {value!r}")
     if "batchSize" in spec:
         errors.append(
             "with slo the planner chooses the batch: do not set batchSize "
@@ -172,12 +247,10 @@ def _validate_slo(errors: list[str], slo: Any, spec: Mapping[str, Any]) -> None:
         )
 
 
-def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> None:
-    if not isinstance(auto, Mapping):
-        errors.append("spec.autoscaling must be an object")
+def _validate_autoscaling(errors: list[str], value: Any, *, has_slo: bool) -> None:
+    auto = _object(errors, value, "spec.autoscaling", AUTOSCALING_FIELDS)
+    if auto is None:
         return
-    for key in sorted(set(auto) - AUTOSCALING_FIELDS):
-        errors.append(f"spec.autoscaling.{key}: unknown field")
     mode = auto.get("mode")
     if mode not in MODES:
         errors.append(f"spec.autoscaling.mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -207,13 +280,12 @@ def _validate_autoscaling(errors: list[str], auto: Any, *, has_slo: bool) -> Non
         )
 
 
-def _validate_ingress(errors: list[str], ingress: Any) -> None:
+def _validate_ingress(errors: list[str], value: Any) -> None:
     where = "spec.autoscaling.ingress"
-    if not isinstance(ingress, Mapping):
-        errors.append(f"{where} must be an object with service and scaleFactor")
+    what = "an object with service and scaleFactor"
+    ingress = _object(errors, value, where, INGRESS_FIELDS, what)
+    if ingress is None:
         return
-    for key in sorted(set(ingress) - INGRESS_FIELDS):
-        errors.append(f"{where}.{key}: unknown field")
     service = ingress.get("service")
     if not isinstance(service, str) or not _DNS_LABEL.fullmatch(service):
         errors.append(f"{where}.service must be a Service name (DNS-1035 label), got {service!r}")
@@ -226,13 +298,11 @@ def _finite(value: Any, lo: float, hi: float) -> TypeGuard[int | float]:
     return _number(value) and math.isfinite(value) and lo <= value <= hi
 
 
-def _validate_reference(errors: list[str], ref: Any) -> None:
+def _validate_reference(errors: list[str], value: Any) -> None:
     where = "spec.autoscaling.reference"
-    if not isinstance(ref, Mapping):
-        errors.append(f"{where} must be an object")
+    ref = _object(errors, value, where, REFERENCE_FIELDS)
+    if ref is None:
         return
-    for key in sorted(set(ref) - REFERENCE_FIELDS):
-        errors.append(f"{where}.{key}: unknown field")
     replicas = ref.get("replicas")
     if not _int(replicas) or not 1 <= replicas <= 100:
         errors.append(f"{where}.replicas must be an integer in 1..100, got {replicas!r}")

@@ -211,16 +211,8 @@ class Switch:
         plan: Plan,
     ) -> Switch:
         """A switch started: ``target_slot`` rolls ``spec`` and ``plan`` out."""
-        return cls(
-            stage=Stage.ROLLOUT,
-            from_slot=from_slot,
-            target_slot=target_slot,
-            hash=serving_hash,
-            spec=dict(spec),
-            reason=reason,
-            started_at=started_at,
-            plan=plan,
-        )
+        stage, spec = Stage.ROLLOUT, dict(spec)  # (the fields in their order)
+        return cls(stage, target_slot, from_slot, serving_hash, spec, reason, started_at, plan=plan)
 
     def moved(self, *, ready_seconds: float, switched_seconds: float, drain_until: str) -> Switch:
         """The target slot ready and the Service moved to it: the old slot drains."""

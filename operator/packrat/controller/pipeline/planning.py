@@ -30,6 +30,7 @@ from typing import Any
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import PipelinePass as Pass
+from packrat.controller.core.slo_spec import Slo
 from packrat.controller.core.status import ModelStatus
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.plan_job import (
@@ -127,7 +128,7 @@ def plan_pipeline(
     ``budget`` and persisted. A signature whose planning exceeded its budget fails again at
     once (``status.planning``) instead of being planned again."""
     try:
-        trace, source = sample_trace(p, pipe.slo)
+        trace, source = sample_trace(p, Slo.of(pipe.slo))
     except TraceUnavailable as exc:
         raise CannotPlan("TraceUnavailable", str(exc)) from None
     delay = max(s.max_batch_delay_ms for s in pipe.stages)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.slo_spec import TunerReference
 from packrat.controller.core.status import now_iso
 from packrat.controller.planning import startup as su
@@ -53,7 +53,7 @@ class Arrivals:
 
 def mode(model: ModelSpec) -> str | None:
     auto = model.autoscaling
-    return str(auto["mode"]) if auto is not None else None
+    return auto.mode if auto is not None else None
 
 
 def tuned(model: ModelSpec) -> bool:
@@ -65,7 +65,7 @@ def _clamp(model: ModelSpec, n: int) -> int:
     auto = model.autoscaling
     if auto is None:
         return max(1, min(100, n))
-    return max(int(auto["minReplicas"]), min(int(auto["maxReplicas"]), n))
+    return max(auto.min_replicas, min(auto.max_replicas, n))
 
 
 def serving_replicas(
@@ -103,22 +103,23 @@ class Tuners:
         key = f"{model.namespace}/{model.name}"
         auto = model.autoscaling
         assert auto is not None
-        signature = f"{ref.signature}:{sorted(thaw(auto).items())}"
+        signature = f"{ref.signature}:{auto.signature}"
         with self._lock:
             found = self._items.get(key)
             if found is not None and found[0] == signature:
                 return found[1]
+            low, high = auto.min_replicas, auto.max_replicas
             tuner = Tuner(
                 planned_replicas=ref.replicas,
                 replica_capacity=ref.capacity,
                 windows=ref.windows,
                 planned_rates=ref.planned_rates,
-                min_replicas=int(auto["minReplicas"]),
-                max_replicas=int(auto["maxReplicas"]),
-                scale_down_delay_s=float(auto["scaleDownDelaySeconds"]),
+                min_replicas=low,
+                max_replicas=high,
+                scale_down_delay_s=auto.scale_down_delay_seconds,
                 noise_z=NOISE_Z,
             )
-            tuner.replicas = max(tuner.min_replicas, min(int(auto["maxReplicas"]), current))
+            tuner.replicas = max(low, min(high, current))
             self._items[key] = (signature, tuner)
             return tuner
 
@@ -201,10 +202,11 @@ def startup_headroom(p: Pass, model: ModelSpec, ref: TunerReference, tuner: Tune
     """Measure the model's start-up from its pods and give the tuner that time plus one
     decision interval (a replica asked for at the next decision serves that much later)
     with the growth the plan's sample shows within it."""
-    auto = model.spec["autoscaling"]
+    auto = model.autoscaling
+    assert auto is not None
     pods = p.kube.list("pods", p.namespace, labels=m.base_labels(p.name))
-    ready_in = su.measure(pods, floor_s=float(auto.get("startupFloorSeconds", 0)))
-    horizon = ready_in.seconds + float(auto["intervalSeconds"])
+    ready_in = su.measure(pods, floor_s=auto.startup_floor_seconds)
+    horizon = ready_in.seconds + auto.interval_seconds
     growth = growth_at(ref.growth, horizon) if ready_in.seconds > 0 else 1.0
     tuner.set_startup(ready_in.seconds, growth)
     return ready_in

@@ -27,7 +27,7 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.context import Pass as AnyPass
 from packrat.controller.core.context import report_provisioned
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.slo_spec import TunerReference
+from packrat.controller.core.slo_spec import Slo, TunerReference
 from packrat.plan.envelope import envelope, growth_curve, window_sizes
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import Profile
@@ -107,16 +107,16 @@ def _round(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else round(value, 3)
 
 
-def sample_trace(p: AnyPass[Any], slo: Mapping[str, Any]) -> tuple[np.ndarray, str]:
+def sample_trace(p: AnyPass[Any], slo: Slo) -> tuple[np.ndarray, str]:
     """The sample arrivals and a digest of where they came from (``TraceUnavailable``)."""
-    ref = slo.get("trace")
-    if ref is None:
-        rate, cv, duration = float(slo["rate"]), float(slo["cv"]), float(slo["durationSeconds"])
+    if slo.trace is None:
+        assert slo.rate is not None  # a valid spec has one of trace and rate
+        rate, cv, duration = slo.rate, slo.cv, slo.duration_seconds
         trace = gamma_trace(rate, cv=cv, duration_s=duration, seed=TRACE_SEED)
         if trace.size == 0:
             raise TraceUnavailable(f"a {duration:g} s trace at {rate:g}/s has no arrivals")
         return trace, f"gamma:{rate}:{cv}:{duration}:{TRACE_SEED}"
-    name, key = str(ref["configMap"]), str(ref["key"])
+    name, key = slo.trace
     cm = p.kube.get("configmaps", p.namespace, name)
     if cm is None:
         raise TraceUnavailable(f"trace ConfigMap {name} not found")
@@ -217,8 +217,8 @@ def provision_model(
         "profile": digest
         or hashlib.sha256(json.dumps(sorted(profile.table().items())).encode()).hexdigest(),
         "trace": source,
-        "slo": float(slo["latencyP99Ms"]),
-        "maxCores": slo.get("maxCores"),
+        "slo": slo.latency_p99_ms,
+        "maxCores": slo.max_cores,
         "cpus": model.cpus,
         "delay": model.max_batch_delay_ms,
     }
@@ -230,10 +230,10 @@ def provision_model(
             found = plan_for_slo(
                 profile.table(),
                 trace,
-                slo_ms=float(slo["latencyP99Ms"]),
-                max_cpus=model.cpus,
-                max_cores=slo.get("maxCores"),
+                slo_ms=slo.latency_p99_ms,
                 max_batch_delay_ms=float(model.max_batch_delay_ms),
+                max_cpus=model.cpus,
+                max_cores=slo.max_cores,
                 signature=signature,
             )
         except ValueError as exc:  # ProvisionError, PlanError, SimulationError: the profile

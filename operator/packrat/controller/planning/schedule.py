@@ -44,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 FAST_MIN_INTERVAL = 0.5
 """The shortest interval between two reads of a model's estimates (the fast trigger)."""
-TUNER_INTERVAL = 5.0
-"""``spec.autoscaling.intervalSeconds`` when unset (or not a positive number)."""
 
 
 @dataclass(frozen=True)
@@ -114,21 +112,15 @@ def tuner_interval(model: ModelSpec | None) -> float | None:
     auto = model.autoscaling if model is not None else None
     if model is None or auto is None:
         return None
-    if model.slo is None and not isinstance(auto.get("reference"), Mapping):
+    if model.slo is None and not auto.has_reference:
         return None  # nothing to tune from
-    if auto.get("mode", "envelope") != "envelope":
-        return None
-    value = auto.get("intervalSeconds", TUNER_INTERVAL)
-    return float(value) if isinstance(value, int | float) and value > 0 else TUNER_INTERVAL
+    return auto.interval_seconds if auto.mode == "envelope" else None
 
 
 def ingress_of(model: ModelSpec | None) -> tuple[str, float] | None:
     """``spec.autoscaling.ingress`` as (Service, scale factor), when set (validated)."""
     auto = model.autoscaling if model is not None else None
-    ingress = auto.get("ingress") if auto is not None else None
-    if not isinstance(ingress, Mapping):
-        return None
-    return str(ingress["service"]), float(ingress["scaleFactor"])
+    return auto.ingress if auto is not None else None
 
 
 def fast_estimate_interval(model: ModelSpec | None) -> float | None:

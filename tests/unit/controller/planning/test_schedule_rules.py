@@ -110,3 +110,26 @@ def test_a_pipeline_is_measured_while_it_serves(
     delay = pipeline_delay(cadence, again, serving=serving, measure=measure)
     base = cadence.poll_seconds if again.waiting else cadence.resync_seconds
     assert delay == (min(base, measure) if serving else base)
+
+
+def test_spec_autoscaling_is_typed_once_with_its_defaults() -> None:
+    auto = model_spec({**SPEC, "slo": SLO, "autoscaling": {}}).autoscaling
+    assert auto is not None
+    assert (auto.mode, auto.min_replicas, auto.max_replicas) == ("envelope", 1, 10)
+    assert (auto.interval_seconds, auto.scale_down_delay_seconds) == (5.0, 120.0)
+    assert auto.startup_floor_seconds == 0.0 and auto.ingress is None and not auto.has_reference
+    ingress = {"ingress": {"service": "pipe", "scaleFactor": 0.5}, "intervalSeconds": 2}
+    other = model_spec({**SPEC, "slo": SLO, "autoscaling": ingress}).autoscaling
+    assert other is not None and other.ingress == ("pipe", 0.5)
+    assert other.signature != auto.signature  # a tuner is rebuilt when a field changes
+    assert model_spec({**SPEC, "batchSize": 2}).autoscaling is None
+
+
+def test_spec_slo_is_typed_once_with_its_defaults() -> None:
+    slo = model_spec({**SPEC, "slo": SLO}).slo
+    assert slo is not None and (slo.latency_p99_ms, slo.rate, slo.cv) == (20.0, 2000.0, 1.0)
+    assert slo.duration_seconds == 4.0 and slo.max_cores is None and slo.trace is None
+    traced = {"latencyP99Ms": 50, "trace": {"configMap": "t", "key": "k"}, "maxCores": 8}
+    other = model_spec({**SPEC, "slo": traced}).slo
+    assert other is not None and other.trace == ("t", "k") and other.rate is None
+    assert other.max_cores == 8 and other.duration_seconds == 120.0
