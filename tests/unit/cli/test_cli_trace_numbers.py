@@ -147,3 +147,10 @@ def test_profile_budgets_are_finite(field: str, value: float) -> None:
 
     with pytest.raises(ProfilerError, match="budget must be in"):
         ProfileSettings(**{field: value}).check()
+
+
+@pytest.mark.parametrize("batch", ["1-1000000000", ",".join(["1"] * 70_000)])
+def test_a_huge_batch_list_is_one_line(capsys: pytest.CaptureFixture[str], batch: str) -> None:
+    """``packrat plan --batch 1-1000000000`` built a billion integers before any check."""
+    args = ["plan", "--profile", str(PROFILE), "--cpus", "16", "--batch", batch]
+    _one_line(capsys, main(args), "more than 65536 values")
