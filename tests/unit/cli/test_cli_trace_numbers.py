@@ -78,6 +78,7 @@ def test_provision_numbers_are_one_line(
         (["--seconds", "1e308", "--rate", "1e-300"], "duration must be at most 31536000 s"),
         (["--seconds", "1e5", "--rate", "1e3"], "at most 1000000"),
         (["--service-cv", "inf"], "--service-cv must be >= 0, got inf"),
+        (["--batch", "1000000000"], "--batch must be <= 1024, got 1000000000"),
     ],
 )
 def test_simulate_numbers_are_one_line(
