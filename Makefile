@@ -74,24 +74,24 @@ suite-integration: venv prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests/integration -q -p no:cacheprovider
 
 bench-optimizer: venv
-	$(BIN)/python benchmarks/optimizer_bench.py
+	$(BIN)/python benchmarks/optimizer/optimizer_bench.py
 
 bench: venv
 	$(BIN)/packrat bench --model resnet50 --cpus 2 --batch 4,8,16,32
 
 # Online reconfiguration (issue 6): auto vs static fat vs static mean-load plan, about 15 minutes.
 bench-reconfig: venv
-	$(BIN)/python benchmarks/reconfig_experiment.py --model resnet50 --phase-seconds 40 --profile-budget 240 --stem reconfig-resnet50
+	$(BIN)/python benchmarks/reconfig/reconfig_experiment.py --model resnet50 --phase-seconds 40 --profile-budget 240 --stem reconfig-resnet50
 
 # Pipelines (issue 13): a 3-stage pipeline, per-stage planner vs CG-mean/CG-peak at CV 1 and 4,
 # in simulation (a few minutes); results in benchmarks/results/pipeline-sample180.*.
 .PHONY: bench-pipeline
 bench-pipeline: venv
-	$(BIN)/python benchmarks/pipeline_bench.py --duration 180 --name pipeline-sample180
+	$(BIN)/python benchmarks/pipelines/pipeline_bench.py --duration 180 --name pipeline-sample180
 
 # Why serving pods need exclusive cores: 1 vs 2 threads beside a busy process, about 2 minutes.
 bench-contention: venv
-	$(BIN)/python benchmarks/thread_contention.py --model resnet50 --batch 4 --out thread-contention-resnet50.txt
+	$(BIN)/python benchmarks/profiling/thread_contention.py --model resnet50 --batch 4 --out thread-contention-resnet50.txt
 
 # Opt-in (it creates a kind cluster and builds images); skipped where kind, Docker or helm are missing.
 e2e-kind: venv

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from harness import BurstLoad, Load, OperatorCluster, wait_for
-from models import FIRST_READY_S, body, tiny_spec
+from models import body, tiny_spec, wait_ready
 from promtext import sample, values
 from seeding import MeasuredProfiles, seed_profile
 
@@ -53,13 +53,7 @@ def test_operator_follows_a_load_step_with_one_switch_and_no_failures(
     profile = tiny_profiles.profile(SPEC["profiling"]["maxBatch"])  # measured before the model
     cluster.api.create("packratmodels", body(NAME, SPEC))
     cm_name = seed_profile(cluster, NAME, profile)
-    wait_for(
-        lambda: cluster.status(NAME).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{NAME} Ready",
-        period=0.25,
-        detail=lambda: f"status: {cluster.status(NAME)}\nlog:\n{cluster.log_tail(10)}",
-    )
+    wait_ready(cluster, NAME)
     status = cluster.status(NAME)
     assert status["batchSize"]["current"] == 1 and status["plan"]["batch"] == 1  # autoBatch.min
     assert status["profile"]["configMap"] == cm_name  # planned from the seeded profile

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import pytest
 from harness import ClientThreads, OperatorCluster, wait_for
-from models import FIRST_READY_S, body
+from models import body, tiny_spec, wait_ready
 from seeding import seed_profile
 
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
@@ -40,14 +40,9 @@ from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 NAME = "canary"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 1,
-    "batchSize": 1,
-    "maxBatchDelayMs": 2,
-    "profiling": {"maxBatch": 2, "threads": [1], "backoffLimit": 0},
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+SPEC: dict[str, Any] = tiny_spec(
+    2, cpus=1, threads=(1,), precision=None, budget_s=None, batchSize=1
+)
 # the canaries: new sources of the same served model (see the module docstring)
 V2 = {"zoo": "tiny", "name": NAME}
 V3 = {"zoo": "tiny", "name": NAME, "sampleContentType": "application/x-v3"}
@@ -140,13 +135,7 @@ def test_canary_split_promote_and_rollbacks_without_a_failed_request(
 ) -> None:
     cluster.api.create("packratmodels", body(NAME, SPEC))
     seed_profile(cluster, NAME, _profile())
-    wait_for(
-        lambda: cluster.status(NAME).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{NAME} Ready",
-        period=0.25,
-        detail=lambda: _detail(cluster),
-    )
+    wait_ready(cluster, NAME, detail=lambda: _detail(cluster))
     first_slot = cluster.status(NAME)["activeSlot"]
     with CanaryLoad(cluster) as load:
         wait_for(lambda: len(load.records) > 20, timeout=SLOW, what="load warm-up")

@@ -3,7 +3,8 @@
 One model is profiled and served once for the module (``serving``, which any test may be
 first to trigger); each test breaks something, waits (with generous deadlines) for the
 operator to converge, and leaves the model Ready with its original spec. Repair times and
-failed requests are printed (benchmarks/controller_faults.py measures them), never asserted on.
+failed requests are printed (benchmarks/boundaries/controller_faults.py measures them), never
+asserted on.
 """
 
 from __future__ import annotations

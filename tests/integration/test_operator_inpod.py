@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from harness import Load, OperatorCluster, wait_for
-from models import FIRST_READY_S, body
+from models import body, tiny_spec, wait_ready
 from seeding import seed_profile
 
 from packrat.plan.profile import Profile, ProfileMeta, ProfilePoint
@@ -36,14 +36,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 INPOD_SWITCH = True  # conftest: this module's operator switches in the pods (its default)
 
 NAME = "inpod"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "batchSize": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {"maxBatch": 4, "threads": [1, 2], "backoffLimit": 0},
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+SPEC: dict[str, Any] = tiny_spec(4, precision=None, budget_s=None, batchSize=2)
 SLOW = 180.0  # a deadline for anything that takes seconds on a quiet machine
 SWITCH_S = SLOW + SPEC["switch"]["readyTimeoutSeconds"]
 
@@ -105,13 +98,7 @@ def test_batch_change_switches_in_the_pod_and_cores_change_switches_slots(
 ) -> None:
     cluster.api.create("packratmodels", body(NAME, SPEC))
     seed_profile(cluster, NAME, _profile(2))
-    wait_for(
-        lambda: cluster.status(NAME).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{NAME} Ready",
-        period=0.25,
-        detail=lambda: _detail(cluster),
-    )
+    wait_ready(cluster, NAME, detail=lambda: _detail(cluster))
     status = cluster.status(NAME)
     assert status["activeSlot"] == "a" and status["plan"]["batch"] == 2
     secret = cluster.api.get("secrets", f"{NAME}-admin-token")

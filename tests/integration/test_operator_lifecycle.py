@@ -25,31 +25,18 @@ from typing import Any
 
 import pytest
 from harness import NAMESPACE, Load, OperatorCluster, wait_for
-from models import Served, body, ensure_served, model_events, settle
+from models import Served, body, ensure_served, model_events, settle, tiny_spec
 from promtext import sample
 
 # the first test to need the served model also pays for its profile and first rollout
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 NAME = "tiny"
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "batchSize": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 4,
-        "threads": [1, 2],
-        "precision": 0.2,
-        # the CRD's default: only a cap (a quiet machine measures the grid in about 30 s);
-        # 30 s measured 2 of 6 points on a loaded machine, and batch 4 had no plan
-        "timeBudgetSeconds": 600,
-        "backoffLimit": 0,
-    },
-    # the default ready timeout: a new slot's TorchServe took over 90 s to start on a loaded
-    # machine, and the switch would abort (the never-ready test sets its own, short one)
-    "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 2},
-}
+# the profile's time budget: the CRD's default is only a cap (a quiet machine measures the grid
+# in about 30 s); 30 s measured 2 of 6 points on a loaded machine, and batch 4 had no plan. The
+# default ready timeout: a new slot's TorchServe took over 90 s to start on a loaded machine, and
+# the switch would abort (the never-ready test sets its own, short one)
+SPEC: dict[str, Any] = tiny_spec(4, budget_s=600, batchSize=2)
 SLOW = 180.0  # a deadline for anything that takes seconds on a quiet machine
 SWITCH_S = SLOW + SPEC["switch"]["readyTimeoutSeconds"]  # a switch: rollout, then the rest
 

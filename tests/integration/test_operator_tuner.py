@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from harness import Load, OperatorCluster, wait_for
-from models import FIRST_READY_S, body, tiny_spec
+from models import body, tiny_spec, wait_ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -40,13 +40,7 @@ def test_tuner_scales_up_from_the_pods_arrivals_without_failures(
     cluster: OperatorCluster,
 ) -> None:
     cluster.api.create("packratmodels", body(NAME, SPEC))
-    wait_for(
-        lambda: cluster.status(NAME).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{NAME} Ready",
-        period=0.5,
-        detail=lambda: f"status: {cluster.status(NAME)}\nlog:\n{cluster.log_tail(20)}",
-    )
+    wait_ready(cluster, NAME, period=0.5)
     status = cluster.status(NAME)
     prov = status["provisioning"]
     assert prov["feasible"] is True and prov["replicas"] == 1

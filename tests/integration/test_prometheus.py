@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 from harness import NAMESPACE, Load, OperatorCluster, wait_for
+from models import tiny_spec
 from prometheus_support import ROOT, RULES, Prometheus, free_port, missing_reason
 
 pytestmark = [
@@ -45,23 +46,10 @@ pytestmark = [
 NAME = "tiny"
 STANDALONE_NS = "standalone"
 PIPELINE = "tiny"  # loadgen builds tiny's input and posts to /predictions/<its model>
-SPEC: dict[str, Any] = {
-    "model": {"zoo": "tiny"},
-    "cpus": 2,
-    "batchSize": 1,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 2,
-        "threads": [1, 2],
-        "precision": 0.5,
-        # a cap, not the expected time: a loaded machine must not cut the profile short
-        # (a profile without batch 2 has no plan for the switch)
-        "timeBudgetSeconds": 600,
-        "backoffLimit": 0,
-    },
-    # generous: a loaded 2-core machine starts a serving pod in seconds to minutes
-    "switch": {"readyTimeoutSeconds": 600, "drainSeconds": 2},
-}
+# a budget that is a cap, not the expected time: a loaded machine must not cut the profile
+# short (a profile without batch 2 has no plan for the switch); a generous ready timeout: a
+# loaded 2-core machine starts a serving pod in seconds to minutes
+SPEC: dict[str, Any] = tiny_spec(2, precision=0.5, budget_s=600, ready_timeout_s=600, batchSize=1)
 DASHBOARD = ROOT / "helm" / "packrat-operator" / "dashboards" / "packrat.json"
 RULES_FILE = RULES / "packrat-alerts.yaml"
 # alerts whose full expression this run makes true (the others: their inputs must have data)

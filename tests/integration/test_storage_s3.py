@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 from harness import OperatorCluster, wait_for
-from models import FIRST_READY_S, body, model_events
+from models import FIRST_READY_S, body, model_events, tiny_spec, wait_ready
 from s3_support import MOTO_BIN, S3Server, missing_reason
 
 from packrat.runtime import zoo
@@ -350,19 +350,9 @@ def test_fetch_through_a_web_identity(s3: S3Server, tmp_path: Path) -> None:
 
 
 # -- through the operator ------------------------------------------------------------------------
-SPEC: dict[str, Any] = {
-    "cpus": 2,
-    "batchSize": 2,
-    "maxBatchDelayMs": 2,
-    "profiling": {
-        "maxBatch": 2,
-        "threads": [1, 2],
-        "precision": 0.3,
-        "timeBudgetSeconds": 30,
-        "backoffLimit": 0,
-    },
-    "switch": {"readyTimeoutSeconds": 120, "drainSeconds": 1},
-}
+SPEC: dict[str, Any] = tiny_spec(
+    2, precision=0.3, budget_s=30, ready_timeout_s=120, drain_s=1, zoo=False, batchSize=2
+)
 
 
 def _secret(cluster: OperatorCluster, name: str, creds: dict[str, str]) -> None:
@@ -403,13 +393,7 @@ def test_operator_profiles_serves_and_reprofiles_a_replaced_s3_model(
         "packratmodels", body(name, _storage_spec("op/tiny.pt", "s3-good"))
     )
     uid = created["metadata"]["uid"]
-    wait_for(
-        lambda: cluster.status(name).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{name} Ready",
-        period=0.5,
-        detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(20)}",
-    )
+    wait_ready(cluster, name, period=0.5)
     status = cluster.status(name)
     assert status["storage"]["version"] == first_etag
     assert cluster.condition(name, "ModelAvailable")["status"] == "True"

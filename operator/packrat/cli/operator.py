@@ -188,6 +188,7 @@ def _add_policy_args(parser: argparse.ArgumentParser) -> None:
         ("--allow-service-account", "a spec.pod.serviceAccountName models may use"),
         ("--allow-priority-class", "a spec.pod.priorityClassName models may use"),
         ("--allow-env-secret", "a Secret spec.pod.env may read (secretKeyRef)"),
+        ("--allow-image-pull-secret", "a Secret spec.pod.imagePullSecrets may name"),
     ):
         policy.add_argument(flag, action="append", default=None, metavar="NAME", help=what)
 
@@ -281,6 +282,7 @@ def _model_policy(args: argparse.Namespace) -> Any:
             service_accounts=args.allow_service_account,
             priority_classes=args.allow_priority_class,
             env_secrets=args.allow_env_secret,
+            image_pull_secrets=args.allow_image_pull_secret,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -231,6 +231,14 @@ def _add_request_log_args(parser: argparse.ArgumentParser) -> None:
         help="total seconds per CloudEvents POST (default 5)",
     )
     logs.add_argument(
+        "--request-log-egress-allow",
+        metavar="CIDR",
+        action="append",
+        default=[],
+        help="an address range the CloudEvents sink may reach beyond the cluster's private "
+        "ranges (loopback, link-local and the like are refused unless allowed; repeatable)",
+    )
+    logs.add_argument(
         "--request-log-source",
         default="/packrat",
         help="the CloudEvents source attribute (default /packrat)",
@@ -253,6 +261,7 @@ def payload_log_config(args: argparse.Namespace) -> Any:
             max_body_bytes=args.request_log_max_body_bytes,
             timeout_s=args.request_log_timeout,
             source=args.request_log_source,
+            egress_allow=tuple(args.request_log_egress_allow),
         )
     except PayloadLogError as exc:
         raise CliError(str(exc)) from None

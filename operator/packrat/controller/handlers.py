@@ -7,7 +7,8 @@ model's daemon at once. While something is in progress (profiling, a switch, pod
 starting) the daemon looks again every ``poll_seconds``; a model at rest is only re-read
 every ``resync_seconds`` (a safety net), so idle cost does not grow with events elsewhere.
 Passes of one model are sequential by construction (one daemon); they run in a bounded
-thread pool. An API error leaves status as it was and is retried with exponential backoff.
+thread pool. An API error leaves status as it was and is retried with exponential backoff
+(with jitter). When the next pass runs is decided by :mod:`packrat.controller.planning.schedule`.
 
 Our finalizer on serving Deployments (``protection``) never outlives its model: a model's
 delete lets every one go, and so does the event of a held Deployment whose model has no daemon.
@@ -16,7 +17,6 @@ delete lets every one go, and so does the event of a held Deployment whose model
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,25 +29,22 @@ import kopf
 from packrat.controller.api.kube import Kube, KubeApi
 from packrat.controller.core import metrics
 from packrat.controller.core.fanout import shared_fanout
-from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
+from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed
 from packrat.controller.core.spec import GROUP, PLURAL, VERSION
-from packrat.controller.core.storage import needs_version_check
 from packrat.controller.core.wakeups import Wakeups, register_daemon
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.reconcile import PipelineReconciler
 from packrat.controller.pipeline_handlers import register_pipelines
 from packrat.controller.planning import autobatch as ab
-from packrat.controller.planning import autoscale_metrics
+from packrat.controller.planning import autoscale_metrics, schedule
 from packrat.controller.planning.arrivals import ArrivalReader
-from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import EstimateReader
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
-from packrat.plan.reconfig import FastPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +86,16 @@ class OperatorOptions:
     pod_url: str = "http://{ip}:8080"
     # a plan change that keeps the cores is switched inside the running pods
     inpod_switch: bool = True
+
+    @property
+    def cadence(self) -> schedule.Cadence:
+        """The intervals the schedule of passes follows."""
+        return schedule.Cadence(
+            resync_seconds=self.resync_seconds,
+            poll_seconds=self.poll_seconds,
+            estimate_seconds=self.estimate_seconds,
+            storage_check_seconds=self.config.storage_check_seconds,
+        )
 
 
 def _publish(body: kopf.Body, result: Result) -> None:
@@ -138,157 +145,15 @@ def _publish(body: kopf.Body, result: Result) -> None:
 
 def typed(body: Mapping[str, Any], options: OperatorOptions) -> ModelSpec | None:
     """The model's typed spec (None when invalid: its pass says why)."""
+    parsed = _parsed(body, options)
+    return parsed.model if parsed is not None else None
+
+
+def _parsed(body: Mapping[str, Any], options: OperatorOptions) -> Parsed | None:
     try:
-        return parse(body, default_image=options.config.image)
+        return Parsed.of(body, default_image=options.config.image)
     except InvalidSpec:
         return None
-
-
-def _wants_estimates(model: ModelSpec | None, body: Mapping[str, Any]) -> bool:
-    status = body.get("status") or {}
-    return (
-        model is not None
-        and model.auto is not None
-        and status.get("phase") == "Ready"
-        and not status.get("switch")
-    )
-
-
-def next_delay(
-    options: OperatorOptions,
-    *,
-    waiting: bool,
-    wants_estimates: bool,
-    tuning: float | None,
-    checks_store: bool = False,
-    retry: float | None = None,
-) -> float:
-    """Seconds until a model's next pass when no watch event comes first.
-
-    At rest only the safety resync is due, except for what must be sampled: an autoBatch
-    model's estimates (every ``estimate_seconds``), the tuner's arrivals (``tuning``) and,
-    for a storageUri model without a digest, the store's version of the object (every
-    ``storage_check_seconds``: a model replaced under the same URI sends no watch event).
-    ``retry`` is a pass's own backoff (the store after a failure), which bounds the delay.
-    autoBatch's fast trigger reads the pods between passes (:func:`peek_until`) and asks
-    for its own next look through ``retry`` (``Result.again_within``).
-    """
-    delay = options.poll_seconds if waiting else options.resync_seconds
-    if wants_estimates:
-        delay = min(delay, options.estimate_seconds)
-    if tuning is not None:
-        delay = min(delay, tuning)
-    if checks_store:
-        delay = min(delay, options.config.storage_check_seconds)
-    if retry is not None:
-        delay = min(delay, retry)
-    return delay
-
-
-FAST_MIN_INTERVAL = 0.5
-"""The shortest interval between two reads of a model's estimates (the fast trigger)."""
-
-
-def fast_estimate_interval(model: ModelSpec | None) -> float | None:
-    """How often the fast trigger reads the pods (``autoBatch.sustainSeconds``, at least
-    ``FAST_MIN_INTERVAL``): the estimate held that long is seen within one more interval."""
-    auto = model.auto if model is not None else None
-    if auto is None or auto.sustain_seconds <= 0:
-        return None
-    return max(FAST_MIN_INTERVAL, auto.sustain_seconds)
-
-
-def peek_interval(
-    model: ModelSpec | None, reading: ab.Reading | None, *, waiting: bool
-) -> float | None:
-    """How often to read a model's pods between its passes (:func:`peek_until`); None when
-    not at all: no fast trigger, something in progress (a switch, pods starting: the passes
-    run often then), or estimates read through the Service (no pods listed to read again)."""
-    every = fast_estimate_interval(model)
-    if every is None or waiting or reading is None or reading.source != "pods":
-        return None
-    return every
-
-
-async def peek_until(
-    delay: float,
-    *,
-    every: float,
-    basis: ab.Reading,
-    fast: FastPolicy,
-    wakeup: asyncio.Event,
-    peek: Callable[[], Awaitable[ab.Reading | None]],
-) -> float:
-    """Between two passes of an autoBatch model with the fast trigger: read the pods the
-    last pass read every ``every`` seconds (no API call) until ``delay`` is over, a watch
-    event wakes the model, or a read calls for a pass (:func:`ab.peek_wake`); then the
-    seconds still to wait before the next pass (0: at once).
-
-    The fast trigger's reads cost the API server nothing: while the pods' estimates hold,
-    passes run only at the operator's estimate interval. A wake for batch timeouts comes at
-    most once per ``fast.min_interval_s`` (a pass decides whether they still matter)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + delay
-    while (left := end - loop.time()) > every:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wakeup.wait(), timeout=every)
-            return 0.0  # a watch event: the pass runs now
-        wake = ab.peek_wake(basis, await peek(), fast)
-        if wake is None or (wake[0] == "timeouts" and delay - left < fast.min_interval_s):
-            continue
-        logger.debug("a look at the pods calls for a pass: %s", wake[1])
-        return 0.0
-    return max(0.0, end - loop.time())
-
-
-def _tuner_interval(model: ModelSpec | None, body: Mapping[str, Any]) -> float | None:
-    """Seconds between the tuner's looks when ``spec.autoscaling.mode`` is envelope."""
-    auto = model.autoscaling if model is not None else None
-    if model is None or auto is None:
-        return None
-    if model.slo is None and not isinstance(auto.get("reference"), Mapping):
-        return None  # nothing to tune from
-    if auto.get("mode", "envelope") != "envelope":
-        return None
-    if (body.get("status") or {}).get("switch"):
-        return None
-    value = auto.get("intervalSeconds", 5)
-    return float(value) if isinstance(value, int | float) and value > 0 else 5.0
-
-
-def read_before_pass(
-    estimates: EstimateReader,
-    arrivals: ArrivalReader,
-    namespace: str,
-    name: str,
-    *,
-    want_estimates: bool,
-    want_arrivals: bool,
-    ingress: tuple[str, float] | None = None,
-) -> tuple[ab.Reading | None, Arrivals | None]:
-    """The pods' batch-size estimates and the arrivals they saw, read before a pass (never
-    during it). A model that wants both reads its Service and lists its ready pods once,
-    for the two readers. ``ingress`` (``spec.autoscaling.ingress``: a Service and a scale
-    factor): the arrivals are that Service's pods' (a pipeline's router), thinned to the
-    scale factor, in place of the model's own."""
-    shared = want_estimates and want_arrivals and ingress is None
-    pods = estimates.ready_pods(namespace, name) if shared else None
-    reading = ab.as_reading(estimates(namespace, name, pods)) if want_estimates else None
-    if not want_arrivals:
-        return reading, None
-    if ingress is None:
-        return reading, arrivals(namespace, name, pods)
-    service, factor = ingress
-    return reading, arrivals.ingress(namespace, service, reader=name, factor=factor)
-
-
-def ingress_of(model: ModelSpec | None) -> tuple[str, float] | None:
-    """``spec.autoscaling.ingress`` as (Service, scale factor), when set (validated)."""
-    auto = model.autoscaling if model is not None else None
-    ingress = auto.get("ingress") if auto is not None else None
-    if not isinstance(ingress, Mapping):
-        return None
-    return str(ingress["service"]), float(ingress["scaleFactor"])
 
 
 def _owner_key(meta: Mapping[str, Any]) -> str | None:
@@ -346,25 +211,26 @@ def _run_pass(
     parts: _LazyParts,
     namespace: str,
     name: str,
-    want_estimates: bool,
-    want_arrivals: bool,
-    *,
-    ingress: tuple[str, float] | None = None,
+    before: schedule.Before,
+    known: Parsed | None,
 ) -> tuple[Result, ab.Reading | None]:
-    """One reconcile pass of a model, its pods' readings taken first (a reconcile thread),
-    and the estimates it read; ``ingress``: where its tuner reads its arrivals when not from
-    its own pods."""
+    """One reconcile pass of a model, its pods' readings taken first as ``before`` says (a
+    reconcile thread), and the estimates it read; ``known``: its spec as the daemon parsed
+    it (not parsed again when the pass reads the same)."""
     built = parts()
-    reading, seen = read_before_pass(
+    reading, seen = schedule.read_before_pass(
         built.estimates,
         built.arrivals,
         namespace,
         name,
-        want_estimates=want_estimates,
-        want_arrivals=want_arrivals,
-        ingress=ingress,
+        want_estimates=before.estimates,
+        want_arrivals=before.arrivals,
+        ingress=before.ingress,
     )
-    return built.reconciler.reconcile(namespace, name, reading=reading, arrivals=seen), reading
+    result = built.reconciler.reconcile(
+        namespace, name, reading=reading, arrivals=seen, known=known
+    )
+    return result, reading
 
 
 def _configure(settings: kopf.OperatorSettings, options: OperatorOptions) -> None:
@@ -404,13 +270,14 @@ def _register_model_daemon(
     """The PackratModel daemon: each pass runs in ``pool``; its result sets the next delay."""
 
     async def one_pass(body: kopf.Body, namespace: str, name: str) -> float | None:
-        model = typed(body, options)
-        tuning = _tuner_interval(model, body)
-        estimating = _wants_estimates(model, body)
+        known = _parsed(body, options)
+        model = known.model if known is not None else None
+        # keyed on the spec and the status stored before this pass (its own write arrives
+        # later as a watch event)
+        before = schedule.before_pass(model, body.get("status") or {})
         loop = asyncio.get_running_loop()
-        run = functools.partial(_run_pass, ingress=ingress_of(model))
         result, reading = await loop.run_in_executor(
-            pool, run, parts, namespace, name, estimating, tuning is not None
+            pool, _run_pass, parts, namespace, name, before, known
         )
         if result.result == "gone":
             metrics.forget_model(namespace, name)
@@ -419,26 +286,16 @@ def _register_model_daemon(
             parts().estimates.forget(namespace, name)
             return None
         _publish(body, result)
-        # keyed on the spec, not the status: the body's status is still the one from
-        # before this pass (its own write arrives later as a watch event)
-        delay = next_delay(
-            options,
-            waiting=result.waiting,
-            wants_estimates=model is not None and model.auto is not None,
-            tuning=tuning,
-            checks_store=model is not None and needs_version_check(model.source),
-            retry=result.retry_seconds,
-        )
-        every = peek_interval(model, reading, waiting=result.waiting or not estimating)
-        if every is None or delay <= every or model is None or model.auto is None:
-            return delay
-        assert reading is not None
+        wait = schedule.next_pass(options.cadence, before, result.again, reading)
+        if wait.peek_every is None:
+            return wait.delay
+        assert reading is not None and before.fast is not None
         peeks = functools.partial(parts().estimates.peek, namespace, name)
-        return await peek_until(
-            delay,
-            every=every,
+        return await schedule.peek_until(
+            wait.delay,
+            every=wait.peek_every,
             basis=reading,
-            fast=ab.fast_policy_from_spec(model.auto),
+            fast=before.fast,
             wakeup=wakeups.get(f"{namespace}/{name}"),
             peek=lambda: loop.run_in_executor(pool, peeks),
         )

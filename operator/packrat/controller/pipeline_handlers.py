@@ -29,6 +29,7 @@ from packrat.controller.core.wakeups import Wakeups, register_daemon
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.manifests import LABEL_PIPELINE
 from packrat.controller.pipeline.reconcile import PLURAL, PipelineReconciler
+from packrat.controller.planning.schedule import pipeline_delay
 
 if TYPE_CHECKING:
     from packrat.controller.handlers import OperatorOptions
@@ -87,8 +88,10 @@ def register_pipelines(
             latency().forget(namespace, name)
             return None
         _post_events(body, result)
-        delay = options.poll_seconds if result.waiting else options.resync_seconds
-        return min(delay, MEASURE_SECONDS) if result.phase == "Serving" else delay
+        serving_now = result.phase == "Serving"
+        return pipeline_delay(
+            options.cadence, result.again, serving=serving_now, measure=MEASURE_SECONDS
+        )
 
     def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
         logger.warning(

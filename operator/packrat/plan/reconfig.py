@@ -340,7 +340,7 @@ class FastPolicy:
     ``sustain_s``: the pods' estimate must have held its value this long (0 disables the fast
     trigger); ``near_hold`` times that for a neighbouring batch (within a factor of 2 of the
     current: the next power of two up or down, which is what noise on a steady load reads
-    as; in the DES's steady 50/s, ``benchmarks/joint_step.py``, such blips held up to 1.0 s
+    as; in the DES's steady 50/s, ``benchmarks/tuner/joint_step.py``, such blips held up to 1.0 s
     and each one cost a switch there and back). ``min_interval_s``: fast switches at least
     this far apart. ``timeout_high`` /
     ``timeout_low``: the batch-timeout fraction that fires the trigger, and the one it must

@@ -37,6 +37,7 @@ from __future__ import annotations
 import http.client
 import ipaddress
 import logging
+import re
 import socket
 import ssl
 import threading
@@ -50,6 +51,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 __all__ = [
+    "CLUSTER_RANGES",
     "UNREACHABLE",
     "EgressError",
     "EgressPolicy",
@@ -57,6 +59,7 @@ __all__ = [
     "check_endpoint",
     "parse_networks",
     "request",
+    "split_url",
 ]
 
 logger = logging.getLogger(__name__)
@@ -68,6 +71,10 @@ UNREACHABLE = (
     "egress policy)"
 )
 CHUNK = 1 << 20
+# The cluster's own private ranges (Pods, Services): where an in-cluster receiver such as a
+# Knative broker lives. Loopback, link-local (the metadata services), unspecified, multicast
+# and reserved addresses are not among them.
+CLUSTER_RANGES = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
 # getaddrinfo blocks without a timeout of its own: lookups run here, waited on with a deadline
 _RESOLVER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="egress-resolve")
 
@@ -79,6 +86,55 @@ class EgressError(Exception):
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
+
+
+# The authority of a URL made for a model author: a host name (letters, digits, ``.``, ``-``,
+# ``_``) or a bracketed IPv6 address, and an optional port. Nothing else: no user info (``@``),
+# and none of the characters that end an authority for one parser and not for another (``?``,
+# ``#``, ``\``): ``http://ATTACKER?@models.example.com/`` is ATTACKER to urllib but
+# models.example.com to a pattern reading up to the first ``/``. Everything up to the first
+# ``/`` must be that authority (a stricter reading than RFC 3986's). The CRD's storageUri pattern
+# and the operator's validation (:mod:`packrat.controller.core.storage`) say the same.
+AUTHORITY_RE = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+_URL_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<authority>[^/]*)(?P<rest>[^\s]*)")
+
+
+@dataclass(frozen=True, slots=True)
+class UrlParts:
+    """An http(s) URL as the one parser reads it: who checks a host and who connects to it
+    read the same ``host``."""
+
+    scheme: str
+    host: str  # lower case, IPv6 without brackets
+    port: int
+    target: str  # path and query, as sent in the request line (never the fragment)
+
+
+def split_url(url: str, *, schemes: tuple[str, ...] = ("http", "https")) -> UrlParts:
+    """The one parser for URLs requested for model authors (:class:`EgressError` ``BadUri``
+    for anything ambiguous: see :data:`AUTHORITY_RE`; control characters and spaces anywhere)."""
+    match = _URL_RE.fullmatch(url) if url.isascii() and url.isprintable() else None
+    authority = AUTHORITY_RE.fullmatch(match.group("authority")) if match else None
+    if match is None or authority is None or match.group("scheme") not in schemes:
+        raise EgressError(
+            "BadUri",
+            f"{url[:200]!r} is not a {'/'.join(schemes)} URL with a plain host[:port] "
+            "(no user info, '?', '#' or '\\' before the path)",
+        )
+    try:
+        parts = urllib.parse.urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:
+        hostname = None
+    port = authority.group("port")
+    if (port is not None and not 0 < int(port) < 65536) or hostname is None:
+        raise EgressError("BadUri", f"{url[:200]!r}: not a valid host and port")
+    default = 443 if parts.scheme == "https" else 80
+    host = authority.group("host").strip("[]").lower()
+    if hostname != host:  # the parsers agree, or nothing is sent
+        raise EgressError("BadUri", f"{url[:200]!r}: an ambiguous host")
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return UrlParts(parts.scheme, host, int(port) if port else default, target)
 
 
 def parse_networks(values: Iterable[str]) -> tuple[IpNetwork, ...]:
@@ -191,14 +247,11 @@ def _unreachable(host: str, detail: str) -> EgressError:
 
 def check_endpoint(url: str, policy: EgressPolicy, *, timeout_s: float) -> None:
     """Apply ``policy`` to the host of an object store's endpoint URL (obstore connects itself)."""
-    parts = urllib.parse.urlsplit(url)
-    if not parts.hostname:
-        raise EgressError("BadUri", f"{url!r} names no host")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    parts = split_url(url)
     if proxy_for(url) is not None:
-        policy.check_unresolved(parts.hostname)
+        policy.check_unresolved(parts.host)
         return
-    policy.resolve(parts.hostname, port, time.monotonic() + timeout_s)
+    policy.resolve(parts.host, parts.port, time.monotonic() + timeout_s)
 
 
 def proxy_for(url: str) -> tuple[str, int] | None:
@@ -306,12 +359,8 @@ def request(
     decides what it means, and nothing an unowned target sent is read back.
     """
     deadline = time.monotonic() + timeout_s
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EgressError("BadUri", f"{url!r} is not an http(s) URL")
-    host = parts.hostname
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    parts = split_url(url)
+    host, port, target = parts.host, parts.port, parts.target
     proxy = proxy_for(url)
     if proxy is None:
         sock = _connect(policy.resolve(host, port, deadline), port, deadline, host)
@@ -323,7 +372,7 @@ def request(
         with _watchdog(sock, deadline, fired):
             if proxy is not None and parts.scheme == "http":
                 conn: http.client.HTTPConnection = _Pinned(host, port, sock)
-                target = url  # absolute form, to the proxy
+                target = url.split("#", 1)[0]  # absolute form, to the proxy
             else:
                 if proxy is not None:
                     _tunnel(sock, host, port)

@@ -42,6 +42,7 @@ from packrat.runtime.egress import (
     check_endpoint,
     host_matches,
     request,
+    split_url,
 )
 
 __all__ = [
@@ -274,6 +275,10 @@ def _open(uri: str, credentials: Mapping[str, str], limits: FetchLimits) -> tupl
     options = storage_options(
         uri, credentials, identity=limits.identity, timeout_s=limits.timeout_s
     )
+    try:
+        split_url(uri, schemes=("s3", "gs"))  # a plain bucket name, as for http(s) hosts
+    except EgressError as exc:
+        raise FetchError(exc.reason, exc.message) from None
     match = re.fullmatch(r"([a-z0-9]+)://([^/]+)/(.+)", uri)
     if match is None or match.group(3).endswith("/"):
         raise FetchError("BadUri", f"{uri!r} does not name one object")
@@ -294,20 +299,24 @@ def _open(uri: str, credentials: Mapping[str, str], limits: FetchLimits) -> tupl
 
 
 def _http_headers(uri: str, credentials: Mapping[str, str]) -> dict[str, str]:
-    """The Authorization header for ``uri``, only where the Secret allows its host."""
+    """The Authorization header for ``uri``, only where the Secret allows its host. The host
+    is read by :func:`~packrat.runtime.egress.split_url`, the parser the request itself uses:
+    the host checked here is the host the header is sent to."""
+    try:
+        parts = split_url(uri)
+    except EgressError as exc:
+        raise FetchError(exc.reason, exc.message) from None
     token = credentials.get(HTTP_KEY)
     if not token:
         return {}
-    host = re.sub(r"^https?://([^/]+).*$", r"\1", uri).lower()
     allowed = [h for h in re.split(r"[\s,]+", credentials.get(HTTP_HOST_KEY, "")) if h]
-    bare = host.rsplit("@", 1)[-1]
     if not allowed or not (
-        host_matches(bare, allowed) or host_matches(bare.split(":")[0], allowed)
+        host_matches(parts.host, allowed) or host_matches(f"{parts.host}:{parts.port}", allowed)
     ):
         raise FetchError(
             "AccessDenied",
             f"{uri}: the credentials Secret's {HTTP_KEY} is sent only to the host(s) named by "
-            f"its {HTTP_HOST_KEY} key, and {bare.split(':')[0]} is not one of them",
+            f"its {HTTP_HOST_KEY} key, and {parts.host} is not one of them",
         )
     return {"Authorization": token}
 

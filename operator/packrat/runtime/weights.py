@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import os
 import sys
 import tempfile
@@ -103,29 +104,45 @@ def _frozen(model: nn.Module) -> nn.Module:
 
 
 STALE_TMP_SECONDS = 600.0
-"""A temporary weight file not written to for this long was left by a killed writer (a live
-one writes continuously); the next save removes it, so crashes cannot fill the volume."""
+"""A temporary weight file not written to for this long was left by a killed writer; the
+next save removes it, so crashes cannot fill the volume. A writer holds an exclusive lock
+(``flock``) on its file while it writes: a file whose lock is free has no live writer and is
+removed at once (issue 38: a container killed every few seconds left one model-sized file
+each time); the age is the fallback where locks are not kept."""
 
 
 def _remove_stale(path: Path, now: float) -> None:
     for tmp in path.parent.glob(f"{path.name}*.tmp"):
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
-            if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
+            if _unlocked(tmp) or now - tmp.stat().st_mtime > STALE_TMP_SECONDS:
                 tmp.unlink()
+
+
+def _unlocked(path: Path) -> bool:
+    """Whether no process holds ``path``'s lock (its writer is gone)."""
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
 
 
 def _save(model: nn.Module, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path, time.time())
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held while this process writes (see _remove_stale)
         with _no_crc32():
             torch.save(_tensors(model), tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,25 @@ FIRST_READY_S = 720.0
 STEADY_S = 240.0
 
 
+def wait_ready(
+    cluster: OperatorCluster,
+    name: str,
+    *,
+    period: float = 0.25,
+    detail: Callable[[], str] | None = None,
+) -> dict[str, Any]:
+    """Waits (up to ``FIRST_READY_S``: profiling and the first rollout) for the model's phase
+    Ready; gives its status. On a timeout: ``detail``, or the status and the operator's log."""
+    wait_for(
+        lambda: cluster.status(name).get("phase") == "Ready",
+        timeout=FIRST_READY_S,
+        what=f"{name} Ready",
+        period=period,
+        detail=detail or (lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(20)}"),
+    )
+    return cluster.status(name)
+
+
 @dataclass(frozen=True)
 class Served:
     """What the cluster looked like when the model first became Ready."""
@@ -41,26 +60,32 @@ class Served:
 def tiny_spec(
     max_batch: int,
     *,
-    budget_s: int = 40,
+    cpus: int = 2,
+    threads: tuple[int, ...] = (1, 2),
+    precision: float | None = 0.2,
+    budget_s: int | None = 40,
     ready_timeout_s: int = 300,
+    drain_s: int = 2,
+    zoo: bool = True,
     **extra: Any,
 ) -> dict[str, Any]:
     """The ``tiny`` model spec the operator tests share: 2 CPUs, a 2 ms batch delay, a
     profile over threads 1-2 and batches up to ``max_batch`` (no retry), a 2 s drain;
     ``ready_timeout_s`` defaults to the CRD's (a new slot's TorchServe took over 90 s to start
-    on a loaded machine). ``extra``: more spec fields (batchSize, autoBatch, slo, ...)."""
+    on a loaded machine). ``precision`` and ``budget_s`` None: the CRD's defaults. Without
+    ``zoo`` the spec names no model (the test adds its own source). ``extra``: more spec
+    fields (batchSize, autoBatch, slo, ...)."""
+    profiling: dict[str, Any] = {"maxBatch": max_batch, "threads": list(threads)}
+    if precision is not None:
+        profiling["precision"] = precision
+    if budget_s is not None:
+        profiling["timeBudgetSeconds"] = budget_s
     return {
-        "model": {"zoo": "tiny"},
-        "cpus": 2,
+        **({"model": {"zoo": "tiny"}} if zoo else {}),
+        "cpus": cpus,
         "maxBatchDelayMs": 2,
-        "profiling": {
-            "maxBatch": max_batch,
-            "threads": [1, 2],
-            "precision": 0.2,
-            "timeBudgetSeconds": budget_s,
-            "backoffLimit": 0,
-        },
-        "switch": {"readyTimeoutSeconds": ready_timeout_s, "drainSeconds": 2},
+        "profiling": {**profiling, "backoffLimit": 0},
+        "switch": {"readyTimeoutSeconds": ready_timeout_s, "drainSeconds": drain_s},
         **extra,
     }
 
@@ -112,13 +137,7 @@ def ensure_served(
     metrics_before = cluster.operator.metrics()
     created = cluster.api.create("packratmodels", body(name, spec))
     uid = created["metadata"]["uid"]
-    wait_for(
-        lambda: cluster.status(name).get("phase") == "Ready",
-        timeout=FIRST_READY_S,
-        what=f"{name} Ready",
-        period=0.25,
-        detail=lambda: f"status: {cluster.status(name)}\nlog:\n{cluster.log_tail(10)}",
-    )
+    wait_ready(cluster, name)
     served = Served(
         name=name,
         uid=uid,

@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from packrat.controller.api.crd import KIND, PIPELINE_KIND
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.overrides import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
@@ -50,9 +52,30 @@ class Config:
     admin_token_rotation_seconds: float = 24 * 3600.0
 
 
+@dataclass(frozen=True)
+class Again:
+    """Why a pass asks to run again before the resync: something is in progress (profiling,
+    a switch, pods starting: ``waiting``, look again at the poll interval), and/or a step
+    asked for a look within ``within`` seconds (a backoff, an estimate due, a token to
+    rotate). :mod:`packrat.controller.planning.schedule` turns it into the next delay."""
+
+    waiting: bool = False
+    within: float | None = None
+
+    def soon(self) -> Again:
+        """Something is in progress."""
+        return Again(waiting=True, within=self.within)
+
+    def within_seconds(self, seconds: float) -> Again:
+        """At most ``seconds`` from now (the smallest any step asked: a step never lengthens
+        another's)."""
+        within = seconds if self.within is None else min(self.within, seconds)
+        return Again(waiting=self.waiting, within=within)
+
+
 @dataclass
 class Result:
-    """What a pass did, for metrics, events and logs."""
+    """What a pass did, for metrics, events and logs, and when it asks to run again."""
 
     phase: str = "Pending"
     result: str = "ok"
@@ -65,10 +88,8 @@ class Result:
     decision: str | None = None
     # seconds from the start of a completed switch to the Service selecting the new slot
     switch_seconds: float | None = None
-    # something is in progress (profiling, a switch, pods starting): look again soon
-    waiting: bool = False
-    # look again after at most this many seconds (a backoff, e.g. the store's after a failure)
-    retry_seconds: float | None = None
+    # why the pass asks to run again before the resync (the one value the schedule reads)
+    again: Again = field(default_factory=Again)
     # the running profiling Job's progress (status.profiling.progress)
     profiling_progress: dict[str, Any] | None = None
     # the stored profile's isolation verdict (CoresExclusive); None when it has none
@@ -76,11 +97,24 @@ class Result:
     # spec.autoscaling envelope: the tuner's decision of this pass (action, rates, capacity)
     autoscale: dict[str, Any] | None = None
 
+    def in_progress(self) -> None:
+        """Something is in progress (profiling, a switch, pods starting): look again soon."""
+        self.again = self.again.soon()
+
     def again_within(self, seconds: float) -> None:
         """Look again after at most ``seconds`` (the smallest any step of the pass asked:
         a step never lengthens another's)."""
-        held = self.retry_seconds
-        self.retry_seconds = seconds if held is None else min(held, seconds)
+        self.again = self.again.within_seconds(seconds)
+
+    @property
+    def waiting(self) -> bool:
+        """Something is in progress (``again.waiting``)."""
+        return self.again.waiting
+
+    @property
+    def retry_seconds(self) -> float | None:
+        """The look within the pass asked for (``again.within``)."""
+        return self.again.within
 
 
 @dataclass
@@ -98,6 +132,11 @@ class Pass(Generic[S]):
     @property
     def name(self) -> str:
         return str(self.obj["metadata"]["name"])
+
+    def owns(self, child: Mapping[str, Any]) -> bool:
+        """Whether ``child`` is this object's (its ownerReference: never adopt another's)."""
+        kind = PIPELINE_KIND if isinstance(self.status, PipelineStatus) else KIND
+        return owned_by(child, name=self.name, uid=self.obj["metadata"].get("uid"), kind=kind)
 
     @property
     def namespace(self) -> str:

@@ -14,10 +14,12 @@ through :class:`PodFanout`, which gives each request:
   reading), at most 32 headers of 4 KiB, no transparent decompression;
 - **no redirects** (a 3xx is an answer, never followed), no proxies from the environment, no
   cookies;
-- a **bounded pool one model cannot monopolise**: at most ``total`` requests in flight for
-  the whole operator and at most ``per_owner`` for one model, so a model with many hostile
-  pods queues behind its own cap (and gives up at its deadline) while every other model's
-  reads go on.
+- a **bounded pool no set of models can monopolise**: at most ``per_owner`` requests in
+  flight for one model; of those, the first ``floor`` are the model's own share, outside the
+  shared pool, and the rest come from a pool of ``total`` for the whole operator. A model with
+  many hostile pods queues behind its own cap (and gives up at its deadline); any number of
+  such models can empty the shared pool, but never another model's share (issue 38: with the
+  pool alone, 9 models blackholing their plan posts left a tenth's reads at 0 of 4).
 
 The requests run on one event loop in one thread (aiohttp, which kopf already brings): a
 request waiting on a slow pod costs a few KiB, not a thread. Callers block on the answer for
@@ -46,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 TOTAL_IN_FLIGHT = 64
 PER_OWNER_IN_FLIGHT = 8
+OWN_SHARE = 4  # of a model's requests in flight, the ones outside the shared pool
 MAX_DIGITS = 30  # an integer with more digits is not a value any pod reports
 MAX_HEADERS = 32
 MAX_HEADER_BYTES = 4096
@@ -118,15 +121,28 @@ class _Call:
     max_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """One model's caps: all its requests in flight (``slots``) and its own share (``share``)."""
+
+    slots: asyncio.Semaphore
+    share: asyncio.Semaphore
+
+
 class PodFanout:
     """Requests to many pods at once, each under a total deadline, within a global and a
     per-owner (per-model) concurrency cap. Thread-safe; one per operator."""
 
     def __init__(
-        self, *, total: int = TOTAL_IN_FLIGHT, per_owner: int = PER_OWNER_IN_FLIGHT
+        self,
+        *,
+        total: int = TOTAL_IN_FLIGHT,
+        per_owner: int = PER_OWNER_IN_FLIGHT,
+        floor: int = OWN_SHARE,
     ) -> None:
         self.total = total
         self.per_owner = per_owner
+        self.floor = min(floor, per_owner)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="pod-fanout", daemon=True
@@ -134,7 +150,7 @@ class PodFanout:
         self._thread.start()
         self._session: aiohttp.ClientSession | None = None
         self._global: asyncio.Semaphore | None = None
-        self._owners: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        self._owners: dict[str, tuple[_Owner, int]] = {}
 
     # -- the callers' side (any thread) -----------------------------------------------------
     def get(
@@ -221,7 +237,8 @@ class PodFanout:
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._global = asyncio.Semaphore(self.total)
-            connector = aiohttp.TCPConnector(limit=self.total, force_close=True)
+            # no connection cap of its own: the owners' caps and the shared pool bound it
+            connector = aiohttp.TCPConnector(limit=0, force_close=True)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,
@@ -235,32 +252,30 @@ class PodFanout:
 
     async def _all(self, call: _Call, urls: list[str]) -> list[Answer]:
         session = self._ensure_session()
-        semaphore = self._acquire_owner(call.owner)
+        owner = self._acquire_owner(call.owner)
         try:
-            return list(
-                await asyncio.gather(*(self._one(session, semaphore, call, u) for u in urls))
-            )
+            return list(await asyncio.gather(*(self._one(session, owner, call, u) for u in urls)))
         finally:
             self._release_owner(call.owner)
 
-    def _acquire_owner(self, owner: str) -> asyncio.Semaphore:
-        semaphore, users = self._owners.get(owner, (None, 0))
-        if semaphore is None:
-            semaphore = asyncio.Semaphore(self.per_owner)
-        self._owners[owner] = (semaphore, users + 1)
-        return semaphore
+    def _acquire_owner(self, name: str) -> _Owner:
+        owner, users = self._owners.get(name, (None, 0))
+        if owner is None:
+            owner = _Owner(asyncio.Semaphore(self.per_owner), asyncio.Semaphore(self.floor))
+        self._owners[name] = (owner, users + 1)
+        return owner
 
-    def _release_owner(self, owner: str) -> None:
-        semaphore, users = self._owners[owner]
+    def _release_owner(self, name: str) -> None:
+        owner, users = self._owners[name]
         if users <= 1:
-            del self._owners[owner]  # nothing kept for models that stopped asking
+            del self._owners[name]  # nothing kept for models that stopped asking
         else:
-            self._owners[owner] = (semaphore, users - 1)
+            self._owners[name] = (owner, users - 1)
 
     async def _one(
         self,
         session: aiohttp.ClientSession,
-        owner_slots: asyncio.Semaphore,
+        owner: _Owner,
         call: _Call,
         url: str,
     ) -> Answer:
@@ -268,8 +283,12 @@ class PodFanout:
             return Answer(0, error=f"not a plain http address: {url}"[:300])
         assert self._global is not None
         try:
-            async with asyncio.timeout(call.deadline), owner_slots, self._global:
-                return await self._request(session, call, url)
+            async with asyncio.timeout(call.deadline), owner.slots:
+                # the model's own share first (taken at once when free: one event loop),
+                # else a slot of the shared pool
+                pool = owner.share if not owner.share.locked() else self._global
+                async with pool:
+                    return await self._request(session, call, url)
         except TimeoutError:
             return Answer(0, error=f"no answer within {call.deadline:g}s")
         except (aiohttp.ClientError, OSError, ValueError) as exc:

@@ -388,6 +388,47 @@ def parse(obj: Mapping[str, Any], *, default_image: str = DEFAULT_IMAGE) -> Mode
     return model
 
 
+_SOURCE_META = ("name", "namespace", "uid", "generation", "annotations")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A typed spec and what it was parsed from, so that a later read of the same object in
+    the same pass (the daemon's body, then the pass's own GET) is not parsed again."""
+
+    source: Any
+    model: ModelSpec
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], *, default_image: str) -> Parsed:
+        """``obj`` parsed (``InvalidSpec`` as :func:`parse`)."""
+        model = parse(obj, default_image=default_image)
+        return cls(source=_source(obj, default_image), model=model)
+
+
+def _source(obj: Mapping[str, Any], default_image: str) -> Any:
+    """What :func:`parse` reads of ``obj``, as plain data."""
+    meta = obj.get("metadata") or {}
+    return _plain([obj.get("spec"), [meta.get(k) for k in _SOURCE_META], default_image])
+
+
+def parse_again(
+    obj: Mapping[str, Any], *, default_image: str, known: Parsed | None = None
+) -> ModelSpec:
+    """:func:`parse`, or ``known``'s model when ``obj`` is what it was parsed from."""
+    if known is not None and known.source == _source(obj, default_image):
+        return known.model
+    return parse(obj, default_image=default_image)
+
+
 def stored(
     like: ModelSpec | Mapping[str, Any], spec: Mapping[str, Any], *, image: str
 ) -> ModelSpec:

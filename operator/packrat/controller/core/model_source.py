@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.storage import validate_storage
+from packrat.runtime.egress import EgressError, split_url
 
 ZOO_MODELS = ("resnet50", "inception_v3", "bert-base", "gpt2", "tiny")
 MODEL_FORMATS = ("mar", "torchscript")
@@ -24,6 +25,15 @@ _PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], *, where: str) -> None:
     for key in sorted(set(obj) - known):
         errors.append(f"{where}{key}: unknown field")
+
+
+def _fetchable(uri: str) -> bool:
+    """Whether the fetch's one URL parser reads ``uri`` (no authority hiding a second host)."""
+    try:
+        split_url(uri)
+    except EgressError:
+        return False
+    return True
 
 
 def validate_model(errors: list[str], model: Any) -> None:
@@ -43,8 +53,10 @@ def validate_model(errors: list[str], model: Any) -> None:
         )
     if "uri" in model:
         uri = model["uri"]
-        if not isinstance(uri, str) or not re.fullmatch(r"https?://\S+", uri) or len(uri) > 2048:
-            errors.append(f"spec.model.uri must be an http(s) URL, got {uri!r}")
+        if not (isinstance(uri, str) and len(uri) <= 2048 and _fetchable(uri)):
+            errors.append(
+                f"spec.model.uri must be an http(s) URL with a plain host[:port], got {uri!r}"
+            )
     if "volume" in model:
         _check_volume(errors, model["volume"])
     validate_storage(errors, model)

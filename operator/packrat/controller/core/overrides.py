@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.core.storage import split_uri
-from packrat.runtime.egress import host_matches
+from packrat.runtime.egress import EgressError, host_matches, split_url
 
 POD_FIELDS = {
     "annotations",
@@ -184,7 +183,9 @@ def apply_pod(
 # here: each list, when set (a chart value, a ``packrat operator`` flag), is what the operator
 # accepts; a spec outside it is refused with ``Ready=False`` (reason ``PolicyRefused``) and a
 # Warning event, nothing is created for it, and the last good configuration keeps serving.
-# Unset, a list does not restrict (the behaviour before it existed).
+# Unset, a list does not restrict (the behaviour before it existed), with one exception that
+# no model needs: Kubernetes' own ``system-*`` priority classes (a pod with one preempts the
+# cluster's critical pods) are refused unless a list names them (issue 38).
 #
 # Patterns: an image entry ending in ``*`` is a prefix (``registry.example.com/packrat/*``),
 # any other entry is matched exactly (an image without its tag or digest also matches every tag
@@ -193,6 +194,7 @@ def apply_pod(
 # and checked here too.
 
 Allowed = tuple[str, ...] | None
+SYSTEM_PRIORITY = "system-"  # system-node-critical, system-cluster-critical: Kubernetes' own
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +205,7 @@ class ModelPolicy:
     service_accounts: Allowed = None
     priority_classes: Allowed = None
     env_secrets: Allowed = None
+    image_pull_secrets: Allowed = None
 
     @classmethod
     def parse(cls, **lists: Sequence[str] | None) -> ModelPolicy:
@@ -254,6 +257,20 @@ def refused_by_policy(
         value = pod.get(key)
         if allowed is not None and value is not None and value not in allowed:
             out.append(f"spec.pod.{key} {value!r} is not among the {what} the operator allows")
+    priority = pod.get("priorityClassName")
+    if policy.priority_classes is None and str(priority or "").startswith(SYSTEM_PRIORITY):
+        out.append(
+            f"spec.pod.priorityClassName {priority!r} is one of Kubernetes' own, which models "
+            "may use only when the operator's allow-list names it"
+        )
+    if policy.image_pull_secrets is not None:
+        for ref in pod.get("imagePullSecrets") or []:
+            name = (ref or {}).get("name")
+            if name not in policy.image_pull_secrets:
+                out.append(
+                    f"spec.pod.imagePullSecrets {name!r} is not among the pull Secrets the "
+                    "operator allows"
+                )
     if policy.env_secrets is not None:
         for item in pod.get("env") or []:
             ref = ((item or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
@@ -263,9 +280,28 @@ def refused_by_policy(
                     f"spec.pod.env {item.get('name')!r} reads Secret {name!r}, which the "
                     "operator does not allow in model environments"
                 )
-    uri = (spec.get("model") or {}).get("storageUri")
-    if storage_hosts and isinstance(uri, str) and uri.startswith(("http://", "https://")):
-        host = split_uri(uri)[1].rsplit("@", 1)[-1].split(":")[0]
-        if not host_matches(host, storage_hosts):
-            out.append(f"spec.model.storageUri: {host} is not a storage host the operator allows")
+    if storage_hosts:
+        out += _refused_hosts(spec, storage_hosts)
+    return out
+
+
+def _refused_hosts(spec: Mapping[str, Any], storage_hosts: Sequence[str]) -> list[str]:
+    """Every http(s) URL a model's pods fetch (spec.model's and spec.canary.model's storageUri
+    and uri) outside the storage hosts, its host read by the fetch's own parser."""
+    out: list[str] = []
+    canary = spec.get("canary")
+    sources = [("spec.model", spec.get("model"))]
+    if isinstance(canary, Mapping):
+        sources.append(("spec.canary.model", canary.get("model")))
+    for where, model in sources:
+        for key in ("storageUri", "uri"):
+            uri = model.get(key) if isinstance(model, Mapping) else None
+            if not (isinstance(uri, str) and uri.startswith(("http://", "https://"))):
+                continue
+            try:
+                host = split_url(uri).host
+            except EgressError:
+                continue  # invalid: the spec's validation says so
+            if not host_matches(host, storage_hosts):
+                out.append(f"{where}.{key}: {host} is not a storage host the operator allows")
     return out

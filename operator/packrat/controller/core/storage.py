@@ -19,16 +19,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from packrat.runtime.egress import EgressPolicy
+from packrat.runtime.egress import EgressError, EgressPolicy, split_url
 from packrat.runtime.fetch import DEFAULT_MAX_BYTES
 
 STORAGE_SCHEMES = ("s3", "gs", "http", "https", "pvc")
+FETCHED_SCHEMES = ("s3", "gs", "http", "https")
 CREDENTIALS_DIR = "/credentials"
 CREDENTIALS_VOLUME = "model-credentials"
 VERSION_KEY = "observedVersion"  # set by the operator, never by the user
 SECRET_MODE = 0o440  # owner and the pod's fsGroup may read
 
-_URI_RE = re.compile(r"^(s3|gs|https?|pvc)://([^\s/]+)(/\S*)?$")
+# the authority is what the fetch's one parser accepts (packrat.runtime.egress.split_url: a
+# plain host[:port], no user info, '?', '#' or '\\' that could hide a second host)
+_URI_RE = re.compile(
+    r"^(s3|gs|https?|pvc)://((?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?)(/\S*)?$"
+)
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _PVC_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
@@ -53,6 +58,11 @@ class StorageLimits:
             "--cloud-identity",
             self.cloud_identity,
         ]
+
+    def tmp_volume(self) -> dict[str, Any]:
+        """The pods' /tmp: the weight file, a .mar's extraction, the runtime's files (two
+        copies of the largest model and 1 GiB beside), never the node's whole disk."""
+        return {"name": "tmp", "emptyDir": {"sizeLimit": str(2 * self.max_model_bytes + 1024**3)}}
 
     def model_volume(self) -> dict[str, Any]:
         """The emptyDir a model file is fetched into: no bigger than the largest model."""
@@ -84,7 +94,9 @@ def validate_storage(errors: list[str], model: Mapping[str, Any]) -> None:
         if not isinstance(uri, str) or len(uri) > 2048:
             raise ValueError(uri)
         scheme, _, path = split_uri(uri)
-    except ValueError:
+        if scheme != "pvc":
+            split_url(uri, schemes=FETCHED_SCHEMES)  # the parser the fetch itself uses
+    except (ValueError, EgressError):
         errors.append(
             "spec.model.storageUri must be s3://BUCKET/KEY, gs://BUCKET/OBJECT, "
             f"http(s)://HOST/PATH or pvc://CLAIM/PATH, got {uri!r}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import kopf
 
+from packrat.controller.api.backoff import backoff
 from packrat.controller.api.crd import GROUP, VERSION
 
 MAX_BACKOFF_SECONDS = 60.0
@@ -89,11 +90,13 @@ async def run_passes(
     *,
     backoff_s: float,
     on_error: Callable[[Exception, int], None],
+    seed: str = "",
 ) -> None:
     """A daemon's loop until ``stopped`` (kopf's flag) is set: a pass, then a wait for a
     wake-up (``event``) or the delay the pass returned; None means the object is gone and the
     loop ends. A pass that raises is reported (``on_error(exc, failures in a row)``) and
-    retried after ``backoff_s`` doubled per failure, up to :data:`MAX_BACKOFF_SECONDS`."""
+    retried after ``backoff_s`` doubled per failure, up to :data:`MAX_BACKOFF_SECONDS`, with
+    jitter (:func:`packrat.controller.api.backoff.backoff`, seeded by ``seed``)."""
     failures = 0
     while not stopped:
         event.clear()
@@ -102,7 +105,7 @@ async def run_passes(
         except Exception as exc:
             failures += 1
             on_error(exc, failures)
-            delay = min(backoff_s * 2 ** (failures - 1), MAX_BACKOFF_SECONDS)
+            delay = backoff(failures, base=backoff_s, cap=MAX_BACKOFF_SECONDS, seed=seed)
         else:
             failures = 0
             if delay is None:
@@ -145,6 +148,7 @@ def register_daemon(
                 lambda: one_pass(body, namespace, name),
                 backoff_s=backoff_s,
                 on_error=lambda exc, failures: on_error(namespace, name, exc, failures),
+                seed=key,
             )
         finally:
             wakeups.drop(key)

@@ -21,12 +21,12 @@ from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import InvalidSpec, ModelSpec, parse
+from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed, parse_again
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.slo_spec import TunerReference
-from packrat.controller.core.status import ModelStatus, get_condition
+from packrat.controller.core.status import ModelStatus, Stage, get_condition
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
 from packrat.controller.planning.batching import (
@@ -131,9 +131,13 @@ class Reconciler:
         now: datetime.datetime | None = None,
         reading: ab.Reading | None = None,
         arrivals: asc.Arrivals | None = None,
+        known: Parsed | None = None,
     ) -> Result:
+        """One pass; ``known``: the spec the caller parsed already (the daemon's, from the
+        watch event's body), used when the object read is what it was parsed from."""
+
         def step(p: Pass) -> None:
-            self._pass(p, reading, arrivals)
+            self._pass(p, reading, arrivals, known)
             self._report_conflicts(p)
 
         return run_pass(
@@ -159,8 +163,14 @@ class Reconciler:
         return release_orphans(self.kube, namespace, name, live=obj)
 
     # -- the pass ------------------------------------------------------------------------------
-    def _pass(self, p: Pass, reading: ab.Reading | None, arrivals: asc.Arrivals | None) -> None:
-        model, invalid, refused, unavailable = self._read_model(p)
+    def _pass(
+        self,
+        p: Pass,
+        reading: ab.Reading | None,
+        arrivals: asc.Arrivals | None,
+        known: Parsed | None = None,
+    ) -> None:
+        model, invalid, refused, unavailable = self._read_model(p, known)
         children = observe(self.kube, p.namespace, p.name, model)
 
         # 1. serving repairs, from the last good configuration, before anything else
@@ -207,11 +217,14 @@ class Reconciler:
             arrivals=arrivals,
         )
 
-    def _read_model(self, p: Pass) -> tuple[ModelSpec | None, InvalidSpec | None, list[str], bool]:
+    def _read_model(
+        self, p: Pass, known: Parsed | None = None
+    ) -> tuple[ModelSpec | None, InvalidSpec | None, list[str], bool]:
         """The typed spec, or why there is none (invalid, or refused by the platform's
         allow-lists); whether a storageUri model's store is unavailable."""
         try:
-            model: ModelSpec | None = parse(p.obj, default_image=self.config.image)
+            image = self.config.image
+            model: ModelSpec | None = parse_again(p.obj, default_image=image, known=known)
             invalid: InvalidSpec | None = None
         except InvalidSpec as exc:
             model, invalid = None, exc
@@ -274,7 +287,7 @@ class Reconciler:
         try:
             optimizer = self.optimizers.optimizer(
                 profile,
-                digest=str((status.get("profile") or {}).get("digest", "")),
+                digest=status.profile_digest,
                 cpus=serving.cpus,
                 max_batch=padding_horizon(max_batch),  # room for a faster, larger plan
             )
@@ -370,20 +383,21 @@ class Reconciler:
     ) -> bool:
         """Start or advance a switch; True when this pass is done (a switch is under way)."""
         status = p.status
-        switch = status.get("switch") or {}
-        stage = switch.get("stage")
+        switch = status.switch
+        stage = switch.stage if switch is not None else None
         kwargs: dict[str, Any] = {
             "replicas": replicas,
             "ready_timeout": model.switch.ready_timeout_seconds,
             "drain": model.switch.drain_seconds,
         }
-        if stage == "draining":
+        if stage is Stage.DRAINING:
             good = last_good(p, fallback=None)
             assert good is not None
             ended = advance_switch(p, children.deployments, children.service, target=good, **kwargs)
             return not ended
-        if stage == "rollout":
-            if switch.get("hash") == desired.serving_hash:
+        if stage is Stage.ROLLOUT:
+            assert switch is not None
+            if switch.hash == desired.serving_hash:
                 ended = advance_switch(
                     p, children.deployments, children.service, target=desired, **kwargs
                 )
@@ -394,11 +408,8 @@ class Reconciler:
                 start_switch(p, children.deployments, target=desired, replicas=replicas)
                 return True
         if desired.serving_hash != status.get("servingHash"):
-            switch = status.get("switch") or {}
-            given_up = switch.get("stage") == "aborted" and switch.get("hash") == (
-                desired.serving_hash
-            )
-            if not given_up:
+            switch = status.switch
+            if switch is None or not switch.gave_up_on(desired.serving_hash):
                 note = self._in_pod(p, children, model, desired=desired, replicas=replicas)
                 if note is None:
                     return False  # switched in place: the pass goes on as at rest
@@ -406,7 +417,7 @@ class Reconciler:
                     return True  # the post to the pods is outstanding: a later pass ends it
                 start_switch(p, children.deployments, target=desired, replicas=replicas, note=note)
                 return True
-        elif (status.get("switch") or {}).get("stage") == "aborted":
+        elif (switch := status.switch) is not None and switch.stage is Stage.ABORTED:
             status.set_switch(None)
         return False
 
@@ -461,7 +472,7 @@ class Reconciler:
             serving_spec=desired.spec.stored_spec(),
         )
         status.set_endpoint(p.name, p.namespace, m.PORT)
-        status.set_batch_size({**(status.get("batchSize") or {}), "current": desired.plan.batch})
+        status.set_batch_current(desired.plan.batch)
         p.emit("Normal", "Deploying", f"slot a deploying plan {desired.plan.label}")
         steady(p, dep, replicas=replicas)
 
@@ -500,7 +511,7 @@ class Reconciler:
         message = conflict_message(p.conflicts)
         p.status.failed()
         p.result.result = "conflict"
-        p.result.waiting = True  # a foreign object's removal sends us no event: look again
+        p.result.in_progress()  # a foreign object's removal sends us no event: look again
         p.status.set_message(message)
         p.cond("Ready", False, "OwnershipConflict", message)
         return True

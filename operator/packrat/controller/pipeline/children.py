@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.children import Outcome, keep, labels_drift, service_drift
 from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import PipelinePass as Pass
@@ -124,15 +125,22 @@ def ensure_stage(
     if current is not None and target.external and PROFILE_ONLY_ANNOTATION not in have_notes:
         # serving: its replica count is the external scaler's
         want["spec"]["replicas"] = (current.get("spec") or {}).get("replicas", target.replicas)
-    if current is None:
-        if p.kube.create("packratmodels", p.namespace, want):
-            p.emit("Normal", "StageCreated", f"stage {stage}: PackratModel {spec.model_name}")
-        return False
+    kept = keep(
+        p.kube, "packratmodels", p.namespace, want, current=current, ours=p.owns, drift=_stage_drift
+    )
+    if kept.created:
+        p.emit("Normal", "StageCreated", f"stage {stage}: PackratModel {spec.model_name}")
+    return kept.outcome is Outcome.KEPT
+
+
+def _stage_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    """A stage model's spec as read (defaults applied), our annotations, our labels."""
     patch: dict[str, Any] = {}
     have_spec = current.get("spec") or {}
     want_spec = read_spec(want["spec"])[0]
     if read_spec(have_spec)[0] != want_spec:
         patch["spec"] = merge_patch(have_spec, want_spec)
+    have_notes = (current.get("metadata") or {}).get("annotations") or {}
     want_notes = want["metadata"].get("annotations") or {}
     notes = {
         key: want_notes.get(key)  # None removes it
@@ -141,12 +149,10 @@ def ensure_stage(
     }
     if notes:
         patch["metadata"] = {"annotations": notes}
-    if not covers(meta.get("labels") or {}, want["metadata"]["labels"]):
-        patch.setdefault("metadata", {})["labels"] = want["metadata"]["labels"]
-    if not patch:
-        return True
-    p.kube.patch("packratmodels", p.namespace, spec.model_name, patch)
-    return False
+    labels = labels_drift(current, want)
+    if labels:
+        patch.setdefault("metadata", {})["labels"] = labels["metadata"]["labels"]
+    return patch
 
 
 def ensure_router(
@@ -154,44 +160,26 @@ def ensure_router(
 ) -> dict[str, Any] | None:
     """The router's ConfigMap, Deployment and the pipeline's Service; the Deployment as
     observed (None when it was created by this pass)."""
-    ns, name = p.namespace, pm.router_name(p.name)
+    ns = p.namespace
     cm = pm.router_configmap(pipe)
-    if children.configmap is None:
-        p.kube.create("configmaps", ns, cm)
-    elif children.configmap.get("data") != cm["data"] or not _labels_ok(children.configmap, cm):
-        p.kube.patch(
-            "configmaps", ns, name, {"data": cm["data"], "metadata": {"labels": _labels(cm)}}
-        )
+    keep(p.kube, "configmaps", ns, cm, current=children.configmap, ours=p.owns, drift=_cm_drift)
     dep = pm.router_deployment(pipe, replicas=ROUTER_REPLICAS, image=image)
-    current = children.deployment
-    if current is None:
-        p.kube.create("deployments", ns, dep)
-    elif not covers(current.get("spec") or {}, dep["spec"]) or not _labels_ok(current, dep):
-        p.kube.patch(
-            "deployments", ns, name, {"spec": dep["spec"], "metadata": {"labels": _labels(dep)}}
-        )
-        current = None  # a new template: not ready until its pods are
+    router = keep(
+        p.kube, "deployments", ns, dep, current=children.deployment, ours=p.owns, drift=_dep_drift
+    )
     svc = pm.pipeline_service(pipe)
-    if children.service is None:
-        p.kube.create("services", ns, svc)
-    else:
-        have = children.service.get("spec") or {}
-        patch: dict[str, Any] = {}
-        selector = have.get("selector") or {}
-        if selector != svc["spec"]["selector"]:
-            patch["spec"] = {"selector": merge_patch(selector, svc["spec"]["selector"])}
-        if not covers(have.get("ports"), svc["spec"]["ports"]):
-            patch.setdefault("spec", {})["ports"] = svc["spec"]["ports"]
-        if not _labels_ok(children.service, svc):
-            patch["metadata"] = {"labels": _labels(svc)}
-        if patch:
-            p.kube.patch("services", ns, p.name, patch)
-    return current
+    keep(p.kube, "services", ns, svc, current=children.service, ours=p.owns, drift=service_drift)
+    # created or given a new template: not ready until its pods are
+    return router.obj if router.outcome is Outcome.KEPT else None
 
 
-def _labels(obj: Mapping[str, Any]) -> dict[str, str]:
-    return dict(obj["metadata"]["labels"])
+def _cm_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    if current.get("data") == want["data"] and not labels_drift(current, want):
+        return {}
+    return {"data": want["data"], "metadata": {"labels": dict(want["metadata"]["labels"])}}
 
 
-def _labels_ok(current: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
-    return covers((current.get("metadata") or {}).get("labels") or {}, _labels(want))
+def _dep_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    if covers(current.get("spec") or {}, want["spec"]) and not labels_drift(current, want):
+        return {}
+    return {"spec": want["spec"], "metadata": {"labels": dict(want["metadata"]["labels"])}}

@@ -10,7 +10,13 @@ memory only, again after every restart.
 So the operator never plans in its own process. :func:`run_bounded` forks a child (from a
 fork server holding the planner's modules) that sets ``RLIMIT_AS`` (its address space:
 ``memory_mib``) and ``RLIMIT_CPU`` before it plans, and kills it when ``seconds`` of wall
-time have passed. What it answers, the stages' configurations and the summary the status shows
+time have passed. Children are bounded in number too (issue 38: three at once took 632 MB
+beside a 114 MB operator under a 512 MiB limit): at most :data:`MAX_CHILDREN` run at once, for
+the whole operator; a pipeline that finds none free within :data:`SLOT_WAIT_SECONDS` is not
+planned in that pass (``PlanningQueued``, tried again at the next), so a burst of pipelines
+costs one child's memory and holds one reconcile thread, not one each.
+
+What it answers, the stages' configurations and the summary the status shows
 (:class:`PlannedPipeline`), is small and JSON; the caller persists it (a ConfigMap the pipeline
 owns) and persists a failure in the status, so a restarted operator neither plans the same
 inputs again nor retries what was too expensive.
@@ -22,6 +28,7 @@ import json
 import multiprocessing
 import os
 import resource
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,8 +103,28 @@ _CONTEXT.set_forkserver_preload(
 )
 
 
+# One child at a time: the default budget (320 MiB) beside the operator fits the chart's memory
+# limit once, not twice.
+MAX_CHILDREN = 1
+CHILDREN = threading.BoundedSemaphore(MAX_CHILDREN)
+SLOT_WAIT_SECONDS = 1.0
+QUEUED = "PlanningQueued"
+
+
 def run_bounded(job: Mapping[str, Any], budget: PlanBudget) -> PlannedPipeline:
-    """Plan ``job`` (see :func:`_plan`) in a child within ``budget``; :class:`PlanJobError`."""
+    """Plan ``job`` (see :func:`_plan`) in a child within ``budget``; :class:`PlanJobError`
+    (reason :data:`QUEUED` when every child slot stayed taken: not a failure, try again)."""
+    if not CHILDREN.acquire(timeout=SLOT_WAIT_SECONDS):
+        raise PlanJobError(
+            QUEUED, "another pipeline is being planned: this one is planned after it"
+        )
+    try:
+        return _run_child(job, budget)
+    finally:
+        CHILDREN.release()
+
+
+def _run_child(job: Mapping[str, Any], budget: PlanBudget) -> PlannedPipeline:
     receive, send = _CONTEXT.Pipe(duplex=False)
     proc = _CONTEXT.Process(target=_child, args=(dict(job), budget, send), daemon=True)
     proc.start()

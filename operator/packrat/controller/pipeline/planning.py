@@ -30,8 +30,10 @@ from typing import Any
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.cache import Lru
 from packrat.controller.core.context import PipelinePass as Pass
+from packrat.controller.core.status import ModelStatus
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.plan_job import (
+    QUEUED,
     PlanBudget,
     PlanJobError,
     PlannedPipeline,
@@ -73,10 +75,10 @@ def stage_profile(
     """The stage model's profile for its current spec, or None while it has none yet."""
     if child is None:
         return None
-    pstatus = (child.get("status") or {}).get("profile") or {}
+    pstatus = ModelStatus(child.get("status")).profile
     key = stage.model.profile_key
-    cm_name = pstatus.get("configMap")
-    if pstatus.get("key") != key or not cm_name:
+    cm_name = pstatus.config_map
+    if pstatus.key != key or not cm_name:
         return None
     if cm_name != m.profile_object_name(stage.model_name, key):
         return None
@@ -149,7 +151,6 @@ def plan_pipeline(
     failed = p.status.get("planning") or {}
     if failed.get("signature") == signature:
         raise CannotPlan(str(failed.get("reason")), str(failed.get("message")))
-    cache.misses += 1
     job = {
         "stages": [
             {
@@ -169,11 +170,14 @@ def plan_pipeline(
     try:
         found = run_bounded(job, budget or PlanBudget())
     except PlanJobError as exc:
+        if exc.reason != QUEUED:  # queued: not planned, not a miss
+            cache.misses += 1
         if exc.reason == "PlanningBudgetExceeded":  # not again for these inputs
             p.status.set_planning(
                 {"signature": signature, "reason": exc.reason, "message": str(exc)}
             )
         raise CannotPlan(exc.reason, str(exc)) from None
+    cache.misses += 1
     p.status.set_planning(None)
     _persist(p, signature, found)
     cache.put(signature, found)

@@ -35,12 +35,12 @@ from packrat.controller.api.ownership import conflict_message
 from packrat.controller.core.context import Config, Result, report_provisioned, run_pass
 from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import PipelineStatus, get_condition
+from packrat.controller.core.status import ModelStatus, PipelineStatus, get_condition
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.fractions import feed_back
 from packrat.controller.pipeline.latency import Measured
-from packrat.controller.pipeline.plan_job import PlanBudget
+from packrat.controller.pipeline.plan_job import QUEUED, PlanBudget
 from packrat.controller.pipeline.planning import (
     CannotPlan,
     PipelinePlans,
@@ -62,17 +62,16 @@ def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool
     it is Ready (no switch under way) on the planned CPUs and batch, every replica ready."""
     if model is None or target.replicas < 1:
         return False
-    status = model.get("status") or {}
+    status = ModelStatus(model.get("status"))
     generation = (model.get("metadata") or {}).get("generation")
     if generation is not None and status.get("observedGeneration") != generation:
         return False
-    if status.get("phase") != "Ready" or status.get("switch"):
+    if status.get("phase") != "Ready" or status.switch is not None:
         return False
-    serving = status.get("servingSpec") or {}
-    plan = status.get("plan") or {}
-    if int(serving.get("cpus") or 0) != target.serving_cpus:
+    plan = status.served_plan
+    if int(status.serving_spec_doc.get("cpus") or 0) != target.serving_cpus:
         return False
-    if int(plan.get("batch") or 0) != target.batch:
+    if plan is None or plan.batch != target.batch:
         return False
     replicas = target.replicas
     if target.autoscaling is not None:  # the count its tuner or scaler chose
@@ -169,7 +168,7 @@ class PipelineReconciler:
                 "OwnershipConflict",
                 conflict_message(p.conflicts, owner=pm.PIPELINE_KIND),
             )
-            p.result.waiting = True  # a foreign object's removal sends us no event
+            p.result.in_progress()  # a foreign object's removal sends us no event
             return
         p.status.set_message(None)  # set again below if it still applies
         pc.remove_leftovers(p, children)
@@ -231,6 +230,10 @@ class PipelineReconciler:
             )
             planned, signature = plan_pipeline(p, pipe, profiles, self.plans, budget)
         except CannotPlan as exc:
+            if exc.reason == QUEUED:  # every planning child is busy: its turn comes
+                p.result.in_progress()
+                p.cond("Provisioned", False, QUEUED, str(exc))
+                return previous
             message = f"cannot provision the pipeline for its SLO: {exc}"
             if previous_message != message:
                 p.emit("Warning", exc.reason, message)
@@ -302,7 +305,7 @@ class PipelineReconciler:
                 p.emit("Normal", "Ready", message)
             p.cond("Ready", True, "Serving", message)
             return
-        p.result.waiting = True
+        p.result.in_progress()
         if missing:
             p.status.waiting(missing_profiles=True)
             reason, message = "Profiling", f"waiting for the profiles of {', '.join(missing)}"

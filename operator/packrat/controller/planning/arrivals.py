@@ -139,10 +139,12 @@ class ArrivalReader:
         pods: list[dict[str, Any]] | None = None,
         *,
         reader: str | None = None,
+        token: tuple[str | None] | None = None,
     ) -> Arrivals | None:
         """``pods``: the ready pods of Service ``name`` when the caller has listed them
         already. ``reader``: whose cursors these are when it is not ``name`` (several stage
-        models read one pipeline router's arrivals, each from where it left off)."""
+        models read one pipeline router's arrivals, each from where it left off).
+        ``token``: ``(the model's token,)`` when the caller has read it already."""
         if pods is None:
             pods = ready_pods(self.kube, namespace, name)
         if not pods:
@@ -159,10 +161,10 @@ class ArrivalReader:
             urls.append(f"{pod_address(self.pod_url, namespace, pod).rstrip('/')}{_path(after)}")
         headers: dict[str, str] = {}
         if reader is None:  # the model's own pods: they want its token
-            token = read_token(self.kube, namespace, name, _utc(now))
-            if token is None:
+            (value,) = token or (read_token(self.kube, namespace, name, _utc(now)),)
+            if value is None:
                 return None  # no token of ours: the pods would answer 401, and nothing is sent
-            headers["Authorization"] = f"Bearer {token}"
+            headers["Authorization"] = f"Bearer {value}"
         # else a pipeline router's public /arrivals (spec.autoscaling.ingress names it): the
         # model's token is never sent to a Service the model author chose
         answers = self.fanout.get(

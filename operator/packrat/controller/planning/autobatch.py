@@ -251,6 +251,38 @@ def decision_status(decision: Decision, *, now: str, trigger: str | None) -> dic
     return out
 
 
+def record_decision(
+    batch_status: Mapping[str, Any],
+    decision: Decision,
+    *,
+    now: str,
+    trigger: str | None,
+    pin_error: str | None = None,
+    fast_note: str | None = None,
+) -> tuple[dict[str, Any], str | None]:
+    """``status.batchSize`` with this pass's decision (``lastDecision``, the trigger handled,
+    the new ``target`` when it switches), and the previous decision's outcome."""
+    out = dict(batch_status)
+    previous = (out.get("lastDecision") or {}).get("outcome")
+    last = decision_status(decision, now=now, trigger=trigger)
+    if pin_error:
+        last["message"] += f" ({pin_error})"
+    if trigger is not None:
+        out["reconfigureHandled"] = trigger
+    if fast_note is not None:
+        last["fast"] = fast_note
+    out["lastDecision"] = last
+    if decision.switch and decision.target is not None:
+        out["target"] = decision.target
+    return out, previous
+
+
+def observed(batch_status: Mapping[str, Any]) -> int | None:
+    """The last combined observation (``observed``), if any."""
+    value = batch_status.get("observed")
+    return value if isinstance(value, int) else None
+
+
 def append_history(
     history: Sequence[Mapping[str, Any]] | None,
     entry: Mapping[str, Any],

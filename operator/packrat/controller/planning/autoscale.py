@@ -143,7 +143,7 @@ def tune(
     missing load. ``capacity``: what one replica of the running plan serves, when autoBatch
     moved it away from the planned one: the tuner's thresholds scale with it when it serves
     less, never when it serves more (a larger batch absorbs a surge while replicas start; it
-    does not replace them: ``benchmarks/joint_step.py``)."""
+    does not replace them: ``benchmarks/tuner/joint_step.py``)."""
     status = p.status
     tuner = tuners.get(model, ref, current)
     tuner.set_capacity(min(capacity, ref.capacity) if capacity is not None else ref.capacity)

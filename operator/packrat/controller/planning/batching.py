@@ -6,7 +6,7 @@ batch then follows the load upwards within ``autoBatch``'s range (:func:`slo_bat
 replica size the planner chose, while the tuner sets the replicas. The planner's batch is the
 floor (:func:`slo_floor`): it chose that batch for the SLO's capacity, and a plan that
 followed a quiet period's small estimates down met the next step with too little (the DES,
-``benchmarks/joint_step.py``: 0% -> 12% misses). The top is the batch whose plan serves the
+``benchmarks/tuner/joint_step.py``: 0% -> 12% misses). The top is the batch whose plan serves the
 most among those expected within the SLO (:func:`slo_top`): a backlog reads as the largest
 batch, whose plan can miss the SLO for every query it holds and serve fewer. The tuner is
 told each pass what the running plan serves per replica (:func:`plan_capacity`) and counts
@@ -16,13 +16,12 @@ start, it does not replace them."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import ModelStatus, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.padding import PaddedPlans
@@ -31,13 +30,12 @@ from packrat.plan.provision import backlogged_capacity
 from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due, slo_ceiling
 
 
-def batch_to_plan(model: ModelSpec, status: Mapping[str, Any]) -> int:
+def batch_to_plan(model: ModelSpec, status: ModelStatus) -> int:
     """The batch size to plan for: fixed, or the automatic range's target/current/min."""
     auto = model.auto
     if auto is None:
         return model.fixed_batch
-    seen = status.get("batchSize") or {}
-    batch = seen.get("target") or seen.get("current") or auto.min
+    batch = status.batch_target or status.batch_current or auto.min
     return max(auto.min, min(auto.max, int(batch)))
 
 
@@ -67,15 +65,14 @@ def slo_top(
     )
 
 
-def slo_batch(model: ModelSpec, status: Mapping[str, Any], planned: int) -> tuple[int, int]:
+def slo_batch(model: ModelSpec, status: ModelStatus, planned: int) -> tuple[int, int]:
     """With an SLO: the batch to plan for and the optimizer's largest batch. Without
     autoBatch the planner's; with it, autoBatch's target or current batch once it has one,
     else the planner's, clamped to autoBatch's range above the planner's (:func:`slo_floor`)."""
     auto = model.auto
     if auto is None:
         return planned, planned
-    seen = status.get("batchSize") or {}
-    chosen = seen.get("target") or seen.get("current") or planned
+    chosen = status.batch_target or status.batch_current or planned
     batch = max(slo_floor(model, planned), min(auto.max, int(chosen)))
     return batch, max(batch, auto.max)
 
@@ -109,13 +106,13 @@ def observe_batch(
     if ceiling is not None:
         policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
     annotations = model.annotations
-    seen = dict(status.get("batchSize") or {})
+    seen = status.batch_record
     pinned, pin_error = ab.parse_pin(annotations)
     trigger = ab.pending_trigger(annotations, seen)
     stamp = now_iso(p.now)
     if reading is not None and reading.combined is not None:
         seen = ab.record_observation(seen, reading=reading, policy=policy, now=stamp)
-        p.result.observed_batch = seen["observed"]
+        p.result.observed_batch = ab.observed(seen)
     elif pinned is None and trigger is None:
         return  # nothing new to decide on
     last: dict[str, Any] = status.get("lastSwitch") or {}
@@ -148,17 +145,17 @@ def observe_batch(
         pinned=pinned,
         ignore_interval=trigger is not None or (fast is not None and fast.fire),
     )
-    previous = (seen.get("lastDecision") or {}).get("outcome")
-    seen["lastDecision"] = ab.decision_status(decision, now=stamp, trigger=trigger)
-    if pin_error:
-        seen["lastDecision"]["message"] += f" ({pin_error})"
-    if trigger is not None:
-        seen["reconfigureHandled"] = trigger
-    if fast is not None and fast.fire:
-        seen["lastDecision"]["fast"] = f"{fast.reason.value}: {fast.message}"
+    fired = fast is not None and fast.fire
+    seen, previous = ab.record_decision(
+        seen,
+        decision,
+        now=stamp,
+        trigger=trigger,
+        pin_error=pin_error,
+        fast_note=f"{fast.reason.value}: {fast.message}" if fast is not None and fired else None,
+    )
     p.result.decision = decision.outcome.value
     if decision.switch and decision.target is not None:
-        seen["target"] = decision.target
         ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
         p.emit("Normal", "BatchSizeChanged", decision.message)
         # the next pass plans for the new batch and starts the switch: at once, not an

@@ -25,10 +25,14 @@ from packrat.controller.planning.autobatch import (
     pod_ready,
     reading_of,
 )
+from packrat.controller.serving.admin_token import read_token
 
 logger = logging.getLogger(__name__)
 
-MAX_BYTES = 8 * 1024
+# A pod's /status grows with its instances (about 125 B each, plus the plan): 64 instances
+# answered 9,179 B, over the 8 KiB this once was, and autoBatch got nothing (issue 38). 128 KiB
+# holds a pod of 256 single-core instances several times over.
+MAX_BYTES = 128 * 1024
 DEADLINE_SECONDS = 2.0
 MAX_PODS = 64
 
@@ -79,34 +83,50 @@ class EstimateReader:
         self.fanout = fanout or shared_fanout()
         # per model, the pod addresses its last read went to (what peek() reads again);
         # bounded by the models this operator serves, forgotten with a deleted model
-        self._last: dict[str, list[str]] = {}
+        self._last: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._lock = threading.Lock()
 
     def ready_pods(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return ready_pods(self.kube, namespace, name)
 
-    def _read_all(self, owner: str, urls: list[str]) -> list[PodEstimate]:
+    def _read_all(
+        self, owner: str, urls: list[str], headers: Mapping[str, str] | None = None
+    ) -> list[PodEstimate]:
         answers = self.fanout.get(
             owner,
             [url.rstrip("/") + "/status" for url in urls],
             deadline=self.deadline,
             max_bytes=MAX_BYTES,
+            headers=headers,
         )
         values = [parse_pod_estimate(read_json(answer)) for answer in answers]
+        for answer, value in zip(answers, values, strict=True):
+            if value is None:  # for whoever wonders why autoBatch waits
+                logger.debug("no batch-size estimate from a pod of %s: %s", owner, answer.error)
         return [v for v in values if v is not None]
 
     def __call__(
-        self, namespace: str, name: str, pods: list[dict[str, Any]] | None = None
+        self,
+        namespace: str,
+        name: str,
+        pods: list[dict[str, Any]] | None = None,
+        *,
+        token: tuple[str | None] | None = None,
     ) -> Reading | None:
-        """``pods``: the model's ready pods when the caller has listed them already."""
+        """``pods``: the model's ready pods when the caller has listed them already;
+        ``token``: ``(the model's token,)`` when the caller has read it already."""
         owner = f"{namespace}/{name}"
         if pods is None:
             pods = self.ready_pods(namespace, name)
         if pods:
             urls = [pod_address(self.pod_url, namespace, pod) for pod in pods]
+            # the model's own pods show their live counts (the fast trigger's evidence) only
+            # with its token; the Service, which an author could point elsewhere, gets none
+            (value,) = token or (read_token(self.kube, namespace, name),)
+            headers = {"Authorization": f"Bearer {value}"} if value else {}
             with self._lock:
-                self._last[owner] = urls
-            return reading_of(self._read_all(owner, urls), "pods")
+                self._last[owner] = (urls, headers)
+            return reading_of(self._read_all(owner, urls, headers), "pods")
         with self._lock:
             self._last.pop(owner, None)
         service = self.service_url.format(service=name, namespace=namespace)
@@ -118,10 +138,10 @@ class EstimateReader:
         listed no pods, or when a pod does not answer with one (the pass lists them again)."""
         owner = f"{namespace}/{name}"
         with self._lock:
-            urls = self._last.get(owner)
+            urls, headers = self._last.get(owner) or ([], {})
         if not urls:
             return None
-        pods = self._read_all(owner, urls)
+        pods = self._read_all(owner, urls, headers)
         return reading_of(pods, "pods") if len(pods) == len(urls) else None
 
     def forget(self, namespace: str, name: str) -> None:

@@ -215,7 +215,7 @@ def provision_model(
     except TraceUnavailable as exc:
         _cannot_plan(p, "TraceUnavailable", str(exc))
         return None
-    digest = str((p.status.get("profile") or {}).get("digest", ""))
+    digest = p.status.profile_digest
     key = {
         "profile": digest
         or hashlib.sha256(json.dumps(sorted(profile.table().items())).encode()).hexdigest(),

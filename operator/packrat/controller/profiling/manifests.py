@@ -169,8 +169,8 @@ def build_profiling_pod_spec(spec: ModelSpec, *, limits: storage.StorageLimits) 
             }
         ],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "profile", "emptyDir": {}},
+            limits.tmp_volume(),  # bounded: issue 38
+            {"name": "profile", "emptyDir": {"sizeLimit": "64Mi"}},
             *model_volumes,
             *storage.credentials_volume(thaw(spec.source))[0],
         ],

@@ -14,11 +14,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from packrat.controller.api.backoff import backoff
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.pods import job_state, pod_failure, unschedulable
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import ProfileRecord, now_iso, parse_time
 from packrat.controller.profiling import manifests as pm
 from packrat.controller.profiling.isolation import CONDITION as ISOLATION_CONDITION
 from packrat.controller.profiling.isolation import cores_exclusive
@@ -67,9 +68,7 @@ def ensure_profile(
     status = p.status
     key = model.profile_key
     obj_name = m.profile_object_name(model.name, key)
-    pstatus = dict(status.get("profile") or {})
-    if pstatus.get("key") != key:
-        pstatus = {"key": key}
+    pstatus = status.profile.for_key(key)
     if configmap is not None and not _ours(p, configmap):
         p.conflict("ConfigMap", obj_name)
         configmap = None
@@ -85,17 +84,15 @@ def ensure_profile(
         except ProfileError as exc:
             logger.warning("discarding unreadable profile %s: %s", obj_name, exc)
             p.kube.delete("configmaps", model.namespace, obj_name)
-            p.result.waiting = True
+            p.result.in_progress()
             return None
         drop_superseded(p, jobs, keep=None)
-        pstatus.update(
-            configMap=obj_name,
+        pstatus = pstatus.stored(
+            config_map=obj_name,
             digest=hashlib.sha256(text.encode()).hexdigest(),
-            cpuModel=profile.meta.cpu_model,
+            cpu_model=profile.meta.cpu_model,
             mode=profile.meta.mode,
         )
-        for stale in ("job", "retryAt", "lastFailure", "attempts", "stuck"):
-            pstatus.pop(stale, None)
         status.set_profile(pstatus)
         p.cond("Profiled", True, "Profiled", f"profile in configmap {obj_name}")
         exclusive, reason, message = cores_exclusive(profile)
@@ -119,41 +116,37 @@ def ensure_profile(
 
 
 def _start_job(
-    p: Pass, model: ModelSpec, pstatus: dict[str, Any], *, obj_name: str, key: str
+    p: Pass, model: ModelSpec, pstatus: ProfileRecord, *, obj_name: str, key: str
 ) -> Profile | None:
     status = p.status
-    attempts = int(pstatus.get("attempts") or 0)
-    failed_generation = pstatus.get("failedGeneration")
+    failed_generation = pstatus.failed_generation
     if failed_generation is not None and model.generation != failed_generation:
         # the user changed the spec after giving up: try again from scratch
-        for stale in ("attempts", "failedGeneration", "retryAt"):
-            pstatus.pop(stale, None)
+        pstatus = pstatus.fresh_start()
         status.set_profile(pstatus)
-        attempts = 0
+    attempts = pstatus.attempts
     if attempts >= p.config.max_profile_attempts:
         if model.generation is not None:
-            pstatus["failedGeneration"] = model.generation
+            pstatus = pstatus.gave_up(model.generation)
         status.set_profile(pstatus)
         status.failed()
         p.result.result = "profiling_failed"
-        message = f"profiling failed {attempts} times; last: {pstatus.get('lastFailure', '?')}"
+        last = pstatus.last_failure if pstatus.last_failure is not None else "?"
+        message = f"profiling failed {attempts} times; last: {last}"
         status.set_message(message)
         p.cond("Profiled", False, "ProfilingFailed", message)
         p.cond("Ready", False, "ProfilingFailed", message)
         return None
     status.profiling()
-    p.result.waiting = True
-    retry_at = parse_time(pstatus.get("retryAt"))
+    p.result.in_progress()
+    retry_at = parse_time(pstatus.retry_at)
     if retry_at is not None and p.now < retry_at:
         p.result.result = "waiting"
         return None
     created = p.kube.create(
         "jobs", model.namespace, pm.profiling_job(model, limits=p.config.storage)
     )
-    pstatus.update(job=obj_name, startedAt=now_iso(p.now))
-    for stale in ("retryAt", "stuck"):
-        pstatus.pop(stale, None)
-    status.set_profile(pstatus)
+    status.set_profile(pstatus.started(job=obj_name, started_at=now_iso(p.now)))
     message = f"profiling job {obj_name} started (attempt {attempts + 1})"
     status.set_message(message)
     if created:
@@ -174,11 +167,11 @@ def _job_pods(p: Pass, job: Mapping[str, Any], obj_name: str) -> list[dict[str, 
 
 
 def _follow_job(
-    p: Pass, model: ModelSpec, pstatus: dict[str, Any], *, job: Mapping[str, Any], obj_name: str
+    p: Pass, model: ModelSpec, pstatus: ProfileRecord, *, job: Mapping[str, Any], obj_name: str
 ) -> Profile | None:
     status = p.status
     status.profiling()
-    p.result.waiting = True
+    p.result.in_progress()
     state = job_state(job)
     pods = _job_pods(p, job, obj_name)
     status.set_profiling_progress(None)  # progress is shown while the Job runs, below
@@ -223,7 +216,7 @@ def _published(p: Pass, pods: Sequence[Mapping[str, Any]]) -> str | None:
 def _store(
     p: Pass,
     model: ModelSpec,
-    pstatus: dict[str, Any],
+    pstatus: ProfileRecord,
     profile: Profile,
     *,
     job: Mapping[str, Any],
@@ -237,7 +230,7 @@ def _store(
     )
     p.kube.create("configmaps", p.namespace, cm_body)
     _delete_job(p, obj_name, pods)
-    started = (job.get("status") or {}).get("startTime") or pstatus.get("startedAt")
+    started = (job.get("status") or {}).get("startTime") or pstatus.started_at
     p.result.profiling_seconds = p.seconds_since(started)
     p.emit(
         "Normal",
@@ -253,7 +246,7 @@ def _store(
 
 def _show_running(
     p: Pass,
-    pstatus: dict[str, Any],
+    pstatus: ProfileRecord,
     *,
     obj_name: str,
     pods: Sequence[Mapping[str, Any]],
@@ -265,10 +258,9 @@ def _show_running(
     p.result.profiling_progress = _progress(p, pods)
     status.set_profiling_progress(p.result.profiling_progress)
     message = f"profiling job {obj_name} running" + (f": {stuck[0]}" if stuck else "")
-    if stuck and pstatus.get("stuck") != stuck[0]:
+    if stuck and pstatus.stuck != stuck[0]:
         p.emit("Warning", "ProfilingStuck", message[:1000])
-        pstatus["stuck"] = stuck[0]
-        status.set_profile(pstatus)
+        status.set_profile(pstatus.stuck_on(stuck[0]))
     status.set_message(message[:2000])
     p.cond("Profiled", False, "ProfilingStuck" if stuck else "Profiling", message[:2000])
 
@@ -329,26 +321,23 @@ def _delete_job(p: Pass, obj_name: str, pods: Sequence[Mapping[str, Any]]) -> No
 
 def _failed_attempt(
     p: Pass,
-    pstatus: dict[str, Any],
+    pstatus: ProfileRecord,
     *,
     failure: str,
     obj_name: str,
     pods: Sequence[Mapping[str, Any]],
 ) -> None:
     status = p.status
-    attempts = int(pstatus.get("attempts") or 0) + 1
-    delay = min(
-        p.config.profile_retry_seconds * 2 ** (attempts - 1), p.config.profile_retry_max_seconds
+    attempts = pstatus.attempts + 1
+    delay = backoff(
+        attempts,
+        base=p.config.profile_retry_seconds,
+        cap=p.config.profile_retry_max_seconds,
+        seed=f"{p.namespace}/{p.name}/profile",
     )
     _delete_job(p, obj_name, pods)
-    pstatus.update(
-        attempts=attempts,
-        lastFailure=failure[:1000],
-        retryAt=now_iso(p.now + datetime.timedelta(seconds=delay)),
-    )
-    for stale in ("job", "stuck"):
-        pstatus.pop(stale, None)
-    status.set_profile(pstatus)
+    retry_at = now_iso(p.now + datetime.timedelta(seconds=delay))
+    status.set_profile(pstatus.failed_attempt(failure=failure[:1000], retry_at=retry_at))
     p.result.result = "profiling_failed"
     final = attempts >= p.config.max_profile_attempts
     message = f"profiling attempt {attempts} failed: {failure}" + (

@@ -23,6 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from packrat.controller.api.backoff import backoff
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.status import now_iso
@@ -164,15 +165,23 @@ class _HeldError(FetchError):
     """The last failure, repeated without asking the store: its backoff is not over."""
 
 
-def retry_delay(failures: int, cap: float) -> float:
+def retry_delay(failures: int, cap: float, *, seed: str = "") -> float:
     """Seconds before the store is asked again after ``failures`` failures in a row:
-    2, 4, 8, ... up to ``cap`` (the storage check interval), so an outage of the store or a
-    missing Secret costs each model a handful of requests, not one every poll."""
-    return float(min(2.0 ** max(failures, 1), max(cap, 1.0)))
+    2, 4, 8, ... up to ``cap`` (the storage check interval), with the jitter of ``seed`` (the
+    model), so an outage of the store or a missing Secret costs each model a handful of
+    requests, not one every poll, and the models' retries spread apart. Whole seconds: the
+    time of the last check is kept to the second (``checkedAt``)."""
+    return float(max(1, round(backoff(max(failures, 1), base=2.0, cap=max(cap, 1.0), seed=seed))))
+
+
+def _seed(p: Pass) -> str:
+    return f"{p.namespace}/{p.name}/storage"
 
 
 def _retry_left(p: Pass, storage: Mapping[str, Any]) -> float:
-    delay = retry_delay(int(storage.get("failures") or 1), p.config.storage_check_seconds)
+    delay = retry_delay(
+        int(storage.get("failures") or 1), p.config.storage_check_seconds, seed=_seed(p)
+    )
     return max(delay - p.seconds_since(storage.get("checkedAt")), 0.5)
 
 
@@ -181,7 +190,9 @@ def _backing_off(p: Pass, seen: Mapping[str, Any], *, uri: str, tried: str | Non
     contents changed since (then the store is asked at once: the user may have fixed it)."""
     if not seen.get("error") or seen.get("uri") != uri or seen.get("tried") != tried:
         return
-    delay = retry_delay(int(seen.get("failures") or 1), p.config.storage_check_seconds)
+    delay = retry_delay(
+        int(seen.get("failures") or 1), p.config.storage_check_seconds, seed=_seed(p)
+    )
     if p.seconds_since(seen.get("checkedAt")) < delay:
         raise _HeldError(str(seen.get("reason") or "Unavailable"), str(seen["error"]))
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.plans import layout, to_status
+from packrat.controller.core.plans import layout
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.plan.baselines import FAT, baseline_plan
 from packrat.plan.optimizer import Plan
@@ -40,9 +40,9 @@ def _positive(value: Any) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[str, Any] | None:
-    """The ``status.measured`` object for the served ``plan`` (status form), or None."""
-    if not plan or profile is None:
+def measured(plan: Plan | None, profile: Profile | None) -> dict[str, Any] | None:
+    """The ``status.measured`` object for the served ``plan``, or None."""
+    if plan is None or profile is None:
         return None
     record = profile.meta.extra.get(VERIFIED_KEY)
     if not isinstance(record, Mapping) or not isinstance(record.get("results"), list):
@@ -60,7 +60,7 @@ def measured(plan: Mapping[str, Any] | None, profile: Profile | None) -> dict[st
             continue
         out: dict[str, Any] = {
             "speedup": f"{speedup:.2f}x",
-            "batch": int(plan.get("batch") or 0),
+            "batch": int(plan.batch or 0),
             "latencyMs": round(plan_ms, 4),
             "fatLatencyMs": round(fat_ms, 4),
             "source": "profiling run: plan and fat instance interleaved on the profiled cores",
@@ -84,7 +84,7 @@ def guard(p: Pass, plan: Plan, profile: Profile) -> tuple[Plan, Plan | None]:
     """The plan to serve and the refused one: ``plan`` itself, or the fat instance when the
     profiling run measured ``plan`` slower than fat beyond noise. Sets the PlanVerified
     condition; a new refusal is also a Warning event."""
-    found = measured(to_status(plan), profile)
+    found = measured(plan, profile)
     if found is None:
         p.status.drop_condition(CONDITION)
         return plan, None
@@ -111,7 +111,7 @@ def _is_fat(plan: Plan) -> bool:
 def publish(status: ModelStatus, profile: Profile | None, *, refused: Plan | None = None) -> None:
     """Set ``status.measured`` for the served plan (or for the ``refused`` plan that lost to
     fat, naming it), or drop a stale one."""
-    found = measured(to_status(refused) if refused is not None else status.get("plan"), profile)
+    found = measured(refused if refused is not None else status.served_plan, profile)
     if found is not None and refused is not None:
         found["refusedPlan"] = refused.label
     status.set_measured(found)

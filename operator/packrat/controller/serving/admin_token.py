@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+from packrat.controller.api.children import Outcome, keep
 from packrat.controller.api.kube import KubeApi, KubeError
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
@@ -166,19 +167,15 @@ def ensure_token(p: Pass) -> str | None:
     when missing and rotated when due. None: ours holds no token, or the Secret under that
     name is not ours (a conflict is recorded: a token someone else knows must never guard
     the pods, and ours is never sent to someone else's object's holder)."""
-    name = m.admin_token_name(p.name)
-    current = p.kube.get("secrets", p.namespace, name)
-    if current is None:
-        token = secrets.token_urlsafe(TOKEN_BYTES)
-        if p.kube.create("secrets", p.namespace, admin_token_secret(p.obj, token=token, now=p.now)):
-            return token
-        current = p.kube.get("secrets", p.namespace, name)  # made meanwhile
-        if current is None:
-            return None
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("Secret", name)
+    token = secrets.token_urlsafe(TOKEN_BYTES)  # used when it is made now
+    want = admin_token_secret(p.obj, token=token, now=p.now)
+    kept = keep(p.kube, "secrets", p.namespace, want, ours=p.owns)
+    if kept.outcome is Outcome.CREATED:
+        return token if kept.created else None  # None: made and gone meanwhile
+    if kept.obj is None:
+        p.conflict("Secret", m.admin_token_name(p.name))
         return None
-    current = _rotate_if_due(p, current)
+    current = _rotate_if_due(p, kept.obj)
     return token_for_calls(current, p.now)
 
 

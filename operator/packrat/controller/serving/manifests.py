@@ -326,7 +326,7 @@ def build_serving_pod_spec(
         "securityContext": pod_security(),
         "containers": [build_serve_container(spec, slot=slot, model_mounts=model_mounts)],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
+            limits.tmp_volume(),  # bounded: issue 38
             *model_volumes,
             *storage.credentials_volume(thaw(spec.source))[0],
             {

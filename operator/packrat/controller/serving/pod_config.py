@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.api.ownership import owned_by
+from packrat.controller.api.children import keep
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.plans import to_pod
 from packrat.controller.serving import manifests as m
@@ -43,24 +43,18 @@ def ensure_plan(p: Pass, *, slot: str, plan: Plan) -> bool:
     conflict recorded) when a ConfigMap under that name is not ours: its plan, which someone
     else chose, must never reach a pod."""
     want = plan_configmap(p.obj, slot=slot, plan=plan)
-    name = want["metadata"]["name"]
-    current = p.kube.get("configmaps", p.namespace, name)
-    if current is None:
-        p.kube.create("configmaps", p.namespace, want)
-        return True
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("ConfigMap", name)
-        return False
+    kept = keep(p.kube, "configmaps", p.namespace, want, ours=p.owns, drift=_plan_drift)
+    if not kept.ours:
+        p.conflict("ConfigMap", want["metadata"]["name"])
+    return kept.ours
+
+
+def _plan_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    """The plan and its label annotation, when either differs."""
     annotations = (current.get("metadata") or {}).get("annotations") or {}
-    if (
-        current.get("data") != want["data"]
-        or annotations.get(m.ANNOTATION_PLAN)
-        != (want["metadata"]["annotations"][m.ANNOTATION_PLAN])
+    wanted = want["metadata"]["annotations"]
+    if current.get("data") == want["data"] and (
+        annotations.get(m.ANNOTATION_PLAN) == wanted[m.ANNOTATION_PLAN]
     ):
-        p.kube.patch(
-            "configmaps",
-            p.namespace,
-            name,
-            {"metadata": {"annotations": want["metadata"]["annotations"]}, "data": want["data"]},
-        )
-    return True
+        return {}
+    return {"metadata": {"annotations": wanted}, "data": want["data"]}

@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.children import keep
 from packrat.controller.api.drift import covers
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import ModelSpec, stored
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.plans import layout
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.admin_token import ensure_token
@@ -41,8 +42,7 @@ def last_good(p: Pass, *, fallback: ModelSpec | None) -> Rendering | None:
     status = p.status
     if not status.get("activeSlot") or not status.get("servingHash"):
         return None
-    kept = status.get("servingSpec")
-    spec = stored(p.obj["metadata"], kept, image=p.config.image) if kept else fallback
+    spec = status.served_spec(p.obj["metadata"], image=p.config.image) or fallback
     plan = status.served_plan
     if spec is None or plan is None:
         return None
@@ -123,26 +123,35 @@ def ensure_deployment(
         plan_hash=None if slot == p.status.get("activeSlot") else plan_hash(rendering.plan),
     )
     dep_name = want["metadata"]["name"]
-    if current is None:
-        p.kube.create("deployments", p.namespace, want)
-        return want
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("Deployment", dep_name)
+
+    def settle(current: Mapping[str, Any]) -> dict[str, Any] | None:
+        if terminating(current):
+            return dict(current)
+        if not covers((current.get("spec") or {}).get("selector"), want["spec"]["selector"]):
+            # the selector is immutable: replace the object (it is ours, and wrong)
+            release(p.kube, p.namespace, current)
+            p.kube.delete("deployments", p.namespace, dep_name)
+            p.kube.create("deployments", p.namespace, want)
+            p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
+            return want
         return None
-    if terminating(current):
-        return dict(current)
-    spec = current.get("spec") or {}
-    if not covers(spec.get("selector"), want["spec"]["selector"]):
-        # the selector is immutable: replace the object (it is ours, and wrong)
-        release(p.kube, p.namespace, current)
-        p.kube.delete("deployments", p.namespace, dep_name)
-        p.kube.create("deployments", p.namespace, want)
-        p.emit("Warning", "DriftRepaired", f"deployment {dep_name}: selector replaced")
-        return want
-    patch = _drift_patch(p, current, want, replicas=replicas, pod_hash=pod_hash)
-    if patch:
-        return p.kube.patch("deployments", p.namespace, dep_name, patch)
-    return dict(current)
+
+    def drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+        return _drift_patch(p, current, want, replicas=replicas, pod_hash=pod_hash)
+
+    kept = keep(
+        p.kube,
+        "deployments",
+        p.namespace,
+        want,
+        current=current,
+        ours=p.owns,
+        drift=drift,
+        settle=settle,
+    )
+    if not kept.ours:
+        p.conflict("Deployment", dep_name)
+    return kept.obj
 
 
 def _drift_patch(
@@ -216,7 +225,8 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
     """Phase, readiness and conditions of a model serving from its active slot."""
     status = p.status
     slot = str(status["activeSlot"])
-    label = (status.get("plan") or {}).get("label")
+    served = status.served_plan
+    label = served.label if served is not None else None
     ready_replicas = int(((dep or {}).get("status") or {}).get("readyReplicas") or 0)
     status.set_ready_replicas(ready_replicas)
     ready = deployment_ready(dep, replicas) and not p.conflicts
@@ -232,7 +242,7 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
         p.cond("Ready", True, "Ready", message)
         p.cond("Degraded", False, "AllReplicasReady", "")
     else:
-        p.result.waiting = True
+        p.result.in_progress()
         message = f"slot {slot}: {ready_replicas}/{replicas} replicas ready"
         reason = "ReplicasNotReady"
         if p.conflicts:

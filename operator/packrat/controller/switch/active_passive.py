@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.status import now_iso, parse_time
+from packrat.controller.core.status import Stage, Switch, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.service import ensure_service
@@ -53,36 +53,36 @@ def start_switch(
     status = p.status
     active = str(status["activeSlot"])
     slot = m.other_slot(active)
-    old_plan = status.get("plan") or {}
+    old_plan = status.served_plan
+    old_label, old_batch = (old_plan.label, old_plan.batch) if old_plan else (None, None)
     plan = target.plan
-    reason = f"plan {old_plan.get('label')} -> {plan.label}"
-    changes = _changed(status.get("servingSpec") or {}, target.spec.stored_spec())
-    if old_plan.get("batch") != plan.batch:
-        changes.insert(0, f"batch {old_plan.get('batch')} -> {plan.batch}")
+    reason = f"plan {old_label} -> {plan.label}"
+    changes = _changed(status.serving_spec_doc, target.spec.stored_spec())
+    if old_batch != plan.batch:
+        changes.insert(0, f"batch {old_batch} -> {plan.batch}")
     if changes:
         reason += f" ({', '.join(changes)})"
     if note:
         reason += f"; in-pod switch failed: {note}"
     ensure_deployment(p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas)
     status.set_switch(
-        {
-            "stage": "rollout",
-            "fromSlot": active,
-            "targetSlot": slot,
-            "hash": target.serving_hash,
-            "spec": target.spec.stored_spec(),
-            "reason": reason,
-            "startedAt": now_iso(p.now),
-        },
-        plan=plan,
+        Switch.rollout(
+            from_slot=active,
+            target_slot=slot,
+            serving_hash=target.serving_hash,
+            spec=target.spec.stored_spec(),
+            reason=reason,
+            started_at=now_iso(p.now),
+            plan=plan,
+        )
     )
-    status.batch_switching(current=old_plan.get("batch"), target=plan.batch)
+    status.batch_switching(current=old_batch, target=plan.batch)
     message = f"switching to slot {slot}: {reason}"
     status.set_message(message)
     p.emit("Normal", "SwitchStarted", message)
     p.cond("Reconfiguring", True, "SwitchStarted", message)
     status.switching()
-    p.result.waiting = True
+    p.result.in_progress()
 
 
 def advance_switch(
@@ -97,28 +97,30 @@ def advance_switch(
 ) -> bool:
     """One step of a switch under way; True when it ended (done or aborted)."""
     status = p.status
-    switch = dict(status["switch"])
-    slot, source = switch["targetSlot"], switch["fromSlot"]
+    switch = status.switch
+    assert switch is not None and switch.from_slot is not None
+    slot, source = switch.target_slot, switch.from_slot
     status.switching()
-    p.result.waiting = True
-    elapsed = p.seconds_since(switch.get("startedAt"))
-    if switch["stage"] == "rollout":
+    p.result.in_progress()
+    elapsed = p.seconds_since(switch.started_at)
+    if switch.stage is Stage.ROLLOUT:
         dep = ensure_deployment(
             p, deployments.get(slot), slot=slot, rendering=target, replicas=replicas
         )
         if deployment_ready(dep, replicas) and not p.conflicts:
-            switch["readySeconds"] = round(elapsed, 3)
+            ready_seconds = round(elapsed, 3)
             ensure_service(p, service, slot=slot)
-            switch["switchedSeconds"] = round(p.seconds_since(switch["startedAt"], _now()), 3)
-            switch["stage"] = "draining"
-            switch["drainUntil"] = now_iso(p.now + datetime.timedelta(seconds=drain))
-            switched_to = status.switch_plan or target.plan
+            switch = switch.moved(
+                ready_seconds=ready_seconds,
+                switched_seconds=round(p.seconds_since(switch.started_at, _now()), 3),
+                drain_until=now_iso(p.now + datetime.timedelta(seconds=drain)),
+            )
             status.set_switch(switch)
             status.set_serving(
                 slot=slot,
-                serving_hash=switch["hash"],
-                plan=switched_to,
-                serving_spec=switch.get("spec") or target.spec.stored_spec(),
+                serving_hash=str(switch.hash),
+                plan=switch.plan or target.plan,
+                serving_spec=switch.spec or target.spec.stored_spec(),
             )
             message = f"service moved to slot {slot}; draining slot {source} for {drain:.0f}s"
             status.set_message(message)
@@ -135,7 +137,7 @@ def advance_switch(
         status.set_switch(switch)
         return False
     # draining: the Service already selects the target; wait, then retire the old slot
-    drain_until = parse_time(switch.get("drainUntil"))
+    drain_until = parse_time(switch.drain_until)
     if drain_until is not None and p.now < drain_until:
         return False
     scale(p, deployments.get(source), 0)
@@ -143,39 +145,39 @@ def advance_switch(
     return True
 
 
-def _finish(p: Pass, switch: dict[str, Any], *, source: str, slot: str, elapsed: float) -> None:
+def _finish(p: Pass, switch: Switch, *, source: str, slot: str, elapsed: float) -> None:
     status = p.status
     timeline = {
-        "passiveReadySeconds": float(switch.get("readySeconds", 0.0)),
-        "selectorSwitchSeconds": float(switch.get("switchedSeconds", 0.0)),
+        "passiveReadySeconds": float(switch.ready_seconds or 0.0),
+        "selectorSwitchSeconds": float(switch.switched_seconds or 0.0),
         "oldSlotScaledDownSeconds": round(elapsed, 3),
     }
     last = {
         "time": now_iso(p.now),
-        "reason": switch.get("reason", ""),
+        "reason": switch.reason,
         "result": "Succeeded",
         "mode": "Deployment",
         "fromSlot": source,
         "toSlot": slot,
-        "plan": str(switch["plan"].get("label", "")),
+        "plan": switch.plan_label,
         "timeline": timeline,
     }
     status.set_switch(None)
-    before = (status.get("batchSize") or {}).get("current")
-    status.batch_settled(switch["plan"].get("batch"))
+    before = status.batch_current
+    status.batch_settled(switch.plan_batch)
     status.record_switch(
         last,
         {
             **{k: v for k, v in last.items() if k != "timeline"},
             "fromBatch": before,
-            "toBatch": switch["plan"].get("batch"),
+            "toBatch": switch.plan_batch,
             "seconds": timeline["selectorSwitchSeconds"],
         },
         limit=ab.HISTORY_LIMIT,
     )
     p.result.switch_result = "succeeded"
     p.result.switch_seconds = timeline["selectorSwitchSeconds"]
-    message = f"switch to slot {slot} done ({switch.get('reason', '')})"
+    message = f"switch to slot {slot} done ({switch.reason})"
     p.emit("Normal", "SwitchCompleted", message)
     p.cond("Reconfiguring", False, "SwitchCompleted", message)
 
@@ -184,43 +186,41 @@ def end_switch(p: Pass, *, reason: str) -> None:
     """End a switch under way now, the target slot left as it is (the active slot's Deployment
     was deleted: ``failover`` takes the target slot over). A rollout is aborted (its spec
     never served); a drain is complete (the Service already selects the new slot)."""
-    switch = dict(p.status.get("switch") or {})
-    if switch.get("stage") == "rollout":
+    switch = p.status.switch
+    if switch is None:
+        return
+    if switch.stage is Stage.ROLLOUT:
         abort(p, {}, reason=reason)
-    elif switch.get("stage") == "draining":
-        elapsed = p.seconds_since(switch.get("startedAt"))
-        _finish(p, switch, source=switch["fromSlot"], slot=switch["targetSlot"], elapsed=elapsed)
+    elif switch.stage is Stage.DRAINING:
+        elapsed = p.seconds_since(switch.started_at)
+        source = str(switch.from_slot)
+        _finish(p, switch, source=source, slot=switch.target_slot, elapsed=elapsed)
 
 
 def abort(p: Pass, deployments: Children, *, reason: str) -> None:
     """Give a rollout up: the target slot (if in ``deployments``) is scaled down."""
     status = p.status
-    switch = dict(status.get("switch") or {})
-    slot = switch.get("targetSlot", m.other_slot(str(status.get("activeSlot"))))
+    active = str(status.get("activeSlot"))
+    switch = status.switch or Switch(stage=Stage.ROLLOUT, target_slot=m.other_slot(active))
+    slot = switch.target_slot
     scale(p, deployments.get(slot), 0)
-    status.set_switch(
-        {"stage": "aborted", "hash": switch.get("hash"), "targetSlot": slot, "reason": reason}
-    )
+    status.set_switch(switch.aborted(reason))
     last = {
         "time": now_iso(p.now),
-        "reason": f"{switch.get('reason', '')}: {reason}",
+        "reason": f"{switch.reason}: {reason}",
         "result": "Aborted",
         "mode": "Deployment",
-        "fromSlot": str(status["activeSlot"]),
+        "fromSlot": active,
         "toSlot": slot,
-        "plan": str((switch.get("plan") or {}).get("label", "")),
+        "plan": switch.plan_label,
     }
     p.result.switch_result = "aborted"
     status.record_switch(
         last,
-        {
-            **last,
-            "fromBatch": (status.get("batchSize") or {}).get("current"),
-            "toBatch": (switch.get("plan") or {}).get("batch"),
-        },
+        {**last, "fromBatch": status.batch_current, "toBatch": switch.plan_batch},
         limit=ab.HISTORY_LIMIT,
     )
     status.batch_target_dropped()
-    message = f"switch aborted ({reason}); still serving slot {status['activeSlot']}"
+    message = f"switch aborted ({reason}); still serving slot {active}"
     p.emit("Warning", "SwitchAborted", message)
     p.cond("Reconfiguring", False, "SwitchAborted", message)

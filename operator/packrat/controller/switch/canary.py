@@ -9,7 +9,12 @@ One pass, at rest (no switch under way), each step idempotent:
    its plan ConfigMap, Deployment (the active slot's plan and cores, the canary's model) and
    Service are brought to what they should be; once its pods are ready, every ready pod of the
    active slot is told ``{url, percent}`` (``POST /admin/canary``), and every one's counts are
-   read back from ``/status`` into ``status.canary`` (requests, errors, P99);
+   read back from ``/status`` into ``status.canary`` (requests, errors, P99). Errors are every
+   answer the stable pods could not use or that failed their client: 5xx, unreachable,
+   timeouts, redirects, answers over the cap, 503/429 sheds and 4xx. The pass waits for the
+   pods at most ``INLINE_WAIT_SECONDS``; a fan-out still outstanding then is kept and a later
+   pass picks its answers up, so pods that never answer cost the model a share of the pod
+   client, not a reconcile thread;
 2. when ``rollback`` thresholds are set, enough canary requests were seen and the error rate
    or the P99 crossed its threshold, the canary is rolled back by itself: a Warning event
    ``CanaryRolledBack``, ``status.canary.phase: RolledBack`` for this canary model (it stays
@@ -27,12 +32,16 @@ again, then step 3 removes it. While a canary runs, the model is looked at every
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from packrat.controller.api.children import keep
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
@@ -50,9 +59,12 @@ from packrat.controller.switch.inpod import slot_pods
 logger = logging.getLogger(__name__)
 
 ADMIN_PATH = "/admin/canary"
-MAX_BYTES = 64 * 1024  # a pod's /status or /admin/canary answer
+MAX_BYTES = 128 * 1024  # a pod's /status (256 instances fit) or /admin/canary answer
 DEADLINE_SECONDS = 5.0  # per fan-out, through the operator's one pod client
+INLINE_WAIT_SECONDS = 1.0  # the most a pass waits for one fan-out (two per pass)
+KEEP_SECONDS = 60.0  # an outstanding fan-out no pass asked for again is forgotten
 ROLLED_BACK = "RolledBack"
+Answers = list[Answer]
 
 
 @dataclass
@@ -61,11 +73,20 @@ class CanaryClient:
     (:class:`packrat.controller.core.fanout.PodFanout`: a total deadline per request, byte
     caps, no redirects, a per-model cap): ``pod_url`` (``{ip}``, ``{pod}``, ``{namespace}``)
     for each stable pod, ``service_url`` (``{service}``, ``{namespace}``) for the canary's
-    Service as the stable pods reach it."""
+    Service as the stable pods reach it.
+
+    Each call waits at most ``inline_wait`` seconds and answers None while its fan-out is
+    outstanding; the same call in a later pass (same model, pods and request) picks the
+    answers up, another one supersedes it. Both requests are idempotent."""
 
     pod_url: str
     service_url: str
     fanout: PodFanout = field(default_factory=shared_fanout)
+    inline_wait: float = INLINE_WAIT_SECONDS
+    _kept: dict[tuple[str, str], tuple[Any, float, concurrent.futures.Future[Answers]]] = field(
+        default_factory=dict, repr=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def configure(
         self,
@@ -76,25 +97,68 @@ class CanaryClient:
         ident: str,
         token: str,
         owner: str = "",
-    ) -> list[Answer]:
+    ) -> Answers | None:
         body = json.dumps({"url": target, "percent": percent, "id": ident}).encode()
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        return self.fanout.post(
-            owner,
-            [u.rstrip("/") + ADMIN_PATH for u in urls],
-            body,
-            headers,
-            deadline=DEADLINE_SECONDS,
-            max_bytes=MAX_BYTES,
+        targets = [u.rstrip("/") + ADMIN_PATH for u in urls]
+        return self._bounded(
+            (owner, "configure"),
+            (tuple(targets), body, token),
+            lambda: self.fanout.submit(
+                owner,
+                "POST",
+                targets,
+                body,
+                headers,
+                deadline=DEADLINE_SECONDS,
+                max_bytes=MAX_BYTES,
+            ),
         )
 
-    def stats(self, urls: Sequence[str], *, owner: str = "") -> list[Answer]:
-        return self.fanout.get(
-            owner,
-            [u.rstrip("/") + "/status" for u in urls],
-            deadline=DEADLINE_SECONDS,
-            max_bytes=MAX_BYTES,
+    def stats(self, urls: Sequence[str], *, owner: str = "", token: str = "") -> Answers | None:
+        targets = [u.rstrip("/") + "/status" for u in urls]
+        headers = {"Authorization": f"Bearer {token}"} if token else {}  # the live counts'
+        return self._bounded(
+            (owner, "stats"),
+            (tuple(targets), token),
+            lambda: self.fanout.submit(
+                owner,
+                "GET",
+                targets,
+                None,
+                headers,
+                deadline=DEADLINE_SECONDS,
+                max_bytes=MAX_BYTES,
+            ),
         )
+
+    def _bounded(
+        self,
+        slot: tuple[str, str],
+        key: Any,
+        submit: Callable[[], concurrent.futures.Future[Answers]],
+    ) -> Answers | None:
+        """The answers of the fan-out ``submit`` starts (or of the one kept for ``slot`` with
+        the same ``key``), waited on at most :attr:`inline_wait`; None while outstanding."""
+        now = time.monotonic()
+        with self._lock:
+            for stale in [k for k, v in self._kept.items() if now - v[1] > KEEP_SECONDS]:
+                self._kept.pop(stale)[2].cancel()
+            kept = self._kept.pop(slot, None)
+            if kept is not None and kept[0] != key:
+                kept[2].cancel()  # superseded: other pods or another request
+                kept = None
+            future = kept[2] if kept is not None else submit()
+            started = kept[1] if kept is not None else now
+        concurrent.futures.wait([future], timeout=self.inline_wait)
+        if not future.done():
+            with self._lock:
+                self._kept[slot] = (key, started, future)
+            return None
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            return None
 
 
 def _failed(names: Sequence[str], answers: Sequence[Answer]) -> list[str]:
@@ -128,7 +192,10 @@ def aggregate(answers: Sequence[Answer], *, url: str, ident: str) -> Observed:
         stats = doc.get("canary") if isinstance(doc, dict) else None
         if not isinstance(stats, Mapping) or (stats.get("url"), stats.get("id")) != (url, ident):
             continue
-        served, failed = _count(stats.get("served")), _count(stats.get("errors"))
+        served = _count(stats.get("served"))
+        # what the stable pods could not use (5xx, unreachable, redirects, too large), what
+        # the canary shed (503, 429) and its 4xx: all count against it
+        failed = sum(_count(stats.get(k)) for k in ("errors", "shed", "client_errors"))
         requests += served + failed
         errors += failed
         p99 = stats.get("p99Ms")
@@ -192,7 +259,7 @@ def _run(
     client: CanaryClient,
     state: dict[str, Any],
 ) -> None:
-    p.result.waiting = True  # its counts are read every poll interval
+    p.result.in_progress()  # its counts are read every poll interval
     name = c.canary_name(p.name)
     rendering = c.canary_rendering(good, settings)
     current = p.kube.get("deployments", p.namespace, name)
@@ -228,8 +295,11 @@ def _run(
         token=token,
         owner=_owner(p),
     )
+    counts = client.stats(urls, owner=_owner(p), token=token)
+    if answers is None or counts is None:  # outstanding: a later pass picks them up
+        return
     failed = _failed(names, answers)
-    seen = aggregate(client.stats(urls, owner=_owner(p)), url=target, ident=settings.hash)
+    seen = aggregate(counts, url=target, ident=settings.hash)
     if state.get("phase") != "Progressing" and not failed:
         p.emit(
             "Normal",
@@ -271,9 +341,12 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
         answers = client.configure(
             urls, target=None, percent=0, ident="", token=token, owner=_owner(p)
         )
+        if answers is None:  # outstanding: nothing is deleted before every pod answered
+            p.result.in_progress()
+            return
         failed = _failed(names, answers)
         if failed:  # a pod may still send to the canary: keep it, ask again
-            p.result.waiting = True
+            p.result.in_progress()
             stopping = "stopping: " + "; ".join(failed)[:400]
             p.status.set_canary({**(p.status.get("canary") or {}), "message": stopping})
             return
@@ -296,16 +369,13 @@ def _settle(p: Pass, keep: Mapping[str, Any] | None) -> None:
 def _ensure_service(p: Pass) -> bool:
     """The canary's Service (selector: the canary slot); False when it is not ours."""
     want = c.canary_service(p.obj)
-    name = want["metadata"]["name"]
-    current = p.kube.get("services", p.namespace, name)
-    if current is None:
-        p.kube.create("services", p.namespace, want)
-        return True
-    if not owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-        p.conflict("Service", name)
-        return False
-    if (current.get("spec") or {}).get("selector") != want["spec"]["selector"]:
-        p.kube.patch(
-            "services", p.namespace, name, {"spec": {"selector": want["spec"]["selector"]}}
-        )
-    return True
+    kept = keep(p.kube, "services", p.namespace, want, ours=p.owns, drift=_selector_drift)
+    if not kept.ours:
+        p.conflict("Service", want["metadata"]["name"])
+    return kept.ours
+
+
+def _selector_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    if (current.get("spec") or {}).get("selector") == want["spec"]["selector"]:
+        return {}
+    return {"spec": {"selector": want["spec"]["selector"]}}

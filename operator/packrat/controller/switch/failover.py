@@ -71,7 +71,7 @@ def lost_active(
     if not terminating(dep) or not _ours(p, dep):
         return False
     end_switch(p, reason=f"slot {active} Deployment deleted")
-    p.result.waiting = True
+    p.result.in_progress()
     if not keeps_serving(dep):  # its pods are going: recreate it as soon as it is gone
         ensure_service(p, service, slot=active)
         message = f"slot {active} Deployment deleted with its pods; recreating it once it is gone"
@@ -87,7 +87,8 @@ def lost_active(
     new = ensure_deployment(
         p, deployments.get(target), slot=target, rendering=good, replicas=replicas
     )
-    label = (status.get("plan") or {}).get("label")
+    served = status.served_plan
+    label = served.label if served is not None else None
     if terminating(new) or not deployment_ready(new, replicas) or p.conflicts:
         ensure_service(p, service, slot=active)  # the deleted slot's pods serve meanwhile
         ready = int(((new or {}).get("status") or {}).get("readyReplicas") or 0)

@@ -103,7 +103,7 @@ def pending(p: Pass, *, desired: Rendering, pods: int) -> Pending:
     ``InPodSwitchPending``), and asks for a pass soon."""
     message = f"posting plan {desired.plan.label} to {pods} pods of slot {p.status['activeSlot']}"
     p.cond("Reconfiguring", True, "InPodSwitchPending", message)
-    p.result.waiting = True
+    p.result.in_progress()
     return PENDING
 
 

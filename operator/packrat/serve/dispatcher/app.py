@@ -62,11 +62,11 @@ from packrat.serve.dispatcher.connections import (
     refuse_body,
     shield,
 )
-from packrat.serve.dispatcher.endpoints import read_only_routes
+from packrat.serve.dispatcher.endpoints import METRICS_INTERVAL_S, read_only_routes
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogger
 from packrat.serve.dispatcher.sampler import EstimatorSampler
-from packrat.serve.dispatcher.slots import BackendGoneError, QueueFullError, Slots
+from packrat.serve.dispatcher.slots import STUCK_AFTER_S, BackendGoneError, QueueFullError, Slots
 from packrat.serve.dispatcher.swap import SwapMixin
 from packrat.serve.dispatcher.upstream import Upstream, error_response, passthrough
 from packrat.serve.dispatcher.v2 import v2_routes
@@ -135,10 +135,13 @@ class Dispatcher(SwapMixin):
         routes: Sequence[web.RouteDef] = (),
         payload_log: PayloadLogger | None = None,
         admin_token: AdminToken = None,
+        stuck_after_s: float = STUCK_AFTER_S,
+        metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
         if max_body_bytes < 1 or max_buffered_bytes < max_body_bytes:
             raise ValueError("need 1 <= max_body_bytes <= max_buffered_bytes")
         self.model = model
+        self.metrics_interval_s = metrics_interval_s  # /metrics: a snapshot at most this often
         self.instances = list(instances)
         self._attach_backend(backend, backend_url)
         self._retiring: list[Slots] = []  # old sets still finishing after a swap
@@ -147,6 +150,7 @@ class Dispatcher(SwapMixin):
             queue_limit=queue_limit,
             queue_timeout_s=queue_timeout_s,
             on_change=self._gauges,
+            stuck_after_s=stuck_after_s,
         )
         self.retry_after_s = retry_after_s
         self.max_body_bytes = max_body_bytes
@@ -168,8 +172,12 @@ class Dispatcher(SwapMixin):
         self.arrivals = ArrivalLog()
         # batches the runtime sent, by why they left (the native runtime reports them)
         self.batch_counts: dict[str, int] = {"full": 0, "timeout": 0}
-        self.canary = CanarySplit(model=model, registry=self.metrics.registry)  # 0% until set
+        self.canary = CanarySplit(  # 0% until set; its answers charged to the pod's budget
+            model=model, registry=self.metrics.registry, budget=self.budget
+        )
         self.payload_log = payload_log  # request and response logging, when on
+        if payload_log is not None:  # its queue is inside this pod's buffer budget
+            payload_log.budget = self.budget
         self.draining = False
         # The model's inputs (packrat.runtime.modelid's dicts), for the v2 protocol; None for a
         # user's .mar, whose handler decides. The owner sets them once the model is prepared.
@@ -304,7 +312,10 @@ class Dispatcher(SwapMixin):
     @property
     def ready(self) -> bool:
         s = self.slots
-        return bool(self.instances) and all(s.up) and not self.draining and not s.failed
+        ok = bool(self.instances) and all(s.up) and not self.draining and not s.failed
+        # every instance hung: not ready until one answers (issue 38); one slow request only
+        # takes its own instance out of the routing, not the pod out of the Service
+        return ok and len(s.stuck()) < len(self.instances)
 
     def fail(self, reason: str) -> None:
         """TorchServe is gone: every queued request and every new one gets a 503 at once."""
@@ -364,7 +375,8 @@ class Dispatcher(SwapMixin):
             if self.canary.take():  # a share of the traffic goes to the canary's Service
                 answered = await self.canary.forward(request.headers, request.query, body)
                 if answered is not None:  # else (canary failed): served here
-                    return self._answer(answered, start, source="canary")
+                    reserve += answered[1]  # its answer's bytes, held as the body's are
+                    return self._answer(answered[0], start, source="canary")
             headers = passthrough(request.headers.items())
             answer = await self.run_one(request, headers, request.query, body, track)
             if answer.gone:  # answered, but nobody to answer: not a 200

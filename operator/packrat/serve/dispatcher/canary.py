@@ -10,12 +10,21 @@ diffusion: after n requests, floor(n * percent / 100) went to the canary), whate
 client's connections. No service mesh, no new hop for the stable share.
 
 A forwarded request never fails because of the canary: when the canary cannot be reached, times
-out, sheds (503) or fails (5xx), the request is served here as if it had not been taken, and
-the canary's failure is counted; its 4xx answers (bad input) go back to the client as they
-are. Each answer the canary gave carries ``X-Packrat-Canary: true``. What the canary did (its
-requests, errors and the P99 of its latencies, over the last ``window`` forwarded requests) is
-in ``/status`` (``canary``) and in ``packrat_canary_requests_total``: the operator reads it to
-roll the canary back by itself when its error rate or P99 crosses the model's thresholds.
+out, sheds (503), fails (5xx), redirects (3xx: never followed, never passed on) or answers more
+than ``max_answer_bytes``, the request is served here as if it had not been taken, and the
+canary's failure is counted; its 4xx answers go back to the client as they are, and count
+against it too (the operator's rollback counts 4xx and 503: a canary answering 400 to
+everything must roll back). Each answer the canary gave carries ``X-Packrat-Canary: true``.
+
+A bad canary must not hurt the stable pod either: its answer is read under a byte cap and
+charged to the pod's buffer budget before it is read (its declared length, else the cap; a
+budget too full to hold it serves the request here, unread), and the clients' credentials
+(``Authorization``, ``Cookie``) stay with the stable pod: the canary's URL gets neither.
+
+What the canary did (its requests, errors and the P99 of its latencies, over the last
+``window`` forwarded requests) is in ``/status`` (``canary``) and in
+``packrat_canary_requests_total``: the operator reads it to roll the canary back by itself
+when its error rate or P99 crosses the model's thresholds.
 
 The operator sets and clears the split with ``POST /admin/canary`` (the pods' admin bearer
 token): ``{"url": "http://<canary service>/predictions/<model>", "percent": 20, "id": "..."}``;
@@ -37,11 +46,30 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
 from packrat.serve.auth import AdminToken, bearer_accepted
+from packrat.serve.dispatcher.connections import BufferBudget
 from packrat.serve.dispatcher.upstream import passthrough
 
 HEADER = "X-Packrat-Canary"
 MAX_URL = 2048
 MAX_BODY = 4096  # bytes of a POST /admin/canary
+# the largest canary answer read (the request body cap's default, a pod's JSON answer)
+DEFAULT_MAX_ANSWER_BYTES = 6 * 1024 * 1024
+# a client's credentials for the stable Service, never sent on to the canary's URL
+PRIVATE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def _to_canary(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        k: v for k, v in passthrough(headers.items()).items() if k.lower() not in PRIVATE_HEADERS
+    }
+
+
+class _TooLargeError(Exception):
+    """The canary's answer is over the cap: its failure."""
+
+
+class _NoRoomError(Exception):
+    """The buffer budget cannot hold the canary's answer now: not the canary's failure."""
 
 
 class CanarySplit:
@@ -55,8 +83,12 @@ class CanarySplit:
         timeout_s: float = 30.0,
         window: int = 1000,
         max_connections: int = 64,
+        budget: BufferBudget | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
     ) -> None:
         self.model = model
+        self.budget = budget or BufferBudget(max_answer_bytes * max_connections)
+        self.max_answer_bytes = max_answer_bytes
         self.url: str | None = None
         self.ident = ""
         self.percent = 0
@@ -109,8 +141,9 @@ class CanarySplit:
     # -- the forward -----------------------------------------------------------------------------
     async def forward(
         self, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
-    ) -> web.Response | None:
-        """The canary's answer, or None when the request must be served here."""
+    ) -> tuple[web.Response, int] | None:
+        """The canary's answer and the bytes of :attr:`budget` it holds (the caller releases
+        them once done with it), or None when the request must be served here."""
         url = self.url
         if url is None:
             return None
@@ -118,31 +151,58 @@ class CanarySplit:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 connector=aiohttp.TCPConnector(limit=self.max_connections),
+                auto_decompress=False,  # the cap is on the bytes that arrive, as passed on
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         start = time.perf_counter()
+        held = 0
+        kept = False
         try:
             async with self._session.post(
-                url,
-                data=body,
-                headers=passthrough(headers.items()),
-                params=query,
-                allow_redirects=False,
+                url, data=body, headers=_to_canary(headers), params=query, allow_redirects=False
             ) as answer:
-                payload = await answer.read()
                 status = answer.status
+                if 200 <= status < 300 or (400 <= status < 500 and status != 429):
+                    held = self._hold(answer.content_length)
+                    payload = await self._read(answer)
+                    kept = True
                 out = passthrough(answer.headers.items())
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except _NoRoomError:
+            return None
+        except (_TooLargeError, aiohttp.ClientError, TimeoutError, OSError):
             self._count("errors", time.perf_counter() - start, url)
             return None
-        if status == 503:
+        finally:
+            if not kept:
+                self.budget.release(held)
+        if status in (429, 503):
             self._count("shed", None, url)
             return None
-        if status >= 500:
+        if not (200 <= status < 300 or 400 <= status < 500):  # 5xx, 3xx, 1xx: served here
             self._count("errors", time.perf_counter() - start, url)
             return None
         self._count("served" if status < 400 else "client_errors", time.perf_counter() - start, url)
         out[HEADER] = "true"
-        return web.Response(status=status, body=payload, headers=out)
+        return web.Response(status=status, body=payload, headers=out), held
+
+    def _hold(self, declared: int | None) -> int:
+        """Reserve the answer's bytes (its declared length, else the cap) before reading."""
+        if declared is not None and declared > self.max_answer_bytes:
+            raise _TooLargeError
+        want = declared if declared is not None else self.max_answer_bytes
+        if not self.budget.reserve(want):
+            raise _NoRoomError  # nothing held: served here, not counted against the canary
+        return want
+
+    async def _read(self, answer: aiohttp.ClientResponse) -> bytes:
+        chunks: list[bytes] = []
+        total = 0
+        async for chunk in answer.content.iter_any():
+            total += len(chunk)
+            if total > self.max_answer_bytes:
+                raise _TooLargeError
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def _count(self, outcome: str, latency_s: float | None, url: str) -> None:
         if url != self.url:  # reconfigured while it ran: the old canary's, not counted

@@ -21,7 +21,12 @@ server classes:
   ``probe_head_timeout_s`` and be a GET of a probe path, it is answered with
   ``Connection: close``, and no client holds more than ``probe_reserve_per_client`` of them.
   1,100 idle connections from one client therefore cannot make ``/ping`` fail: the client
-  holds its share, and the probes find room in the reserve.
+  holds its share, and the probes find room in the reserve. Nor can many clients together
+  (issue 38: nine addresses reconnecting fast held the whole reserve with connections that
+  never sent a head): when the reserve is full, a new connection takes the place of the
+  oldest probe-only connection still waiting for its head, which is closed. A real probe
+  sends its head at once and is answered; a place held by sending nothing is held only until
+  the next connection arrives.
 
 Body read deadlines are the dispatcher's: it reads the body itself, after admission, with
 :func:`read_body` (at most the body limit, counted as it arrives when chunked).
@@ -114,7 +119,7 @@ class _GuardedHandler(RequestHandler):
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         self._client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-        self._pool = self._guard.admit(self._client)
+        self._pool = self._guard.admit(self._client, self)
         if self._pool is None:
             self._guard.on_event("refused")
             self.force_close()
@@ -149,6 +154,7 @@ class _GuardedHandler(RequestHandler):
         if not self._messages:
             return
         self._disarm()
+        self._guard.heard(self)
         message = self._messages[0][0]
         if not (
             isinstance(message, RawRequestMessage)
@@ -165,6 +171,7 @@ class _GuardedHandler(RequestHandler):
         self._messages[0] = (message._replace(should_close=True), self._messages[0][1])
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._guard.heard(self)
         if self._pool is not None:
             self._guard.release(self._client, self._pool)
             self._pool = None
@@ -214,21 +221,46 @@ class _GuardedServer(web.Server):
         self.on_event = on_event
         self.open = {"ordinary": 0, "probe": 0}
         self.by_client: dict[tuple[str, str], int] = {}
+        # probe-only connections whose head has not arrived, oldest first
+        self.waiting: dict[_GuardedHandler, None] = {}
 
-    def admit(self, client: str) -> str | None:
+    def admit(self, client: str, handler: _GuardedHandler) -> str | None:
         """The pool a new connection from ``client`` joins ("ordinary" or "probe"), or None
-        (refused): ordinary up to the cap and the client's share, then probe-only."""
+        (refused): ordinary up to the cap and the client's share, then probe-only, in the
+        place of the oldest probe-only connection still silent when the reserve is full."""
         limits = self.limits
         pools = (
             ("ordinary", limits.max_connections, limits.max_per_client),
             ("probe", limits.probe_reserve, limits.probe_reserve_per_client),
         )
         for pool, total, share in pools:
-            if self.open[pool] < total and self.by_client.get((client, pool), 0) < share:
+            if self.by_client.get((client, pool), 0) >= share:
+                continue
+            if pool == "probe" and self.open[pool] >= total and self.waiting:
+                self._evict(next(iter(self.waiting)))
+            if self.open[pool] < total:
                 self.open[pool] += 1
                 self.by_client[(client, pool)] = self.by_client.get((client, pool), 0) + 1
+                if pool == "probe":
+                    self.waiting[handler] = None
                 return pool
         return None
+
+    def heard(self, handler: _GuardedHandler) -> None:
+        """``handler``'s head arrived (or it closed): its place is no longer taken back."""
+        self.waiting.pop(handler, None)
+
+    def _evict(self, handler: _GuardedHandler) -> None:
+        """Close a silent probe-only connection, its place given back at once."""
+        self.waiting.pop(handler, None)
+        if handler._pool is not None:
+            self.release(handler._client, handler._pool)
+            handler._pool = None
+        self.on_event("refused")
+        handler._disarm()
+        handler.force_close()
+        if handler.transport is not None:
+            handler.transport.close()
 
     def release(self, client: str, pool: str) -> None:
         self.open[pool] -= 1

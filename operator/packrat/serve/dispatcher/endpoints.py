@@ -2,11 +2,20 @@
 ``/metrics`` (Prometheus), ``/status`` (plan, queue, estimate) and ``/arrivals`` (the arrival
 log the operator's tuner reads: with the pod's admin token only, since when each request came
 is the model's clients' business, not every client's). They answer from
-:class:`~packrat.serve.dispatcher.app.Dispatcher` state and change none of it."""
+:class:`~packrat.serve.dispatcher.app.Dispatcher` state and change none of it.
+
+``/metrics`` is public (Prometheus scrapes it without a token), so it is a snapshot taken at
+most every ``metrics_interval_s`` (:data:`METRICS_INTERVAL_S`): a client polling it between
+its own requests would otherwise read each request's time off the counters, the arrival log
+by another door (issue 38). Rendering it at most that often also bounds what a flood of
+``/metrics`` costs the event loop. For the same reason ``/status`` shows its live counts
+(requests in flight and queued, the estimator's samples, batches, the canary's counts) only
+with the token, on a pod that has one; without, the configuration and the estimate."""
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +29,11 @@ from packrat.serve.dispatcher.upstream import error_response
 if TYPE_CHECKING:
     from packrat.serve.dispatcher.app import Dispatcher
 
-__all__ = ["read_only_routes"]
+__all__ = ["METRICS_INTERVAL_S", "read_only_routes"]
+
+# Prometheus scrapes every 15-60 s; the shortest window the dashboards and alerts rate() over
+# is 10 s, which a 2 s snapshot still fills with several points
+METRICS_INTERVAL_S = 2.0
 
 
 def read_only_routes(
@@ -47,16 +60,26 @@ def read_only_routes(
             return web.json_response({"status": "Alive"})
         return web.json_response({"status": "Dead"}, status=503)
 
+    snapshot: list[tuple[float, bytes]] = []
+
     async def handle_metrics(_request: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(d.metrics.registry))
+        now = time.monotonic()
+        if not snapshot or now - snapshot[0][0] >= d.metrics_interval_s:
+            snapshot[:] = [(now, generate_latest(d.metrics.registry))]
+        response = web.Response(body=snapshot[0][1])
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         response.charset = "utf-8"
         return response
 
-    async def handle_status(_request: web.Request) -> web.Response:
+    async def handle_status(request: web.Request) -> web.Response:
         doc: dict[str, Any] = dict(status()) if status else {}
         doc.setdefault("ready", d.ready)
         doc["draining"] = d.draining
+        if token and not bearer_accepted(request.headers.get("Authorization", ""), token):
+            # public: the configuration and the estimate; the live counts (when requests
+            # came, as the arrival log says) are the token's (issue 38)
+            doc["batch_size_estimate"] = {"estimate": d.estimator.estimate}
+            return web.json_response(doc)
         doc["outstanding"] = {"in_flight": d.slots.in_flight, "queued": d.slots.queued}
         doc["canary"] = d.canary.stats()
         doc["batch_size_estimate"] = {

@@ -19,6 +19,19 @@ Worker tasks empty the queue into the sink:
   (``application/cloudevents+json``). Each POST has a total deadline (``timeout_s``), follows no
   redirect, and at most ``concurrency`` are open; a failed one is counted and not retried.
 
+The queue is inside the pod's memory budget (issue 38): besides ``queue_size`` records, it holds
+at most ``max_queue_bytes`` of them (their bodies as cut, plus :data:`RECORD_OVERHEAD` each),
+and every record is charged to the dispatcher's buffer budget until its sink took it; one that
+does not fit is dropped and counted, so a hung sink costs a bounded, accounted amount.
+
+The sink obeys an egress policy (:mod:`packrat.runtime.egress`): its URL is read by the fetch's
+one parser (a plain host[:port]), and it may reach the cluster's private ranges
+(:data:`~packrat.runtime.egress.CLUSTER_RANGES`: an in-cluster broker) and public addresses,
+never loopback (the pod's own internal ports), link-local (the metadata services),
+unspecified, multicast or reserved ones, unless ``egress_allow`` covers them. A literal address
+is checked when the settings are made; a name at every connection, every address it resolves
+to (a name resolving to loopback gets nothing).
+
 The CloudEvents encoding is written here rather than taken from the ``cloudevents`` SDK: it is
 a handful of headers and fields, and the serving image stays without another dependency; the
 tests decode what is sent with that SDK.
@@ -30,10 +43,12 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import ipaddress
 import json
 import os
 import random
 import re
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -42,13 +57,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from packrat.runtime.egress import CLUSTER_RANGES, EgressError, EgressPolicy, split_url
+from packrat.serve.dispatcher.connections import BufferBudget
 
 REQUEST_TYPE = "dev.packrat.inference.request"
 RESPONSE_TYPE = "dev.packrat.inference.response"
 MODES = ("binary", "structured")
 _TEXT = re.compile(r"^(application/(.+\+)?json|text/.+)(;.*)?$", re.I)
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+RECORD_OVERHEAD = 1024  # bytes a record costs beside its bodies (objects, id, headers)
 
 
 class PayloadLogError(ValueError):
@@ -67,6 +87,8 @@ class PayloadLogConfig:
     timeout_s: float = 5.0
     concurrency: int = 4
     source: str = "/packrat"
+    max_queue_bytes: int = 16 * 1024 * 1024
+    egress_allow: tuple[str, ...] = ()  # CIDR ranges a sink may reach beyond the policy's
 
     def __post_init__(self) -> None:
         if not (self.sink.startswith(("http://", "https://", "jsonl:"))):
@@ -74,6 +96,8 @@ class PayloadLogConfig:
                 f"request log sink {self.sink!r}: expected jsonl:PATH, jsonl:- or an "
                 "http(s):// CloudEvents URL"
             )
+        if self.cloudevents:
+            self._check_sink()
         if self.sink == "jsonl:":
             raise PayloadLogError("request log sink jsonl: needs a path (or - for stdout)")
         if not 0.0 < self.sample_rate <= 1.0:
@@ -86,6 +110,7 @@ class PayloadLogConfig:
             ("queue size", self.queue_size, 1, 1_000_000),
             ("max body bytes", self.max_body_bytes, 0, 16 * 1024 * 1024),
             ("concurrency", self.concurrency, 1, 64),
+            ("max queue bytes", self.max_queue_bytes, 1024, 1024**3),
         ):
             if not low <= value <= high:
                 raise PayloadLogError(f"request log {name} must be in {low}..{high}, got {value}")
@@ -95,6 +120,30 @@ class PayloadLogConfig:
     @property
     def cloudevents(self) -> bool:
         return self.sink.startswith(("http://", "https://"))
+
+    def policy(self) -> EgressPolicy:
+        """Where the sink may be: see the module docstring."""
+        try:
+            return EgressPolicy.parse([*CLUSTER_RANGES, *self.egress_allow])
+        except ValueError as exc:
+            raise PayloadLogError(f"request log egress allow: {exc}") from None
+
+    def _check_sink(self) -> None:
+        try:
+            host = split_url(self.sink).host.rstrip(".")
+        except EgressError as exc:
+            raise PayloadLogError(f"request log sink: {exc.message}") from None
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            literal = None
+        if host == "localhost" or host.endswith(".localhost"):
+            literal = ipaddress.ip_address("127.0.0.1")
+        if literal is not None and not self.policy().allows_address(literal):
+            raise PayloadLogError(
+                f"request log sink {self.sink!r}: {host} is an internal address (loopback, "
+                "link-local, unspecified...) that the sink's egress policy refuses"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +197,7 @@ class Record:
     latency_ms: float
     request: Body
     response: Body
+    cost: int = 0  # bytes charged to the queue's share and the pod's buffer budget
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -242,6 +292,9 @@ class PayloadLogger:
             registry=registry,
         )
         self._outcome = {o: records.labels(model, o) for o in ("logged", "dropped", "failed")}
+        # the dispatcher's buffer budget (set by the dispatcher), and the bytes queued here
+        self.budget: BufferBudget | None = None
+        self.queued_bytes = 0
         Gauge(
             "packrat_payload_log_queue_depth",
             "Records waiting for the request log's sink.",
@@ -262,10 +315,11 @@ class PayloadLogger:
     ) -> None:
         if self.config.sample_rate < 1.0 and self.rng.random() >= self.config.sample_rate:
             return
-        if self.queue.full():  # dropped before any work: a hung sink costs serving nothing
-            self._outcome["dropped"].inc()
-            return
         limit = self.config.max_body_bytes
+        cost = min(len(request_body), limit) + min(len(response_body), limit) + RECORD_OVERHEAD
+        if self.queue.full() or not self._charge(cost):  # dropped before any work: a hung
+            self._outcome["dropped"].inc()  # sink costs serving nothing
+            return
         record = Record(
             id=request_id(headers),
             epoch=time.time(),
@@ -274,18 +328,39 @@ class PayloadLogger:
             latency_ms=latency_s * 1000.0,
             request=Body.cut(headers.get("Content-Type"), request_body, limit),
             response=Body.cut(response_headers.get("Content-Type"), response_body, limit),
+            cost=cost,
         )
         try:
             self.queue.put_nowait(record)
         except asyncio.QueueFull:
+            self._release(cost)
             self._outcome["dropped"].inc()
+
+    def _charge(self, cost: int) -> bool:
+        if self.queued_bytes + cost > self.config.max_queue_bytes:
+            return False
+        if self.budget is not None and not self.budget.reserve(cost):
+            return False
+        self.queued_bytes += cost
+        return True
+
+    def _release(self, cost: int) -> None:
+        self.queued_bytes -= cost
+        if self.budget is not None:
+            self.budget.release(cost)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.config.cloudevents:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s),
-                connector=aiohttp.TCPConnector(limit=self.config.concurrency),
+                connector=aiohttp.TCPConnector(
+                    limit=self.config.concurrency,
+                    resolver=_PolicyResolver(self.config.policy()),
+                    use_dns_cache=False,  # every connection's addresses checked afresh
+                ),
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             workers = self.config.concurrency
         else:
@@ -320,7 +395,8 @@ class PayloadLogger:
                 raise
             except Exception:  # the sink's problem, never the dispatcher's
                 ok = False
-            for _ in batch:
+            for record in batch:
+                self._release(record.cost)
                 self._outcome["logged" if ok else "failed"].inc()
                 self.queue.task_done()
 
@@ -346,6 +422,40 @@ class PayloadLogger:
                 return 200 <= answer.status < 300
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
+
+
+class _PolicyResolver(AbstractResolver):
+    """aiohttp's name resolution under an egress policy: every address a name resolves to is
+    checked, and a name with any refused address resolves to nothing (a literal address never
+    reaches a resolver: it is checked with the settings)."""
+
+    def __init__(self, policy: EgressPolicy) -> None:
+        self.policy = policy
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, family=family)
+        out: list[ResolveResult] = []
+        for fam, _, proto, _, address in infos:
+            ip = ipaddress.ip_address(str(address[0]).split("%")[0])
+            if not self.policy.allows_address(ip):
+                raise OSError(f"{host}: refused by the request log's egress policy")
+            out.append(
+                {
+                    "hostname": host,
+                    "host": str(address[0]),
+                    "port": int(address[1]),
+                    "family": fam,
+                    "proto": proto,
+                    "flags": socket.AI_NUMERICHOST,
+                }
+            )
+        return out
+
+    async def close(self) -> None:
+        return None
 
 
 def _open(path: str) -> TextIO:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -29,6 +30,9 @@ class BackendGoneError(Exception):
     """The backend is gone; nothing queued will ever be served."""
 
 
+STUCK_AFTER_S = 60.0
+
+
 class Slots:
     """Outstanding requests per instance, and the queue of requests waiting for a slot."""
 
@@ -39,9 +43,14 @@ class Slots:
         queue_limit: int,
         queue_timeout_s: float,
         on_change: Callable[[], None] = lambda: None,
+        stuck_after_s: float = STUCK_AFTER_S,
     ) -> None:
         if queue_limit < 0:
             raise ValueError("queue_limit must be >= 0")
+        # an instance with requests outstanding and no answer for this long is stuck (a hung
+        # handler): it gets no new request and the pod is not ready until it answers again
+        self.stuck_after_s = stuck_after_s
+        self.progress = [0.0] * len(batches)  # when each last began work or answered
         self.batches = list(batches)
         self.caps = default_caps(self.batches)
         self.queue_limit = queue_limit
@@ -133,13 +142,27 @@ class Slots:
 
     def release(self, index: int) -> None:
         self.outstanding[index] -= 1
+        self.progress[index] = time.monotonic()
         self._dispatch()
+
+    def stuck(self) -> list[int]:
+        """The instances with requests outstanding and no answer for ``stuck_after_s``."""
+        now = time.monotonic()
+        return [
+            i
+            for i, n in enumerate(self.outstanding)
+            if n > 0 and now - self.progress[i] > self.stuck_after_s
+        ]
 
     # -- internals ---------------------------------------------------------------------------
     def _choose(self) -> int | None:
-        return choose_instance(self.outstanding, self.batches, up=self.up, caps=self.caps)
+        stuck = self.stuck()
+        up = [u and i not in stuck for i, u in enumerate(self.up)] if stuck else self.up
+        return choose_instance(self.outstanding, self.batches, up=up, caps=self.caps)
 
     def _take(self, index: int) -> None:
+        if self.outstanding[index] == 0:
+            self.progress[index] = time.monotonic()
         self.outstanding[index] += 1
         self._idle.clear()
 

@@ -53,6 +53,7 @@ class SwapMixin:
             queue_limit=old.queue_limit,
             queue_timeout_s=old.queue_timeout_s,
             on_change=self._gauges,
+            stuck_after_s=old.stuck_after_s,
         )
         self._retiring.append(old)
         self._label_instances()

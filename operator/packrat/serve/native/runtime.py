@@ -11,7 +11,9 @@ Each instance batches like a TorchServe registration: requests queue per instanc
 leaves when it holds ``batch`` requests or ``max_batch_delay_ms`` after the batch began to
 form, and one batch is in the worker at a time while the next one forms. The queue is
 bounded by the dispatcher's slots (at most two batches per instance outstanding), frames by
-:data:`~packrat.serve.native.protocol.MAX_FRAME`.
+:data:`~packrat.serve.native.protocol.MAX_FRAME`, and a worker's reply by its batch's share of
+answers: ``max_answer_bytes`` per request (issue 38: a 300 MiB answer in a 512 MiB frame took
+the dispatcher to 1.2 GB). A longer reply is read past, never held, and its batch answered 502.
 
 A worker that dies (killed, crashed, its channel broken), or does not answer a batch within
 ``response_timeout_s`` (300 s, TorchServe's default; it is then killed), fails its in-flight
@@ -57,6 +59,9 @@ RESPONSE_TIMEOUT_S = 300.0  # a batch not answered by then: the worker is replac
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 STABLE_S = 30.0  # a worker that lived this long restarts at once again
 CHANNEL_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_ANSWER_BYTES = 16 * 1024 * 1024  # one request's answer from a worker
+MAX_HELLO_BYTES = 64 * 1024  # a worker's hello: its pid, an error line, start-up marks
+_DRAIN_CHUNK = 1024 * 1024
 
 
 class NativeStartError(RuntimeError):
@@ -114,7 +119,7 @@ class NativeInstance:
         worker = await self.runtime.spawn(self.inst)
         try:
             async with asyncio.timeout(self.runtime.load_timeout_s):
-                payload = await _read_frame(worker.reader)
+                payload = await _read_frame(worker.reader, MAX_HELLO_BYTES)
             hello = protocol.decode_hello(payload) if payload is not None else None
         except (TimeoutError, protocol.ProtocolError, OSError, asyncio.IncompleteReadError) as exc:
             hello = {"ok": False, "error": f"no hello from the worker: {type(exc).__name__}"}
@@ -212,7 +217,11 @@ class NativeInstance:
         the end of the channel (the worker died, even while idle) is noticed at once."""
         try:
             while True:
-                payload = await _read_frame(worker.reader)
+                try:
+                    payload = await _read_frame(worker.reader, self._reply_limit())
+                except _FrameTooLargeError:
+                    self._too_large()
+                    continue
                 if payload is None:
                     raise EOFError("the worker closed its channel")
                 batch_id, results = protocol.decode_reply(payload)
@@ -229,6 +238,23 @@ class NativeInstance:
             raise
         except (OSError, asyncio.IncompleteReadError, protocol.ProtocolError, EOFError) as exc:
             self._died(worker, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+    def _reply_limit(self) -> int:
+        """The longest reply this instance reads: the batch in flight's answers at their cap."""
+        per_result = self.runtime.max_answer_bytes + 0xFFFF + 8  # body, content type, head
+        return 16 + max(1, len(self._inflight)) * per_result
+
+    def _too_large(self) -> None:
+        """The worker's reply was over :meth:`_reply_limit` (read past): its batch is 502."""
+        batch, self._inflight = self._inflight, []
+        limit = self.runtime.max_answer_bytes
+        doc = {"code": 502, "type": "InternalServerException",
+               "message": f"the model's answer was larger than {limit} bytes"}  # fmt: skip
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_result(Result(502, "application/json", json.dumps(doc).encode()))
+        if self._replied is not None and not self._replied.done():
+            self._replied.set_result(None)
 
     def _fail_all(self, reason: str) -> None:
         pending = [*self._inflight, *self.queue]
@@ -278,14 +304,25 @@ class NativeInstance:
             await asyncio.to_thread(worker.proc.wait)
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes | None:
+class _FrameTooLargeError(protocol.ProtocolError):
+    """A frame over the reader's limit: read past (dropped a chunk at a time, never held)."""
+
+
+async def _read_frame(reader: asyncio.StreamReader, limit: int = 0) -> bytes | None:
+    """The next frame's payload; None at the channel's end; :class:`_FrameTooLargeError`
+    (after reading past it) when it is longer than ``limit``."""
     try:
         head = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
         raise
-    return await reader.readexactly(protocol.frame_length(head))
+    length = protocol.frame_length(head)
+    if limit and length > limit:
+        while length:
+            length -= len(await reader.readexactly(min(length, _DRAIN_CHUNK)))
+        raise _FrameTooLargeError(f"a frame over {limit} bytes")
+    return await reader.readexactly(length)
 
 
 class NativeRuntime:
@@ -305,8 +342,10 @@ class NativeRuntime:
         env: Mapping[str, str] | None = None,
         load_timeout_s: float = LOAD_TIMEOUT_S,
         response_timeout_s: float = RESPONSE_TIMEOUT_S,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.workdir = workdir
+        self.max_answer_bytes = max_answer_bytes
         self.logdir = workdir / "native"
         self.model_dir = model_dir
         self.model_kind = model_kind

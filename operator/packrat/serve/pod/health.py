@@ -3,7 +3,9 @@ and the monitor loop that keeps ``/ping`` true to what the runtime and ``/proc``
 
 An instance is marked up only after its worker is READY, runnable, and answered a warm-up
 batch; a worker with a new pid (the runtime restarted it) is warmed again before it is
-marked up. The monitor pings the runtime's frontend (TorchServe's, with a short timeout; the
+marked up. A worker whose private memory threatens the container's limit is killed first
+(:mod:`packrat.serve.pod.memory`: a leaking handler costs its instance, not the pod).
+The monitor pings the runtime's frontend (TorchServe's, with a short timeout; the
 native runtime has none) and reads each worker's state from ``/proc`` (a stopped,
 SIGSTOPped, or zombie worker is down). The functions work on
 a :class:`~packrat.serve.pod.server.PodServer` and run under its lock.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from packrat.serve.config import InstanceSpec
+from packrat.serve.pod.memory import reclaim
 
 if TYPE_CHECKING:
     from packrat.serve.pod.server import PodServer
@@ -96,6 +99,9 @@ async def monitor(pod: PodServer) -> None:
             continue
         async with pod.lock:
             await check_instances(pod, initial=False)
+            pids = {n: h.pid for n, h in pod.health.items() if h.up and h.pid is not None}
+            if reclaim(pids, limit=pod.memory_limit) is not None:  # a leak: that worker goes
+                continue  # (the next check sees its new pid, warms it and marks it up)
         now = asyncio.get_running_loop().time()
         for h in pod.health.values():
             h.note(now)

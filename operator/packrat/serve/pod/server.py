@@ -61,6 +61,7 @@ from packrat.serve.dispatcher.app import (
 from packrat.serve.dispatcher.connections import ConnectionLimits
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogger
+from packrat.serve.dispatcher.slots import STUCK_AFTER_S
 from packrat.serve.native.runtime import NativeRuntime
 from packrat.serve.pod.health import (
     Health,
@@ -71,6 +72,7 @@ from packrat.serve.pod.health import (
     warm,
 )
 from packrat.serve.pod.inpod import InPodSwitch, admin_routes
+from packrat.serve.pod.memory import container_memory_limit
 from packrat.serve.pod.runtime import RuntimeBackend, make_runtime
 from packrat.serve.pod.timeline import StartTimeline, process_start
 from packrat.serve.torchserve.archive import default_model_name
@@ -188,6 +190,7 @@ class PodServer:
             else shared_weights_file(opts.model, self.workdir, enabled=opts.shared_weights)
         )
         self.generation = 0  # bumped by each in-pod plan switch
+        self.memory_limit = container_memory_limit()  # the watchdog's (pod.memory)
         self.lock = asyncio.Lock()  # held while the instances are checked or swapped
         self.switcher = InPodSwitch(self)
         self.zygote = (
@@ -336,6 +339,8 @@ class PodServer:
             body_timeout_s=opts.body_timeout_s,
             routes=admin_routes(self.switcher, opts.admin_token),
             admin_token=opts.admin_token,  # POST /admin/canary
+            # a batch many times slower than planned is a hung handler, not a slow batch
+            stuck_after_s=max(STUCK_AFTER_S, 20 * opts.plan.expected_latency_ms / 1000.0),
             payload_log=(
                 PayloadLogger(opts.payload_log, model=self.name, registry=self.metrics.registry)
                 if opts.payload_log is not None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.options.fields import known_object
+from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogError
 
 FIELD = "requestLogging"
 _FIELDS = {"sink", "sampleRate", "mode", "queueSize", "maxBodyBytes"}
@@ -26,6 +27,11 @@ def validate_request_logging(errors: list[str], spec: Mapping[str, Any]) -> None
     sink = logging.get("sink")
     if not isinstance(sink, str) or len(sink) > 2048 or not _SINK.fullmatch(sink):
         errors.append(f"{where}.sink must be stdout or an http(s):// URL, got {sink!r}")
+    elif sink != "stdout":
+        try:  # the pods' own check: a plain host[:port], not an internal address
+            PayloadLogConfig(sink=sink)
+        except PayloadLogError as exc:
+            errors.append(f"{where}.sink: {exc}")
     rate = logging.get("sampleRate", 1)
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
         errors.append(f"{where}.sampleRate must be in (0, 1], got {rate!r}")
