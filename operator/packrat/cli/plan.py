@@ -18,6 +18,8 @@ from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.padding import PaddedPlans, padding_horizon
 from packrat.plan.profile import ENGINES_KEY, MAX_BATCH, Profile, ProfileError, load_profile
 
+MAX_LIST = 1 << 16  # values in one --batch or --threads list (the largest batch is 65536)
+
 
 def parse_int_list(text: str, *, what: str) -> list[int]:
     """``"4,8,16"`` -> ``[4, 8, 16]``; also accepts ranges such as ``1-8``."""
@@ -29,6 +31,8 @@ def parse_int_list(text: str, *, what: str) -> list[int]:
                 continue
             if "-" in part:
                 lo, hi = (int(x) for x in part.split("-", 1))
+                if hi - lo >= MAX_LIST:  # 1-1000000000 was a billion integers in memory
+                    raise CliError(f"{what}: the range {part} has more than {MAX_LIST} values")
                 values.extend(range(lo, hi + 1))
             else:
                 values.append(int(part))
@@ -36,6 +40,8 @@ def parse_int_list(text: str, *, what: str) -> list[int]:
         raise CliError(f"{what} must be comma-separated integers, got {text!r}") from None
     if not values:
         raise CliError(f"{what} is empty")
+    if len(values) > MAX_LIST:
+        raise CliError(f"{what} has more than {MAX_LIST} values")
     bad = [v for v in values if v <= 0]
     if bad:
         raise CliError(f"{what} must be positive, got {bad[0]}")

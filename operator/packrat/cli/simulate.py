@@ -22,7 +22,7 @@ from packrat.cli import CliError, check_numbers
 from packrat.cli.heartbeat import heartbeat
 from packrat.cli.provision import check_common_numbers
 from packrat.plan.des import SPREADS, SimulationError
-from packrat.plan.optimizer import Optimizer, Plan, PlanError
+from packrat.plan.optimizer import MAX_PLAN_BATCH, Optimizer, Plan, PlanError
 from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import SHAPES, SimSettings
 from packrat.plan.simulation import Summary, simulate_config
@@ -77,6 +77,8 @@ def _check(args: argparse.Namespace) -> None:
         check_numbers(args, "rate", "cv", "seconds", above=0)
     check_numbers(args, "service_cv", at_least=0)
     check_numbers(args, "replicas", at_most=MAX_SIM_REPLICAS)
+    # as a served plan's batch: --batch 1e9 asked the optimizer for a 127 GiB table
+    check_numbers(args, "batch", at_most=MAX_PLAN_BATCH)
     check_common_numbers(args)
     check_numbers(args, "slo_p99_ms", above=0)
 

@@ -78,6 +78,7 @@ def test_provision_numbers_are_one_line(
         (["--seconds", "1e308", "--rate", "1e-300"], "duration must be at most 31536000 s"),
         (["--seconds", "1e5", "--rate", "1e3"], "at most 1000000"),
         (["--service-cv", "inf"], "--service-cv must be >= 0, got inf"),
+        (["--batch", "1000000000"], "--batch must be <= 1024, got 1000000000"),
     ],
 )
 def test_simulate_numbers_are_one_line(
@@ -147,3 +148,10 @@ def test_profile_budgets_are_finite(field: str, value: float) -> None:
 
     with pytest.raises(ProfilerError, match="budget must be in"):
         ProfileSettings(**{field: value}).check()
+
+
+@pytest.mark.parametrize("batch", ["1-1000000000", ",".join(["1"] * 70_000)])
+def test_a_huge_batch_list_is_one_line(capsys: pytest.CaptureFixture[str], batch: str) -> None:
+    """``packrat plan --batch 1-1000000000`` built a billion integers before any check."""
+    args = ["plan", "--profile", str(PROFILE), "--cpus", "16", "--batch", batch]
+    _one_line(capsys, main(args), "more than 65536 values")

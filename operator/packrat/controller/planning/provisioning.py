@@ -112,7 +112,10 @@ def sample_trace(p: AnyPass[Any], slo: Slo) -> tuple[np.ndarray, str]:
     if slo.trace is None:
         assert slo.rate is not None  # a valid spec has one of trace and rate
         rate, cv, duration = slo.rate, slo.cv, slo.duration_seconds
-        trace = gamma_trace(rate, cv=cv, duration_s=duration, seed=TRACE_SEED)
+        try:  # the CRD bounds them; a spec that slipped past is a condition, not a crash
+            trace = gamma_trace(rate, cv=cv, duration_s=duration, seed=TRACE_SEED)
+        except TraceError as exc:
+            raise TraceUnavailable(str(exc)) from exc
         if trace.size == 0:
             raise TraceUnavailable(f"a {duration:g} s trace at {rate:g}/s has no arrivals")
         return trace, f"gamma:{rate}:{cv}:{duration}:{TRACE_SEED}"

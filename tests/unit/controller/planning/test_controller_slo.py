@@ -157,6 +157,23 @@ def test_missing_trace_configmap_is_a_condition_and_keeps_serving(kube: FakeKube
     assert dep is not None and dep["spec"]["replicas"] >= 1  # last good keeps serving
 
 
+def test_a_trace_spanning_1e308_seconds_is_a_condition_and_keeps_serving(kube: FakeKube) -> None:
+    """Issue 38's sibling in the operator: a trace ConfigMap with a 1e308 timestamp."""
+    cm = {"metadata": {"name": "trace", "namespace": NS}, "data": {"t.csv": "0\n0.001\n0.002\n"}}
+    kube.create("configmaps", NS, cm)
+    ref = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}}
+    rec = add_model(kube, unbatched_spec(slo=ref))
+    assert to_ready(kube, rec).phase == "Ready"
+    kube.patch("configmaps", NS, "trace", {"data": {"t.csv": "0\n0.001\n1e308\n"}})
+    kube.patch("packratmodels", NS, "tiny", {"spec": {"slo": {"latencyP99Ms": 19}}})
+    rec.reconcile(NS, "tiny", now=T0)
+    cond = get_condition(kube.prm()["status"]["conditions"], "Provisioned")
+    assert cond is not None and cond["reason"] == "TraceUnavailable"
+    assert "at most 31536000 s" in cond["message"]
+    dep = kube.get("deployments", NS, "tiny-a")
+    assert dep is not None and dep["spec"]["replicas"] >= 1  # last good keeps serving
+
+
 def test_tuner_scales_the_active_deployment_up_at_once_and_down_after_the_delay(
     kube: FakeKube,
 ) -> None:
