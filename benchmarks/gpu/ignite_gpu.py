@@ -53,7 +53,7 @@ from packrat.plan.gpu.layerplan import (
     warm_latency,
 )
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
-from packrat.runtime.gpu.executor import ModelMemory, run_pass
+from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.pool import DevicePool
 from packrat.runtime.gpu.profile import profile_stages
 from packrat.runtime.gpu.stages import StagedModel, split
@@ -121,9 +121,10 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
         ref = model(x_cpu)
     staged = split(model)
     cold_mem = ModelMemory.pinned(staged, dev)
-    warm_mem = ModelMemory(
-        staged, dev, cold_mem.host, {k: dev.to_device(t) for k, t in cold_mem.host.items()}
-    )
+    warm_mem = cold_mem.sharing_host()
+    for i in range(len(staged.stages)):
+        for k, t in warm_mem.stage_on_device(i).items():
+            warm_mem.put(k, t)
     plain = _model(name, args.dry_run, 1).to(dev.torch_device)  # its own build, same weights
     x = dev.to_device(x_cpu)
     profile = profile_stages(cold_mem, x, repeat=args.profile_repeat)
@@ -198,14 +199,13 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
         del mem
     names = [f"{kinds[j % len(kinds)]}-{j}" for j in range(args.pool_models)]
     probs = zipf_rates(len(names), args.zipf, rng)
-    hosts: dict[str, dict[str, Tensor]] = {}
+    hosts: dict[str, HostWeights] = {}
     for j, name in enumerate(names):  # each model its own weights, pinned once, shared by the pools
         staged = base[name.rsplit("-", 1)[0]][0]
         scale = 1.0 + 1e-3 * j
-        hosts[name] = {
-            k: dev.pin(t * scale if t.is_floating_point() else t) for k, t in staged.tensors.items()
-        }
-    sizes = {n: base[n.rsplit("-", 1)[0]][0].total_bytes for n in names}
+        own = {k: t * scale if t.is_floating_point() else t for k, t in staged.tensors.items()}
+        hosts[name] = HostWeights.pack(staged, dev, own)
+    sizes = {n: hosts[n].total_bytes for n in names}
     budget = int(args.budget_models * float(np.mean(list(sizes.values()))))
     setups = {
         "lcache": ("lcache", "dha"),

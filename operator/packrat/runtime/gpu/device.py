@@ -45,6 +45,7 @@ class Device(Protocol):
     torch_device: torch.device
 
     def pin(self, t: Tensor) -> Tensor: ...
+    def pinned_empty(self, nbytes: int) -> Tensor: ...
     def mapped(self, host: Tensor) -> Tensor: ...
     def empty_like(self, host: Tensor) -> Tensor: ...
     def to_device(self, t: Tensor) -> Tensor: ...
@@ -125,6 +126,9 @@ class CpuDevice:
     def pin(self, t: Tensor) -> Tensor:
         return t.detach().clone()
 
+    def pinned_empty(self, nbytes: int) -> Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
     def mapped(self, host: Tensor) -> Tensor:
         return host
 
@@ -132,6 +136,8 @@ class CpuDevice:
         out = torch.empty_like(host)
         if out.is_floating_point():
             out.fill_(float("nan"))
+        elif out.dtype == torch.uint8:
+            out.fill_(255)  # a packed buffer: every float32/16 in it reads NaN until copied
         return out
 
     def to_device(self, t: Tensor) -> Tensor:
@@ -217,6 +223,9 @@ class CudaDevice:
 
     def pin(self, t: Tensor) -> Tensor:
         return t.detach().contiguous().pin_memory()
+
+    def pinned_empty(self, nbytes: int) -> Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
     def mapped(self, host: Tensor) -> Tensor:
         if not host.is_pinned():
