@@ -104,6 +104,15 @@ def timed(dev: Device, fn: Callable[[], Tensor]) -> tuple[float, Tensor]:
     return time.perf_counter() - t0, out
 
 
+def same(out: Tensor, ref: Tensor) -> bool:
+    """Equal up to kernel rounding (TF32 convolutions, another algorithm): a stage that ran
+    before its copy landed, or on the wrong weights, is off by far more (or NaN)."""
+    a, b = out.float().cpu(), ref.float().cpu()
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= 1e-2 * (
+        1.0 + float(b.abs().max())
+    )
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs) * 1e3
     return {
@@ -117,8 +126,6 @@ def summary(xs: list[float]) -> dict[str, float]:
 def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) -> dict[str, Any]:
     """Part 1 for one model and batch."""
     model, x_cpu = build(name, batch, args.dry_run)
-    with torch.no_grad():
-        ref = model(x_cpu)
     staged = split(model)
     cold_mem = ModelMemory.pinned(staged, dev)
     warm_mem = cold_mem.sharing_host()
@@ -127,6 +134,8 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
             warm_mem.put(k, t)
     plain = _model(name, args.dry_run, 1).to(dev.torch_device)  # its own build, same weights
     x = dev.to_device(x_cpu)
+    with torch.no_grad():
+        ref = plain(x)  # the plain model on the same device: the same kernels
     profile = profile_stages(cold_mem, x, repeat=args.profile_repeat)
     n = len(staged.stages)
     loads: tuple[Placement, ...] = ("load",) * n
@@ -153,7 +162,7 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
                 for k in group:
                     t, out = timed(dev, configs[k])
                     times[k].append(t)
-                    if not torch.allclose(out.float().cpu(), ref.float(), rtol=1e-3, atol=1e-3):
+                    if not same(out, ref):
                         mismatches += 1
     predicted = {
         "warm": warm_latency(profile),
@@ -242,7 +251,7 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 if name not in refs:
                     refs[name] = out.float().cpu()
-                elif not torch.allclose(out.float().cpu(), refs[name], rtol=1e-3, atol=1e-3):
+                elif not same(out, refs[name]):
                     mismatches[label] += 1
                 max_resident[label] = max(max_resident[label], pool.resident_bytes())
                 if start >= warmup:

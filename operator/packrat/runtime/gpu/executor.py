@@ -46,8 +46,9 @@ class HostWeights:
         cls, staged: StagedModel, device: Device, tensors: dict[str, Tensor] | None = None
     ) -> HostWeights:
         src = staged.tensors if tensors is None else tensors
-        flats: list[Tensor | None] = []
         slices: dict[str, tuple[int, int, int, torch.dtype, tuple[int, ...]]] = {}
+        spans: list[tuple[int, int]] = []  # per stage: start and length in the model's buffer
+        start = 0
         for i, stage in enumerate(staged.stages):
             offset = 0
             for k in stage.owned:
@@ -55,13 +56,15 @@ class HostWeights:
                 nbytes = t.numel() * t.element_size()
                 slices[k] = (i, offset, nbytes, t.dtype, tuple(t.shape))
                 offset += -(-nbytes // ALIGN) * ALIGN
-            if offset == 0:
-                flats.append(None)
-                continue
-            flat = device.pinned_empty(offset)
-            for k in stage.owned:
-                _typed(flat, slices[k]).copy_(src[k])
-            flats.append(flat)
+            spans.append((start, offset))
+            start += offset
+        # one pinned allocation per model (the pinned allocator rounds each up to a power of 2)
+        whole = device.pinned_empty(start)
+        flats: list[Tensor | None] = [whole[a : a + n] if n else None for a, n in spans]
+        for k, sl in slices.items():
+            flat = flats[sl[0]]
+            assert flat is not None
+            _typed(flat, sl).copy_(src[k])
         packed = cls(tuple(flats), slices, {})
         for k, sl in slices.items():
             host = flats[sl[0]]
