@@ -244,3 +244,46 @@ def test_packed_host_weights_hold_every_tensor_once_aligned_per_stage() -> None:
         # a copy of the stage's buffer gives the same tensor through the same layout
         assert torch.equal(packed.typed(flat.clone(), k), t)
     assert packed.total_bytes >= staged.total_bytes
+
+
+@cuda
+@pytest.mark.parametrize("placement", ["load", "host"])
+def test_cuda_runs_wait_for_copies_of_large_stages(placement: str) -> None:
+    """Stages of tens of MB: a run that did not wait for its copy would read a buffer still
+    being written (the plain model's output is the check)."""
+    torch.manual_seed(0)
+    m = BertBase(layers=2).eval()
+    mem = ModelMemory.pinned(split(m), CudaDevice())
+    x = torch.randint(0, 30522, (8, 128))
+    with torch.no_grad():
+        ref = m(x)
+    for _ in range(3):
+        out, _ = run_pass(mem, [placement] * len(mem.staged.stages), x.cuda())  # type: ignore[list-item]
+        torch.cuda.synchronize()
+        assert torch.allclose(out.cpu(), ref, rtol=1e-2, atol=1e-2)
+
+
+@cuda
+@pytest.mark.parametrize("policy", ["lcache", "lru"])
+def test_cuda_pool_holds_its_budget_and_frees_what_it_evicts(policy: str) -> None:
+    device = CudaDevice()
+    cold = "dha" if policy == "lcache" else "load-then-run"
+    probe, _ = _pool(device, 0, policy, cold)
+    one = max(e.mem.packed.total_bytes for e in probe.models.values())
+    pool, models = _pool(device, int(1.5 * one), policy, cold)
+    if policy == "lcache":
+        pool.replan()
+    x = ids()
+    for name in ["m0", "m1", "m2", "m3", "m0"]:
+        out = pool.infer(name, x.cuda())
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.allclose(out.cpu(), models[name](x), atol=1e-4)
+        assert pool.resident_bytes() <= pool.budget_bytes
+    before = torch.cuda.memory_allocated()
+    held = pool.resident_bytes()
+    for e in pool.models.values():
+        e.mem.drop()
+    torch.cuda.synchronize()
+    assert pool.resident_bytes() == 0
+    assert torch.cuda.memory_allocated() <= before - held + 1024  # evicted means freed
