@@ -230,14 +230,19 @@ class CudaDevice:
     def mapped(self, host: Tensor) -> Tensor:
         if not host.is_pinned():
             raise ValueError("only pinned host memory can be read in place")
-        ptr = host.data_ptr()
-        try:  # the device address of the mapped buffer (equal to ptr under UVA)
+        if not host.is_contiguous():
+            raise ValueError("only a contiguous host tensor can be viewed in place")
+        base = host.untyped_storage().data_ptr()  # the pinned allocation's start
+        ptr = base
+        try:  # its device address (the host address itself under unified addressing)
             import cupy  # type: ignore[import-not-found]  # optional, where DHA runs
 
-            ptr = int(cupy.cuda.runtime.hostGetDevicePointer(ptr, 0))
-        except (ImportError, AttributeError):  # no CuPy, or a CuPy without the call: UVA
-            pass
-        view = torch.as_tensor(_HostView(ptr, host), device=self.torch_device)
+            ptr = int(cupy.cuda.runtime.hostGetDevicePointer(base, 0))
+        except Exception:  # no CuPy, or it cannot say: UVA's identity
+            ptr = base
+        view = torch.as_tensor(
+            _HostView(ptr + host.data_ptr() - base, host), device=self.torch_device
+        )
         return view
 
     def empty_like(self, host: Tensor) -> Tensor:
