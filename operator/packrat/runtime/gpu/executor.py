@@ -177,7 +177,7 @@ def _weights(
     load_first: bool = False,
 ) -> list[dict[str, Tensor]]:
     """Per stage, the tensor each of its names reads in this pass (module doc of stages.py)."""
-    owner = {k: i for i, s in enumerate(mem.staged.stages) for k in s.owned}
+    owner = mem.staged.owner
     out: list[dict[str, Tensor]] = []
     for i, s in enumerate(mem.staged.stages):
         w: dict[str, Tensor] = {}
