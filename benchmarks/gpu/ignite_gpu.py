@@ -14,7 +14,8 @@ Makes the figures of issue 40 (docs/measurements.md, "Ignite on a GPU"):
 2. A pool of N models (default 40, the three kinds in turn, each with its own weights) with a
    device budget for about 8 of them and a Zipf request mix at batch 1: per-request latency
    with LCache (packrat.plan.lcache over the measured GPU curves) and with whole-model LRU
-   (ModelMesh: load-then-run; and LRU with pipelined loading), blocks of requests interleaved
+   (ModelMesh: load-then-run; and LRU with pipelined loading), and LCache without direct host
+   access (its share of the gain), blocks of requests interleaved
    across the pools. Target: P99 with LCache <= 0.6x LRU's, 0 failed requests, resident bytes
    never above the budget.
 
@@ -218,6 +219,7 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
     budget = int(args.budget_models * float(np.mean(list(sizes.values()))))
     setups = {
         "lcache": ("lcache", "dha"),
+        "lcache_pipelined": ("lcache", "pipelined"),  # without direct host access: its share
         "lru_load_then_run": ("lru", "load-then-run"),
         "lru_pipelined": ("lru", "pipelined"),
     }
@@ -229,6 +231,7 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
             pool.add(name, base[kind][0], base[kind][2], rate=float(p), host=hosts[name])
         pools[label] = pool
     plan = pools["lcache"].replan()
+    pools["lcache_pipelined"].replan()
     inputs = {k: dev.to_device(v[1]) for k, v in base.items()}
     refs: dict[str, Tensor] = {}
     requests = rng.choice(len(names), size=args.requests, p=probs)
