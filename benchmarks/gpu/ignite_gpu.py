@@ -53,6 +53,7 @@ from packrat.plan.gpu.layerplan import (
     in_place_always,
     warm_latency,
 )
+from packrat.plan.lcache import lru_access
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
 from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.pool import DevicePool
@@ -268,6 +269,8 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
         "counted_from": warmup,
         "lcache_prefixes": plan.prefix,
         "lcache_expected_ms": plan.expected_latency_s * 1e3,
+        "predicted": predicted_pool(pools, names, requests[warmup:]),
+        "profiles": {k: [s.__dict__ for s in v[2]] for k, v in base.items()},
         "pools": {},
     }
     for label, pool in pools.items():
@@ -292,6 +295,35 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
             p["lcache"]["p99_ms"] / p["lru_pipelined"]["p99_ms"]
         )
     return out
+
+
+def predicted_pool(
+    pools: dict[str, DevicePool], names: list[str], requests: np.ndarray
+) -> dict[str, Any]:
+    """The pure model's P50/P99 for the same requests (from the measured stage profiles):
+    LCache's latency at each model's planned prefix; LRU's hits warm, misses load-then-run."""
+    lc = pools["lcache"]
+    lcache = [lcache_latency(lc, names[int(i)]) for i in requests]
+    lru = pools["lru_load_then_run"]
+    resident: tuple[str, ...] = ()
+    seen: list[float] = []
+    for i in requests:
+        e = lru.models[names[int(i)]]
+        step = lru_access(resident, lru._sizes, lru.budget_bytes, names[int(i)])
+        resident = step.resident
+        warm = warm_latency(e.profile)
+        seen.append(warm if step.hit else warm + sum(s.copy_s for s in e.profile))
+    out = {}
+    for label, xs in (("lcache", lcache), ("lru_load_then_run", seen)):
+        a = np.asarray(xs) * 1e3
+        out[label] = {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+    return out
+
+
+def lcache_latency(pool: DevicePool, name: str) -> float:
+    e = pool.models[name]
+    prefix = e.mem.resident_prefix(e.fixed_host)
+    return best_placement(e.profile, prefix, fixed_host=e.fixed_host).latency_s
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
