@@ -132,8 +132,7 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
     cold_mem = ModelMemory.pinned(staged, dev)
     warm_mem = cold_mem.sharing_host()
     for i in range(len(staged.stages)):
-        for k, t in warm_mem.stage_on_device(i).items():
-            warm_mem.put(k, t)
+        warm_mem.put(warm_mem.stage_on_device(i))
     plain = _model(name, args.dry_run, 1).to(dev.torch_device)  # its own build, same weights
     x = dev.to_device(x_cpu)
     with torch.no_grad():

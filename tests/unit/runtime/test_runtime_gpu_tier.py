@@ -99,8 +99,7 @@ def test_every_placement_gives_the_plain_output_in_the_planned_order(
     mem = ModelMemory.pinned(split(m), CpuDevice(copy_delay_s_per_byte=2e-8))
     for i, p in enumerate(placements):  # the resident stages' tensors on the "device"
         if p == "resident":
-            for k, t in mem.stage_on_device(i).items():
-                mem.put(k, t)
+            mem.put(mem.stage_on_device(i))
     log: list[tuple[str, str, int, float]] = []
     lookahead = None if load_first else lookahead
     out, loaded = run_pass(mem, placements, x, lookahead=lookahead, load_first=load_first, log=log)

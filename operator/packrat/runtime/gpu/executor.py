@@ -134,8 +134,9 @@ class ModelMemory:
         dev = self.device.to_device(flat)
         return {k: self.packed.typed(dev, k) for k in self.staged.stages[i].owned}
 
-    def put(self, key: str, t: Tensor) -> None:
-        self.resident[key] = t
+    def put(self, tensors: dict[str, Tensor]) -> None:
+        """Hold ``tensors`` (key -> device tensor) resident."""
+        self.resident.update(tensors)
         self._changed()
 
     def drop(self, keys: Sequence[str] | None = None) -> None:

@@ -145,8 +145,7 @@ class DevicePool:
             return  # read in place even when warm: never on the device
         mem = e.mem
         if any(k not in mem.resident for k in mem.staged.stages[stage].owned):
-            for k, t in mem.stage_on_device(stage).items():
-                mem.put(k, t)
+            mem.put(mem.stage_on_device(stage))
 
     def _placements(self, name: str) -> tuple[tuple[Placement, ...], bool]:
         """This request's placement and whether it copies everything before running."""
@@ -182,8 +181,7 @@ class DevicePool:
         out, loaded = run_pass(e.mem, placements, x, load_first=load_first)
         self.stats.bytes_copied += sum(t.numel() * t.element_size() for t in loaded.values())
         if self.policy == "lru" and name in self._lru:  # admitted: the whole model stays
-            for k, t in loaded.items():
-                e.mem.put(k, t)
+            e.mem.put(loaded)
             for stage in range(len(e.profile)):
                 self._load(name, stage)  # stages read in place this time, if any
         return out
