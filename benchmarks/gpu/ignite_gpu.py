@@ -14,7 +14,8 @@ Makes the figures of issue 40 (docs/measurements.md, "Ignite on a GPU"):
 2. A pool of N models (default 40, the three kinds in turn, each with its own weights) with a
    device budget for about 8 of them and a Zipf request mix at batch 1: per-request latency
    with LCache (packrat.plan.lcache over the measured GPU curves) and with whole-model LRU
-   (ModelMesh: load-then-run; and LRU with pipelined loading), blocks of requests interleaved
+   (ModelMesh: load-then-run; and LRU with pipelined loading), and LCache without direct host
+   access (its share of the gain), blocks of requests interleaved
    across the pools. Target: P99 with LCache <= 0.6x LRU's, 0 failed requests, resident bytes
    never above the budget.
 
@@ -52,8 +53,9 @@ from packrat.plan.gpu.layerplan import (
     in_place_always,
     warm_latency,
 )
+from packrat.plan.lcache import lru_access
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
-from packrat.runtime.gpu.executor import ModelMemory, run_pass
+from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.pool import DevicePool
 from packrat.runtime.gpu.profile import profile_stages
 from packrat.runtime.gpu.stages import StagedModel, split
@@ -104,6 +106,15 @@ def timed(dev: Device, fn: Callable[[], Tensor]) -> tuple[float, Tensor]:
     return time.perf_counter() - t0, out
 
 
+def same(out: Tensor, ref: Tensor) -> bool:
+    """Equal up to kernel rounding (TF32 convolutions, another algorithm): a stage that ran
+    before its copy landed, or on the wrong weights, is off by far more (or NaN)."""
+    a, b = out.float().cpu(), ref.float().cpu()
+    return bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= 1e-2 * (
+        1.0 + float(b.abs().max())
+    )
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs) * 1e3
     return {
@@ -117,15 +128,15 @@ def summary(xs: list[float]) -> dict[str, float]:
 def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) -> dict[str, Any]:
     """Part 1 for one model and batch."""
     model, x_cpu = build(name, batch, args.dry_run)
-    with torch.no_grad():
-        ref = model(x_cpu)
     staged = split(model)
     cold_mem = ModelMemory.pinned(staged, dev)
-    warm_mem = ModelMemory(
-        staged, dev, cold_mem.host, {k: dev.to_device(t) for k, t in cold_mem.host.items()}
-    )
+    warm_mem = cold_mem.sharing_host()
+    for i in range(len(staged.stages)):
+        warm_mem.put(warm_mem.stage_on_device(i))
     plain = _model(name, args.dry_run, 1).to(dev.torch_device)  # its own build, same weights
     x = dev.to_device(x_cpu)
+    with torch.no_grad():
+        ref = plain(x)  # the plain model on the same device: the same kernels
     profile = profile_stages(cold_mem, x, repeat=args.profile_repeat)
     n = len(staged.stages)
     loads: tuple[Placement, ...] = ("load",) * n
@@ -152,7 +163,7 @@ def cold_starts(name: str, batch: int, dev: Device, args: argparse.Namespace) ->
                 for k in group:
                     t, out = timed(dev, configs[k])
                     times[k].append(t)
-                    if not torch.allclose(out.float().cpu(), ref.float(), rtol=1e-3, atol=1e-3):
+                    if not same(out, ref):
                         mismatches += 1
     predicted = {
         "warm": warm_latency(profile),
@@ -198,17 +209,17 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
         del mem
     names = [f"{kinds[j % len(kinds)]}-{j}" for j in range(args.pool_models)]
     probs = zipf_rates(len(names), args.zipf, rng)
-    hosts: dict[str, dict[str, Tensor]] = {}
+    hosts: dict[str, HostWeights] = {}
     for j, name in enumerate(names):  # each model its own weights, pinned once, shared by the pools
         staged = base[name.rsplit("-", 1)[0]][0]
         scale = 1.0 + 1e-3 * j
-        hosts[name] = {
-            k: dev.pin(t * scale if t.is_floating_point() else t) for k, t in staged.tensors.items()
-        }
-    sizes = {n: base[n.rsplit("-", 1)[0]][0].total_bytes for n in names}
+        own = {k: t * scale if t.is_floating_point() else t for k, t in staged.tensors.items()}
+        hosts[name] = HostWeights.pack(staged, dev, own)
+    sizes = {n: hosts[n].total_bytes for n in names}
     budget = int(args.budget_models * float(np.mean(list(sizes.values()))))
     setups = {
         "lcache": ("lcache", "dha"),
+        "lcache_pipelined": ("lcache", "pipelined"),  # without direct host access: its share
         "lru_load_then_run": ("lru", "load-then-run"),
         "lru_pipelined": ("lru", "pipelined"),
     }
@@ -220,6 +231,7 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
             pool.add(name, base[kind][0], base[kind][2], rate=float(p), host=hosts[name])
         pools[label] = pool
     plan = pools["lcache"].replan()
+    pools["lcache_pipelined"].replan()
     inputs = {k: dev.to_device(v[1]) for k, v in base.items()}
     refs: dict[str, Tensor] = {}
     requests = rng.choice(len(names), size=args.requests, p=probs)
@@ -242,7 +254,7 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 if name not in refs:
                     refs[name] = out.float().cpu()
-                elif not torch.allclose(out.float().cpu(), refs[name], rtol=1e-3, atol=1e-3):
+                elif not same(out, refs[name]):
                     mismatches[label] += 1
                 max_resident[label] = max(max_resident[label], pool.resident_bytes())
                 if start >= warmup:
@@ -256,6 +268,8 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
         "counted_from": warmup,
         "lcache_prefixes": plan.prefix,
         "lcache_expected_ms": plan.expected_latency_s * 1e3,
+        "predicted": predicted_pool(pools, names, requests[warmup:]),
+        "profiles": {k: [s.__dict__ for s in v[2]] for k, v in base.items()},
         "pools": {},
     }
     for label, pool in pools.items():
@@ -280,6 +294,35 @@ def pool_mix(dev: Device, args: argparse.Namespace) -> dict[str, Any]:
             p["lcache"]["p99_ms"] / p["lru_pipelined"]["p99_ms"]
         )
     return out
+
+
+def predicted_pool(
+    pools: dict[str, DevicePool], names: list[str], requests: np.ndarray
+) -> dict[str, Any]:
+    """The pure model's P50/P99 for the same requests (from the measured stage profiles):
+    LCache's latency at each model's planned prefix; LRU's hits warm, misses load-then-run."""
+    lc = pools["lcache"]
+    lcache = [lcache_latency(lc, names[int(i)]) for i in requests]
+    lru = pools["lru_load_then_run"]
+    resident: tuple[str, ...] = ()
+    seen: list[float] = []
+    for i in requests:
+        e = lru.models[names[int(i)]]
+        step = lru_access(resident, lru._sizes, lru.budget_bytes, names[int(i)])
+        resident = step.resident
+        warm = warm_latency(e.profile)
+        seen.append(warm if step.hit else warm + sum(s.copy_s for s in e.profile))
+    out = {}
+    for label, xs in (("lcache", lcache), ("lru_load_then_run", seen)):
+        a = np.asarray(xs) * 1e3
+        out[label] = {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+    return out
+
+
+def lcache_latency(pool: DevicePool, name: str) -> float:
+    e = pool.models[name]
+    prefix = e.mem.resident_prefix(e.fixed_host)
+    return best_placement(e.profile, prefix, fixed_host=e.fixed_host).latency_s
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

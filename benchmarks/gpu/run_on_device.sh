@@ -10,6 +10,6 @@ mkdir -p "$out"
 export PYTHONPATH=operator PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__)' | tee -a "$out/gpu.txt"
-timeout 60 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/unit/runtime/test_runtime_gpu_tier.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -k cuda tests/unit/runtime/test_runtime_gpu_tier.py \
   2>&1 | tee "$out/cuda_tests.txt"
 timeout 420 python3 benchmarks/gpu/ignite_gpu.py --out "$out/ignite_gpu.json" 2>&1 | tee "$out/ignite_gpu.txt"

@@ -58,9 +58,10 @@ def test_dry_run_exercises_every_step_and_loses_nothing(tmp_path: Path) -> None:
         }
         assert len(r["dha_placements"]) == r["stages"] == len(r["profile"])
     pools = result["pool"]["pools"]
-    assert set(pools) == {"lcache", "lru_load_then_run", "lru_pipelined"}
+    assert set(pools) == {"lcache", "lcache_pipelined", "lru_load_then_run", "lru_pipelined"}
     for p in pools.values():
         assert p["failed"] == 0 and p["output_mismatches"] == 0 and p["within_budget"]
+    assert set(result["pool"]["predicted"]) == {"lcache", "lru_load_then_run"}
     assert pools["lru_load_then_run"]["cold_requests"] > 0  # the budget does not hold every model
 
 

@@ -16,7 +16,7 @@ from torch import nn
 from packrat.plan.gpu.layerplan import Op, Placement
 from packrat.runtime.gpu import executor as executor_mod
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
-from packrat.runtime.gpu.executor import ModelMemory, run_pass
+from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.pool import DevicePool
 from packrat.runtime.gpu.profile import profile_stages
 from packrat.runtime.gpu.stages import split
@@ -99,8 +99,7 @@ def test_every_placement_gives_the_plain_output_in_the_planned_order(
     mem = ModelMemory.pinned(split(m), CpuDevice(copy_delay_s_per_byte=2e-8))
     for i, p in enumerate(placements):  # the resident stages' tensors on the "device"
         if p == "resident":
-            for k in mem.staged.stages[i].owned:
-                mem.put(k, mem.device.to_device(mem.host[k]))
+            mem.put(mem.stage_on_device(i))
     log: list[tuple[str, str, int, float]] = []
     lookahead = None if load_first else lookahead
     out, loaded = run_pass(mem, placements, x, lookahead=lookahead, load_first=load_first, log=log)
@@ -152,7 +151,7 @@ def _pool(
 def test_lcache_pool_holds_its_budget_and_answers_like_the_plain_models(cold: str) -> None:
     device = CpuDevice()
     probe, _ = _pool(device, 0, "lcache", cold)
-    one = max(e.mem.staged.total_bytes for e in probe.models.values())
+    one = max(e.mem.packed.total_bytes for e in probe.models.values())
     pool, models = _pool(device, int(1.5 * one), "lcache", cold)
     plan = pool.replan()
     assert pool.resident_bytes() == plan.bytes_used <= pool.budget_bytes
@@ -177,7 +176,7 @@ def test_lcache_pool_holds_its_budget_and_answers_like_the_plain_models(cold: st
 def test_lru_pool_admits_whole_models_and_evicts_the_least_recent() -> None:
     device = CpuDevice()
     probe, _ = _pool(device, 0, "lru", "load-then-run")
-    sizes = {n: e.mem.staged.total_bytes for n, e in probe.models.items()}
+    sizes = {n: e.mem.packed.total_bytes for n, e in probe.models.items()}
     pool, models = _pool(
         device, sizes["m0"] + max(sizes["m1"], sizes["m2"]), "lru", "load-then-run"
     )
@@ -196,7 +195,7 @@ def test_the_profile_measures_every_stage() -> None:
     mem = ModelMemory.pinned(split(m), CpuDevice())
     prof = profile_stages(mem, ids(), repeat=2)
     assert [p.name for p in prof] == [s.name for s in mem.staged.stages]
-    assert sum(p.bytes for p in prof) == mem.staged.total_bytes
+    assert sum(p.bytes for p in prof) >= mem.staged.total_bytes  # packed, aligned
     assert all(p.exec_s > 0 and p.exec_host_s is not None and p.copy_s > 0 for p in prof)
 
 
@@ -230,3 +229,60 @@ def test_cuda_mapped_host_memory_is_read_in_place() -> None:
     assert view.is_cuda and torch.equal(view.cpu(), host)
     host[1, 1] = 100.0  # no copy: the device sees the host's write
     assert float(view[1, 1]) == 100.0
+
+
+def test_packed_host_weights_hold_every_tensor_once_aligned_per_stage() -> None:
+    staged = split(small("gpt2"))
+    packed = HostWeights.pack(staged, CpuDevice())
+    for k, t in staged.tensors.items():
+        stage, offset, nbytes, _, _ = packed.slices[k]
+        assert k in staged.stages[stage].owned and offset % 256 == 0
+        assert torch.equal(packed.views[k], t)
+        flat = packed.flats[stage]
+        assert flat is not None and offset + nbytes <= flat.numel()
+        # a copy of the stage's buffer gives the same tensor through the same layout
+        assert torch.equal(packed.typed(flat.clone(), k), t)
+    assert packed.total_bytes >= staged.total_bytes
+
+
+@cuda
+@pytest.mark.parametrize("placement", ["load", "host"])
+def test_cuda_runs_wait_for_copies_of_large_stages(placement: str) -> None:
+    """Stages of tens of MB: a run that did not wait for its copy would read a buffer still
+    being written (the plain model's output is the check)."""
+    torch.manual_seed(0)
+    m = BertBase(layers=2).eval()
+    mem = ModelMemory.pinned(split(m), CudaDevice())
+    x = torch.randint(0, 30522, (8, 128))
+    with torch.no_grad():
+        ref = m(x)
+    for _ in range(3):
+        out, _ = run_pass(mem, [placement] * len(mem.staged.stages), x.cuda())  # type: ignore[list-item]
+        torch.cuda.synchronize()
+        assert torch.allclose(out.cpu(), ref, rtol=1e-2, atol=1e-2)
+
+
+@cuda
+@pytest.mark.parametrize("policy", ["lcache", "lru"])
+def test_cuda_pool_holds_its_budget_and_frees_what_it_evicts(policy: str) -> None:
+    device = CudaDevice()
+    cold = "dha" if policy == "lcache" else "load-then-run"
+    probe, _ = _pool(device, 0, policy, cold)
+    one = max(e.mem.packed.total_bytes for e in probe.models.values())
+    pool, models = _pool(device, int(1.5 * one), policy, cold)
+    if policy == "lcache":
+        pool.replan()
+    x = ids()
+    for name in ["m0", "m1", "m2", "m3", "m0"]:
+        out = pool.infer(name, x.cuda())
+        torch.cuda.synchronize()
+        with torch.no_grad():
+            assert torch.allclose(out.cpu(), models[name](x), atol=1e-4)
+        assert pool.resident_bytes() <= pool.budget_bytes
+    before = torch.cuda.memory_allocated()
+    held = pool.resident_bytes()
+    for e in pool.models.values():
+        e.mem.drop()
+    torch.cuda.synchronize()
+    assert pool.resident_bytes() == 0
+    assert torch.cuda.memory_allocated() <= before - held + 1024  # evicted means freed

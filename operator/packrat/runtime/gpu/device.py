@@ -45,6 +45,7 @@ class Device(Protocol):
     torch_device: torch.device
 
     def pin(self, t: Tensor) -> Tensor: ...
+    def pinned_empty(self, nbytes: int) -> Tensor: ...
     def mapped(self, host: Tensor) -> Tensor: ...
     def empty_like(self, host: Tensor) -> Tensor: ...
     def to_device(self, t: Tensor) -> Tensor: ...
@@ -125,6 +126,9 @@ class CpuDevice:
     def pin(self, t: Tensor) -> Tensor:
         return t.detach().clone()
 
+    def pinned_empty(self, nbytes: int) -> Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
     def mapped(self, host: Tensor) -> Tensor:
         return host
 
@@ -132,6 +136,8 @@ class CpuDevice:
         out = torch.empty_like(host)
         if out.is_floating_point():
             out.fill_(float("nan"))
+        elif out.dtype == torch.uint8:
+            out.fill_(255)  # a packed buffer: every float32/16 in it reads NaN until copied
         return out
 
     def to_device(self, t: Tensor) -> Tensor:
@@ -218,17 +224,25 @@ class CudaDevice:
     def pin(self, t: Tensor) -> Tensor:
         return t.detach().contiguous().pin_memory()
 
+    def pinned_empty(self, nbytes: int) -> Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
     def mapped(self, host: Tensor) -> Tensor:
         if not host.is_pinned():
             raise ValueError("only pinned host memory can be read in place")
-        ptr = host.data_ptr()
-        try:  # the device address of the mapped buffer (equal to ptr under UVA)
+        if not host.is_contiguous():
+            raise ValueError("only a contiguous host tensor can be viewed in place")
+        base = host.untyped_storage().data_ptr()  # the pinned allocation's start
+        ptr = base
+        try:  # its device address (the host address itself under unified addressing)
             import cupy  # type: ignore[import-not-found]  # optional, where DHA runs
 
-            ptr = int(cupy.cuda.runtime.hostGetDevicePointer(ptr, 0))
-        except (ImportError, AttributeError):  # no CuPy, or a CuPy without the call: UVA
-            pass
-        view = torch.as_tensor(_HostView(ptr, host), device=self.torch_device)
+            ptr = int(cupy.cuda.runtime.hostGetDevicePointer(base, 0))
+        except Exception:  # no CuPy, or it cannot say: UVA's identity
+            ptr = base
+        view = torch.as_tensor(
+            _HostView(ptr + host.data_ptr() - base, host), device=self.torch_device
+        )
         return view
 
     def empty_like(self, host: Tensor) -> Tensor:

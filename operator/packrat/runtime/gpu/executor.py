@@ -24,33 +24,119 @@ from packrat.plan.gpu.layerplan import Op, Placement, interleave, schedule
 from packrat.runtime.gpu.device import Device
 from packrat.runtime.gpu.stages import StagedModel
 
-__all__ = ["ModelMemory", "run_pass"]
+__all__ = ["HostWeights", "ModelMemory", "run_pass"]
+
+
+ALIGN = 256  # bytes: every tensor in a packed buffer starts aligned for any dtype's view
+
+
+@dataclass(frozen=True)
+class HostWeights:
+    """A model's weights packed per stage: each stage's owned tensors in one pinned byte
+    buffer, so a stage moves host-to-device in one copy (PipeSwitch packs layers the same way;
+    one copy per tensor would cost ResNet-50 some 320 copy launches), and a device buffer of
+    the same layout gives every tensor as a typed view."""
+
+    flats: tuple[Tensor | None, ...]  # per stage (None: owns nothing)
+    slices: dict[str, tuple[int, int, int, torch.dtype, tuple[int, ...]]]  # stage, offset, bytes
+    views: dict[str, Tensor]  # key -> its typed view in the host buffer
+
+    @classmethod
+    def pack(
+        cls, staged: StagedModel, device: Device, tensors: dict[str, Tensor] | None = None
+    ) -> HostWeights:
+        src = staged.tensors if tensors is None else tensors
+        slices: dict[str, tuple[int, int, int, torch.dtype, tuple[int, ...]]] = {}
+        spans: list[tuple[int, int]] = []  # per stage: start and length in the model's buffer
+        start = 0
+        for i, stage in enumerate(staged.stages):
+            offset = 0
+            for k in stage.owned:
+                t = src[k]
+                nbytes = t.numel() * t.element_size()
+                slices[k] = (i, offset, nbytes, t.dtype, tuple(t.shape))
+                offset += -(-nbytes // ALIGN) * ALIGN
+            spans.append((start, offset))
+            start += offset
+        # one pinned allocation per model (the pinned allocator rounds each up to a power of 2)
+        whole = device.pinned_empty(start)
+        flats: list[Tensor | None] = [whole[a : a + n] if n else None for a, n in spans]
+        for k, sl in slices.items():
+            flat = flats[sl[0]]
+            assert flat is not None
+            _typed(flat, sl).copy_(src[k])
+        packed = cls(tuple(flats), slices, {})
+        for k, sl in slices.items():
+            host = flats[sl[0]]
+            assert host is not None
+            packed.views[k] = _typed(host, sl)
+        return packed
+
+    def typed(self, flat: Tensor, key: str) -> Tensor:
+        """``key``'s tensor inside ``flat``, a buffer of its stage's layout (on any device)."""
+        return _typed(flat, self.slices[key])
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.stage_bytes(i) for i in range(len(self.flats)))
+
+    def stage_bytes(self, i: int) -> int:
+        flat = self.flats[i]
+        return 0 if flat is None else flat.numel()
+
+
+def _typed(flat: Tensor, sl: tuple[int, int, int, torch.dtype, tuple[int, ...]]) -> Tensor:
+    _, offset, nbytes, dtype, shape = sl
+    return flat[offset : offset + nbytes].view(dtype).view(shape)
 
 
 @dataclass
 class ModelMemory:
-    """A model's weights in the tier's two memories: every tensor pinned in host memory, the
-    resident ones also in device memory (``resident``: key -> device tensor)."""
+    """A model's weights in the tier's two memories: every tensor pinned in host memory,
+    packed per stage (:class:`HostWeights`), the resident ones also in device memory
+    (``resident``: key -> device tensor, views of one buffer per stage)."""
 
     staged: StagedModel
     device: Device
-    host: dict[str, Tensor] = field(default_factory=dict)
+    packed: HostWeights
     resident: dict[str, Tensor] = field(default_factory=dict)
-    _mapped: dict[str, Tensor] = field(default_factory=dict)
+    _mapped: dict[int, Tensor] = field(default_factory=dict)
     _steady: tuple[tuple[Placement, ...], list[dict[str, Tensor]]] | None = None
 
     @classmethod
-    def pinned(cls, staged: StagedModel, device: Device) -> ModelMemory:
-        return cls(staged, device, {k: device.pin(t) for k, t in staged.tensors.items()})
+    def pinned(
+        cls, staged: StagedModel, device: Device, tensors: dict[str, Tensor] | None = None
+    ) -> ModelMemory:
+        return cls(staged, device, HostWeights.pack(staged, device, tensors))
+
+    def sharing_host(self) -> ModelMemory:
+        """Another memory of the same pinned weights with nothing resident (pools side by side)."""
+        return ModelMemory(self.staged, self.device, self.packed)
+
+    @property
+    def host(self) -> dict[str, Tensor]:
+        return self.packed.views
 
     def mapped(self, key: str) -> Tensor:
         """The device's view of the pinned host tensor ``key`` (direct host access)."""
-        if key not in self._mapped:
-            self._mapped[key] = self.device.mapped(self.host[key])
-        return self._mapped[key]
+        i = self.packed.slices[key][0]
+        if i not in self._mapped:
+            flat = self.packed.flats[i]
+            assert flat is not None
+            self._mapped[i] = self.device.mapped(flat)
+        return self.packed.typed(self._mapped[i], key)
 
-    def put(self, key: str, t: Tensor) -> None:
-        self.resident[key] = t
+    def stage_on_device(self, i: int) -> dict[str, Tensor]:
+        """Copy stage ``i``'s tensors to the device (one copy), as typed views."""
+        flat = self.packed.flats[i]
+        if flat is None:
+            return {}
+        dev = self.device.to_device(flat)
+        return {k: self.packed.typed(dev, k) for k in self.staged.stages[i].owned}
+
+    def put(self, tensors: dict[str, Tensor]) -> None:
+        """Hold ``tensors`` (key -> device tensor) resident."""
+        self.resident.update(tensors)
         self._changed()
 
     def drop(self, keys: Sequence[str] | None = None) -> None:
@@ -80,7 +166,9 @@ class ModelMemory:
         return len(self.staged.stages)
 
     def resident_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.resident.values())
+        """Device bytes held: the packed buffer of every stage with a tensor resident."""
+        held = {self.packed.slices[k][0] for k in self.resident}
+        return sum(self.packed.stage_bytes(i) for i in held)
 
 
 def _weights(
@@ -90,7 +178,7 @@ def _weights(
     load_first: bool = False,
 ) -> list[dict[str, Tensor]]:
     """Per stage, the tensor each of its names reads in this pass (module doc of stages.py)."""
-    owner = {k: i for i, s in enumerate(mem.staged.stages) for k in s.owned}
+    owner = mem.staged.owner
     out: list[dict[str, Tensor]] = []
     for i, s in enumerate(mem.staged.stages):
         w: dict[str, Tensor] = {}
@@ -110,7 +198,7 @@ def _weights(
                 try:
                     w[key] = mem.mapped(key)
                 except (ValueError, RuntimeError, TypeError):
-                    w[key] = mem.device.to_device(mem.host[key])
+                    w[key] = mem.device.to_device(mem.host[key].contiguous())
         out.append(w)
     return out
 
@@ -138,13 +226,12 @@ def run_pass(
     if len(placements) != len(stages):
         raise ValueError(f"{len(placements)} placements for {len(stages)} stages")
     dev = mem.device
-    scratch = {
-        k: dev.empty_like(mem.host[k])
-        for i, s in enumerate(stages)
-        if placements[i] == "load"
-        for k in s.owned
-        if k not in mem.resident
+    flats = {
+        i: dev.empty_like(flat)
+        for i, flat in enumerate(mem.packed.flats)
+        if placements[i] == "load" and flat is not None
     }
+    scratch = {k: mem.packed.typed(flat, k) for i, flat in flats.items() for k in stages[i].owned}
     if "load" not in placements and log is None:
         steady = mem.steady_weights(tuple(placements))
         with torch.no_grad():  # nothing copied: nothing to order, no second stream
@@ -155,9 +242,10 @@ def run_pass(
     state = {"x": x}
 
     def copy(i: int) -> None:
-        for k in stages[i].owned:
-            if k in scratch:
-                dev.copy_into(scratch[k], mem.host[k])
+        if i in flats:
+            src = mem.packed.flats[i]
+            assert src is not None
+            dev.copy_into(flats[i], src)
 
     def run(i: int) -> None:
         with torch.no_grad():

@@ -32,7 +32,7 @@ from packrat.plan.gpu.layerplan import (
 )
 from packrat.plan.lcache import Residency, evictions, loads, lru_access, plan_curves
 from packrat.runtime.gpu.device import Device
-from packrat.runtime.gpu.executor import ModelMemory, run_pass
+from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.stages import StagedModel
 
 __all__ = ["Cold", "DevicePool", "Policy"]
@@ -70,6 +70,7 @@ class DevicePool:
         self.models: dict[str, _Entry] = {}
         self.stats = PoolStats()
         self._lru: tuple[str, ...] = ()
+        self._sizes: dict[str, int] = {}
 
     def add(
         self,
@@ -78,10 +79,10 @@ class DevicePool:
         profile: list[StageProfile],
         rate: float = 0.0,
         *,
-        host: dict[str, Tensor] | None = None,
+        host: HostWeights | None = None,
     ) -> None:
-        """Pin the model's weights in host memory (or use ``host``, pinned copies already made,
-        e.g. shared by pools compared side by side); nothing is put on the device yet."""
+        """Pin the model's weights in host memory, packed per stage (or use ``host``, packed
+        already, e.g. shared by pools compared side by side); nothing goes to the device yet."""
         if name in self.models:
             raise ValueError(f"model {name} is already in the pool")
         if len(profile) != len(staged.stages):
@@ -95,6 +96,7 @@ class DevicePool:
         )
         fixed = in_place_always(profile) if self.cold == "dha" else frozenset()
         self.models[name] = _Entry(mem, tuple(profile), rate, fixed)
+        self._sizes[name] = mem.packed.total_bytes
 
     def set_rate(self, name: str, rate: float) -> None:
         self.models[name].rate = rate
@@ -142,9 +144,8 @@ class DevicePool:
         if stage in e.fixed_host:
             return  # read in place even when warm: never on the device
         mem = e.mem
-        for k in mem.staged.stages[stage].owned:
-            if k not in mem.resident:
-                mem.put(k, self.device.to_device(mem.host[k]))
+        if any(k not in mem.resident for k in mem.staged.stages[stage].owned):
+            mem.put(mem.stage_on_device(stage))
 
     def _placements(self, name: str) -> tuple[tuple[Placement, ...], bool]:
         """This request's placement and whether it copies everything before running."""
@@ -170,8 +171,7 @@ class DevicePool:
         e = self.models[name]
         self.stats.requests += 1
         if self.policy == "lru":
-            sizes = {n: m.mem.staged.total_bytes for n, m in self.models.items()}
-            step = lru_access(self._lru, sizes, self.budget_bytes, name)
+            step = lru_access(self._lru, self._sizes, self.budget_bytes, name)
             for victim in step.evicted:
                 self.models[victim].mem.drop()
             self._lru = step.resident
@@ -181,8 +181,7 @@ class DevicePool:
         out, loaded = run_pass(e.mem, placements, x, load_first=load_first)
         self.stats.bytes_copied += sum(t.numel() * t.element_size() for t in loaded.values())
         if self.policy == "lru" and name in self._lru:  # admitted: the whole model stays
-            for k, t in loaded.items():
-                e.mem.put(k, t)
+            e.mem.put(loaded)
             for stage in range(len(e.profile)):
                 self._load(name, stage)  # stages read in place this time, if any
         return out

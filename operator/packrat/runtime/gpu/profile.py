@@ -1,7 +1,8 @@
 """The per-stage profile the GPU tier's plans need, measured on the device.
 
 For each stage, with the stage's real input (the activation the stages before it produce):
-the bytes it owns; the host-to-device copy time of those bytes from pinned memory; its
+the bytes it owns (packed, with alignment); the host-to-device copy time of them from pinned
+memory (one copy); its
 execution time with every weight on the device; and its execution time reading its own weights
 in place from mapped host memory (``None`` where a dtype cannot be viewed). Each time is the
 median of ``repeat`` runs after one warm-up; on CUDA, timed with events around the work, so
@@ -34,7 +35,7 @@ def _median(
 def profile_stages(mem: ModelMemory, x: Tensor, *, repeat: int = 5) -> list[StageProfile]:
     """Measure every stage of ``mem`` on its device (``x`` already there)."""
     dev = mem.device
-    full = {k: dev.to_device(t) for k, t in mem.host.items()}
+    full = {k: t for i in range(len(mem.staged.stages)) for k, t in mem.stage_on_device(i).items()}
     acts = [x]
     with torch.no_grad():
         for s in mem.staged.stages:
@@ -42,17 +43,18 @@ def profile_stages(mem: ModelMemory, x: Tensor, *, repeat: int = 5) -> list[Stag
     out: list[StageProfile] = []
     for i, s in enumerate(mem.staged.stages):
         owned = s.owned
-        buf = {k: dev.empty_like(mem.host[k]) for k in owned}
+        src = mem.packed.flats[i]
+        buf = dev.empty_like(src) if src is not None else None
 
-        def copy(owned: tuple[str, ...] = owned, buf: dict[str, Tensor] = buf) -> None:
-            for k in owned:
-                dev.copy_into(buf[k], mem.host[k])
+        def copy(src: Tensor | None = src, buf: Tensor | None = buf) -> None:
+            if src is not None and buf is not None:  # the stage's one packed copy
+                dev.copy_into(buf, src)
 
         def run(w: dict[str, Tensor], i: int = i) -> None:
             with torch.no_grad():
                 mem.staged.stages[i].run(w, acts[i])
 
-        copy_s = _median(dev.time_s, copy, repeat) if owned else 0.0
+        copy_s = _median(dev.time_s, copy, repeat) if src is not None else 0.0
         exec_s = _median(dev.time_s, functools.partial(run, full), repeat)
         exec_host_s: float | None
         try:
@@ -60,6 +62,6 @@ def profile_stages(mem: ModelMemory, x: Tensor, *, repeat: int = 5) -> list[Stag
             exec_host_s = _median(dev.time_s, functools.partial(run, in_place), repeat)
         except (ValueError, RuntimeError, TypeError):
             exec_host_s = None
-        out.append(StageProfile(s.name, mem.staged.owned_bytes(i), copy_s, exec_s, exec_host_s))
+        out.append(StageProfile(s.name, mem.packed.stage_bytes(i), copy_s, exec_s, exec_host_s))
     mem.staged.unbind()  # the profile's device copies must not stay alive through the modules
     return out

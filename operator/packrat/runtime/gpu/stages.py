@@ -17,6 +17,7 @@ the final norm and tied head; an ``nn.Sequential`` (and the zoo's tiny MLP) -- i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,11 @@ class StagedModel:
 
     stages: tuple[Stage, ...]
     tensors: dict[str, Tensor]
+
+    @functools.cached_property
+    def owner(self) -> dict[str, int]:
+        """Global key -> the index of the stage that owns it."""
+        return {k: i for i, s in enumerate(self.stages) for k in s.owned}
 
     def owned_bytes(self, i: int) -> int:
         return sum(_nbytes(self.tensors[k]) for k in self.stages[i].owned)
