@@ -167,3 +167,14 @@ def test_a_faster_engine_wins_every_batch_on_a_paper_profile() -> None:
         if opt.feasible(b):
             assert opt.plan(b).engine == "openvino"
             assert opt.latency(b) == pytest.approx(plain.latency(b) / 1.4)
+
+
+def test_mixed_gain_shows_what_a_mix_would_win() -> None:
+    # on 3 cores with B = 3: eager is fastest on 2-thread instances, openvino on 1-thread ones
+    tables = {
+        "eager": {(2, 2): 10.0, (1, 1): 30.0},
+        "openvino": {(2, 2): 30.0, (1, 1): 10.0},
+    }
+    gain = mixed_gain(tables, cpus=3, max_batch=3)
+    assert gain[3] == pytest.approx(3.0)  # one eager 2t/b2 + one openvino 1t/b1: 10 ms vs 30
+    assert gain[1] == 1.0
