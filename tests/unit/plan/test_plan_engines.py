@@ -170,11 +170,11 @@ def test_a_faster_engine_wins_every_batch_on_a_paper_profile() -> None:
 
 
 def test_mixed_gain_shows_what_a_mix_would_win() -> None:
-    # on 3 cores with B = 3: eager is fastest on 2-thread instances, openvino on 1-thread ones
+    # 3 cores, B = 4: eager is fastest on the 2-thread instance, openvino on the 1-thread one
     tables = {
-        "eager": {(2, 2): 10.0, (1, 1): 30.0},
-        "openvino": {(2, 2): 30.0, (1, 1): 10.0},
+        "eager": {(2, 3): 10.0, (1, 1): 30.0},
+        "openvino": {(2, 3): 30.0, (1, 1): 10.0},
     }
-    gain = mixed_gain(tables, cpus=3, max_batch=3)
-    assert gain[3] == pytest.approx(3.0)  # one eager 2t/b2 + one openvino 1t/b1: 10 ms vs 30
+    gain = mixed_gain(tables, cpus=3, max_batch=4)
+    assert gain[4] == pytest.approx(3.0)  # eager 2t/b3 + openvino 1t/b1: 10 ms, not 30
     assert gain[1] == 1.0
