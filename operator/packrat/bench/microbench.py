@@ -96,9 +96,7 @@ def burst_pairs(plan: Plan) -> tuple[tuple[int, int], ...]:
 def bench_configs(plan: Plan, table: dict[tuple[int, int], float]) -> list[BenchConfig]:
     """The plan, the fat instance (of the fastest fat engine) and one 1-thread instance per
     core for ``plan.batch``."""
-    configs = [
-        BenchConfig("plan", burst_pairs(plan), plan.expected_latency_ms, engine=plan.engine)
-    ]
+    configs = [BenchConfig("plan", burst_pairs(plan), plan.expected_latency_ms, engine=plan.engine)]
     for name in BASELINES:
         pairs = baseline_pairs(name, cpus=plan.cpus, batch=plan.batch)
         engine = fat_engine(plan) if name == "fat" else plan.engine

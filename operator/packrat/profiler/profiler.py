@@ -21,6 +21,7 @@ import importlib.metadata
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -219,14 +220,17 @@ def run_profile(
     """
     settings = settings or ProfileSettings()
     settings.check()
+    if list(engines) != [EAGER] and handler is not None:  # said once, then eager
+        print(
+            f"engines {', '.join(e for e in engines if e != EAGER)} left out: a model archive's "
+            "handler runs eager only (its pre- and post-processing are Python)",
+            file=stream if stream is not None else sys.stderr,
+            flush=True,
+        )
+        engines = (EAGER,)
     if list(engines) != [EAGER]:
         from packrat.profiler.engines import run_engines
 
-        if handler is not None:
-            raise ProfilerError(
-                "engines other than eager profile the bare model only (an archive's handler "
-                "runs eager)"
-            )
         run: ProfileRun = run_engines(
             eager_source=source,
             spec=spec,

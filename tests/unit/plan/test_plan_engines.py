@@ -167,3 +167,14 @@ def test_a_faster_engine_wins_every_batch_on_a_paper_profile() -> None:
         if opt.feasible(b):
             assert opt.plan(b).engine == "openvino"
             assert opt.latency(b) == pytest.approx(plain.latency(b) / 1.4)
+
+
+def test_mixed_gain_shows_what_a_mix_would_win() -> None:
+    # 3 cores, B = 4: eager is fastest on the 2-thread instance, openvino on the 1-thread one
+    tables = {
+        "eager": {(2, 3): 10.0, (1, 1): 30.0},
+        "openvino": {(2, 3): 30.0, (1, 1): 10.0},
+    }
+    gain = mixed_gain(tables, cpus=3, max_batch=4)
+    assert gain[4] == pytest.approx(3.0)  # eager 2t/b3 + openvino 1t/b1: 10 ms, not 30
+    assert gain[1] == 1.0

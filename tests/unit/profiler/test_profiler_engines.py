@@ -94,3 +94,36 @@ def test_plans_are_verified_on_their_engine_against_the_fastest_fat_engine(
     plan = Optimizer.for_profile(profile, cpus=1, max_batch=2).plan(2)
     assert result["label"] == plan.label and result["plan"].get("engine", "eager") == plan.engine
     assert result["fatMs"] > 0 and result["planMs"] > 0
+
+
+def test_an_archive_handler_runs_eager_said_once(tmp_path: Path) -> None:
+    """A model archive's handler is Python around the model: it is profiled eager, and the
+    engines asked for are left out with one line."""
+    import io
+
+    from packrat.profiler.client import HandlerTarget
+    from packrat.serve.codec import example_body
+    from packrat.serve.torchserve.archive import build_archive
+
+    sample = tmp_path / "sample.bin"
+    sample.write_bytes(example_body("tiny"))
+    archive = build_archive("tiny", workdir=tmp_path / "archive")
+    stream = io.StringIO()
+    run = run_profile(
+        spec="tiny",
+        cpus=1,
+        max_batch=1,
+        output=tmp_path / "p.json",
+        threads=[1],
+        settings=QUICK,
+        allowed=[0],
+        stream=stream,
+        handler=HandlerTarget(archive=archive.path, sample_request=sample),
+        engines=("eager", "openvino"),
+    )
+    assert run.profile is not None and run.profile.engines == ["eager"]
+    said = [line for line in stream.getvalue().splitlines() if "left out" in line]
+    assert said == [
+        "engines openvino left out: a model archive's handler runs eager only "
+        "(its pre- and post-processing are Python)"
+    ]

@@ -35,9 +35,12 @@ _FIELDS = (
 
 
 def to_pod(plan: Plan) -> dict[str, Any]:
-    """The plan as the serving pod reads it (``packrat serve --plan-env``, ``/admin/plan``)."""
+    """The plan as the serving pod reads it (``packrat serve --plan-env``, ``/admin/plan``);
+    its engine only when not eager (so eager plans keep their old form and hashes)."""
     data = plan.to_dict()
     out = {snake: data.get(snake) for snake, _ in _FIELDS}
+    if "engine" in data:
+        out["engine"] = data["engine"]
     out["instances"] = [dict(g) for g in data["instances"]]
     return out
 
@@ -45,7 +48,10 @@ def to_pod(plan: Plan) -> dict[str, Any]:
 def to_status(plan: Plan) -> dict[str, Any]:
     """The plan as shown in ``status.plan``."""
     data = to_pod(plan)
-    return {camel: data[snake] for snake, camel in _FIELDS}
+    out = {camel: data[snake] for snake, camel in _FIELDS}
+    if "engine" in data:
+        out["engine"] = data["engine"]
+    return out
 
 
 def from_status(doc: Any) -> Plan | None:
@@ -53,22 +59,31 @@ def from_status(doc: Any) -> Plan | None:
     if not isinstance(doc, Mapping):
         return None
     try:
-        return Plan.from_dict({snake: doc.get(camel) for snake, camel in _FIELDS})
+        fields = {snake: doc.get(camel) for snake, camel in _FIELDS}
+        if "engine" in doc:
+            fields["engine"] = doc["engine"]
+        return Plan.from_dict(fields)
     except PlanError:
         return None
 
 
 def layout(plan: Plan | Mapping[str, Any]) -> tuple[object, ...]:
-    """What a plan makes the pods do (cores, batch, instance groups), without the estimates
+    """What a plan makes the pods do (cores, batch, instance groups, engine), without the estimates
     (of a plan, or of one in its pod or status form)."""
     if isinstance(plan, Plan):
         groups = sorted((g.threads, g.batch, g.count) for g in plan.instances)
-        return (plan.cpus, plan.batch, tuple(groups))
+        return (plan.cpus, plan.batch, tuple(groups), *_engine(plan.engine))
     groups = sorted(
         (int(g.get("threads", 0)), int(g.get("batch", 0)), int(g.get("count", 0)))
         for g in plan.get("instances") or []
     )
-    return (plan.get("cpus"), plan.get("batch"), tuple(groups))
+    return (plan.get("cpus"), plan.get("batch"), tuple(groups), *_engine(plan.get("engine")))
+
+
+def _engine(engine: Any) -> tuple[object, ...]:
+    """An engine other than eager is part of the layout; eager adds nothing (so the layouts,
+    and the slot hashes made from them, of eager plans are what they were)."""
+    return () if engine in (None, "eager") else (engine,)
 
 
 def keep_served(served: Plan | None, new: Plan) -> Plan:

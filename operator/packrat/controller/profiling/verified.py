@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.plans import layout
 from packrat.controller.core.status import ModelStatus, get_condition
 from packrat.plan.baselines import FAT, baseline_plan
+from packrat.plan.engines import fastest_per_pair
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import VERIFIED_KEY, Profile
 
@@ -95,13 +97,22 @@ def guard(p: Pass, plan: Plan, profile: Profile) -> tuple[Plan, Plan | None]:
     if not loses_to_fat(found) or _is_fat(plan):
         p.cond(CONDITION, True, "NotSlowerThanFat", shown)
         return plan, None
-    fat = baseline_plan(FAT, cpus=plan.cpus, batch=plan.batch, table=profile.table())
+    fat = fat_plan(profile, cpus=plan.cpus, batch=plan.batch)
     message = f"{shown}: serving the fat instance {fat.label} instead"
     before = get_condition(p.status.get("conditions"), CONDITION) or {}
     if before.get("reason") != "SlowerThanFat" or before.get("message") != message:
         p.emit("Warning", "PlanSlowerThanFat", message)
     p.cond(CONDITION, False, "SlowerThanFat", message)
     return fat, plan
+
+
+def fat_plan(profile: Profile, *, cpus: int, batch: int) -> Plan:
+    """The fat instance to serve: on the engine whose fat instance the profile found fastest
+    (the one the plan was verified against)."""
+    fastest = fastest_per_pair(profile.tables()).get((cpus, batch))
+    engine = fastest[1] if fastest is not None else profile.engines[0]
+    table = profile.for_engine(engine).table()
+    return replace(baseline_plan(FAT, cpus=cpus, batch=batch, table=table), engine=engine)
 
 
 def _is_fat(plan: Plan) -> bool:
