@@ -1,8 +1,8 @@
 """Golden checks for a behaviour-preserving refactor of the controller (issue 36).
 
 Drives fixed scenarios through the real reconcilers against the unit tests' in-memory API
-(``tests/unit/conftest.py``'s ``FakeKube``) and records, after every pass, every object in the
-API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's result,
+(``tests/support/kube_support.py``'s ``FakeKube``) and records, after every pass, every object
+in the API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's result,
 the next-pass schedule the daemon would choose for a grid of models, and every CLI help text.
 
     python scripts/golden_controller.py --record   # writes scripts/golden/controller.json.gz
@@ -28,9 +28,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "scripts" / "golden" / "controller.json.gz"
-sys.path.insert(0, str(ROOT / "tests" / "unit"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 
-from conftest import NS, T0, FakeKube, profile_json  # noqa: E402
+from kube_support import NS, T0, FakeKube, profile_json  # noqa: E402
 from packrat.controller.core.context import Config  # noqa: E402
 from packrat.controller.model.reconcile import Reconciler, Result  # noqa: E402
 from packrat.controller.pipeline.reconcile import PipelineReconciler  # noqa: E402

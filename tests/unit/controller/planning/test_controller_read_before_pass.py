@@ -104,8 +104,8 @@ def test_both_readers_share_one_service_read_and_one_pod_listing(
     reading, seen = read_before_pass(est, arr, NS, "m", want_estimates=True, want_arrivals=True)
     assert reading == ab.Reading((8, 4), "pods")
     assert seen == Arrivals(times=[0.4, 0.8], pods=2)
-    # each reader reads the model's token (the estimates' live counts need it too, issue 38)
-    assert kube.calls == {"get services": 1, "list pods": 1, "get secrets": 2}
+    # one read of the model's token for both readers (the estimates' live counts need it too)
+    assert kube.calls == {"get services": 1, "list pods": 1, "get secrets": 1}
     sent = [h for url, h in zip(fanout.asked, fanout.headers, strict=True) if "/arrivals" in url]
     assert sent and all(h == {"Authorization": f"Bearer {ADMIN_TOKEN}"} for h in sent)
 
