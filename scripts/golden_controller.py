@@ -2,8 +2,8 @@
 
 Drives fixed scenarios through the real reconcilers against the unit tests' in-memory API
 (``tests/support/kube_support.py``'s ``FakeKube``) and records, after every pass, every object
-in the API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's result,
-the next-pass schedule the daemon would choose for a grid of models, and every CLI help text.
+in the API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's
+result, the next-pass schedule the daemon would choose for a grid of models, and every CLI help text.
 
     python scripts/golden_controller.py --record   # writes scripts/golden/controller.json.gz
     python scripts/golden_controller.py            # compares with it; exit 1 on a difference
@@ -31,6 +31,7 @@ GOLDEN = ROOT / "scripts" / "golden" / "controller.json.gz"
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from kube_support import NS, T0, FakeKube, profile_json  # noqa: E402
+
 from packrat.controller.core.context import Config  # noqa: E402
 from packrat.controller.model.reconcile import Reconciler, Result  # noqa: E402
 from packrat.controller.pipeline.reconcile import PipelineReconciler  # noqa: E402
