@@ -3,7 +3,8 @@
 Drives fixed scenarios through the real reconcilers against the unit tests' in-memory API
 (``tests/support/kube_support.py``'s ``FakeKube``) and records, after every pass, every object
 in the API (rendered Deployments, Services, ConfigMaps, Jobs, the status written), the pass's
-result, the next-pass schedule the daemon would choose for a grid of models, and every CLI help text.
+result, the next-pass schedule the daemon would choose for a grid of models, and every CLI
+help text.
 
     python scripts/golden_controller.py --record   # writes scripts/golden/controller.json.gz
     python scripts/golden_controller.py            # compares with it; exit 1 on a difference

@@ -257,17 +257,22 @@ def _classify(uri: str, exc: BaseException) -> FetchError:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     logger.debug("store request for %s failed: %s", uri, text)
     lowered = text.lower()
-    if isinstance(exc, oe.NotFoundError | FileNotFoundError) or any(
-        w in lowered for w in ("404", "nosuchkey", "nosuchbucket")
+    # status codes as whole words: the text holds the store's URL, whose port may be 40412
+    if isinstance(exc, oe.NotFoundError | FileNotFoundError) or _says(
+        lowered, r"\b404\b|nosuchkey|nosuchbucket"
     ):
         return FetchError("NotFound", f"{uri}: no such object")
-    if isinstance(exc, oe.PermissionDeniedError | oe.UnauthenticatedError | PermissionError) or any(
-        w in lowered for w in ("403", "forbidden", "accessdenied", "invalidaccesskeyid")
-    ):
+    if isinstance(
+        exc, oe.PermissionDeniedError | oe.UnauthenticatedError | PermissionError
+    ) or _says(lowered, r"\b403\b|forbidden|accessdenied|invalidaccesskeyid"):
         return FetchError("AccessDenied", f"{uri}: credentials not accepted")
     if isinstance(exc, oe.PreconditionError):
         return FetchError("VersionChanged", f"{uri} changed since the operator checked it")
     return FetchError("Unreachable", f"{uri}: the store {UNREACHABLE}")
+
+
+def _says(text: str, pattern: str) -> bool:
+    return re.search(pattern, text) is not None
 
 
 def _open(uri: str, credentials: Mapping[str, str], limits: FetchLimits) -> tuple[Any, str]:

@@ -14,7 +14,7 @@ import pytest
 from hostile_support import Listener, answer, drip, endless
 
 from packrat.runtime.egress import EgressPolicy
-from packrat.runtime.fetch import FetchError, FetchLimits, fetch, object_version
+from packrat.runtime.fetch import FetchError, FetchLimits, _classify, fetch, object_version
 
 LOOPBACK = EgressPolicy.parse(["127.0.0.0/8"])
 OPEN = FetchLimits(policy=LOOPBACK, timeout_s=20.0)
@@ -202,6 +202,16 @@ def test_store_errors_never_copy_what_the_store_sent() -> None:
             assert err.reason == "Unreachable" and "internal-secret" not in str(err)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("port", [40412, 40301, 8404])
+def test_a_port_that_looks_like_a_status_is_not_one(port: int) -> None:
+    # a store's 500 on a port with 404 or 403 in it was read as NotFound or AccessDenied
+    # (seen once in a full run: the listener's free port was 404xx)
+    err = RuntimeError(f"Generic HTTP error: http://127.0.0.1:{port}/m.pt: 500 Internal Error")
+    assert _classify("s3://bucket/m.pt", err).reason == "Unreachable"
+    assert _classify("s3://b/m.pt", RuntimeError("HTTP status 404 Not Found")).reason == "NotFound"
+    assert _classify("s3://b/m.pt", RuntimeError("status 403: denied")).reason == "AccessDenied"
 
 
 def test_the_storage_host_allow_list() -> None:
