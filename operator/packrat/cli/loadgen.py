@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from packrat.cli import CliError, check_numbers
 
@@ -91,6 +91,16 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
+class _Target(TypedDict):
+    """What every kind of run (bursts, trace, Poisson) sends, and where."""
+
+    url: str
+    model: str
+    body: bytes
+    content_type: str
+    timeout_s: float
+
+
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -98,18 +108,17 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     body, content_type = request_body(args)
+    target = _Target(
+        url=args.url, model=args.model, body=body, content_type=content_type, timeout_s=args.timeout
+    )
     result: Any
     if args.burst is not None:
         result = asyncio.run(
             run_bursts(
-                url=args.url,
-                model=args.model,
-                body=body,
-                content_type=content_type,
+                **target,
                 burst=args.burst,
                 bursts=args.bursts,
                 warmup_bursts=max(args.warmup_bursts, 0),
-                timeout_s=args.timeout,
             )
         )
     elif args.trace is not None:
@@ -120,28 +129,10 @@ def run(args: argparse.Namespace) -> int:
             arrivals = load_trace(args.trace)
         except TraceError as exc:
             raise CliError(str(exc)) from None
-        result = asyncio.run(
-            run_trace(
-                url=args.url,
-                model=args.model,
-                body=body,
-                content_type=content_type,
-                arrivals_s=arrivals.tolist(),
-                timeout_s=args.timeout,
-            )
-        )
+        result = asyncio.run(run_trace(**target, arrivals_s=arrivals.tolist()))
     else:
         result = asyncio.run(
-            run_poisson(
-                url=args.url,
-                model=args.model,
-                body=body,
-                content_type=content_type,
-                rate=args.rate,
-                duration_s=args.duration,
-                seed=args.seed,
-                timeout_s=args.timeout,
-            )
+            run_poisson(**target, rate=args.rate, duration_s=args.duration, seed=args.seed)
         )
     if args.format == "json":
         print(json.dumps(result.to_dict() if args.records else result.summary(), indent=2))

@@ -78,49 +78,57 @@ def _add_endpoint_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Each timing flag: (flag, environment variable, default seconds, help). One table, one loop:
+# the environment variable overrides the default when the parser is built.
+_TIMING_FLAGS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "--resync-seconds",
+        "PACKRAT_RESYNC_SECONDS",
+        "300",
+        "how often a model at rest is re-read, as a safety net: changes to a model and "
+        "its children arrive as watch events (default 300)",
+    ),
+    (
+        "--estimate-seconds",
+        "PACKRAT_ESTIMATE_SECONDS",
+        "5",
+        "how often an autoBatch model at rest reads its pods' batch-size estimates; each "
+        "read is one of autoBatch.sustainObservations (default 5)",
+    ),
+    (
+        "--poll-seconds",
+        "PACKRAT_POLL_SECONDS",
+        "2",
+        "how often a model is looked at while something is in progress: profiling, a "
+        "switch, pods starting (default 2)",
+    ),
+    (
+        "--unschedulable-grace-seconds",
+        "PACKRAT_UNSCHEDULABLE_GRACE_SECONDS",
+        "60",
+        "a profiling pod the scheduler cannot place fails its attempt after this long (default 60)",
+    ),
+    (
+        "--profile-retry-seconds",
+        "PACKRAT_PROFILE_RETRY_SECONDS",
+        "30",
+        "first backoff after a failed profiling Job; doubles per attempt (default 30)",
+    ),
+    (
+        "--storage-check-seconds",
+        "PACKRAT_STORAGE_CHECK_SECONDS",
+        "300",
+        "how often a storageUri model without a digest is checked for a new ETag (default 300)",
+    ),
+)
+
+
 def _add_timing_args(parser: argparse.ArgumentParser) -> None:
     """How often models are looked at, retried and re-checked (env overrides read here)."""
-    parser.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_RESYNC_SECONDS", "300")),
-        help="how often a model at rest is re-read, as a safety net: changes to a model and "
-        "its children arrive as watch events (default 300)",
-    )
-    parser.add_argument(
-        "--estimate-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_ESTIMATE_SECONDS", "5")),
-        help="how often an autoBatch model at rest reads its pods' batch-size estimates; each "
-        "read is one of autoBatch.sustainObservations (default 5)",
-    )
-    parser.add_argument(
-        "--poll-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_POLL_SECONDS", "2")),
-        help="how often a model is looked at while something is in progress: profiling, a "
-        "switch, pods starting (default 2)",
-    )
-    parser.add_argument(
-        "--unschedulable-grace-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_UNSCHEDULABLE_GRACE_SECONDS", "60")),
-        help="a profiling pod the scheduler cannot place fails its attempt after this long "
-        "(default 60)",
-    )
-    parser.add_argument(
-        "--profile-retry-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_PROFILE_RETRY_SECONDS", "30")),
-        help="first backoff after a failed profiling Job; doubles per attempt (default 30)",
-    )
-    parser.add_argument(
-        "--storage-check-seconds",
-        type=float,
-        default=float(os.environ.get("PACKRAT_STORAGE_CHECK_SECONDS", "300")),
-        help="how often a storageUri model without a digest is checked for a new ETag "
-        "(default 300)",
-    )
+    for flag, env, default, help_text in _TIMING_FLAGS:
+        parser.add_argument(
+            flag, type=float, default=float(os.environ.get(env, default)), help=help_text
+        )
     parser.add_argument(
         "--max-profile-attempts",
         type=int,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import numpy as np
 from packrat.cli import CliError, check_numbers
 from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.des import SPREADS
-from packrat.plan.profile import ProfileError, load_profile
+from packrat.plan.profile import Profile, ProfileError, load_profile
 from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
 from packrat.plan.traces import (
     MAX_ARRIVALS,
@@ -52,12 +53,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--slo-p99-ms", type=float, help="P99 latency target (a pipeline file may give it)"
     )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
-    source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
-    parser.add_argument("--cv", type=float, default=1.0, help="inter-arrival CV (default 1)")
-    parser.add_argument("--duration", type=float, default=60.0, help="synthetic trace length (s)")
-    parser.add_argument("--seed", type=int, default=0, help="trace and spreading seed")
+    add_trace_args(parser)
     parser.add_argument("--max-cores", type=int, help="total cores allowed (default 64 x T)")
     parser.add_argument("--max-cpus", type=int, help="largest replica size (default: T)")
     parser.add_argument("--spread", choices=SPREADS, default="random", help="Service spreading")
@@ -98,16 +94,10 @@ def run(args: argparse.Namespace) -> int:
         from packrat.cli.pipeline_provision import run_pipeline
 
         return run_pipeline(args)
-    try:
-        profile = load_profile(args.profile)
-        trace = trace_from_args(args)
-    except (ProfileError, TraceError) as exc:
-        raise CliError(str(exc)) from None
+    profile, trace = load_inputs(
+        args, trace_from_args, cores_flag="--max-cpus", cores=args.max_cpus
+    )
     top = profile.meta.cpus or profile.max_threads
-    if args.max_cpus is not None and args.max_cpus > top:
-        raise CliError(
-            f"--max-cpus {args.max_cpus} exceeds the {top} cores the profile was measured on"
-        )
     done = Counter()
     try:
         with heartbeat(lambda: f"provision: {done.value} simulations of {trace.size} arrivals"):
@@ -133,11 +123,48 @@ def run(args: argparse.Namespace) -> int:
 MAX_BATCH_DELAY_MS = 10_000
 
 
+def add_trace_args(
+    parser: argparse.ArgumentParser,
+    *,
+    length_flag: str = "--duration",
+    length_help: str = "synthetic trace length (s)",
+) -> None:
+    """The trace both planners (provision, simulate) run on: ``--trace FILE`` or a synthetic
+    gamma process (``--rate``, ``--cv``, its length, ``--seed``)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
+    source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
+    parser.add_argument("--cv", type=float, default=1.0, help="inter-arrival CV (default 1)")
+    parser.add_argument(length_flag, type=float, default=60.0, help=length_help)
+    parser.add_argument("--seed", type=int, default=0, help="trace and spreading seed")
+
+
 def check_common_numbers(args: argparse.Namespace) -> None:
     """The trace and batching flags both planners share: a finite delay in [0, 10 s], a seed
     numpy accepts (a negative one was a traceback)."""
     check_numbers(args, "max_batch_delay_ms", at_least=0, at_most=MAX_BATCH_DELAY_MS)
     check_numbers(args, "seed", at_least=0, at_most=2**63 - 1)
+
+
+def load_inputs(
+    args: argparse.Namespace,
+    trace_of: Callable[[argparse.Namespace], np.ndarray],
+    *,
+    cores_flag: str,
+    cores: int | None,
+) -> tuple[Profile, np.ndarray]:
+    """``--profile`` and the trace ``trace_of`` makes from the flags (a bad file: one clear
+    line), with ``cores`` (the value of ``cores_flag``) checked against the cores the
+    profile was measured on (shared by provision and simulate)."""
+    try:
+        profile = load_profile(args.profile)
+        trace = trace_of(args)
+    except (ProfileError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    top = profile.meta.cpus or profile.max_threads
+    if cores is not None and cores > top:
+        raise CliError(f"{cores_flag} {cores} exceeds the {top} cores the profile was measured on")
+    return profile, trace
 
 
 def trace_from_args(args: argparse.Namespace) -> np.ndarray:

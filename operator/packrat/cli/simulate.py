@@ -18,15 +18,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from packrat.cli import CliError, check_numbers
 from packrat.cli.heartbeat import heartbeat
-from packrat.cli.provision import check_common_numbers
+from packrat.cli.provision import add_trace_args, check_common_numbers, load_inputs
 from packrat.plan.des import SPREADS, SimulationError
 from packrat.plan.optimizer import MAX_PLAN_BATCH, Optimizer, Plan, PlanError
-from packrat.plan.profile import ProfileError, load_profile
 from packrat.plan.provision import SHAPES, SimSettings
 from packrat.plan.simulation import Summary, simulate_config
-from packrat.plan.traces import TraceError, gamma_trace, load_trace
+from packrat.plan.traces import gamma_trace, load_trace
 
 LABEL = re.compile(r"^(\d+)x(\d+)t/b(\d+)$")
 MAX_PLAN_BYTES = 1024 * 1024
@@ -55,12 +56,7 @@ def register(subparsers: Any) -> None:
         "(packrat plan --format json); default: Packrat's plan for the cores and batch",
     )
     parser.add_argument("--plan-shape", choices=SHAPES, default="packrat")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--trace", type=Path, help="arrival times (s): one per line or a column")
-    source.add_argument("--rate", type=float, help="synthetic gamma trace: mean arrivals/s")
-    parser.add_argument("--cv", type=float, default=1.0, help="inter-arrival CV (default 1)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="synthetic trace length")
-    parser.add_argument("--seed", type=int, default=0, help="trace and spreading seed")
+    add_trace_args(parser, length_flag="--seconds", length_help="synthetic trace length")
     parser.add_argument("--max-batch-delay-ms", type=float, default=5.0)
     parser.add_argument("--spread", choices=SPREADS, default="random", help="Service spreading")
     parser.add_argument("--service-cv", type=float, default=0.0, help="per-batch time spread")
@@ -136,23 +132,18 @@ def instances_from_args(
         raise CliError(str(exc)) from None
 
 
+def _trace(args: argparse.Namespace) -> np.ndarray:
+    """``--trace FILE``, else the synthetic gamma trace of ``--rate``, ``--cv``, ``--seconds``."""
+    if args.trace is not None:
+        return load_trace(args.trace)
+    return gamma_trace(args.rate, cv=args.cv, duration_s=args.seconds, seed=args.seed)
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    try:
-        profile = load_profile(args.profile)
-        trace = (
-            load_trace(args.trace)
-            if args.trace is not None
-            else gamma_trace(args.rate, cv=args.cv, duration_s=args.seconds, seed=args.seed)
-        )
-    except (ProfileError, TraceError) as exc:
-        raise CliError(str(exc)) from None
-    top = profile.meta.cpus or profile.max_threads
-    if args.cpus_per_replica is not None and args.cpus_per_replica > top:
-        raise CliError(
-            f"--cpus-per-replica {args.cpus_per_replica} exceeds the {top} cores the profile "
-            "was measured on"
-        )
+    profile, trace = load_inputs(
+        args, _trace, cores_flag="--cpus-per-replica", cores=args.cpus_per_replica
+    )
     table = dict(profile.table())
     instances = instances_from_args(args, table)
     sim = SimSettings(

@@ -138,6 +138,16 @@ class Config:
     def cores(self) -> int:
         return self.cpus * self.replicas
 
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration's fields as every report names them (an evaluation's, the
+        answer's): the order of the keys is the order printed."""
+        return {
+            "replicas": self.replicas,
+            "cpus_per_replica": self.cpus,
+            "batch": self.batch,
+            "plan_shape": self.shape,
+        }
+
     @property
     def label(self) -> str:
         suffix = "/per-core" if self.shape == "per_core" else ""
@@ -155,10 +165,7 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "replicas": self.config.replicas,
-            "cpus_per_replica": self.config.cpus,
-            "batch": self.config.batch,
-            "plan_shape": self.config.shape,
+            **self.config.to_dict(),
             "cores": self.config.cores,
             "simulated_p99_ms": finite(self.p99_ms),
             "slo_miss_rate": self.miss_rate,
@@ -227,10 +234,7 @@ class Provision:
     def to_dict(self) -> dict[str, Any]:
         c = self.best.config
         return {
-            "replicas": c.replicas,
-            "cpus_per_replica": c.cpus,
-            "batch": c.batch,
-            "plan_shape": c.shape,
+            **c.to_dict(),
             "plan": self.plan.to_dict(),
             "cores": c.cores,
             "simulated_p99_ms": finite(self.best.p99_ms),

@@ -164,9 +164,7 @@ class PodFanout:
     ) -> list[Answer]:
         """``GET`` every URL at once (with ``headers``: the admin token for ``/arrivals``);
         the answers in the order of ``urls``."""
-        return self._run(
-            owner, "GET", urls, None, headers or {}, deadline=deadline, max_bytes=max_bytes
-        )
+        return self._wait(_Call(owner, "GET", None, dict(headers or {}), deadline, max_bytes), urls)
 
     def post(
         self,
@@ -179,26 +177,15 @@ class PodFanout:
         max_bytes: int,
     ) -> list[Answer]:
         """``POST`` ``body`` to every URL at once; the answers in the order of ``urls``."""
-        return self._run(owner, "POST", urls, body, headers, deadline=deadline, max_bytes=max_bytes)
+        return self._wait(_Call(owner, "POST", body, dict(headers), deadline, max_bytes), urls)
 
-    def _run(
-        self,
-        owner: str,
-        method: str,
-        urls: Sequence[str],
-        body: bytes | None,
-        headers: Mapping[str, str],
-        *,
-        deadline: float,
-        max_bytes: int,
-    ) -> list[Answer]:
+    def _wait(self, call: _Call, urls: Sequence[str]) -> list[Answer]:
+        """``call`` to every URL, waited on (a "deadline" answer each past its deadline)."""
         if not urls:
             return []
-        future = self.submit(
-            owner, method, urls, body, headers, deadline=deadline, max_bytes=max_bytes
-        )
+        future = self._start(call, urls)
         try:
-            return future.result(timeout=deadline + _MARGIN_SECONDS)
+            return future.result(timeout=call.deadline + _MARGIN_SECONDS)
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             future.cancel()
             return [Answer(0, error="deadline") for _ in urls]
@@ -219,7 +206,9 @@ class PodFanout:
         slot counts in its deadline). Cancelling it cancels the requests. For a caller that
         must not block on the pods (the in-pod switch's plan post, picked up by a later
         pass)."""
-        call = _Call(owner, method, body, dict(headers), deadline, max_bytes)
+        return self._start(_Call(owner, method, body, dict(headers), deadline, max_bytes), urls)
+
+    def _start(self, call: _Call, urls: Sequence[str]) -> concurrent.futures.Future[list[Answer]]:
         return asyncio.run_coroutine_threadsafe(self._all(call, list(urls)), self._loop)
 
     def close(self) -> None:

@@ -49,19 +49,22 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _unknown(where: str, doc: Mapping[str, Any], known: set[str]) -> None:
+def _mapping(where: str, doc: Any, known: set[str], *, holding: str) -> Mapping[str, Any]:
+    """``doc`` as a mapping of ``known`` fields only (``holding``: what it should hold, for
+    the error); every mapping of a pipeline file is checked this one way."""
+    if not isinstance(doc, Mapping):
+        raise PipelineError(f"{where}: expected a mapping with {holding}")
     extra = sorted(set(doc) - known)
     if extra:
         raise PipelineError(
             f"{where}: unknown field(s) {', '.join(extra)} (known: {', '.join(sorted(known))})"
         )
+    return doc
 
 
 def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> PipelineSpec:
     """Validate a parsed pipeline document; profile paths are relative to ``base``."""
-    if not isinstance(doc, Mapping):
-        raise PipelineError(f"{origin}: expected a mapping with 'stages' and 'edges'")
-    _unknown(origin, doc, TOP_KEYS)
+    doc = _mapping(origin, doc, TOP_KEYS, holding="'stages' and 'edges'")
     stages_doc = doc.get("stages")
     if not isinstance(stages_doc, list) or not stages_doc:
         raise PipelineError(f"{origin}: stages: expected a non-empty list of stages")
@@ -69,11 +72,9 @@ def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> 
         raise PipelineError(f"{origin}: stages: at most {MAX_STAGES} stages, got {len(stages_doc)}")
     stages: list[Stage] = []
     models: dict[str, str | None] = {}
-    for i, s in enumerate(stages_doc):
+    for i, stage_doc in enumerate(stages_doc):
         where = f"{origin}: stages[{i}]"
-        if not isinstance(s, Mapping):
-            raise PipelineError(f"{where}: expected a mapping with name and profile")
-        _unknown(where, s, STAGE_KEYS)
+        s = _mapping(where, stage_doc, STAGE_KEYS, holding="name and profile")
         name = s.get("name")
         if not isinstance(name, str) or not name:
             raise PipelineError(f"{where}.name: expected a non-empty string")
@@ -100,11 +101,9 @@ def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> 
     if not isinstance(edges_doc, list):
         raise PipelineError(f"{origin}: edges: expected a list")
     edges: list[Edge] = []
-    for i, e in enumerate(edges_doc):
+    for i, edge_doc in enumerate(edges_doc):
         where = f"{origin}: edges[{i}]"
-        if not isinstance(e, Mapping):
-            raise PipelineError(f"{where}: expected a mapping with from, to and fraction")
-        _unknown(where, e, EDGE_KEYS)
+        e = _mapping(where, edge_doc, EDGE_KEYS, holding="from, to and fraction")
         src, dst = e.get("from"), e.get("to")
         if not isinstance(src, str) or not isinstance(dst, str):
             raise PipelineError(f"{where}: 'from' and 'to' must be stage names")
@@ -116,9 +115,7 @@ def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> 
     slo_ms: float | None = None
     slo = doc.get("slo")
     if slo is not None:
-        if not isinstance(slo, Mapping):
-            raise PipelineError(f"{origin}: slo: expected a mapping with latencyP99Ms")
-        _unknown(f"{origin}: slo", slo, {"latencyP99Ms"})
+        slo = _mapping(f"{origin}: slo", slo, {"latencyP99Ms"}, holding="latencyP99Ms")
         value: Any = slo.get("latencyP99Ms")
         if not (_number(value) and value > 0):
             raise PipelineError(f"{origin}: slo.latencyP99Ms: expected a number of ms > 0")

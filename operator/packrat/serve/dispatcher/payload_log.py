@@ -217,41 +217,41 @@ def request_id(headers: Mapping[str, str]) -> str:
     return given if _REQUEST_ID.match(given) else os.urandom(16).hex()  # uuid4: 3x the time
 
 
-def binary_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
-    """(headers, body) of one event in the HTTP binding's binary mode."""
+def _attributes(
+    record: Record, *, kind: str, source: str
+) -> tuple[Body, dict[str, str], dict[str, str]]:
+    """The event's body, its required CloudEvents attributes and its extensions (status on a
+    response, truncated when cut), the same in both modes; each mode names them its own way."""
     body = record.request if kind == REQUEST_TYPE else record.response
-    headers = {
-        "ce-specversion": "1.0",
-        "ce-id": record.id,
-        "ce-source": source,
-        "ce-type": kind,
-        "ce-time": _iso(record.epoch),
-        "ce-model": record.model,
-        "Content-Type": body.content_type,
-    }
-    if kind == RESPONSE_TYPE:
-        headers["ce-status"] = str(record.status)
-    if body.truncated:
-        headers["ce-truncated"] = "true"
-    return headers, body.data
-
-
-def structured_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
-    """(headers, body) of one event in structured mode (``application/cloudevents+json``)."""
-    body = record.request if kind == REQUEST_TYPE else record.response
-    event: dict[str, Any] = {
+    required = {
         "specversion": "1.0",
         "id": record.id,
         "source": source,
         "type": kind,
         "time": _iso(record.epoch),
         "model": record.model,
-        "datacontenttype": body.content_type,
     }
+    extensions: dict[str, str] = {}
     if kind == RESPONSE_TYPE:
-        event["status"] = str(record.status)
+        extensions["status"] = str(record.status)
     if body.truncated:
-        event["truncated"] = "true"
+        extensions["truncated"] = "true"
+    return body, required, extensions
+
+
+def binary_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
+    """(headers, body) of one event in the HTTP binding's binary mode."""
+    body, required, extensions = _attributes(record, kind=kind, source=source)
+    headers = {f"ce-{name}": value for name, value in required.items()}
+    headers["Content-Type"] = body.content_type
+    headers.update((f"ce-{name}", value) for name, value in extensions.items())
+    return headers, body.data
+
+
+def structured_event(record: Record, *, kind: str, source: str) -> tuple[dict[str, str], bytes]:
+    """(headers, body) of one event in structured mode (``application/cloudevents+json``)."""
+    body, required, extensions = _attributes(record, kind=kind, source=source)
+    event: dict[str, Any] = {**required, "datacontenttype": body.content_type, **extensions}
     text = body.text()
     if text is not None and not body.truncated and "json" in body.content_type.lower():
         try:
