@@ -38,6 +38,11 @@ def build_mar(tmp: Path, name: str, sleep_s: float) -> Path:
     src = tmp / f"{name}-src"
     src.mkdir()
     (src / "sleepy_handler.py").write_text(HANDLER.format(sleep=sleep_s))
+    return archive(tmp, name, src / "sleepy_handler.py")
+
+
+def archive(tmp: Path, name: str, handler: Path) -> Path:
+    """``handler`` packed as ``tmp/<name>.mar`` (version 1.0) by the real torch-model-archiver."""
     subprocess.run(
         [
             str(Path(sys.executable).with_name("torch-model-archiver")),
@@ -46,7 +51,7 @@ def build_mar(tmp: Path, name: str, sleep_s: float) -> Path:
             "--version",
             "1.0",
             "--handler",
-            str(src / "sleepy_handler.py"),
+            str(handler),
             "--export-path",
             str(tmp),
         ],

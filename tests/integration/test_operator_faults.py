@@ -45,15 +45,7 @@ def serving(cluster: OperatorCluster, tiny_profiles: MeasuredProfiles) -> Operat
     session's measured profile: only fault 3 is about profiling, and it re-profiles)."""
     if cluster.api.get("packratmodels", NAME) is None:
         profile = tiny_profiles.profile(SPEC["profiling"]["maxBatch"])
-        cluster.api.create(
-            "packratmodels",
-            {
-                "apiVersion": "packrat.dev/v1alpha1",
-                "kind": "PackratModel",
-                "metadata": {"name": NAME},
-                "spec": SPEC,
-            },
-        )
+        cluster.api.create("packratmodels", body(NAME, SPEC))
         seed_profile(cluster, NAME, profile)
     wait_for(
         lambda: _ready(cluster),
@@ -295,15 +287,7 @@ def test_model_gone_while_the_operator_was_down_lets_its_deployments_go(
     operator, which has no model to run passes for, still lets it go."""
     name = "gone"
     spec = {**SPEC, "switch": {"readyTimeoutSeconds": 300, "drainSeconds": 0}}
-    cluster.api.create(
-        "packratmodels",
-        {
-            "apiVersion": "packrat.dev/v1alpha1",
-            "kind": "PackratModel",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
+    cluster.api.create("packratmodels", body(name, spec))
     seed_profile(cluster, name, tiny_profiles.profile(SPEC["profiling"]["maxBatch"]))
     dep_name = f"{name}-a"
     wait_for(

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from harness import OperatorCluster, wait_for
+from models import body
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -45,15 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorCluste
 
 
 def _create(cluster: OperatorCluster, name: str, spec: dict[str, Any]) -> None:
-    cluster.api.create(
-        "packratmodels",
-        {
-            "apiVersion": "packrat.dev/v1alpha1",
-            "kind": "PackratModel",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
+    cluster.api.create("packratmodels", body(name, spec))
 
 
 def _delete(cluster: OperatorCluster, name: str) -> None:

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from serve_support import start_serving, stop_serving
 
 from packrat.runtime import zoo
 from packrat.runtime.cpus import allowed_cpus
@@ -42,14 +40,6 @@ class OipPod:
     url: str
     grpc: str
     log: Path
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module", params=["native", "torchserve"])
@@ -74,22 +64,10 @@ def pod(
            "--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
            "--grpc-port", str(grpc_port), "--workdir", str(tmp / "work"),
            "--runtime", runtime, "--cpus", f"{CPUS[0]},{CPUS[1]}"]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    pod = OipPod(proc, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", log)
-    deadline = time.monotonic() + READY_S
-    while not _ready(pod.url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"pod not ready:\n{log.read_text(errors='replace')}")
-        time.sleep(0.2)
-    yield pod
-    proc.send_signal(signal.SIGTERM)
-    try:
-        assert proc.wait(timeout=60) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_serving(cmd, url, log, ready_s=READY_S)
+    yield OipPod(proc, url, f"127.0.0.1:{grpc_port}", log)
+    assert stop_serving(proc) == 0, log.read_text(errors="replace")[-3000:]
 
 
 def rows() -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 import torch
+from mar_support import archive
 
 from packrat.bench.loadgen import run_bursts
 from packrat.runtime import zoo
@@ -517,21 +518,7 @@ def user_pod(
     runtime = request.param
     tmp = tmp_path_factory.mktemp(f"user-{runtime}")
     (tmp / "user_handler.py").write_text(USER_HANDLER)
-    subprocess.run(
-        [
-            str(Path(sys.executable).with_name("torch-model-archiver")),
-            "--model-name",
-            "user",
-            "--version",
-            "1.0",
-            "--handler",
-            str(tmp / "user_handler.py"),
-            "--export-path",
-            str(tmp),
-        ],
-        check=True,
-        env={**os.environ, "TMPDIR": str(tmp)},
-    )
+    archive(tmp, "user", tmp / "user_handler.py")
     (tmp / "warm.txt").write_text("warm")
     cpu = CPUS[-1]
     plan = plan_json([{"threads": 1, "batch": 8, "count": 1}], cpus=1)

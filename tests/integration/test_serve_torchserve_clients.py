@@ -6,16 +6,14 @@ real TorchServe (a form split into its fields, the file's bytes under ``data``).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mar_support import archive
+from serve_support import start_serving, stop_serving
 
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.torchserve.process import free_ports
@@ -44,25 +42,13 @@ class EchoHandler:
 """
 
 
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/ping", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module", params=["native", "torchserve"])
 def echo_pod(
     tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp(f"echo-{request.param}")
     (tmp / "echo_handler.py").write_text(HANDLER)
-    subprocess.run(
-        [str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "echo",
-         "--version", "1.0", "--handler", str(tmp / "echo_handler.py"), "--export-path", str(tmp)],
-        check=True, env={**os.environ, "TMPDIR": str(tmp)}, timeout=120,
-    )  # fmt: skip
+    archive(tmp, "echo", tmp / "echo_handler.py")
     (tmp / "warm.txt").write_text("warm")
     plan = {"cpus": 1, "batch": 2, "instances": [{"threads": 1, "batch": 2, "count": 1}],
             "expected_latency_ms": 1.0, "fat_latency_ms": 1.0}  # fmt: skip
@@ -73,22 +59,10 @@ def echo_pod(
            "--plan", str(tmp / "plan.json"), "--host", "127.0.0.1", "--port", str(port),
            "--workdir", str(tmp / "work"), "--runtime", request.param, "--cpus", str(CPUS[-1]),
            "--warmup-body", str(tmp / "warm.txt")]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while not _ready(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"pod not ready:\n{log.read_text(errors='replace')}")
-        time.sleep(0.2)
+    proc = start_serving(cmd, url, log)
     yield url
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    stop_serving(proc)
 
 
 def curl(*args: str) -> tuple[int, str]:

@@ -44,16 +44,22 @@ print(os.waitstatus_to_exitcode(status))
 """.replace("import os, sys", "import json, os, sys")
 
 
-def test_the_zygote_writes_the_weight_file_and_maps_its_own_model(tmp_path: Path) -> None:
-    path = tmp_path / "weights" / "tiny.weights.pt"
+def _run_script(script: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a fresh interpreter with the weight file's ``path``: it exited 0."""
     out = subprocess.run(
-        [sys.executable, "-c", PRELOAD_THEN_FORK, str(path)],
+        [sys.executable, "-c", script, str(path)],
         capture_output=True,
         text=True,
         timeout=150,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def test_the_zygote_writes_the_weight_file_and_maps_its_own_model(tmp_path: Path) -> None:
+    path = tmp_path / "weights" / "tiny.weights.pt"
+    out = _run_script(PRELOAD_THEN_FORK, path)
     first, code = out.stdout.strip().splitlines()[-2:]
     facts = json.loads(first)
     assert facts["file"] is True
@@ -91,14 +97,7 @@ print(json.dumps(facts), flush=True)
 
 def test_the_native_zygote_builds_first_and_writes_the_weights_behind(tmp_path: Path) -> None:
     path = tmp_path / "weights" / "tiny.weights.pt"
-    out = subprocess.run(
-        [sys.executable, "-c", BUILD_THEN_WRITE_BEHIND, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
+    out = _run_script(BUILD_THEN_WRITE_BEHIND, path)
     facts = json.loads(out.stdout.strip().splitlines()[-1])
     assert facts["file"] is False  # not on the start path: the forks need no file
     assert facts["same"] is True  # the forks use the model the zygote built

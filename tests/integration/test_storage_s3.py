@@ -141,38 +141,56 @@ def test_fetch_failures_leave_nothing_behind(s3: S3Server, tmp_path: Path, case:
     assert not dest.parent.exists() or list(dest.parent.iterdir()) == []  # no partial file
 
 
-class _PodIdentityAgent:
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    """A handler that logs nothing and answers 200 with a body (``_answer``)."""
+
+    def _answer(self, content_type: str, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _LocalEndpoint:
+    """A stand-in AWS endpoint on loopback, counting the requests it served (``served``)."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    def _start(self, handler: type[_Quiet], context: ssl.SSLContext | None = None) -> int:
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        if context is not None:
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return int(self.httpd.server_address[1])
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+
+
+class _PodIdentityAgent(_LocalEndpoint):
     """A local stand-in for the EKS Pod Identity agent (the container credentials endpoint):
     it answers the token-authenticated GET with a role's temporary credentials (assumed in
     moto, so the session token is checked too). It counts the requests it served."""
 
     def __init__(self, role: dict[str, str], token: str) -> None:
+        super().__init__()
         agent = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(_Quiet):
             def do_GET(self) -> None:
                 if self.headers.get("Authorization") != token:
                     self.send_error(401)
                     return
                 agent.served += 1
                 doc = {**role, "AccountId": "123456789012", "Expiration": "2099-01-01T00:00:00Z"}
-                data = json.dumps(doc).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._answer("application/json", json.dumps(doc).encode())
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.served = 0
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/credentials"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
+        self.url = f"http://127.0.0.1:{self._start(Handler)}/v1/credentials"
 
 
 def test_fetch_through_the_cloud_credential_chain(s3: S3Server, tmp_path: Path) -> None:
@@ -255,19 +273,20 @@ open(sys.argv[2], "wb").write(key.private_bytes(serialization.Encoding.PEM,
 """
 
 
-class _StsStandIn:
+class _StsStandIn(_LocalEndpoint):
     """A local STS answering AssumeRoleWithWebIdentity over TLS (the credential provider
     refuses plain http for STS), as AWS does for an IRSA pod: it checks the web identity
     token and the role, and hands out the role's temporary credentials (assumed in moto)."""
 
     def __init__(self, workdir: Path, role: dict[str, str], token: str, role_arn: str) -> None:
+        super().__init__()
         self.cert, key = workdir / "sts.pem", workdir / "sts.key"
         subprocess.run(
             [str(MOTO_PYTHON), "-c", CERT, str(self.cert), str(key)], check=True, timeout=120
         )
         stand_in = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(_Quiet):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length).decode()
@@ -292,25 +311,11 @@ class _StsStandIn:
                     "</Credentials></AssumeRoleWithWebIdentityResult>"
                     "</AssumeRoleWithWebIdentityResponse>"
                 ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/xml")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._answer("text/xml", data)
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.served = 0
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.cert, key)
-        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
+        self.url = f"https://127.0.0.1:{self._start(Handler, context)}"
 
 
 def test_fetch_through_a_web_identity(s3: S3Server, tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +16,7 @@ from aiohttp import web
 from packrat.serve.config import InstanceSpec
 from packrat.serve.dispatcher.app import Dispatcher
 from packrat.serve.dispatcher.connections import ConnectionLimits
+from packrat.serve.dispatcher.metrics import ServeMetrics
 
 
 class FakeTorchServe:
@@ -40,8 +42,47 @@ class FakeTorchServe:
         )
 
 
+class GatedRows:
+    """An in-process backend that answers like the model service: each sample the JSON row
+    [sum of its floats], once ``gate`` is open. With ``refuse_negative``, a sample whose first
+    float is negative is a 400 (the model's own refusal)."""
+
+    kind = "fake"
+    refuse_negative = False
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def forward(
+        self, name: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
+    ) -> web.Response:
+        await self.gate.wait()
+        values = array("f", body).tolist()
+        if self.refuse_negative and values and values[0] < 0:
+            return web.json_response({"code": 400, "message": "negative"}, status=400)
+        return web.json_response([sum(values)])
+
+
+def payload_log_count(metrics: ServeMetrics, outcome: str) -> float:
+    """The request log's records of ``outcome`` (model ``m``) so far."""
+    value = metrics.registry.get_sample_value(
+        "packrat_payload_log_records_total", {"model": "m", "outcome": outcome}
+    )
+    return value or 0.0
+
+
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     return await _serve_runner(web.AppRunner(app, access_log=None))
+
+
+async def serve_post(
+    path: str, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> tuple[web.AppRunner, str]:
+    """A peer (a sink, a canary) that answers POST ``path`` with ``handler``, on loopback."""
+    app = web.Application()
+    app.router.add_post(path, handler)
+    return await _serve(app)
 
 
 async def _serve_runner(runner: web.AppRunner) -> tuple[web.AppRunner, str]:

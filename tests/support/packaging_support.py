@@ -25,6 +25,8 @@ CRD_DIR = ROOT / "crds"
 EXAMPLES_DIR = ROOT / "examples"
 DOCS_DIR = ROOT / "docs"
 IMAGES_DIR = ROOT / "images"
+# the paper's measured ResNet profile: what the CLI and planner tests plan from
+RESNET_PROFILE = ROOT / "benchmarks" / "profiles" / "packrat-paper" / "resnet-pytorch.csv"
 RELEASE = "prat"
 NAMESPACE = "packrat-system"
 

@@ -7,21 +7,15 @@ import io
 import re
 import threading
 import time
-from pathlib import Path
 
 import pytest
+from packaging_support import RESNET_PROFILE
 
 from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.provision import provision
 from packrat.plan.traces import gamma_trace
 
-PROFILE = (
-    Path(__file__).resolve().parents[3]
-    / "benchmarks"
-    / "profiles"
-    / "packrat-paper"
-    / "resnet-pytorch.csv"
-)
+PROFILE = RESNET_PROFILE
 
 
 def _until(cond: object, timeout: float = 30.0) -> None:

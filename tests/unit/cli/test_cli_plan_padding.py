@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from packaging_support import RESNET_PROFILE
 
 from packrat.cli import main
 
-PROFILE = (
-    Path(__file__).resolve().parents[3]
-    / "benchmarks"
-    / "profiles"
-    / "packrat-paper"
-    / "resnet-pytorch.csv"
-)
+PROFILE = RESNET_PROFILE
 ARGS = ["plan", "--profile", str(PROFILE), "--cpus", "16"]
 
 

@@ -26,13 +26,15 @@ slo: {latencyP99Ms: 900}
 """
 
 
+def _provision_two_stage(pipeline_file: Callable[[str], Path], *flags: str) -> int:
+    """``packrat provision --pipeline`` of ``TWO_STAGE`` with ``flags``: the exit code."""
+    return main(["provision", "--pipeline", str(pipeline_file(TWO_STAGE)), *flags])
+
+
 def test_json_has_every_stage_and_both_baselines(
     capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
 ) -> None:
-    path = pipeline_file(TWO_STAGE)
-    code = main(
-        ["provision", "--pipeline", str(path), "--rate", "20", "--duration", "10", "--format=json"]
-    )
+    code = _provision_two_stage(pipeline_file, "--rate", "20", "--duration", "10", "--format=json")
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert doc["feasible"] and doc["simulated_p99_ms"] <= doc["slo_p99_ms"] == 900
@@ -59,10 +61,7 @@ def test_the_example_as_a_table(capsys: pytest.CaptureFixture[str]) -> None:
 def test_an_impossible_slo_exits_1(
     capsys: pytest.CaptureFixture[str], pipeline_file: Callable[[str], Path]
 ) -> None:
-    path = pipeline_file(TWO_STAGE)
-    code = main(
-        ["provision", "--pipeline", str(path), "--slo-p99-ms", "50", "--rate", "5", "--duration=5"]
-    )
+    code = _provision_two_stage(pipeline_file, "--slo-p99-ms", "50", "--rate", "5", "--duration=5")
     out = capsys.readouterr().out
     assert code == 1 and "infeasible" in out
 

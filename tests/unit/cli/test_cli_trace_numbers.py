@@ -9,17 +9,12 @@ import math
 from pathlib import Path
 
 import pytest
+from packaging_support import RESNET_PROFILE
 
 from packrat.cli import main
 from packrat.plan.traces import MAX_TRACE_SPAN_S, TraceError, gamma_trace, parse_trace
 
-PROFILE = (
-    Path(__file__).resolve().parents[3]
-    / "benchmarks"
-    / "profiles"
-    / "packrat-paper"
-    / "resnet-pytorch.csv"
-)
+PROFILE = RESNET_PROFILE
 PROVISION = ["provision", "--profile", str(PROFILE), "--slo-p99-ms", "500"]
 SIMULATE = ["simulate", "--profile", str(PROFILE), "--replicas", "1", "--plan", "1x16t/b1"]
 SYNTHETIC = ["--rate", "2", "--duration", "5"]

@@ -8,10 +8,10 @@ loopback that records every Authorization header it is sent."""
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import http_support
 import pytest
 
 from packrat.runtime.egress import EgressError, EgressPolicy, request, split_url
@@ -42,13 +42,8 @@ class _Attacker(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def attacker() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
+    with http_support.serve_http(_Attacker) as url:
+        yield url.removeprefix("http://")
 
 
 HIDDEN = ("?@models.example.com/m.pt", "#@models.example.com/m.pt", "\\@models.example.com/m.pt")

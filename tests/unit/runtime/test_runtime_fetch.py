@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import http_support
 import pytest
 
 from packrat.cli import main
@@ -135,13 +135,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
+    with http_support.serve_http(_Handler) as url:
+        yield url
 
 
 def test_http_download_verifies_and_renames(server: str, tmp_path: Path) -> None:

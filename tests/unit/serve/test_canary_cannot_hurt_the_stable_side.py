@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from aiohttp import web
-from dispatcher_support import _serve, run, stack
+from dispatcher_support import run, serve_post, stack
 
 from packrat.serve.dispatcher.canary import HEADER
 
@@ -23,8 +23,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class Hostile:
     """The canary's Service, answering what the test sets; records the headers it got."""
 
-    def __init__(self) -> None:
-        self.mode = "ok"
+    def __init__(self, mode: str = "ok") -> None:
+        self.mode = mode
         self.headers: list[dict[str, str]] = []
 
     async def predict(self, request: web.Request) -> web.StreamResponse:
@@ -52,9 +52,7 @@ async def _until(predicate: Any) -> None:
 
 
 async def _with_canary(hostile: Hostile, check: Any, **kwargs: Any) -> None:
-    app = web.Application()
-    app.router.add_post("/predictions/{name}", hostile.predict)
-    runner, canary_url = await _serve(app)
+    runner, canary_url = await serve_post("/predictions/{name}", hostile.predict)
     try:
         async with stack([2], admin_token=TOKEN, **kwargs) as (d, _, front, session):
             d.set_up(0, True)
@@ -68,17 +66,22 @@ async def _with_canary(hostile: Hostile, check: Any, **kwargs: Any) -> None:
         await runner.cleanup()
 
 
+async def _canary_stats(session: Any, front: str) -> dict[str, Any]:
+    """The canary's counts in the pod's /status."""
+    async with session.get(f"{front}/status", headers=AUTH) as r:
+        stats: dict[str, Any] = (await r.json())["canary"]
+    return stats
+
+
 def test_a_huge_canary_answer_is_capped_and_served_here() -> None:
-    hostile = Hostile()
-    hostile.mode = "huge"
+    hostile = Hostile(mode="huge")
 
     async def check(d: Any, front: str, session: Any) -> None:
         for _ in range(3):
             async with session.post(f"{front}/predictions/m", data=b"x") as r:
                 assert r.status == 200 and HEADER not in r.headers
                 assert len(await r.read()) < 1024  # the local answer, not the canary's
-        async with session.get(f"{front}/status", headers=AUTH) as r:
-            stats = (await r.json())["canary"]
+        stats = await _canary_stats(session, front)
         assert stats["errors"] == 3 and stats["served"] == 0
         await _until(lambda: d.budget.used == 0)  # every reservation given back
 
@@ -104,14 +107,12 @@ def test_a_canary_answer_is_charged_to_the_buffer_budget() -> None:
 
 
 def test_a_canary_redirect_never_reaches_a_client() -> None:
-    hostile = Hostile()
-    hostile.mode = "redirect"
+    hostile = Hostile(mode="redirect")
 
     async def check(d: Any, front: str, session: Any) -> None:
         async with session.post(f"{front}/predictions/m", data=b"x", allow_redirects=False) as r:
             assert r.status == 200 and "Location" not in r.headers and HEADER not in r.headers
-        async with session.get(f"{front}/status", headers=AUTH) as r:
-            assert (await r.json())["canary"]["errors"] == 1
+        assert (await _canary_stats(session, front))["errors"] == 1
 
     run(lambda: _with_canary(hostile, check))
 
@@ -130,15 +131,13 @@ def test_client_credentials_stay_with_the_stable_pod() -> None:
 
 
 def test_4xx_answers_are_reported_as_failures() -> None:
-    hostile = Hostile()
-    hostile.mode = "400"
+    hostile = Hostile(mode="400")
 
     async def check(d: Any, front: str, session: Any) -> None:
         for _ in range(5):
             async with session.post(f"{front}/predictions/m", data=b"x") as r:
                 assert r.status == 400 and r.headers.get(HEADER) == "true"
-        async with session.get(f"{front}/status", headers=AUTH) as r:
-            stats = (await r.json())["canary"]
+        stats = await _canary_stats(session, front)
         assert stats["client_errors"] == 5 and stats["requests"] == 5
 
     run(lambda: _with_canary(hostile, check))
@@ -152,9 +151,7 @@ def test_the_answer_stays_charged_while_it_lives() -> None:
 
     async def main() -> None:
         hostile = Hostile()
-        app = web.Application()
-        app.router.add_post("/predictions/{name}", hostile.predict)
-        runner, canary_url = await _serve(app)
+        runner, canary_url = await serve_post("/predictions/{name}", hostile.predict)
         budget = BufferBudget(1024)
         split = CanarySplit(model="m", registry=CollectorRegistry(), budget=budget)
         try:

@@ -7,15 +7,14 @@ the model service (each sample: the JSON row [sum of its floats])."""
 from __future__ import annotations
 
 import asyncio
-from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from aiohttp import web
+from dispatcher_support import GatedRows
 
 from packrat.runtime import modelid
 from packrat.serve.config import InstanceSpec
@@ -28,21 +27,8 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc.aio", reason="tritonc
 TINY = modelid.zoo_input_spec("tiny")
 
 
-class Rows:
-    kind = "fake"
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def forward(
-        self, name: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
-    ) -> web.Response:
-        await self.gate.wait()
-        values = array("f", body).tolist()
-        if values and values[0] < 0:
-            return web.json_response({"code": 400, "message": "negative"}, status=400)
-        return web.json_response([sum(values)])
+class Rows(GatedRows):
+    refuse_negative = True
 
 
 @asynccontextmanager

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from dispatcher_support import _serve, run, stack
+from dispatcher_support import payload_log_count, run, serve_post, stack, until
 
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import PayloadLogConfig, PayloadLogError, PayloadLogger
@@ -32,25 +32,10 @@ class Sink:
         return web.Response(status=202)
 
 
-def _count(metrics: ServeMetrics, outcome: str) -> float:
-    value = metrics.registry.get_sample_value(
-        "packrat_payload_log_records_total", {"model": "m", "outcome": outcome}
-    )
-    return value or 0.0
-
-
-async def _wait(predicate: Any, timeout_s: float = 30) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 def test_a_hung_sink_holds_a_bounded_number_of_bytes_inside_the_budget() -> None:
     async def main() -> None:
         sink = Sink()
-        app = web.Application()
-        app.router.add_post("/", sink.handle)
-        runner, url = await _serve(app)
+        runner, url = await serve_post("/", sink.handle)
         metrics = ServeMetrics()
         config = PayloadLogConfig(
             sink=url + "/",
@@ -68,12 +53,15 @@ def test_a_hung_sink_holds_a_bounded_number_of_bytes_inside_the_budget() -> None
                 for _ in range(20):
                     async with session.post(f"{front}/predictions/m", data=b"x" * MiB) as r:
                         assert r.status == 200
-                await _wait(lambda: sink.got >= 1)
-                assert logger.queue.qsize() <= 4 and _count(metrics, "dropped") >= 15
+                await until(lambda: sink.got >= 1, "a record at the sink")
+                assert logger.queue.qsize() <= 4 and payload_log_count(metrics, "dropped") >= 15
                 held = d.budget.used
                 assert 0 < held <= 4 * MiB + 64 * 1024  # the records, inside the pod's budget
                 sink.gate.set()
-                await _wait(lambda: logger.queue.qsize() == 0 and d.budget.used == 0)
+                await until(
+                    lambda: logger.queue.qsize() == 0 and d.budget.used == 0,
+                    "the queue drained, the budget given back",
+                )
         finally:
             sink.gate.set()
             await runner.cleanup()
@@ -118,9 +106,7 @@ def test_a_name_resolving_to_loopback_gets_nothing(monkeypatch: pytest.MonkeyPat
     async def main() -> None:
         sink = Sink()
         sink.gate.set()
-        app = web.Application()
-        app.router.add_post("/", sink.handle)
-        runner, url = await _serve(app)
+        runner, url = await serve_post("/", sink.handle)
         metrics = ServeMetrics()
         port = url.rsplit(":", 1)[1]
         config = PayloadLogConfig(sink=f"http://sink.example.test:{port}/", concurrency=1)
@@ -131,7 +117,9 @@ def test_a_name_resolving_to_loopback_gets_nothing(monkeypatch: pytest.MonkeyPat
                 for _ in range(3):
                     async with session.post(f"{front}/predictions/m", data=b"abc") as r:
                         assert r.status == 200
-                await _wait(lambda: _count(metrics, "failed") == 3)
+                await until(
+                    lambda: payload_log_count(metrics, "failed") == 3, "three records failed"
+                )
                 assert sink.got == 0
         finally:
             await runner.cleanup()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from dispatcher_support import _serve, run, stack
+from dispatcher_support import payload_log_count, run, serve_post, stack, until
 
 from packrat.serve.dispatcher.metrics import ServeMetrics
 from packrat.serve.dispatcher.payload_log import (
@@ -59,26 +59,11 @@ def _logger(sink: str, metrics: ServeMetrics, **kwargs: Any) -> PayloadLogger:
     )
 
 
-def _count(metrics: ServeMetrics, outcome: str) -> float:
-    value = metrics.registry.get_sample_value(
-        "packrat_payload_log_records_total", {"model": "m", "outcome": outcome}
-    )
-    return value or 0.0
-
-
-async def _wait(predicate: Any, timeout_s: float = 30) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("mode", ["binary", "structured"])
 def test_cloudevents_carry_both_bodies(mode: str) -> None:
     async def main() -> None:
         sink = Sink()
-        app = web.Application()
-        app.router.add_post("/events", sink.handle)
-        runner, url = await _serve(app)
+        runner, url = await serve_post("/events", sink.handle)
         metrics = ServeMetrics()
         logger = _logger(f"{url}/events", metrics, mode=mode, source="/ns/resnet")
         try:
@@ -89,8 +74,8 @@ def test_cloudevents_carry_both_bodies(mode: str) -> None:
                 async with session.post(f"{front}/predictions/m", data=body, headers=headers) as r:
                     assert r.status == 200
                     answer = await r.read()
-                await _wait(lambda: len(sink.events) == 2)
-                await _wait(lambda: _count(metrics, "logged") == 1)
+                await until(lambda: len(sink.events) == 2, "both events at the sink")
+                await until(lambda: payload_log_count(metrics, "logged") == 1, "one record logged")
         finally:
             await runner.cleanup()
         request, response = sink.events
@@ -128,12 +113,15 @@ def test_jsonl_sampled_and_bodies_capped(tmp_path: Path) -> None:
                 body = bytes([i]) * 20  # binary: base64, capped at 8 bytes
                 async with session.post(f"{front}/predictions/m", data=body) as r:
                     assert r.status == 200
-            await _wait(lambda: logger.queue.empty() and _count(metrics, "logged") > 0)
+            await until(
+                lambda: logger.queue.empty() and payload_log_count(metrics, "logged") > 0,
+                "the queue drained, records logged",
+            )
         # the dispatcher closed the logger: everything queued was written
         lines = (tmp_path / "log" / "requests.jsonl").read_text().splitlines()
         draws = random.Random(7)  # the same draws the logger made
         expected = sum(draws.random() < 0.5 for _ in range(40))
-        assert len(lines) == expected == _count(metrics, "logged")
+        assert len(lines) == expected == payload_log_count(metrics, "logged")
         assert 10 < expected < 30
         record = json.loads(lines[0])
         assert record["model"] == "m" and record["status"] == 200 and len(record["id"]) == 32
@@ -151,9 +139,7 @@ def test_a_hung_sink_never_holds_a_prediction() -> None:
     async def main() -> None:
         sink = Sink()
         sink.gate.clear()  # hold every POST
-        app = web.Application()
-        app.router.add_post("/", sink.handle)
-        runner, url = await _serve(app)
+        runner, url = await serve_post("/", sink.handle)
         metrics = ServeMetrics()
         logger = _logger(url + "/", metrics, queue_size=2, concurrency=1, timeout_s=60)
         try:
@@ -165,7 +151,7 @@ def test_a_hung_sink_never_holds_a_prediction() -> None:
                         statuses.append(r.status)
                 assert statuses == [200] * 12
                 # one record in the worker's hands, two queued, nine dropped
-                assert _count(metrics, "dropped") == 9
+                assert payload_log_count(metrics, "dropped") == 9
                 assert logger.queue.qsize() == 2
                 depth = metrics.registry.get_sample_value(
                     "packrat_payload_log_queue_depth", {"model": "m"}
@@ -182,9 +168,7 @@ def test_a_refusing_or_slow_sink_counts_failures() -> None:
     async def main() -> None:
         sink = Sink()
         sink.status = 500
-        app = web.Application()
-        app.router.add_post("/", sink.handle)
-        runner, url = await _serve(app)
+        runner, url = await serve_post("/", sink.handle)
         metrics = ServeMetrics()
         logger = _logger(url + "/", metrics, timeout_s=0.2)
         try:
@@ -192,15 +176,15 @@ def test_a_refusing_or_slow_sink_counts_failures() -> None:
                 d.set_up(0, True)
                 async with session.post(f"{front}/predictions/m", data=b"a") as r:
                     assert r.status == 200
-                await _wait(lambda: _count(metrics, "failed") == 1)
+                await until(lambda: payload_log_count(metrics, "failed") == 1, "one record failed")
                 sink.status, sink.gate = 202, asyncio.Event()  # now it hangs past the deadline
                 async with session.post(f"{front}/predictions/m", data=b"b") as r:
                     assert r.status == 200
-                await _wait(lambda: _count(metrics, "failed") == 2)
+                await until(lambda: payload_log_count(metrics, "failed") == 2, "two records failed")
                 sink.gate.set()
         finally:
             await runner.cleanup()
-        assert _count(metrics, "logged") == 0
+        assert payload_log_count(metrics, "logged") == 0
 
     run(main)
 

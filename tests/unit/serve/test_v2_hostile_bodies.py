@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from array import array
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
+from dispatcher_support import GatedRows, _serve_runner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,22 +28,6 @@ from packrat.serve.dispatcher.app import Dispatcher
 
 TINY = modelid.zoo_input_spec("tiny")
 TOKEN = "s3cret-token"
-
-
-class GatedRows:
-    """Answers each sample with the JSON row [sum of its floats], once ``gate`` is open."""
-
-    kind = "fake"
-
-    def __init__(self) -> None:
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def forward(
-        self, name: str, headers: Mapping[str, str], query: Mapping[str, str], body: bytes
-    ) -> web.Response:
-        await self.gate.wait()
-        return web.json_response([sum(array("f", body).tolist())])
 
 
 @asynccontextmanager
@@ -60,14 +43,10 @@ async def pod(
     d.inputs = TINY
     for i in range(len(instances)):
         d.set_up(i, True)
-    runner = d.runner()
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
+    runner, url = await _serve_runner(d.runner())
     try:
         async with aiohttp.ClientSession() as session:
-            yield d, backend, f"http://{host}:{port}", session
+            yield d, backend, url, session
     finally:
         backend.gate.set()
         await runner.cleanup()

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from dispatcher_support import _serve_runner
 
 from packrat.runtime import modelid
 from packrat.serve.config import InstanceSpec
@@ -46,14 +47,10 @@ async def pod() -> AsyncIterator[tuple[Dispatcher, str, aiohttp.ClientSession]]:
     warm = await Argmax().forward("tiny_i0", {}, {}, array("f", [0.0] * 16).tobytes())
     assert isinstance(warm.body, bytes)
     d.learn_output(warm.body)  # what the pod does with its warm-up answer
-    runner = d.runner()
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
+    runner, url = await _serve_runner(d.runner())
     try:
         async with aiohttp.ClientSession(auto_decompress=False) as session:
-            yield d, f"http://{host}:{port}", session
+            yield d, url, session
     finally:
         await runner.cleanup()
 

@@ -5,10 +5,9 @@ worth) leave another model's reads answered, all of them. Real client, real sock
 from __future__ import annotations
 
 import http.server
-import socket
-import threading
 from collections.abc import Iterator
 
+import http_support
 import pytest
 
 from packrat.controller.core.fanout import PER_OWNER_IN_FLIGHT, TOTAL_IN_FLIGHT, PodFanout
@@ -16,30 +15,8 @@ from packrat.controller.core.fanout import PER_OWNER_IN_FLIGHT, TOTAL_IN_FLIGHT,
 
 @pytest.fixture()
 def blackhole() -> Iterator[str]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(256)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
+    with http_support.blackhole(backlog=256) as url:
+        yield url
 
 
 class _Status(http.server.BaseHTTPRequestHandler):
@@ -55,13 +32,8 @@ class _Status(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def healthy() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Status)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
+    with http_support.serve_http(_Status) as url:
+        yield url
 
 
 def test_hostile_models_cannot_take_another_models_share(blackhole: str, healthy: str) -> None:

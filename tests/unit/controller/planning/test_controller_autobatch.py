@@ -3,12 +3,12 @@ the reconcile pass driving ``plan.reconfig`` end to end against an in-memory API
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from kube_support import (
     NS,
+    FakeFanout,
     FakeKube,
     Feed,
     add_model,
@@ -19,7 +19,6 @@ from kube_support import (
     unbatched_spec,
 )
 
-from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import AutoBatch, model_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.planning import autobatch as ab
@@ -173,7 +172,7 @@ def _serving_pod(name: str, *, slot: str, ready: bool, ip: str) -> dict[str, Any
 
 
 def test_estimate_reader_reads_every_ready_pod_the_service_selects(
-    monkeypatch: pytest.MonkeyPatch, kube: FakeKube
+    monkeypatch: pytest.MonkeyPatch, kube: FakeKube, fanout: FakeFanout
 ) -> None:
     kube.create(
         "services",
@@ -187,41 +186,22 @@ def test_estimate_reader_reads_every_ready_pod_the_service_selects(
     kube.create("pods", NS, _serving_pod("m-a-2", slot="a", ready=True, ip="10.0.0.2"))
     kube.create("pods", NS, _serving_pod("m-a-3", slot="a", ready=False, ip="10.0.0.3"))
     kube.create("pods", NS, _serving_pod("m-b-1", slot="b", ready=True, ip="10.0.0.4"))
-    answers = {"http://10.0.0.1:8080": 8, "http://10.0.0.2:8080": 4, "http://svc/m": 2}
-    asked: list[str] = []
-
-    class Fanout:
-        def get(
-            self,
-            owner: str,
-            urls: list[str],
-            *,
-            deadline: float,
-            max_bytes: int,
-            headers: dict[str, str] | None = None,
-        ) -> list[Answer]:
-            asked.extend(urls)
-            docs = [answers.get(url.removesuffix("/status")) for url in urls]
-            return [
-                Answer(200, json.dumps({"batch_size_estimate": {"estimate": d}}).encode())
-                if d is not None
-                else Answer(0, error="unreachable")
-                for d in docs
-            ]
-
+    fanout.estimates.update(
+        {"http://10.0.0.1:8080": 8, "http://10.0.0.2:8080": 4, "http://svc/m": 2}
+    )
     reader = estimates.EstimateReader(
         kube,
         pod_url="http://{ip}:8080",
         service_url="http://svc/{service}",
-        fanout=Fanout(),  # type: ignore[arg-type]
+        fanout=fanout,  # type: ignore[arg-type]
     )
     assert reader(NS, "m") == ab.Reading((8, 4), "pods")
-    assert sorted(asked) == ["http://10.0.0.1:8080/status", "http://10.0.0.2:8080/status"]
+    assert sorted(fanout.asked) == ["http://10.0.0.1:8080/status", "http://10.0.0.2:8080/status"]
     # no ready pods listed: one reading through the Service
     for pod in ("m-a-1", "m-a-2"):
         kube.delete("pods", NS, pod)
     assert reader(NS, "m") == ab.Reading((2,), "service")
-    answers.clear()
+    fanout.estimates.clear()
     assert reader(NS, "m") is None
 
 

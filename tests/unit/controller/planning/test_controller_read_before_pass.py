@@ -67,6 +67,10 @@ def _router(kube: CountingKube) -> None:
     )
 
 
+# the readers fixture: the counting API and the two readers on it, sharing one pod client
+Readers = tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader]
+
+
 @pytest.fixture
 def fanout() -> FakeFanout:
     pods = FakeFanout()
@@ -78,7 +82,7 @@ def fanout() -> FakeFanout:
 @pytest.fixture
 def readers(
     fanout: FakeFanout,
-) -> Iterator[tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader]]:
+) -> Iterator[Readers]:
     kube = CountingKube()
     _model(kube)
     est = estimates.EstimateReader(
@@ -97,7 +101,7 @@ def readers(
 
 
 def test_both_readers_share_one_service_read_and_one_pod_listing(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
@@ -112,7 +116,7 @@ def test_both_readers_share_one_service_read_and_one_pod_listing(
 
 @pytest.mark.parametrize(("want_estimates", "want_arrivals"), [(True, False), (False, True)])
 def test_one_reader_lists_the_pods_itself(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     want_estimates: bool,
     want_arrivals: bool,
 ) -> None:
@@ -126,7 +130,7 @@ def test_one_reader_lists_the_pods_itself(
 
 
 def test_nothing_wanted_reads_nothing(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
 ) -> None:
     kube, est, arr = readers
     assert read_before_pass(est, arr, NS, "m", want_estimates=False, want_arrivals=False) == (
@@ -137,7 +141,7 @@ def test_nothing_wanted_reads_nothing(
 
 
 def test_no_ready_pod_shared_estimates_go_through_the_service(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
@@ -151,7 +155,7 @@ def test_no_ready_pod_shared_estimates_go_through_the_service(
 
 
 def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     kube, est, arr = readers
@@ -174,7 +178,7 @@ def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
 
 
 def test_the_arrival_reader_asks_nothing_without_a_token_of_the_models(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     """No Secret, or one the model does not own (squatted): the reader sends nothing (the
@@ -192,7 +196,7 @@ def test_the_arrival_reader_asks_nothing_without_a_token_of_the_models(
 
 
 def test_an_arrival_stamped_in_the_future_neither_counts_nor_moves_the_cursor(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     # a pod (its model's code, or a clock far ahead) answering a time a year from now must
@@ -207,7 +211,7 @@ def test_an_arrival_stamped_in_the_future_neither_counts_nor_moves_the_cursor(
 
 
 def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     # each read brings a few arrivals: thinned one read at a time to floor(n s) they were
@@ -230,7 +234,7 @@ def test_a_stage_tuned_from_the_ingress_keeps_its_share_across_small_reads(
 
 
 def test_a_peek_reads_the_pods_of_the_last_read_again_without_the_api(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     """The fast trigger's reads between passes: the pods the last pass read, no Service read
@@ -250,7 +254,7 @@ def test_a_peek_reads_the_pods_of_the_last_read_again_without_the_api(
 
 
 def test_a_pod_that_ignores_the_cursor_counts_each_arrival_once(
-    readers: tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader],
+    readers: Readers,
     fanout: FakeFanout,
 ) -> None:
     """A pod (or a proxy on the way) that drops ``?after=`` answers its whole log every read;

@@ -139,12 +139,18 @@ def test_infeasible_slo_serves_the_lowest_p99_with_a_condition_and_event(kube: F
     assert kube.of("deployments") == ["tiny-a"]  # still serves the best it can
 
 
-def test_missing_trace_configmap_is_a_condition_and_keeps_serving(kube: FakeKube) -> None:
+def _ready_with_a_trace(kube: FakeKube) -> Reconciler:
+    """``tiny`` Ready with an SLO whose trace is the ConfigMap ``trace`` (key ``t.csv``)."""
     cm = {"metadata": {"name": "trace", "namespace": NS}, "data": {"t.csv": "0\n0.001\n0.002\n"}}
     kube.create("configmaps", NS, cm)
     ref = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}}
     rec = add_model(kube, unbatched_spec(slo=ref))
     assert to_ready(kube, rec).phase == "Ready"
+    return rec
+
+
+def test_missing_trace_configmap_is_a_condition_and_keeps_serving(kube: FakeKube) -> None:
+    rec = _ready_with_a_trace(kube)
     kube.delete("configmaps", NS, "trace")
     kube.patch("packratmodels", NS, "tiny", {"spec": {"slo": {"latencyP99Ms": 19}}})
     res = rec.reconcile(NS, "tiny", now=T0)
@@ -159,11 +165,7 @@ def test_missing_trace_configmap_is_a_condition_and_keeps_serving(kube: FakeKube
 
 def test_a_trace_spanning_1e308_seconds_is_a_condition_and_keeps_serving(kube: FakeKube) -> None:
     """Issue 38's sibling in the operator: a trace ConfigMap with a 1e308 timestamp."""
-    cm = {"metadata": {"name": "trace", "namespace": NS}, "data": {"t.csv": "0\n0.001\n0.002\n"}}
-    kube.create("configmaps", NS, cm)
-    ref = {"latencyP99Ms": 20, "trace": {"configMap": "trace", "key": "t.csv"}}
-    rec = add_model(kube, unbatched_spec(slo=ref))
-    assert to_ready(kube, rec).phase == "Ready"
+    rec = _ready_with_a_trace(kube)
     kube.patch("configmaps", NS, "trace", {"data": {"t.csv": "0\n0.001\n1e308\n"}})
     kube.patch("packratmodels", NS, "tiny", {"spec": {"slo": {"latencyP99Ms": 19}}})
     rec.reconcile(NS, "tiny", now=T0)

@@ -5,10 +5,9 @@ pods' sake: a fan-out still outstanding after a short wait is picked up by a lat
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from collections.abc import Iterator
 
+import http_support
 import pytest
 
 from packrat.controller.core.fanout import Answer, PodFanout
@@ -50,30 +49,8 @@ def test_4xx_and_503_count_toward_rollback(counts: dict[str, int]) -> None:
 @pytest.fixture()
 def blackhole() -> Iterator[str]:
     """A pod that accepts connections and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(64)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        server.close()
+    with http_support.blackhole(backlog=64) as url:
+        yield url
 
 
 def test_a_blackholed_pass_does_not_wait_for_the_pods(blackhole: str) -> None:
