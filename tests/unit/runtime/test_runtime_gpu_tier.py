@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from packrat.plan.gpu.layerplan import Op, Placement
+from packrat.plan.gpu.layerplan import Op, Placement, lcache_curve
 from packrat.runtime.gpu import executor as executor_mod
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
 from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
@@ -171,6 +171,26 @@ def test_lcache_pool_holds_its_budget_and_answers_like_the_plain_models(cold: st
     owned_front = [k for s in mem0.staged.stages[: after["m0"]] for k in s.owned]
     assert all(k in mem0.resident for k in owned_front) and mem0.resident_prefix() == after["m0"]
     assert pool.resident_bytes() <= pool.budget_bytes
+
+
+def test_lcache_pool_follows_the_traffic() -> None:
+    device = CpuDevice(copy_delay_s_per_byte=1e-7)  # copy-bound: every resident layer pays
+    probe, _ = _pool(device, 0, "lcache", "pipelined")
+    one = max(e.mem.packed.total_bytes for e in probe.models.values())
+    pool, _ = _pool(device, one + one // 50, "lcache", "pipelined")  # margin: the byte grid
+    before = pool.replan().prefix
+    x = ids()
+    for _ in range(20):  # the coldest model becomes the only one asked for
+        pool.infer("m3", x)
+    rates = pool.rates_from_traffic(1.0, keep=0.0)
+    assert rates["m3"] == 20.0 and rates["m0"] == 0.0
+    after = pool.replan().prefix
+    # m3 gets the shortest prefix with its least latency (its sweet spot at 1.0x warm)
+    curve = lcache_curve("m3", 20.0, pool.models["m3"].profile, allow_host=False)
+    best = min(curve.latency_s)
+    assert curve.latency_s[after["m3"]] == best and after["m3"] >= before["m3"]
+    assert all(lat > best for lat in curve.latency_s[: after["m3"]])
+    assert after["m0"] <= before["m0"] and pool.resident_bytes() <= pool.budget_bytes
 
 
 def test_lru_pool_admits_whole_models_and_evicts_the_least_recent() -> None:

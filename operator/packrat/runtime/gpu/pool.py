@@ -48,6 +48,7 @@ class _Entry:
     rate: float
     fixed_host: frozenset[int] = frozenset()  # read in place even when warm (embeddings)
     plans: dict[int, LayerPlan] = field(default_factory=dict)
+    count: int = 0  # requests since the rates were last updated from traffic
 
 
 @dataclass
@@ -116,6 +117,16 @@ class DevicePool:
         return p
 
     # -- LCache -----------------------------------------------------------------------------
+    def rates_from_traffic(self, window_s: float, *, keep: float = 0.5) -> dict[str, float]:
+        """Update each model's rate from the requests counted over the last ``window_s``
+        seconds (an exponential average: ``keep`` of the old rate stays), reset the counts."""
+        if not window_s > 0 or not 0.0 <= keep < 1.0:
+            raise ValueError("window must be > 0 s and keep in [0, 1)")
+        for e in self.models.values():
+            e.rate = keep * e.rate + (1.0 - keep) * e.count / window_s
+            e.count = 0
+        return {n: e.rate for n, e in self.models.items()}
+
     def replan(self) -> Residency:
         """Compute LCache's prefixes from the rates and apply them (evict tail-first, then load)."""
         if self.policy != "lcache":
@@ -170,6 +181,7 @@ class DevicePool:
             raise KeyError(f"no model {name} in the pool")
         e = self.models[name]
         self.stats.requests += 1
+        e.count += 1
         if self.policy == "lru":
             step = lru_access(self._lru, self._sizes, self.budget_bytes, name)
             for victim in step.evicted:
