@@ -3,13 +3,13 @@
 Ignite keeps a *prefix* of each model's layers in fast memory and loads the rest in forward
 order while the prefix runs. On CPU the fast memory is the pod's RAM (the page cache of a
 mapped weight file) and the slow tier is the node's disk. For that to work per layer, each
-layer's tensors must be contiguous and page-aligned in the file, so that reading a layer is
-one sequential read, dropping it frees exactly its pages, and asking the kernel which of
-its pages are resident (``mincore``) answers for that layer alone. ``torch.save``'s zip
-orders records by key, not by execution, and aligns them to 64 bytes, so this module writes
-its own layout:
+layer's tensors must be contiguous and aligned in the file, so that reading a layer is one
+sequential read, dropping it frees exactly its pages (see :data:`LAYER_ALIGN`), and asking
+the kernel which of its pages are resident (``mincore``) answers for that layer alone.
+``torch.save``'s zip orders records by key, not by execution, and aligns them to 64 bytes,
+so this module writes its own layout:
 
-    b"PKRLAYR1" | u64 header length | JSON header | pad to a page | layer 0 | pad | layer 1 ...
+    b"PKRLAYR1" | u64 header length | JSON header | hole to 2 MiB | layer 0 | hole | layer 1 ...
 
 The header lists, per layer (in the order the forward pass first uses it, recorded with
 hooks on one example input), its offset and length in the file and its tensors (key, dtype,
@@ -24,8 +24,8 @@ the file range (the page cache; clean pages are freed at once, unless another pr
 them). :meth:`LayerFile.resident` measures what is left with ``mincore`` (ctypes), which for
 a file mapping reports the page cache, so it is measured, not assumed.
 
-Reading goes through :meth:`LayerFile.read_layer`: ``pread`` in chunks into a reused buffer
-(the pages land in the page cache, which the mapping then hits), optionally through a
+Reading goes through :meth:`LayerFile.read_layer`: 1 MiB chunks populated into the mapping
+(``MADV_POPULATE_READ``; ``pread`` on older kernels), optionally through a
 shared :class:`RateLimiter` standing in for a network volume slower than the local disk.
 """
 
@@ -62,9 +62,16 @@ __all__ = [
 
 MAGIC = b"PKRLAYR1"
 PAGE = mmap.PAGESIZE
+LAYER_ALIGN = 2 << 20
+"""Layers start on 2 MiB boundaries: the page cache holds file data in folios of up to 2 MiB
+(large folios, ext4 on Linux 6.x), naturally aligned, and ``POSIX_FADV_DONTNEED`` skips a folio
+that reaches outside the range given, so a layer sharing a folio with its neighbour could not
+be dropped alone (measured: 18.7 of ResNet-50's 102.5 MB stayed resident with page-aligned
+layers). The gaps are holes: never written, never read, no disk space."""
 TENSOR_ALIGN = 64
 CHUNK = 1 << 20
 MAX_HEADER = 16 << 20
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python lacks the name
 
 
 class LayerFileError(RuntimeError):
@@ -141,7 +148,7 @@ def _layout(model: nn.Module, units: Sequence[str], start: int) -> list[LayerInf
             tensors.append(TensorInfo(key, dtype, tuple(t.shape), inner, nbytes))
             inner = _align(inner + nbytes, TENSOR_ALIGN)
         layers.append(LayerInfo(unit, offset, _align(inner, PAGE), tuple(tensors)))
-        offset += _align(inner, PAGE)
+        offset += _align(inner, LAYER_ALIGN)
     placed = {t.key for layer in layers for t in layer.tensors}
     if placed != set(state):
         raise LayerFileError(f"tensors outside any layer: {sorted(set(state) - placed)[:5]}")
@@ -173,7 +180,7 @@ def write_layer_file(
     units = forward_units(model, example)
     # The header's length depends on the offsets it lists; two passes settle it.
     layers = _layout(model, units, 0)
-    start = _align(16 + len(_header(spec, layers)) + 64, PAGE)
+    start = _align(16 + len(_header(spec, layers)) + 64, LAYER_ALIGN)
     layers = _layout(model, units, start)
     header = _header(spec, layers)
     state = {k: t.detach().contiguous() for k, t in model.state_dict().items()}
@@ -263,6 +270,9 @@ class LayerFile:
             if end > size:
                 raise LayerFileError(f"{path}: truncated ({size} bytes, layers end at {end})")
             self._map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ)
+            # Faults read only the pages touched: a layer read in place (an embedding lookup)
+            # reads its rows, and nothing reads a neighbouring layer behind the policy's back.
+            self._map.madvise(mmap.MADV_RANDOM)
         except BaseException:
             os.close(self._fd)
             raise
@@ -272,6 +282,7 @@ class LayerFile:
         self._base = self._bytes.data_ptr()
         self.index = {la.name: i for i, la in enumerate(self.layers)}
         self._buffer = bytearray(CHUNK)
+        self._can_populate = True
 
     def _read_header(self) -> tuple[str, list[LayerInfo]]:
         head = os.pread(self._fd, 16, 0)
@@ -297,28 +308,48 @@ class LayerFile:
         return out
 
     def read_layer(self, i: int, limiter: RateLimiter | None = None) -> int:
-        """Bring layer ``i`` into the page cache with sequential reads; returns bytes read."""
+        """Bring layer ``i`` into the page cache (and this mapping) in 1 MiB sequential reads;
+        returns bytes read.
+
+        ``MADV_POPULATE_READ`` (Linux 5.14) reads the pages and maps them without copying a
+        byte to user space: measured on BERT-base, 0.01-0.02 s of CPU against 0.04-0.19 s for
+        ``pread`` into a buffer, CPU that a cold start's compute, running beside the reader,
+        needs. Older kernels fall back to ``pread``."""
         la = self.layers[i]
-        view = memoryview(self._buffer)
         done = 0
         while done < la.length:
-            n = os.preadv(self._fd, [view[: min(CHUNK, la.length - done)]], la.offset + done)
-            if n <= 0:
-                raise LayerFileError(f"{self.path}: short read in layer {la.name}")
+            n = min(CHUNK, la.length - done)
+            self._populate(la.offset + done, n, la.name)
             done += n
             if limiter is not None:
                 limiter.wait(n)
         return done
 
+    def _populate(self, offset: int, n: int, name: str) -> None:
+        if self._can_populate:
+            try:  # exactly this range read (the mapping is MADV_RANDOM: no read-around), mapped
+                os.posix_fadvise(self._fd, offset, n, os.POSIX_FADV_WILLNEED)
+                self._map.madvise(MADV_POPULATE_READ, offset, n)
+                return
+            except OSError:  # EINVAL: a kernel without it
+                self._can_populate = False
+        got = os.preadv(self._fd, [memoryview(self._buffer)[:n]], offset)
+        if got != n:
+            raise LayerFileError(f"{self.path}: short read in layer {name}")
+
     def evict(self, i: int) -> None:
         """Drop layer ``i``'s pages: this mapping's and the page cache's."""
         la = self.layers[i]
-        self._map.madvise(mmap.MADV_DONTNEED, la.offset, la.length)
-        os.posix_fadvise(self._fd, la.offset, la.length, os.POSIX_FADV_DONTNEED)
+        # The whole slot, holes included: fault-around maps neighbouring cached pages, and a
+        # page still mapped here cannot leave the page cache.
+        slot = min(_align(la.length, LAYER_ALIGN), len(self._map) - la.offset)
+        self._map.madvise(mmap.MADV_DONTNEED, la.offset, slot)
+        os.posix_fadvise(self._fd, la.offset, slot, os.POSIX_FADV_DONTNEED)
 
     def evict_all(self) -> None:
         for i in range(len(self.layers)):
             self.evict(i)
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the header too
 
     def resident(self, i: int) -> int:
         """Bytes of layer ``i`` in the page cache now, measured with ``mincore``."""

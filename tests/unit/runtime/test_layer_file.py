@@ -51,7 +51,7 @@ def test_layers_are_in_forward_order_page_aligned_and_disjoint(
     assert [la.name for la in lf.layers] == ["stem", "blocks.0", "blocks.1", "blocks.2", "head"]
     end = 0
     for la in lf.layers:
-        assert la.offset % PAGE == 0 and la.length % PAGE == 0
+        assert la.offset % layerfile.LAYER_ALIGN == 0 and la.length % PAGE == 0
         assert la.offset >= end
         end = la.offset + la.length
         for t in la.tensors:
@@ -87,6 +87,12 @@ def test_eviction_drops_the_page_cache_and_reading_brings_one_layer_back(
     assert sum(got) == got[2]
     lf.evict(2)
     assert lf.resident(2) == 0
+    for i in range(len(lf.layers)):  # everything in, then one layer out: exactly that one
+        lf.read_layer(i)
+    lf.evict(1)
+    got = lf.resident_layers()
+    assert got[1] == 0
+    assert all(got[i] == la.length for i, la in enumerate(lf.layers) if i != 1)
 
 
 def test_a_forward_pass_faults_every_layer_in(written: tuple[nn.Module, Path]) -> None:
@@ -97,6 +103,10 @@ def test_a_forward_pass_faults_every_layer_in(written: tuple[nn.Module, Path]) -
     with torch.inference_mode():
         mapped(torch.randn(1, 64))
     assert all(r > 0 for r in lf.resident_layers())
+    for i in range(len(lf.layers)):  # mapped and cached: each layer's eviction drops both
+        lf.evict(i)
+        assert lf.resident(i) == 0
+    assert lf.resident_layers() == [0] * len(lf.layers)
 
 
 def test_a_shared_limiter_counts_every_reader(written: tuple[nn.Module, Path]) -> None:

@@ -99,9 +99,9 @@ is_zoo_name = modelid.is_zoo_name
 model_name = modelid.model_name
 
 
-def _seeded(build: Callable[[], nn.Module]) -> nn.Module:
+def _seeded(build: Callable[[], nn.Module], seed: int = SEED) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
         model = build()
     model.eval()
     for p in model.parameters():
@@ -129,11 +129,14 @@ def _quiet_jit() -> Iterator[None]:
         yield
 
 
-def load_model(spec: str) -> nn.Module:
-    """Build a zoo model (random weights, fixed seed) or load a TorchScript file, in eval mode."""
+def load_model(spec: str, *, seed: int | None = None) -> nn.Module:
+    """Build a zoo model (random weights, fixed seed) or load a TorchScript file, in eval mode.
+
+    ``seed`` builds a zoo model with other random weights (a pool's many instances of one
+    architecture, each its own file and pages); TorchScript files ignore it."""
     key = _zoo_key(spec)
     if key is not None:
-        return _seeded(_ZOO[key].build)
+        return _seeded(_ZOO[key].build, SEED if seed is None else seed)
     path = _model_path(spec)
     try:
         with _quiet_jit():
