@@ -360,7 +360,7 @@ class LayerFile:
         vec = (ctypes.c_ubyte * pages)()
         if _libc.mincore(ctypes.c_void_p(self._base + la.offset), la.length, vec) != 0:
             raise OSError(ctypes.get_errno(), "mincore failed")
-        return sum(b & 1 for b in bytes(vec)) * PAGE
+        return (pages - bytes(vec).count(0)) * PAGE  # Linux sets bit 0 only
 
     def resident_layers(self) -> list[int]:
         """Resident bytes per layer, in file order."""

@@ -170,9 +170,20 @@ def build_app(
     runner = _Runner(pool, max_queue=max_queue, timeout_s=timeout_s)
     app.add_routes(_routes(runner))
 
+    stop = threading.Event()
+
+    def sample() -> None:  # the memory peaks, between requests too
+        while not stop.wait(0.5):
+            pool.sample_memory()
+
+    async def start(_app: web.Application) -> None:
+        threading.Thread(target=sample, name="pool-memory", daemon=True).start()
+
     async def close(_app: web.Application) -> None:
+        stop.set()
         runner.executor.shutdown(wait=False, cancel_futures=True)
 
+    app.on_startup.append(start)
     app.on_cleanup.append(close)
     return app
 
