@@ -140,6 +140,8 @@ def _summary(
     models = status["models"].values()
     out["cold_starts_per_min"] = sum(m["cold_starts"] for m in models) / (seconds / 60)
     out["read_bytes"] = sum(m["read_bytes"] for m in models)
+    builds = sorted(m["build_s"] for m in models)
+    out["model_build_ms_median"] = 1000 * builds[len(builds) // 2]
     out["peak_resident_bytes"] = status["peak_resident_bytes"]
     out["peak_rss_bytes"] = status["peak_rss_bytes"]
     out["budget_bytes"] = status["budget_bytes"]
