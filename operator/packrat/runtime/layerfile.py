@@ -232,6 +232,17 @@ class RateLimiter:
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _libc.mincore.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+def _madvise(address: int, length: int, advice: int) -> None:
+    """``madvise`` through ctypes, which lets go of the GIL for the call (``mmap.madvise``
+    holds it, and ``MADV_POPULATE_READ`` waits for the disk: the compute thread, which needs
+    the GIL between operators, would wait with it)."""
+    if _libc.madvise(ctypes.c_void_p(address), length, advice) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _parse_header(raw: bytes, path: Path) -> tuple[str, list[LayerInfo]]:
@@ -329,7 +340,7 @@ class LayerFile:
         if self._can_populate:
             try:  # exactly this range read (the mapping is MADV_RANDOM: no read-around), mapped
                 os.posix_fadvise(self._fd, offset, n, os.POSIX_FADV_WILLNEED)
-                self._map.madvise(MADV_POPULATE_READ, offset, n)
+                _madvise(self._base + offset, n, MADV_POPULATE_READ)
                 return
             except OSError:  # EINVAL: a kernel without it
                 self._can_populate = False
@@ -343,7 +354,7 @@ class LayerFile:
         # The whole slot, holes included: fault-around maps neighbouring cached pages, and a
         # page still mapped here cannot leave the page cache.
         slot = min(_align(la.length, LAYER_ALIGN), len(self._map) - la.offset)
-        self._map.madvise(mmap.MADV_DONTNEED, la.offset, slot)
+        _madvise(self._base + la.offset, slot, mmap.MADV_DONTNEED)
         os.posix_fadvise(self._fd, la.offset, slot, os.POSIX_FADV_DONTNEED)
 
     def evict_all(self) -> None:
