@@ -349,7 +349,9 @@ class LayerFile:
             raise LayerFileError(f"{self.path}: short read in layer {name}")
 
     def evict(self, i: int) -> None:
-        """Drop layer ``i``'s pages: this mapping's and the page cache's."""
+        """Drop layer ``i``'s pages: this mapping's and the page cache's. A page that another
+        mapping of the file still maps (a second :class:`LayerFile` of it, a forked worker)
+        stays: the kernel never drops a mapped page, so :meth:`resident` is what to trust."""
         la = self.layers[i]
         # The whole slot, holes included: fault-around maps neighbouring cached pages, and a
         # page still mapped here cannot leave the page cache.
