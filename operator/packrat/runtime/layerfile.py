@@ -208,10 +208,17 @@ class RateLimiter:
     """At most ``bytes_per_s`` through every reader that shares it (a network volume's rate);
     ``None`` for no limit. Thread-safe: readers queue for the bandwidth, first come first."""
 
-    def __init__(self, bytes_per_s: float | None) -> None:
+    def __init__(
+        self,
+        bytes_per_s: float | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if bytes_per_s is not None and not bytes_per_s > 0:
             raise ValueError("the read rate must be > 0 bytes/s")
         self.bytes_per_s = bytes_per_s
+        self._clock, self._sleep = clock, sleep
         self._free_at = 0.0
         self._lock = threading.Lock()
 
@@ -220,13 +227,13 @@ class RateLimiter:
         if self.bytes_per_s is None:
             return
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             self._free_at = max(self._free_at, now - nbytes / self.bytes_per_s)
             self._free_at += nbytes / self.bytes_per_s
             until = self._free_at
-        delay = until - time.monotonic()
+        delay = until - self._clock()
         if delay > 0:
-            time.sleep(delay)
+            self._sleep(delay)
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)

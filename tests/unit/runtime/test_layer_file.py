@@ -119,6 +119,23 @@ def test_a_shared_limiter_counts_every_reader(written: tuple[nn.Module, Path]) -
         layerfile.RateLimiter(0)
 
 
+def test_the_limiter_holds_readers_to_its_rate_and_lets_idle_time_go() -> None:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    limiter = layerfile.RateLimiter(100.0, clock=lambda: now[0], sleep=sleep)
+    for _ in range(5):  # reads that take no time: 5 x 100 bytes at 100 B/s
+        limiter.wait(100)
+    assert now[0] == pytest.approx(5.0)  # 500 bytes at 100 B/s
+    now[0] += 10.0  # idle: at most one chunk's time is credited (its own read), no more
+    start = now[0]
+    limiter.wait(100)
+    limiter.wait(100)
+    assert now[0] - start == pytest.approx(1.0)
+
+
 def test_bad_files_are_refused_with_a_reason(
     tmp_path: Path, written: tuple[nn.Module, Path]
 ) -> None:
