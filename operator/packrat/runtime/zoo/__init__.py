@@ -101,9 +101,9 @@ is_zoo_name = modelid.is_zoo_name
 model_name = modelid.model_name
 
 
-def _seeded(build: Callable[[], nn.Module]) -> nn.Module:
+def _seeded(build: Callable[[], nn.Module], seed: int = SEED) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
+        torch.manual_seed(seed)
         model = build()
     model.eval()
     for p in model.parameters():
@@ -154,12 +154,15 @@ def _exported(path: Path) -> Any:
         raise ZooError(f"{path}: not a loadable torch.export program (.pt2): {exc}"[:300]) from None
 
 
-def load_model(spec: str) -> nn.Module:
+def load_model(spec: str, *, seed: int | None = None) -> nn.Module:
     """Build a zoo model (random weights, fixed seed) or load a TorchScript file or a
-    torch.export program (.pt2), in eval mode."""
+    torch.export program (.pt2), in eval mode.
+
+    ``seed`` builds a zoo model with other random weights (a pool's many instances of one
+    architecture, each its own file and pages); model files ignore it."""
     key = _zoo_key(spec)
     if key is not None:
-        return _seeded(_ZOO[key].build)
+        return _seeded(_ZOO[key].build, SEED if seed is None else seed)
     path = _model_path(spec)
     if path.suffix.lower() == ".pt2":
         module = _Exported(_exported(path).module())

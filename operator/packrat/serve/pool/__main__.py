@@ -1,0 +1,5 @@
+import sys
+
+from packrat.serve.pool.app import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""The pool serving process: many models behind one HTTP server, weights under a budget.
+
+    python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080]
+
+Each model answers on its own names, as a single-model pod does: Open Inference Protocol v2
+(``/v2/models/{name}``, ``/ready``, ``/infer``; the request codec is the dispatcher's,
+:mod:`packrat.serve.dispatcher.v2_codec`) and ``POST /predictions/{name}`` (one sample, raw
+bytes or JSON, :mod:`packrat.serve.codec`). ``GET /metrics`` gives Prometheus text per model
+(resident bytes measured with ``mincore``, requests, cold starts, bytes read, last use);
+``GET /pool/status`` the same as JSON, with the pool's budget, read rate and memory peaks.
+
+Bounded: a request body is capped (``--max-body``), at most ``--max-queue`` requests wait
+for the compute threads (a 503 beyond), each waits at most ``--timeout`` seconds (a 504). A
+malformed request is a 400 for that request alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from aiohttp import web
+
+from packrat.serve import codec
+from packrat.serve.dispatcher.v2_codec import (
+    V2Error,
+    build_response,
+    model_metadata,
+    parse_request,
+    split_samples,
+)
+from packrat.serve.pool.host import ConfigError, Pool, read_config
+
+__all__ = ["build_app", "main"]
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class _Runner:
+    """The compute threads, the wait bound and the queue bound."""
+
+    def __init__(self, pool: Pool, *, max_queue: int, timeout_s: float) -> None:
+        self.pool, self.max_queue, self.timeout_s = pool, max_queue, timeout_s
+        self.executor = ThreadPoolExecutor(pool.config.threads, thread_name_prefix="pool")
+        self.waiting = 0
+        self._lock = threading.Lock()
+
+    async def run(self, name: str, bodies: list[bytes]) -> list[str] | web.Response:
+        with self._lock:
+            if self.waiting >= self.max_queue:
+                return _error(503, f"{self.waiting} requests already waiting; retry later")
+            self.waiting += 1
+        try:
+            loop = asyncio.get_running_loop()
+            job = loop.run_in_executor(self.executor, self.pool.infer, name, bodies)
+            return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
+        except TimeoutError:
+            return _error(504, f"no answer within {self.timeout_s:g} s")
+        except codec.CodecError as exc:
+            return _error(400, str(exc))
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+
+def _routes(runner: _Runner) -> list[web.RouteDef]:
+    pool = runner.pool
+
+    def unknown(request: web.Request) -> web.Response | None:
+        name = request.match_info["model"]
+        if name not in pool.models:
+            return _error(404, f"model {name!r} is not in this pool")
+        return None
+
+    async def ready(request: web.Request) -> web.Response:
+        if "model" in request.match_info and (missing := unknown(request)) is not None:
+            return missing
+        return web.json_response({"ready": True})
+
+    async def metadata(request: web.Request) -> web.Response:
+        if (missing := unknown(request)) is not None:
+            return missing
+        name = request.match_info["model"]
+        return web.json_response(model_metadata(name, pool.models[name].inputs))
+
+    async def infer(request: web.Request) -> web.Response:
+        if (missing := unknown(request)) is not None:
+            return missing
+        name = request.match_info["model"]
+        header = request.headers.get(HEADER_LENGTH)
+        try:
+            if header is not None and not (header.isdigit() and len(header) <= 12):
+                raise V2Error(f"{HEADER_LENGTH} must be a number of bytes")
+            req = parse_request(await request.read(), int(header) if header else None)
+            samples = split_samples(req, pool.models[name].inputs)
+        except V2Error as exc:
+            return _error(400, str(exc))
+        got = await runner.run(name, [b for b, _ in samples])
+        if isinstance(got, web.Response):
+            return got
+        payload, head = build_response(name, req, [a.encode() for a in got], raw_bytes=False)
+        if head is None:
+            return web.Response(body=payload, content_type="application/json")
+        return web.Response(
+            body=payload,
+            content_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(head)},
+        )
+
+    async def predictions(request: web.Request) -> web.Response:
+        if (missing := unknown(request)) is not None:
+            return missing
+        got = await runner.run(request.match_info["model"], [await request.read()])
+        if isinstance(got, web.Response):
+            return got
+        return web.Response(text=got[0], content_type="application/json")
+
+    async def status(_request: web.Request) -> web.Response:
+        return web.json_response(await asyncio.to_thread(pool.status))
+
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=_prometheus(await asyncio.to_thread(pool.status)))
+
+    model = "/v2/models/{model}"
+    return [
+        web.get("/v2/health/live", ready),
+        web.get("/v2/health/ready", ready),
+        web.get(model, metadata),
+        web.get(f"{model}/ready", ready),
+        web.post(f"{model}/infer", infer),
+        web.post("/predictions/{model}", predictions),
+        web.get("/pool/status", status),
+        web.get("/metrics", metrics),
+    ]
+
+
+def _prometheus(status: dict[str, object]) -> str:
+    models = status["models"]
+    assert isinstance(models, dict)
+    lines = []
+    for metric, key, kind in (
+        ("packrat_pool_resident_bytes", "resident_bytes", "gauge"),
+        ("packrat_pool_requests_total", "requests", "counter"),
+        ("packrat_pool_cold_starts_total", "cold_starts", "counter"),
+        ("packrat_pool_read_bytes_total", "read_bytes", "counter"),
+        ("packrat_pool_last_use_seconds", "last_use", "gauge"),
+    ):
+        lines.append(f"# TYPE {metric} {kind}")
+        lines += [f'{metric}{{model="{n}"}} {m[key]}' for n, m in models.items()]
+    lines.append("# TYPE packrat_pool_budget_bytes gauge")
+    lines.append(f"packrat_pool_budget_bytes {status['budget_bytes']}")
+    return "\n".join(lines) + "\n"
+
+
+def build_app(
+    pool: Pool, *, max_body: int = 16 << 20, max_queue: int = 256, timeout_s: float = 60.0
+) -> web.Application:
+    app = web.Application(client_max_size=max_body)
+    app[POOL] = pool
+    runner = _Runner(pool, max_queue=max_queue, timeout_s=timeout_s)
+    app.add_routes(_routes(runner))
+
+    stop = threading.Event()
+
+    def sample() -> None:  # the memory peaks, between requests too
+        while not stop.wait(0.5):
+            pool.sample_memory()
+
+    async def start(_app: web.Application) -> None:
+        threading.Thread(target=sample, name="pool-memory", daemon=True).start()
+
+    async def close(_app: web.Application) -> None:
+        stop.set()
+        runner.executor.shutdown(wait=False, cancel_futures=True)
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(close)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m packrat.serve.pool", description=__doc__)
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--max-body", type=int, default=16 << 20)
+    parser.add_argument("--max-queue", type=int, default=256)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    try:
+        config = read_config(args.config)
+    except ConfigError as exc:
+        print(f"packrat pool: error: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
+    pool = Pool(config)
+    app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue, timeout_s=args.timeout)
+    print(f"packrat pool: {len(pool.models)} models on {args.host}:{args.port}", flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None)
+    return 0

@@ -1,0 +1,259 @@
+"""The models a pool process hosts: each a layer file, a mapped model, its counters.
+
+torch is imported once for the whole process; a model is built from its mapped layer file
+(architecture without initialisation, every tensor a view of the mapping: no weight byte is
+read until a request runs it), so adding a model to a warm pool costs milliseconds, and an
+idle model costs only the pages the residency policy leaves it. One request runs at a time
+per model; requests for different models run on the pool's compute threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from packrat.runtime import zoo
+from packrat.runtime.layerfile import (
+    LayerFile,
+    RateLimiter,
+    build_mapped,
+    measure_read_rate,
+    write_layer_file,
+)
+from packrat.runtime.pipelined import MODES, LayeredModel, Mode, embedding_layers, layer_times
+from packrat.serve import codec
+from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
+
+__all__ = ["ConfigError", "Pool", "PoolConfig", "PoolModel", "load_config"]
+
+MAX_MODELS = 512
+
+
+class ConfigError(ValueError):
+    """The pool's configuration is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    name: str
+    spec: str
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    models: tuple[ModelEntry, ...]
+    directory: Path
+    budget_bytes: int
+    policy: Policy = "lcache"
+    mode: Mode = "prefetch"
+    read_rate_bps: float | None = None
+    """A read path slower than the disk (a network volume); None: the disk's own rate."""
+    in_place_embeddings: bool = True
+    threads: int = 1
+
+
+def _entry(item: Any) -> ModelEntry:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise ConfigError(f"a model needs a name and a spec: {item!r}")
+    name, spec, seed = item["name"], item.get("spec"), item.get("seed")
+    if not name or "/" in name or not isinstance(spec, str) or not zoo.is_zoo_name(spec):
+        raise ConfigError(f"model {name!r}: a zoo spec is required ({', '.join(zoo.ZOO_NAMES)})")
+    if seed is not None and not isinstance(seed, int):
+        raise ConfigError(f"model {name!r}: seed must be an integer")
+    return ModelEntry(name, spec, seed)
+
+
+def load_config(doc: dict[str, Any]) -> PoolConfig:
+    """A :class:`PoolConfig` from its JSON form; :class:`ConfigError` says what is wrong."""
+    try:
+        models = tuple(_entry(m) for m in doc["models"])
+        if not 0 < len(models) <= MAX_MODELS or len({m.name for m in models}) != len(models):
+            raise ConfigError(f"1..{MAX_MODELS} models with distinct names are required")
+        policy, mode = doc.get("policy", "lcache"), doc.get("mode", "prefetch")
+        if policy not in POLICIES or mode not in MODES:
+            raise ConfigError(f"policy in {POLICIES}, mode in {MODES}")
+        rate = doc.get("read_rate_bps")
+        budget = int(doc["budget_bytes"])
+        if budget <= 0 or (rate is not None and not float(rate) > 0):
+            raise ConfigError("budget_bytes and read_rate_bps must be > 0")
+        return PoolConfig(
+            models=models,
+            directory=Path(doc["directory"]),
+            budget_bytes=budget,
+            policy=policy,
+            mode=mode,
+            read_rate_bps=None if rate is None else float(rate),
+            in_place_embeddings=bool(doc.get("in_place_embeddings", True)),
+            threads=max(1, int(doc.get("threads", 1))),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"malformed pool configuration: {exc!r}") from None
+
+
+@dataclass(slots=True)
+class PoolModel:
+    name: str
+    spec: str
+    lm: LayeredModel
+    inputs: list[dict[str, Any]]
+    build_s: float
+    requests: int = 0
+    cold_starts: int = 0
+    read_bytes: int = 0
+    last_use: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _layer_file(entry: ModelEntry, directory: Path) -> LayerFile:
+    path = directory / f"{entry.name}.layers"
+    if not path.exists():
+        model = zoo.load_model(entry.spec, seed=entry.seed)
+        write_layer_file(model, path, spec=entry.spec, example=zoo.example_input(entry.spec, 1))
+    lf = LayerFile(path)
+    if lf.spec != entry.spec:
+        raise ConfigError(f"{path}: holds {lf.spec}, the model is {entry.spec}")
+    return lf
+
+
+class Pool:
+    """Every model of one pool process, the residency manager and the read path."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.limiter = RateLimiter(config.read_rate_bps)
+        self.models: dict[str, PoolModel] = {}
+        for entry in config.models:
+            lf = _layer_file(entry, config.directory)
+            start = time.perf_counter()
+            model = build_mapped(functools.partial(zoo.load_model, entry.spec), lf)
+            in_place = embedding_layers(model, lf) if config.in_place_embeddings else ()
+            lm = LayeredModel(model, lf, self.limiter, in_place=in_place)
+            build_s = time.perf_counter() - start
+            inputs = zoo.input_spec(entry.spec)
+            self.models[entry.name] = PoolModel(entry.name, entry.spec, lm, inputs, build_s)
+        first = next(iter(self.models.values())).lm.lf
+        self.disk_bps = measure_read_rate(first, max_bytes=64 << 20)
+        self.rate_bps = min(self.disk_bps, config.read_rate_bps or float("inf"))
+        self.profile = self._profile()
+        for m in self.models.values():
+            m.lm.lf.evict_all()  # a cold pool: nothing resident until asked for
+        self.residency = ResidencyManager(
+            {n: self._shape(m) for n, m in self.models.items()},
+            budget_bytes=config.budget_bytes,
+            rate_bps=self.rate_bps,
+            policy=config.policy,
+        )
+        self.peak_resident = 0
+        self.peak_rss = 0
+
+    def _profile(self) -> dict[str, list[float]]:
+        """Per-layer compute seconds, once per architecture (instances differ in weights)."""
+        out: dict[str, list[float]] = {}
+        for m in self.models.values():
+            if m.spec not in out:
+                out[m.spec] = layer_times(m.lm, zoo.example_input(m.spec, 1))
+        return out
+
+    def _shape(self, m: PoolModel) -> tuple[list[int], list[float]]:
+        sizes = [0 if i in m.lm.in_place else la.length for i, la in enumerate(m.lm.lf.layers)]
+        return sizes, self.profile[m.spec]
+
+    def _apply(self, evictions: Sequence[tuple[str, int]]) -> None:
+        for name, layer in evictions:
+            self.models[name].lm.lf.evict(layer)
+
+    def infer(self, name: str, bodies: Sequence[bytes]) -> list[str]:
+        """Run ``bodies`` (one sample each) through ``name`` as one batch; JSON rows back.
+        Raises :class:`codec.CodecError` for a body that does not decode."""
+        m = self.models[name]
+        samples = [codec.decode_sample(b, m.inputs) for b in bodies]
+        batch = [torch.stack([s[k] for s in samples]) for k in range(len(m.inputs))]
+        x = batch[0] if len(batch) == 1 else tuple(batch)
+        with m.lock:
+            self._apply(self.residency.before(name))
+            try:
+                out, stats = m.lm(x, self.config.mode)
+            finally:
+                self._apply(self.residency.after(name))
+            m.requests += 1
+            m.cold_starts += stats.missing_layers > 0
+            m.read_bytes += stats.read_bytes
+            m.last_use = time.time()
+        return [codec.encode_output(out, row) for row in range(len(bodies))]
+
+    def resident_bytes(self) -> dict[str, int]:
+        """Per model, bytes of its file in the page cache now (mincore)."""
+        return {n: sum(m.lm.lf.resident_layers()) for n, m in self.models.items()}
+
+    def sample_memory(self) -> tuple[int, int]:
+        """(weights resident, process RSS) now; the peaks are kept."""
+        resident = sum(self.resident_bytes().values())
+        rss = _rss()
+        self.peak_resident = max(self.peak_resident, resident)
+        self.peak_rss = max(self.peak_rss, rss)
+        return resident, rss
+
+    def status(self) -> dict[str, Any]:
+        resident = self.resident_bytes()
+        total, rss = self.sample_memory()
+        return {
+            "policy": self.config.policy,
+            "mode": self.config.mode,
+            "budget_bytes": self.config.budget_bytes,
+            "disk_read_bps": self.disk_bps,
+            "read_rate_bps": self.rate_bps,
+            "resident_bytes": total,
+            "rss_bytes": rss,
+            "peak_resident_bytes": self.peak_resident,
+            "peak_rss_bytes": self.peak_rss,
+            "models": {
+                n: {
+                    "spec": m.spec,
+                    "resident_bytes": resident[n],
+                    "file_bytes": m.lm.lf.total_bytes,
+                    "resident_layers": self.residency.prefix[n],
+                    "layers": len(m.lm.lf.layers),
+                    "requests": m.requests,
+                    "cold_starts": m.cold_starts,
+                    "read_bytes": m.read_bytes,
+                    "last_use": m.last_use,
+                    "build_s": m.build_s,
+                }
+                for n, m in self.models.items()
+            },
+        }
+
+
+def _rss() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def read_config(path: Path) -> PoolConfig:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: a JSON object is required")
+    base = doc.get("directory")
+    if isinstance(base, str) and not os.path.isabs(base):
+        doc["directory"] = str(path.parent / base)
+    return load_config(doc)

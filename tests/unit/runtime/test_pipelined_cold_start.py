@@ -1,0 +1,91 @@
+"""Cold starts from the layer file: every mode computes the warm answer, reads exactly the
+layers that were not resident (measured with mincore), in forward order, and leaves the model
+resident; the prefetching reader never runs more than ``lookahead`` layers ahead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from packrat.runtime import layerfile
+from packrat.runtime.layerfile import LayerFile
+from packrat.runtime.pipelined import MODES, LayeredModel, embedding_layers, layer_times
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1000, 64)
+        self.blocks = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4)))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.blocks(self.embed(ids).mean(1))
+        return out
+
+
+@pytest.fixture
+def lm(tmp_path: Path) -> LayeredModel:
+    torch.manual_seed(0)
+    path = layerfile.write_layer_file(
+        Net().eval(), tmp_path / "n.layers", spec="net", example=torch.zeros(1, 8, dtype=torch.long)
+    )
+    lf = LayerFile(path)
+    return LayeredModel(layerfile.build_mapped(Net, lf), lf)
+
+
+X = torch.arange(16).reshape(2, 8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cold_run_reads_the_missing_layers_and_answers_as_warm(
+    lm: LayeredModel, mode: str
+) -> None:
+    warm, _ = lm(X, "load")
+    lm.lf.evict_all()
+    lm.lf.read_layer(0)  # a resident prefix of one layer
+    got, stats = lm(X, mode)  # type: ignore[arg-type]
+    assert torch.equal(got, warm)
+    assert stats.missing_layers == len(lm.lf.layers) - 1
+    assert stats.read_bytes == sum(la.length for la in lm.lf.layers[1:])
+    assert lm.missing() == [False] * len(lm.lf.layers)
+    _, again = lm(X, mode)  # type: ignore[arg-type]
+    assert again.missing_layers == 0 and again.read_bytes == 0
+
+
+def test_prefetch_reads_in_forward_order_at_most_one_layer_ahead(lm: LayeredModel) -> None:
+    events: list[tuple[str, int]] = []
+    read = lm.lf.read_layer
+
+    def traced(i: int, limiter: layerfile.RateLimiter | None = None) -> int:
+        events.append(("read", i))
+        return read(i, limiter)
+
+    lm.lf.read_layer = traced  # type: ignore[method-assign]
+    for i, la in enumerate(lm.lf.layers):
+        lm.model.get_submodule(la.name).register_forward_pre_hook(
+            lambda _m, _a, i=i: events.append(("run", i)), prepend=True
+        )
+    lm.lf.evict_all()
+    lm(X, "prefetch", lookahead=1)
+    reads = [i for kind, i in events if kind == "read"]
+    assert reads == list(range(len(lm.lf.layers)))
+    for k, (kind, i) in enumerate(events):
+        if kind == "read" and i >= 2:  # layer i is read only once layer i-1 has started
+            assert ("run", i - 1) in events[:k]
+
+
+def test_embeddings_are_read_in_place_and_layer_times_cover_every_layer(
+    lm: LayeredModel,
+) -> None:
+    in_place = embedding_layers(lm.model, lm.lf)
+    assert in_place == {0}
+    lm.in_place = in_place
+    lm.lf.evict_all()
+    _, stats = lm(X, "prefetch")
+    assert stats.read_bytes == sum(la.length for la in lm.lf.layers[1:])
+    assert lm.lf.resident(0) < lm.lf.layers[0].length  # only the rows looked up
+    times = layer_times(lm, X, reps=2)
+    assert len(times) == len(lm.lf.layers) and all(t > 0 for t in times)
