@@ -13,7 +13,7 @@ Makes the figures of issue 40 (docs/measurements.md, "Ignite on a GPU"):
    Targets: pipelined + DHA <= 0.7x load-then-run; staged warm within 5% of plain warm.
 2. A pool of N models (default 40, the three kinds in turn, each with its own weights) with a
    device budget for about 8 of them and a Zipf request mix at batch 1: per-request latency
-   with LCache (packrat.plan.lcache over the measured GPU curves) and with whole-model LRU
+   with LCache (packrat.plan.pool.lcache over the measured GPU curves) and with whole-model LRU
    (ModelMesh: load-then-run; and LRU with pipelined loading), and LCache without direct host
    access (its share of the gain), blocks of requests interleaved
    across the pools. Target: P99 with LCache <= 0.6x LRU's, 0 failed requests, resident bytes
@@ -53,7 +53,7 @@ from packrat.plan.gpu.layerplan import (
     in_place_always,
     warm_latency,
 )
-from packrat.plan.lcache import lru_access
+from packrat.plan.pool.lcache import lru_access
 from packrat.runtime.gpu.device import CpuDevice, CudaDevice, Device
 from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.pool import DevicePool

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from packrat.plan.lcache import pipeline_latency
+from packrat.plan.pool.lcache import pipeline_latency
 from packrat.runtime import zoo
 from packrat.runtime.layerfile import LayerFile, RateLimiter, build_mapped, write_layer_file
 from packrat.runtime.pipelined import LayeredModel, embedding_layers, layer_times

@@ -21,7 +21,7 @@ from packrat.plan.gpu.layerplan import (
     simulate,
     warm_latency,
 )
-from packrat.plan.lcache import pipeline_latency, plan_curves, sweet_spot
+from packrat.plan.pool.lcache import pipeline_latency, plan_curves, sweet_spot
 
 t = st.floats(0.0, 5.0, allow_nan=False)
 stage_st = st.builds(

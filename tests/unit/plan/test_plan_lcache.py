@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat.plan.lcache import (
+from packrat.plan.pool.lcache import (
     Curve,
     ModelLayers,
     cold_latency,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packrat.plan.placement import (
+from packrat.plan.pool.placement import (
     GIB,
     ModelDemand,
     PlacementError,

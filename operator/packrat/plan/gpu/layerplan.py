@@ -12,7 +12,7 @@ not resident in device memory is either
 
 Per stage the profile gives bytes, the copy time, the execution time resident and the execution
 time reading in place (``None``: the stage cannot run from host memory). The cold latency of a
-placement is :func:`packrat.plan.lcache.pipeline_latency` over ``copy_s = copy`` for loaded
+placement is :func:`packrat.plan.pool.lcache.pipeline_latency` over ``copy_s = copy`` for loaded
 stages (0 otherwise) and ``compute_s = exec_host`` for in-place stages (``exec`` otherwise).
 
 :func:`best_placement` minimises it exactly: a dynamic programme over stages whose state is the
@@ -25,9 +25,10 @@ against enumerating all ``2^n`` placements.
 reads a few rows: keeping its table on the device buys nothing), within a small share of the
 warm latency; their bytes never take device memory.
 
-:func:`lcache_curve` turns a profile into LCache's :class:`~packrat.plan.lcache.Curve`: for each
-resident prefix ``p``, the best placement of the rest, so the cross-model policy
-(:func:`~packrat.plan.lcache.plan_curves`) sees the GPU tier's real cold latencies.
+:func:`lcache_curve` turns a profile into LCache's
+:class:`~packrat.plan.pool.lcache.Curve`: for each resident prefix ``p``, the best placement
+of the rest, so the cross-model policy (:func:`~packrat.plan.pool.lcache.plan_curves`) sees
+the GPU tier's real cold latencies.
 
 :func:`schedule` is the ordering the executor follows, as data: two streams of operations
 (copy ``i``; signal ``copied[i]`` / wait ``copied[i]``; run ``i``; signal ``ran[i]``) that a
@@ -44,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from packrat.plan.lcache import Curve, pipeline_latency
+from packrat.plan.pool.lcache import Curve, pipeline_latency
 
 __all__ = [
     "LayerPlan",

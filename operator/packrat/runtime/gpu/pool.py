@@ -5,14 +5,14 @@ a resident prefix of its stages. The budget bounds the resident bytes at all tim
 also holds, while it runs, the buffers of the stages it loads (at most one model's size: the
 pool serves one request at a time), which are dropped afterwards.
 
-- ``policy="lcache"``: the prefixes come from :func:`packrat.plan.lcache.plan_curves` over each
+- ``policy="lcache"``: the prefixes come from :func:`packrat.plan.pool.lcache.plan_curves` over each
   model's GPU curve (:func:`packrat.plan.gpu.layerplan.lcache_curve`, from its measured per-stage
   profile) and its request rate; :meth:`DevicePool.replan` applies a plan by evicting from the
   tail first, then loading front first. A request runs its resident prefix and the rest by the
   per-layer plan (loaded in the pipeline, or read in place with ``cold="dha"``).
 - ``policy="lru"`` (KServe ModelMesh's): a request for a model not on the device loads it whole
   (``cold="load-then-run"``: copy, then run; ``"pipelined"``: copy while running), evicting the
-  least recently used models until it fits (:func:`packrat.plan.lcache.lru_access`).
+  least recently used models until it fits (:func:`packrat.plan.pool.lcache.lru_access`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from packrat.plan.gpu.layerplan import (
     in_place_always,
     lcache_curve,
 )
-from packrat.plan.lcache import Residency, evictions, loads, lru_access, plan_curves
+from packrat.plan.pool.lcache import Residency, evictions, loads, lru_access, plan_curves
 from packrat.runtime.gpu.device import Device
 from packrat.runtime.gpu.executor import HostWeights, ModelMemory, run_pass
 from packrat.runtime.gpu.stages import StagedModel

@@ -2,14 +2,14 @@
 
 It decides; the caller (:mod:`packrat.serve.pool.app`) acts, dropping pages with
 :meth:`~packrat.runtime.layerfile.LayerFile.evict` and measuring what is resident with
-``mincore``. Two policies, both from :mod:`packrat.plan.lcache`:
+``mincore``. Two policies, both from :mod:`packrat.plan.pool.lcache`:
 
 - ``lru``: whole models, least recently used evicted first (KServe ModelMesh); a request for
   a model not resident makes room for all of it before it runs.
 - ``lcache``: resident *prefixes*. Before a request, the other models' tails are trimmed
-  (cheapest loss per byte first, :func:`~packrat.plan.lcache.trim_to_budget`) until the
+  (cheapest loss per byte first, :func:`~packrat.plan.pool.lcache.trim_to_budget`) until the
   requested model fits whole beside them; after it, the plan
-  (:func:`~packrat.plan.lcache.plan_residency`: the prefixes minimising the rate-weighted
+  (:func:`~packrat.plan.pool.lcache.plan_residency`: the prefixes minimising the rate-weighted
   cold latency within the budget) is recomputed from the request rates seen over the last
   ``window_s`` and every model idle beyond its planned prefix is trimmed to it. Prefixes grow
   only when a request runs a model (nothing is read speculatively).
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from packrat.plan import lcache
+from packrat.plan.pool import lcache
 
 __all__ = ["POLICIES", "Policy", "ResidencyManager"]
 

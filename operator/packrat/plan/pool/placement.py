@@ -2,7 +2,7 @@
 
 A pool pod (Ignite's regime) keeps a weight budget in RAM and serves more models than the
 budget holds: the rest are read from the node's disk when asked for (layer-wise residency,
-:mod:`packrat.plan.lcache`). So memory is not a hard bin size here, it is pressure: a pod
+:mod:`packrat.plan.pool.lcache`). So memory is not a hard bin size here, it is pressure: a pod
 whose models' weights add up to three budgets pays more cold starts than one with two. What
 *is* hard:
 
