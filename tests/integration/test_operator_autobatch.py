@@ -21,6 +21,7 @@ seconds slept) with a deadline sized for a loaded 2-core machine.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -28,6 +29,8 @@ from harness import BurstLoad, Load, OperatorCluster, wait_for
 from models import body, tiny_spec, wait_ready
 from promtext import sample, values
 from seeding import MeasuredProfiles, seed_profile
+
+from packrat.plan.profile import Profile
 
 # the session's profile may be measured here first (minutes on a loaded machine)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -43,6 +46,21 @@ SPEC: dict[str, Any] = tiny_spec(
 SLOW = 180.0  # a deadline for anything that takes seconds on a quiet machine
 
 
+def _growing(profile: Profile) -> Profile:
+    """The measured profile with each width's latency growing with the batch (at least 10% a
+    doubling). The tiny model's latency is nearly flat in the batch (per-call overhead), so on a
+    noisy machine a larger batch's plan can measure as fast as batch 1's; the operator then
+    serves batch 1 on that plan (monotone plans, issue 37), it already holds the step's batch and
+    there is rightly no switch to make. A real model's latency grows with its batch."""
+    points, last = [], {}
+    for point in sorted(profile.points, key=lambda q: (q.threads, q.batch)):
+        floor = last.get(point.threads, 0.0) * 1.1
+        grown = replace(point, latency_ms=max(point.latency_ms, floor))
+        last[point.threads] = grown.latency_ms
+        points.append(grown)
+    return profile.with_points(points)
+
+
 def _decisions(cluster: OperatorCluster) -> float:
     return sample(cluster.operator.metrics(), "packrat_operator_autobatch_decisions_total")
 
@@ -50,7 +68,7 @@ def _decisions(cluster: OperatorCluster) -> float:
 def test_operator_follows_a_load_step_with_one_switch_and_no_failures(
     cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
 ) -> None:
-    profile = tiny_profiles.profile(SPEC["profiling"]["maxBatch"])  # measured before the model
+    profile = _growing(tiny_profiles.profile(SPEC["profiling"]["maxBatch"]))  # measured
     cluster.api.create("packratmodels", body(NAME, SPEC))
     cm_name = seed_profile(cluster, NAME, profile)
     wait_ready(cluster, NAME)
