@@ -242,13 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
     pool = Pool(config)
-    app = build_app(
-        pool,
-        max_body=args.max_body,
-        max_queue=args.max_queue,
-        timeout_s=args.timeout,
-        max_samples=args.max_samples,
-    )
+    app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue,
+                    timeout_s=args.timeout, max_samples=args.max_samples)  # fmt: skip
     print(f"packrat pool: {len(pool.models)} models on {args.host}:{args.port}", flush=True)
     web.run_app(app, host=args.host, port=args.port, print=None)
     return 0
