@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from packrat.serve.pool.app import build_app
-from packrat.serve.pool.host import Pool, load_config
+from packrat.serve.pool.host import ConfigError, Pool, load_config
 
 
 def infer_body(rows: int) -> bytes:
@@ -51,3 +52,26 @@ def test_a_v2_body_beyond_the_models_samples_is_refused_unread(tmp_path: Path) -
     assert got[0][0] == 200 and got[0][1]["outputs"][0]["shape"][0] == 2
     assert got[1][0] == 400 and "1..1024 samples" in got[1][1]["error"], got[1]
     assert got[2][0] == 413 and "at most" in got[2][1]["error"], got[2]
+
+
+def test_a_model_name_cannot_write_into_the_metrics_or_paths() -> None:
+    for name in ['a"} 1\npackrat_pool_budget_bytes{x="', "a b", "../a", ".hidden", ""]:
+        doc = {
+            "directory": "/nonexistent",
+            "budget_bytes": 1,
+            "models": [{"name": name, "spec": "tiny"}],
+        }
+        with pytest.raises(ConfigError):
+            load_config(doc)
+    assert (
+        load_config(
+            {
+                "directory": "/x",
+                "budget_bytes": 1,
+                "models": [{"name": "bert-base_2.v1", "spec": "tiny"}],
+            }
+        )
+        .models[0]
+        .name
+        == "bert-base_2.v1"
+    )
