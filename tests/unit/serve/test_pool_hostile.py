@@ -1,5 +1,5 @@
 """The pool process against a hostile client (issue 38, the new surfaces): a v2 body is
-capped at what the model's samples take as JSON and refused unread beyond it, its declared
+capped at what the model's samples take as JSON and refused unbuffered beyond it, its declared
 inputs are checked before any data is flattened, and it is parsed in the dispatcher's bounded
 parse pool. Before, a 10 MB JSON body to one model was read and parsed whole on the event
 loop (two such clients took another model's p50 from 6 ms to 1,275 ms) and only then
@@ -38,7 +38,7 @@ async def answers(tmp: Path, bodies: list[tuple[str, bytes]]) -> list[tuple[int,
     return out
 
 
-def test_a_v2_body_beyond_the_models_samples_is_refused_unread(tmp_path: Path) -> None:
+def test_a_v2_body_beyond_the_models_samples_is_refused_unbuffered(tmp_path: Path) -> None:
     got = asyncio.run(
         answers(
             tmp_path,
