@@ -15,9 +15,10 @@ malformed request is a 400 for that request alone. A v2 body is parsed as the di
 parses it (issue 38): off the event loop in its bounded parse pool (a 503 when its line is
 full), its declared inputs checked against the model before any data is flattened, at most
 ``--max-samples`` samples, and the body capped at what that many samples take as JSON
-(:func:`body_cap`: 48 bytes a number; a 413 beyond; declared by its length, never buffered). Before, two clients posting
-10 MB JSON bodies to one model took another model's p50 from 6 ms to 1,275 ms: each body
-was parsed whole on the event loop, and only then refused for its samples.
+(:func:`body_cap`: 48 bytes a number; a 413 beyond, and a body whose length says so is
+never buffered). Before, two clients posting 10 MB JSON bodies to one model took another
+model's p50 from 6 ms to 1,275 ms: each body was parsed whole on the event loop, and only
+then refused for its samples.
 """
 
 from __future__ import annotations
