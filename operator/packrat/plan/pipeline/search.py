@@ -332,7 +332,9 @@ def exhaustive(
     planner: PipelinePlanner, *, max_replicas: int | None = None
 ) -> PipelineEvaluation | None:
     """The cheapest feasible configuration over every stage's replica size, batch and
-    replica count within the core budget (ties: lower P99); None when none is feasible."""
+    replica count within the core budget (ties: lower P99); None when none is feasible.
+    Simulated in order of cost, one total core count at a time, stopping after the first
+    count with a feasible combination (the same answer and tie order as simulating all)."""
     per_stage: list[list[Config]] = []
     for name in planner.names:
         opts: list[Config] = []
@@ -342,11 +344,16 @@ def exhaustive(
                 limit = planner.max_cores // c if max_replicas is None else max_replicas
                 opts.extend(Config(c, b, n) for n in range(1, limit + 1))
         per_stage.append(opts)
-    best: PipelineEvaluation | None = None
+    by_cores: dict[int, list[Configs]] = {}
     for combo in itertools.product(*per_stage):
-        if not planner.within_budget(combo):
-            continue
-        ev = planner.evaluate(combo)
-        if ev.feasible and (best is None or (ev.cores, ev.p99_ms) < (best.cores, best.p99_ms)):
-            best = ev
-    return best
+        if planner.within_budget(combo):
+            by_cores.setdefault(sum(c.cores for c in combo), []).append(combo)
+    for cores in sorted(by_cores):
+        best: PipelineEvaluation | None = None
+        for combo in by_cores[cores]:
+            ev = planner.evaluate(combo)
+            if ev.feasible and (best is None or ev.p99_ms < best.p99_ms):
+                best = ev
+        if best is not None:
+            return best
+    return None
