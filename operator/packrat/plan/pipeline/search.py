@@ -40,7 +40,7 @@ import numpy as np
 from packrat.plan.des import nearest_rank
 from packrat.plan.pipeline.simulate import Pipeline, PipelineResult, PipelineSim, StageRun
 from packrat.plan.provision import Config, Planner, ProvisionError, SimSettings, check_request
-from packrat.plan.search import fewest_feasible, finite
+from packrat.plan.search import cheapest, fewest_feasible, finite
 
 # finite: importable from here, as it was before it moved to packrat.plan.search
 __all__ = ["Configs", "PipelineEvaluation", "PipelinePlanner", "exhaustive", "finite"]
@@ -332,9 +332,8 @@ def exhaustive(
     planner: PipelinePlanner, *, max_replicas: int | None = None
 ) -> PipelineEvaluation | None:
     """The cheapest feasible configuration over every stage's replica size, batch and
-    replica count within the core budget (ties: lower P99); None when none is feasible.
-    Simulated in order of cost, one total core count at a time, stopping after the first
-    count with a feasible combination (the same answer and tie order as simulating all)."""
+    replica count within the core budget (ties: lower P99); None when none is feasible;
+    simulated in order of cost, stopping at the first core count with a feasible one."""
     per_stage: list[list[Config]] = []
     for name in planner.names:
         opts: list[Config] = []
@@ -344,16 +343,5 @@ def exhaustive(
                 limit = planner.max_cores // c if max_replicas is None else max_replicas
                 opts.extend(Config(c, b, n) for n in range(1, limit + 1))
         per_stage.append(opts)
-    by_cores: dict[int, list[Configs]] = {}
-    for combo in itertools.product(*per_stage):
-        if planner.within_budget(combo):
-            by_cores.setdefault(sum(c.cores for c in combo), []).append(combo)
-    for cores in sorted(by_cores):
-        best: PipelineEvaluation | None = None
-        for combo in by_cores[cores]:
-            ev = planner.evaluate(combo)
-            if ev.feasible and (best is None or ev.p99_ms < best.p99_ms):
-                best = ev
-        if best is not None:
-            return best
-    return None
+    combos = (c for c in itertools.product(*per_stage) if planner.within_budget(c))
+    return cheapest(((sum(c.cores for c in combo), combo) for combo in combos), planner.evaluate)
