@@ -364,8 +364,15 @@ def model_identity(model: Mapping[str, Any]) -> str:
     Zoo models are fixed by name (architecture and seed are in the image); a uri or volume
     model by its location; a storageUri model also by its digest or the store's version of
     the object, so one replaced under the same URI is re-profiled. A uri or volume file
-    replaced in place is not detected: change the location to re-profile.
+    replaced in place is not detected: change the location to re-profile. Declared inputs
+    (``spec.model.inputs``) are part of it: other inputs are another profile.
     """
+    inputs = model.get("inputs")
+    base = _source_identity(model)
+    return base if inputs is None else f"{base}:inputs:{digest(inputs)[:16]}"
+
+
+def _source_identity(model: Mapping[str, Any]) -> str:
     if "zoo" in model:
         return f"zoo:{model['zoo']}"
     if "uri" in model:
