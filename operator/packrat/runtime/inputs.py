@@ -87,11 +87,11 @@ def _dtype(item: Mapping[str, Any], where: str) -> str:
 
 
 def _dims(values: Any, where: str, key: str) -> list[int]:
-    if not isinstance(values, list) or not all(
+    if not isinstance(values, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in values
     ):
         raise InputsError(f"{where}: {key} must be an array of integers, got {values!r}")
-    return values
+    return list(values)
 
 
 def _shape(item: Mapping[str, Any], where: str, *, request: bool) -> tuple[int, ...]:
@@ -151,7 +151,7 @@ def parse_inputs(data: Any) -> list[dict[str, Any]]:
         if len(keys) != 1:
             raise InputsError("the inputs must be a list, or an object with 'inputs' or 'input'")
         items = data[keys[0]]
-    if not isinstance(items, list) or not items:
+    if not isinstance(items, (list, tuple)) or not items:  # a tuple: the operator's frozen spec
         raise InputsError("the inputs must be a non-empty list")
     if len(items) > MAX_INPUTS:
         raise InputsError(f"{len(items)} inputs: at most {MAX_INPUTS}")

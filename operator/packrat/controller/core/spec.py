@@ -23,6 +23,7 @@ from packrat.controller.core.options.request_logging import validate_request_log
 from packrat.controller.core.overrides import validate_pod
 from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
 from packrat.controller.core.storage import storage_identity
+from packrat.runtime.inputs import InputsError, encode, parse_inputs
 
 __all__ = [
     "API_VERSION",
@@ -369,7 +370,13 @@ def model_identity(model: Mapping[str, Any]) -> str:
     """
     inputs = model.get("inputs")
     base = _source_identity(model)
-    return base if inputs is None else f"{base}:inputs:{digest(inputs)[:16]}"
+    if inputs is None:
+        return base
+    try:
+        canonical = encode(parse_inputs(inputs))  # the same inputs in any form: one profile
+    except InputsError:
+        canonical = repr(inputs)  # an invalid spec is refused before it is profiled
+    return f"{base}:inputs:{digest(canonical)[:16]}"
 
 
 def _source_identity(model: Mapping[str, Any]) -> str:

@@ -239,7 +239,7 @@ def fetch_init_container(
 def inputs_args(spec: ModelSpec) -> list[str]:
     """``--inputs`` for a model file whose spec declares them (checked by the spec check)."""
     inputs = spec.source.get("inputs")
-    return [] if inputs is None else ["--inputs", encode(parse_inputs(thaw(inputs)))]
+    return [] if inputs is None else ["--inputs", encode(parse_inputs(inputs))]
 
 
 def serve_command(spec: ModelSpec) -> list[str]:
