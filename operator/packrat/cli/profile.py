@@ -20,8 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError
-from packrat.cli.modelfile import add_inputs_arg, check_model_file
+from packrat.cli import CliError, add_inputs_arg, check_model_file
 from packrat.cli.plan import parse_int_list
 from packrat.plan.profile import COLOCATED, MODES
 

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, check_numbers
-from packrat.cli.modelfile import add_inputs_arg, check_model_file
+from packrat.cli import CliError, add_inputs_arg, check_model_file, check_numbers
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
