@@ -2,20 +2,21 @@
 declared as KServe/Triton give them, a ``.pt2`` whose inputs come from a sample v2 request,
 and an ONNX file (inputs read from its graph, external data beside it) are each profiled by
 ``packrat profile`` and served by ``packrat serve`` (native runtime): the v2 metadata names
-the declared inputs and a real v2 infer answers what the model computes locally."""
+the declared inputs and a real v2 infer answers what the model computes locally. The ONNX file
+is also profiled on the onnxruntime engine (checked against its reference, ONNX Runtime run
+on the file) and served on that engine's plan, from the file itself."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from serve_support import start_serving, stop_serving
+from serve_support import http_json, start_serving, stop_serving
 
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.padding import padded_plan
@@ -26,6 +27,7 @@ from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 CPUS = allowed_cpus()
+ENGINE = {"onnx": "onnxruntime"}  # the engine each kind's plan runs (default: eager)
 ROWS = [[0.1 * (i + j) for j in range(16)] for i in range(2)]
 
 
@@ -60,19 +62,15 @@ def _write(kind: str, folder: Path) -> tuple[Path, list[str]]:
 
 
 def _http(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
-    request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+    return http_json(url, body)
 
 
 @pytest.mark.parametrize("kind", ["torchscript", "pt2", "onnx"])
 def test_a_model_file_is_profiled_and_served_from_its_inputs(tmp_path: Path, kind: str) -> None:
     path, inputs = _write(kind, tmp_path)
+    engine = ENGINE.get(kind, "eager")
+    engines = ["--engines", ",".join(dict.fromkeys(["eager", engine]))]
+    artefacts = ["--artefacts", str(tmp_path / "artefacts")]
     out = tmp_path / "profile.json"
     packrat = [sys.executable, "-m", "packrat"]
     profiled = subprocess.run(
@@ -91,6 +89,8 @@ def test_a_model_file_is_profiled_and_served_from_its_inputs(tmp_path: Path, kin
             "--allow-contended",
             "--progress-records",
             "off",
+            *engines,
+            *artefacts,
             "-o",
             str(out),
         ],
@@ -101,8 +101,9 @@ def test_a_model_file_is_profiled_and_served_from_its_inputs(tmp_path: Path, kin
     )
     assert profiled.returncode == 0, profiled.stderr[-3000:]
     profile = load_profile(out)
-    assert set(profile.batches) == {1, 2}
-    plan = padded_plan(Optimizer(profile.table(), cpus=1, max_batch=2), 2)
+    assert set(profile.batches) == {1, 2} and engine in profile.engines, profile.meta.extra
+    table = profile.for_engine(engine).table()
+    plan = padded_plan(Optimizer(table, cpus=1, max_batch=2, engine=engine), 2)
     (tmp_path / "plan.json").write_text(json.dumps(plan.to_dict()))
     port = free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"
@@ -123,6 +124,7 @@ def test_a_model_file_is_profiled_and_served_from_its_inputs(tmp_path: Path, kin
             str(tmp_path / "work"),
             "--cpus",
             str(CPUS[0]),
+            *artefacts,
         ],
         url,
         tmp_path / "serve.log",
