@@ -46,7 +46,7 @@ def pipeline_key(meta: Mapping[str, Any]) -> str | None:
     return f"{meta.get('namespace', 'default')}/{name}" if name else None
 
 
-def _post_events(body: kopf.Body, result: Result) -> None:
+def post_events(body: kopf.Body, result: Result) -> None:
     meta = body.get("metadata", {})
     for kind, reason, message in result.events:
         logger.info(
@@ -87,7 +87,7 @@ def register_pipelines(
         if result.result == "gone":
             latency().forget(namespace, name)
             return None
-        _post_events(body, result)
+        post_events(body, result)
         serving_now = result.phase == "Serving"
         return pipeline_delay(
             options.cadence, result.again, serving=serving_now, measure=MEASURE_SECONDS

@@ -195,7 +195,8 @@ class Agent:
     # -- garbage collector ------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
         uids = set()
-        for resource in ("packratpipelines", "packratmodels", "jobs", "deployments"):
+        owners = ("packratpipelines", "packratpools", "packratmodels", "jobs", "deployments")
+        for resource in owners:
             uids |= {o["metadata"].get("uid") for o in self.api.list(resource)}
         for resource in ("packratmodels", "configmaps", "services", "deployments", "jobs", "pods"):
             for obj in self.api.list(resource):
@@ -677,9 +678,10 @@ class Agent:
                 continue
             probe = pod.spec["containers"][0].get("readinessProbe") or {}
             timeout = float(probe.get("timeoutSeconds", 1))
+            path = (probe.get("httpGet") or {}).get("path", "/ping")
             try:
                 with urllib.request.urlopen(
-                    f"http://127.0.0.1:{pod.port}/ping", timeout=timeout
+                    f"http://127.0.0.1:{pod.port}{path}", timeout=timeout
                 ) as resp:
                     ok = resp.status == 200
             except Exception:

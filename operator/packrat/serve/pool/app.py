@@ -1,6 +1,6 @@
 """The pool serving process: many models behind one HTTP server, weights under a budget.
 
-    python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080]
+    python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080] [--directory DIR]
 
 Each model answers on its own names, as a single-model pod does: Open Inference Protocol v2
 (``/v2/models/{name}``, ``/ready``, ``/infer``; the request codec is the dispatcher's,
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -196,9 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body", type=int, default=16 << 20)
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--directory", type=Path, help="where the layer files live (overrides the config's)"
+    )
     args = parser.parse_args(argv)
     try:
         config = read_config(args.config)
+        if args.directory is not None:  # a writable volume; the config may be read-only
+            config = dataclasses.replace(config, directory=args.directory)
     except ConfigError as exc:
         print(f"packrat pool: error: {exc}", file=sys.stderr)
         return 2

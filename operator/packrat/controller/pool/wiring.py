@@ -1,0 +1,98 @@
+"""kopf wiring for PackratPools: one daemon per pool runs its passes; its children, its
+members and its own status wake what depends on them.
+
+The same structure as the PackratModel daemon (:mod:`packrat.controller.handlers`): a change
+to the pool, to one of its children (found by the ``packrat.dev/pool`` label) or to a model
+that asks for it or is served by it wakes the pool's daemon at once; a change to the pool
+(its placements, what its pods serve) wakes its models' daemons, which point their Services
+at their pool pods. While a model waits for its pod the pool looks again every
+``poll_seconds``; a serving pool reads its pods every ``REFRESH_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from typing import Any
+
+import kopf
+
+from packrat.controller.core.context import Result
+from packrat.controller.core.spec import GROUP, VERSION
+from packrat.controller.core.spec import PLURAL as MODELS
+from packrat.controller.core.wakeups import Wakeups, register_daemon
+from packrat.controller.pool.manifests import LABEL_POOL
+from packrat.controller.pool.reconcile import PLURAL, PoolReconciler
+from packrat.controller.pool.spec import pool_of, served_by
+
+logger = logging.getLogger(__name__)
+
+PostEvents = Callable[[kopf.Body, Result], None]
+
+
+def pool_key(meta: Mapping[str, Any]) -> str | None:
+    """The pool a child belongs to (by its ``packrat.dev/pool`` label)."""
+    name = (meta.get("labels") or {}).get(LABEL_POOL)
+    return f"{meta.get('namespace', 'default')}/{name}" if name else None
+
+
+def register_pools(
+    registry: kopf.OperatorRegistry,
+    *,
+    poll_seconds: float,
+    resync_seconds: float,
+    pool: Executor,
+    reconciler: Callable[[], PoolReconciler],
+    wakeups: Wakeups,
+    wake_model: Callable[[str], object],
+    post_events: PostEvents,
+) -> Callable[[Mapping[str, Any]], None]:
+    """Add the PackratPool handlers to ``registry``; returns the function the child watches
+    call with a changed child's metadata."""
+
+    def wake_owner(meta: Mapping[str, Any]) -> None:
+        key = pool_key(meta)
+        if key is not None:
+            wakeups.wake(key)
+
+    async def one_pass(body: kopf.Body, namespace: str, name: str) -> float | None:
+        loop = asyncio.get_running_loop()
+        result = await loop.run_in_executor(pool, reconciler().reconcile, namespace, name)
+        if result.result == "gone":
+            return None
+        post_events(body, result)
+        if result.waiting:
+            return poll_seconds
+        return result.retry_seconds or resync_seconds
+
+    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
+        logger.warning(
+            "reconcile of pool %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
+        )
+
+    register_daemon(
+        registry,
+        PLURAL,
+        wakeups=wakeups,
+        one_pass=one_pass,
+        on_error=on_error,
+        backoff_s=poll_seconds,
+        ids=("pool_daemon", "pool_updated", "pool-wake-on-generation"),
+    )
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="wake-models-on-pool", registry=registry)
+    async def pool_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+        namespace = meta.get("namespace", "default")
+        status = body.get("status") or {}
+        for model in {*(status.get("models") or {}), *(status.get("unplaced") or {})}:
+            wake_model(f"{namespace}/{model}")
+
+    @kopf.on.event(GROUP, VERSION, MODELS, id="wake-pool-on-model", registry=registry)
+    async def model_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+        namespace = meta.get("namespace", "default")
+        for name in {pool_of(body), served_by(body)} - {None}:
+            wakeups.wake(f"{namespace}/{name}")
+
+    return wake_owner

@@ -1,0 +1,108 @@
+"""A PackratPool on the emulator with real pods: two tiny PackratModels join it (spec.pool),
+the operator places both on the pool's pod (python -m packrat.serve.pool, a real process),
+both answer through their own Services, and a model moved out of the pool keeps answering
+through the move (its own pods start; the Service leaves the pool pod only once they are
+ready): 0 failed requests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from harness import Load, OperatorCluster, wait_for
+from models import body, tiny_spec
+from seeding import MeasuredProfiles, seed_profile
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+POOL = "pool"
+MODELS = ("pa", "pb")
+SLOW = 600.0
+
+
+def _pool(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "packrat.dev/v1alpha1",
+        "kind": "PackratPool",
+        "metadata": {"name": name},
+        "spec": {"cpus": 1, "memory": "1Gi", "replicas": 1, "weightBudget": "64Mi"},
+    }
+
+
+def _pooled(cluster: OperatorCluster, name: str) -> bool:
+    status = cluster.status(name)
+    return status.get("phase") == "Ready" and (status.get("pool") or {}).get("pod") == "pool-0"
+
+
+def test_pool_hosts_two_models_and_one_moves_out_while_serving(
+    cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
+) -> None:
+    measuring = threading.Thread(target=tiny_profiles.profile, args=(4,), daemon=True)
+    measuring.start()  # for the model moved out: measured while the pool starts
+    cluster.api.create("packratpools", _pool(POOL))
+    for name in MODELS:
+        cluster.api.create("packratmodels", body(name, tiny_spec(4, batchSize=1, pool=POOL)))
+    for name in MODELS:
+        wait_for(
+            lambda name=name: _pooled(cluster, name),
+            timeout=SLOW,
+            what=f"{name} served by the pool",
+            period=0.5,
+            detail=lambda: (
+                f"pool: {cluster.api.get('packratpools', POOL)}\nlog:\n{cluster.log_tail(30)}"
+            ),
+        )
+    pool = cluster.api.get("packratpools", POOL) or {}
+    assert pool["status"]["phase"] == "Serving"
+    assert set(pool["status"]["models"]) == set(MODELS)
+    assert cluster.condition("pa", "Placed")["status"] == "True"
+    # a pooled model has no Deployment of its own; the pool one Deployment per pod
+    deployments = {d["metadata"]["name"] for d in cluster.api.list("deployments")}
+    assert "pool-0" in deployments and not any(d.startswith("pa-") for d in deployments)
+    answers = {}
+    for name in MODELS:
+        code, answer = cluster.predict(name, name)
+        assert code == 200, answer
+        answers[name] = answer
+    assert answers["pa"] == answers["pb"]  # the same zoo weights: the same answer
+
+    # out of the pool, under load: the pool serves pb until pb's own pods answer
+    with Load(cluster, "pb", "pb") as load:
+        wait_for(lambda: len(load.results) > 10, timeout=SLOW, what="load warm-up")
+        cluster.api.patch("packratmodels", "pb", {"spec": {"pool": None}})
+        seed_profile(cluster, "pb", tiny_profiles.profile(4), timeout=SLOW)
+        wait_for(
+            lambda: (
+                cluster.status("pb").get("phase") == "Ready" and "pool" not in cluster.status("pb")
+            ),
+            timeout=SLOW,
+            what="pb served by its own pods",
+            period=0.5,
+            detail=lambda: f"status: {cluster.status('pb')}\nlog:\n{cluster.log_tail(30)}",
+        )
+        moved = time.monotonic()
+        wait_for(
+            lambda: sum(1 for t, _ in load.results if t > moved) > 10,
+            timeout=SLOW,
+            what="requests after the move",
+        )
+    assert not load.failures, load.failures[:5]
+    svc = cluster.api.get("services", "pb") or {}
+    assert "packrat.dev/pool-pod" not in svc["spec"]["selector"]
+    code, answer = cluster.predict("pb", "pb")
+    assert code == 200 and answer == answers["pb"]
+    # the pool lets pb go; pa still answers from it
+    wait_for(
+        lambda: (
+            "pb"
+            not in ((cluster.api.get("packratpools", POOL) or {}).get("status") or {}).get(
+                "models", {}
+            )
+        ),
+        timeout=SLOW,
+        what="the pool lets pb go",
+    )
+    wait_for(lambda: cluster.predict("pa", "pa")[0] == 200, timeout=SLOW, what="pa answers")
