@@ -63,9 +63,12 @@ def test_pool_hosts_two_models_and_one_moves_out_while_serving(
     deployments = {d["metadata"]["name"] for d in cluster.api.list("deployments")}
     assert "pool-0" in deployments and not any(d.startswith("pa-") for d in deployments)
     answers = {}
-    for name in MODELS:
-        code, answer = cluster.predict(name, name)
-        assert code == 200, answer
+    for name in MODELS:  # once the proxy's endpoints follow the Service's new selector
+        code, answer = wait_for(
+            lambda name=name: (got := cluster.predict(name, name))[0] == 200 and got,
+            timeout=60,
+            what=f"{name} answers through its Service",
+        )
         answers[name] = answer
     assert answers["pa"] == answers["pb"]  # the same zoo weights: the same answer
 

@@ -11,7 +11,6 @@ emptyDir sized by the pod's memory.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -25,7 +24,6 @@ POOL_KIND = crd.POOL_KIND
 POOL_APP = "packrat-pool"
 LABEL_POOL = "packrat.dev/pool"
 LABEL_POOL_POD = m.LABEL_POOL_POD
-LABEL_CONFIG_HASH = "packrat.dev/pool-config-hash"
 CONFIG_KEY = "pool.json"
 CONFIG_DIR = "/config"
 CACHE_DIR = "/cache"
@@ -70,11 +68,6 @@ def configmap(spec: PoolSpec, pod: str, config: Mapping[str, Any]) -> dict[str, 
     }
 
 
-def config_hash(cm: Mapping[str, Any]) -> str:
-    """Changes when the pod's config does: in the pod template, it rolls the pod."""
-    return hashlib.sha256(json.dumps(cm["data"], sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _container(spec: PoolSpec, *, image: str) -> dict[str, Any]:
     resources = {"cpu": str(spec.cpus), "memory": spec.memory}
     probe = {
@@ -103,11 +96,12 @@ def _container(spec: PoolSpec, *, image: str) -> dict[str, Any]:
 
 
 def deployment(
-    spec: PoolSpec, pod: str, cm: Mapping[str, Any], *, hosting: bool, image: str = DEFAULT_IMAGE
+    spec: PoolSpec, pod: str, *, hosting: bool, image: str = DEFAULT_IMAGE
 ) -> dict[str, Any]:
     """Pool pod ``pod``: one replica while it hosts a model (none while it hosts none: the
-    pool process serves at least one model). A new config rolls it with a surge: the old pod
-    serves until the new one is ready."""
+    pool process serves at least one model). A new config of the same pod is not a new
+    template: the pool process reloads its mounted ConfigMap, adding and dropping models
+    while the others serve. A new template (image, shape) rolls it with a surge."""
     labels = pod_labels(spec.name, pod)
     return {
         "apiVersion": "apps/v1",
@@ -121,10 +115,8 @@ def deployment(
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
             "template": {
-                "metadata": {
-                    "labels": {**labels, LABEL_CONFIG_HASH: config_hash(cm)},
-                    "annotations": m.scrape_annotations(),
-                },
+                # no config hash here: the pod reloads its mounted config (no restart)
+                "metadata": {"labels": labels, "annotations": m.scrape_annotations()},
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,

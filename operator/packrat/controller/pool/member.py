@@ -68,11 +68,14 @@ def serve_in_pool(p: Pass, model: ModelSpec, service: Mapping[str, Any] | None) 
     ).ours:
         p.conflict("Service", p.name)
         return True
-    if status.pool_pod != pod:
+    switched = status.pool_pod == pod  # the Service selected the pod before this pass
+    if not switched:
         p.emit("Normal", "Pooled", f"served by pool {pool} pod {pod}")
+        p.result.in_progress()  # its own pods go on the next pass, once endpoints follow
     status.set_pool({"name": pool, **{k: record[k] for k in _STATS if k in record}, "pod": pod})
     status.set_endpoint(p.name, p.namespace, m.PORT)
-    _drop_own_pods(p)
+    if switched:
+        _drop_own_pods(p)
     status.serving(ready_replicas=1, replicas=1)
     p.cond("Ready", True, "Pooled", f"served by pool {pool} pod {pod}")
     p.result.again_within(30.0)  # its figures (resident bytes, cold starts) from the pool

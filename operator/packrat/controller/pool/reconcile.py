@@ -171,7 +171,7 @@ class PoolReconciler:
             if not kept.ours:
                 p.conflict("ConfigMap", pod)
                 continue
-            want = pm.deployment(spec, pod, cm, hosting=bool(hosted), image=self.config.image)
+            want = pm.deployment(spec, pod, hosting=bool(hosted), image=self.config.image)
             if not keep(
                 self.kube, "deployments", p.namespace, want, ours=ours, drift=_deployment_drift
             ).ours:

@@ -71,7 +71,7 @@ def test_manifests_one_deployment_and_configmap_per_pod() -> None:
     assert [m["name"] for m in config["models"]] == ["a", "b"]
     cm = pm.configmap(spec, "p-0", config)
     assert json.loads(cm["data"][pm.CONFIG_KEY])["budget_bytes"] == 64 << 20
-    dep = pm.deployment(spec, "p-0", cm, hosting=True, image="img")
+    dep = pm.deployment(spec, "p-0", hosting=True, image="img")
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "PackratPool"
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
@@ -80,7 +80,7 @@ def test_manifests_one_deployment_and_configmap_per_pod() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["automountServiceAccountToken"] is False
     assert dep["spec"]["replicas"] == 1
-    assert pm.deployment(spec, "p-0", cm, hosting=False)["spec"]["replicas"] == 0
+    assert pm.deployment(spec, "p-0", hosting=False)["spec"]["replicas"] == 0
     svc = pm.member_service({"metadata": {"name": "a", "uid": "m"}}, pool="p", pod="p-0")
     assert pm.pod_of_service(svc) == "p-0"
     assert svc["spec"]["selector"][pm.LABEL_POOL] == "p"
