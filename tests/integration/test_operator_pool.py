@@ -1,8 +1,9 @@
 """A PackratPool on the emulator with real pods: two tiny PackratModels join it (spec.pool),
 the operator places both on the pool's pod (python -m packrat.serve.pool, a real process),
-both answer through their own Services, and a model moved out of the pool keeps answering
-through the move (its own pods start; the Service leaves the pool pod only once they are
-ready): 0 failed requests.
+both answer through their own Services, and a model moved out of the pool and back in keeps
+answering through both moves (out: its own pods start and the Service leaves the pool pod
+only once they are ready; in: the Service moves to the pool pod once it answers for the
+model, and its own pods go after that): 0 failed requests.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _pooled(cluster: OperatorCluster, name: str) -> bool:
     return status.get("phase") == "Ready" and (status.get("pool") or {}).get("pod") == "pool-0"
 
 
-def test_pool_hosts_two_models_and_one_moves_out_while_serving(
+def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
     cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
 ) -> None:
     measuring = threading.Thread(target=tiny_profiles.profile, args=(4,), daemon=True)
@@ -109,3 +110,28 @@ def test_pool_hosts_two_models_and_one_moves_out_while_serving(
         what="the pool lets pb go",
     )
     wait_for(lambda: cluster.predict("pa", "pa")[0] == 200, timeout=SLOW, what="pa answers")
+
+    # back into the pool, under load: its own pods serve until the pool answers for it,
+    # and go only after its Service points at the pool pod
+    with Load(cluster, "pb", "pb") as load:
+        wait_for(lambda: len(load.results) > 10, timeout=SLOW, what="load warm-up")
+        cluster.api.patch("packratmodels", "pb", {"spec": {"pool": POOL}})
+        wait_for(
+            lambda: (
+                _pooled(cluster, "pb")
+                and not any(
+                    d["metadata"]["name"].startswith("pb-") for d in cluster.api.list("deployments")
+                )
+            ),
+            timeout=SLOW,
+            what="pb back in the pool, its own Deployment gone",
+            period=0.5,
+            detail=lambda: f"status: {cluster.status('pb')}\nlog:\n{cluster.log_tail(30)}",
+        )
+        moved = time.monotonic()
+        wait_for(
+            lambda: sum(1 for t, _ in load.results if t > moved) > 10,
+            timeout=SLOW,
+            what="requests after the move in",
+        )
+    assert not load.failures, load.failures[:5]
