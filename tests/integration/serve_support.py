@@ -3,11 +3,14 @@ output in a log and waited on until ``/ping`` answers 200, stopped with SIGTERM.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 
 def ping_ok(url: str) -> bool:
@@ -17,6 +20,18 @@ def ping_ok(url: str) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+def call_json(url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """GET (POST with ``body``) ``url``: (status, JSON answer); (0, None) when unreachable."""
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except (urllib.error.URLError, OSError):
+        return 0, None
 
 
 def start_serving(

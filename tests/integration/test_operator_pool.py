@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,6 +37,36 @@ def _pool(name: str) -> dict[str, Any]:
 def _pooled(cluster: OperatorCluster, name: str) -> bool:
     status = cluster.status(name)
     return status.get("phase") == "Ready" and (status.get("pool") or {}).get("pod") == "pool-0"
+
+
+def _move_under_load(
+    cluster: OperatorCluster,
+    pool: str | None,
+    done: Callable[[], bool],
+    *,
+    then: Callable[[], None] | None = None,
+) -> None:
+    """Set pb's spec.pool to ``pool`` while clients call it, wait for ``done`` and ten more
+    answers; not one request may fail."""
+    with Load(cluster, "pb", "pb") as load:
+        wait_for(lambda: len(load.results) > 10, timeout=SLOW, what="load warm-up")
+        cluster.api.patch("packratmodels", "pb", {"spec": {"pool": pool}})
+        if then is not None:
+            then()
+        wait_for(
+            done,
+            timeout=SLOW,
+            what=f"pb moved (spec.pool {pool})",
+            period=0.5,
+            detail=lambda: f"status: {cluster.status('pb')}\nlog:\n{cluster.log_tail(30)}",
+        )
+        moved = time.monotonic()
+        wait_for(
+            lambda: sum(1 for t, _ in load.results if t > moved) > 10,
+            timeout=SLOW,
+            what="requests after the move",
+        )
+    assert not load.failures, load.failures[:5]
 
 
 def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
@@ -74,26 +105,14 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
     assert answers["pa"] == answers["pb"]  # the same zoo weights: the same answer
 
     # out of the pool, under load: the pool serves pb until pb's own pods answer
-    with Load(cluster, "pb", "pb") as load:
-        wait_for(lambda: len(load.results) > 10, timeout=SLOW, what="load warm-up")
-        cluster.api.patch("packratmodels", "pb", {"spec": {"pool": None}})
+    def own_pods_serve() -> bool:
+        status = cluster.status("pb")
+        return status.get("phase") == "Ready" and "pool" not in status
+
+    def seed() -> None:
         seed_profile(cluster, "pb", tiny_profiles.profile(4), timeout=SLOW)
-        wait_for(
-            lambda: (
-                cluster.status("pb").get("phase") == "Ready" and "pool" not in cluster.status("pb")
-            ),
-            timeout=SLOW,
-            what="pb served by its own pods",
-            period=0.5,
-            detail=lambda: f"status: {cluster.status('pb')}\nlog:\n{cluster.log_tail(30)}",
-        )
-        moved = time.monotonic()
-        wait_for(
-            lambda: sum(1 for t, _ in load.results if t > moved) > 10,
-            timeout=SLOW,
-            what="requests after the move",
-        )
-    assert not load.failures, load.failures[:5]
+
+    _move_under_load(cluster, None, own_pods_serve, then=seed)
     svc = cluster.api.get("services", "pb") or {}
     assert "packrat.dev/pool-pod" not in svc["spec"]["selector"]
     code, answer = cluster.predict("pb", "pb")
@@ -113,25 +132,8 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
 
     # back into the pool, under load: its own pods serve until the pool answers for it,
     # and go only after its Service points at the pool pod
-    with Load(cluster, "pb", "pb") as load:
-        wait_for(lambda: len(load.results) > 10, timeout=SLOW, what="load warm-up")
-        cluster.api.patch("packratmodels", "pb", {"spec": {"pool": POOL}})
-        wait_for(
-            lambda: (
-                _pooled(cluster, "pb")
-                and not any(
-                    d["metadata"]["name"].startswith("pb-") for d in cluster.api.list("deployments")
-                )
-            ),
-            timeout=SLOW,
-            what="pb back in the pool, its own Deployment gone",
-            period=0.5,
-            detail=lambda: f"status: {cluster.status('pb')}\nlog:\n{cluster.log_tail(30)}",
-        )
-        moved = time.monotonic()
-        wait_for(
-            lambda: sum(1 for t, _ in load.results if t > moved) > 10,
-            timeout=SLOW,
-            what="requests after the move in",
-        )
-    assert not load.failures, load.failures[:5]
+    def pooled_alone() -> bool:
+        names = [d["metadata"]["name"] for d in cluster.api.list("deployments")]
+        return _pooled(cluster, "pb") and not any(n.startswith("pb-") for n in names)
+
+    _move_under_load(cluster, POOL, pooled_alone)

@@ -25,7 +25,7 @@ import kopf
 from packrat.controller.core.context import Result
 from packrat.controller.core.spec import GROUP, VERSION
 from packrat.controller.core.spec import PLURAL as MODELS
-from packrat.controller.core.wakeups import Wakeups, register_daemon
+from packrat.controller.core.wakeups import Wakeups, logged_errors, register_daemon
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.manifests import LABEL_PIPELINE
 from packrat.controller.pipeline.reconcile import PLURAL, PipelineReconciler
@@ -93,17 +93,12 @@ def register_pipelines(
             options.cadence, result.again, serving=serving_now, measure=MEASURE_SECONDS
         )
 
-    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
-        logger.warning(
-            "reconcile of pipeline %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
-        )
-
     register_daemon(
         registry,
         PLURAL,
         wakeups=wakeups,
         one_pass=one_pass,
-        on_error=on_error,
+        on_error=logged_errors("pipeline", logger),
         backoff_s=options.poll_seconds,
         ids=("pipeline_daemon", "pipeline_updated", "pipeline-wake-on-generation"),
     )

@@ -90,7 +90,7 @@ def layout(
     zoo = {m.name: m.zoo for m in found if m.zoo is not None}
     demands = []
     for m in found:
-        if m.leaving or m.zoo is None:
+        if not m.placeable or m.zoo is None:
             continue
         measured = (known.get(m.name) or {}).get("fileBytes")
         size = measured if isinstance(measured, int) and measured > 0 else ZOO_WEIGHT_BYTES[m.zoo]
@@ -100,8 +100,8 @@ def layout(
     placement = place(demands, capacity, previous=previous)
     unplaced = dict(placement.unplaced)
     for m in found:
-        if m.zoo is None and not m.leaving:
-            unplaced[m.name] = "the pool hosts zoo models only (spec.model.zoo)"
+        if m.problem is not None and not m.leaving:
+            unplaced[m.name] = m.problem
     hosting: dict[str, dict[str, str]] = {p: {} for p in pods}
     for name, pod in placement.assignment.items():
         hosting[pod][name] = zoo[name]

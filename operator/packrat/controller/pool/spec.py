@@ -17,6 +17,7 @@ from typing import Any
 
 from packrat.controller.api.drift import quantity
 from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.spec import validate_spec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 ENGINES = ("eager", "onnxruntime", "openvino", "inductor")
@@ -63,8 +64,13 @@ class Member:
     """A PackratModel the pool hosts: its name, zoo architecture and uid."""
 
     name: str
-    zoo: str | None  # None: not a zoo model (the pool process hosts zoo models only)
+    zoo: str | None  # None: not placed (``problem`` says why)
     leaving: bool = False  # spec.pool no longer names this pool; served until its pods answer
+    problem: str | None = None
+
+    @property
+    def placeable(self) -> bool:
+        return self.zoo is not None and not self.leaving
 
 
 def _bytes(value: Any, where: str, errors: list[str]) -> int:
@@ -154,13 +160,14 @@ def members(pool: str, models: Sequence[Mapping[str, Any]]) -> list[Member]:
         asking, serving = pool_of(obj) == pool, served_by(obj) == pool
         if not (asking or serving) or (obj.get("metadata") or {}).get("deletionTimestamp"):
             continue
+        name = str(obj["metadata"]["name"])
         source = (obj.get("spec") or {}).get("model") or {}
         zoo = source.get("zoo") if isinstance(source, Mapping) else None
-        out.append(
-            Member(
-                name=str(obj["metadata"]["name"]),
-                zoo=zoo if isinstance(zoo, str) and zoo in ZOO_WEIGHT_BYTES else None,
-                leaving=not asking,
-            )
-        )
+        if not (isinstance(zoo, str) and zoo in ZOO_WEIGHT_BYTES):
+            zoo, problem = None, "the pool hosts zoo models only (spec.model.zoo)"
+        elif errors := validate_spec(obj.get("spec"), name=name):
+            zoo, problem = None, f"the model's spec is invalid: {errors[0]}"
+        else:
+            problem = None
+        out.append(Member(name=name, zoo=zoo, leaving=not asking, problem=problem))
     return sorted(out, key=lambda m: m.name)[:MAX_MODELS]

@@ -22,7 +22,7 @@ import kopf
 from packrat.controller.core.context import Result
 from packrat.controller.core.spec import GROUP, VERSION
 from packrat.controller.core.spec import PLURAL as MODELS
-from packrat.controller.core.wakeups import Wakeups, register_daemon
+from packrat.controller.core.wakeups import Wakeups, logged_errors, register_daemon
 from packrat.controller.pool.manifests import LABEL_POOL
 from packrat.controller.pool.reconcile import PLURAL, PoolReconciler
 from packrat.controller.pool.spec import pool_of, served_by
@@ -67,17 +67,12 @@ def register_pools(
             return poll_seconds
         return result.retry_seconds or resync_seconds
 
-    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
-        logger.warning(
-            "reconcile of pool %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
-        )
-
     register_daemon(
         registry,
         PLURAL,
         wakeups=wakeups,
         one_pass=one_pass,
-        on_error=on_error,
+        on_error=logged_errors("pool", logger),
         backoff_s=poll_seconds,
         ids=("pool_daemon", "pool_updated", "pool-wake-on-generation"),
     )

@@ -22,7 +22,8 @@ def _pool(**spec: Any) -> dict[str, Any]:
 
 
 def _model(name: str, *, pool: str | None = "p", served: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"metadata": {"name": name}, "spec": {"model": {"zoo": "tiny"}}}
+    spec = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1}
+    out: dict[str, Any] = {"metadata": {"name": name}, "spec": spec}
     if pool:
         out["spec"]["pool"] = pool
     if served:
@@ -55,6 +56,18 @@ def test_layout_places_and_keeps_served_pods_hosting() -> None:
     assert "c" in plan.hosting["p-0"]  # but hosted where its Service points
     assert "b" in plan.hosting["p-1"]  # and b stays on its pod until moved
     assert not plan.unplaced
+
+
+def test_layout_says_why_a_model_cannot_be_placed() -> None:
+    spec = parse_pool(_pool())
+    invalid = _model("bad")
+    del invalid["spec"]["cpus"]
+    other = _model("uri")
+    other["spec"]["model"] = {"uri": "http://store/m.pt", "format": "torchscript"}
+    plan = layout(spec, members("p", [invalid, other]), {}, {})
+    assert plan.assignment == {}
+    assert "spec.cpus is required" in plan.unplaced["bad"]
+    assert "zoo models only" in plan.unplaced["uri"]
 
 
 def test_layout_says_why_a_model_does_not_fit() -> None:
