@@ -38,6 +38,49 @@ def pool_key(meta: Mapping[str, Any]) -> str | None:
     return f"{meta.get('namespace', 'default')}/{name}" if name else None
 
 
+class Signatures:
+    """The last signature seen per object: an event wakes only when what the other side
+    acts on changed (a pool's placements, a model's pool and pod), not when counters did:
+    otherwise a pool's status write would wake its models, whose status writes would wake
+    the pool, pass after pass while traffic moves the counters."""
+
+    MAX = 100_000
+
+    def __init__(self) -> None:
+        self._seen: dict[str, Any] = {}
+
+    def previous(self, key: str) -> Any:
+        return self._seen.get(key)
+
+    def news(self, key: str, signature: Any, event_type: str | None) -> bool:
+        if event_type == "DELETED":
+            self._seen.pop(key, None)
+            return True
+        if self._seen.get(key) == signature:
+            return False
+        if len(self._seen) >= self.MAX:
+            self._seen.clear()
+        self._seen[key] = signature
+        return True
+
+
+def placements(status: Mapping[str, Any]) -> dict[str, Any]:
+    """What a pool's models act on: per model its pod and readiness, or why it is unplaced."""
+    models = status.get("models") or {}
+    out: dict[str, Any] = {
+        n: (r.get("pod"), r.get("ready")) for n, r in models.items() if isinstance(r, Mapping)
+    }
+    return {**out, **{n: str(why) for n, why in (status.get("unplaced") or {}).items()}}
+
+
+def membership(body: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a pool acts on of a model: the pool it asks for, the pool and pod serving it."""
+    record = (body.get("status") or {}).get("pool") or {}
+    pod = record.get("pod") if isinstance(record, Mapping) else None
+    generation = (body.get("metadata") or {}).get("generation")
+    return (pool_of(body), served_by(body), pod, generation)
+
+
 def register_pools(
     registry: kopf.OperatorRegistry,
     *,
@@ -77,17 +120,26 @@ def register_pools(
         ids=("pool_daemon", "pool_updated", "pool-wake-on-generation"),
     )
 
+    seen_pools, seen_models = Signatures(), Signatures()
+
     @kopf.on.event(GROUP, VERSION, PLURAL, id="wake-models-on-pool", registry=registry)
-    async def pool_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+    async def pool_changed(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
         namespace = meta.get("namespace", "default")
-        status = body.get("status") or {}
-        for model in {*(status.get("models") or {}), *(status.get("unplaced") or {})}:
-            wake_model(f"{namespace}/{model}")
+        now = placements(body.get("status") or {})
+        key = f"{namespace}/{meta['name']}"
+        if seen_pools.news(key, now, kwargs.get("type")):
+            for model in now:
+                wake_model(f"{namespace}/{model}")
 
     @kopf.on.event(GROUP, VERSION, MODELS, id="wake-pool-on-model", registry=registry)
-    async def model_changed(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+    async def model_changed(body: kopf.Body, meta: kopf.Meta, **kwargs: Any) -> None:
         namespace = meta.get("namespace", "default")
-        for name in {pool_of(body), served_by(body)} - {None}:
-            wakeups.wake(f"{namespace}/{name}")
+        key = f"{namespace}/{meta['name']}"
+        now, before = membership(body), seen_models.previous(key) or (None, None)
+        if now[:2] == (None, None) and before[:2] == (None, None):
+            return  # a model no pool has to do with
+        if seen_models.news(key, now, kwargs.get("type")):
+            for name in {*now[:2], *before[:2]} - {None}:  # a pool it left too
+                wakeups.wake(f"{namespace}/{name}")
 
     return wake_owner
