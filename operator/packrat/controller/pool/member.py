@@ -55,10 +55,12 @@ def serve_in_pool(p: Pass, model: ModelSpec, service: Mapping[str, Any] | None) 
         if status.pool_pod is None and status.get("activeSlot") is not None:
             return False  # its own pods serve until the pool answers for it
         p.result.in_progress()
-        if status.pool_pod is None:
-            p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+        if status.pool_pod is not None and record is not None:
+            status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
+        elif status.pool_pod is not None:  # the pool no longer hosts it (gone, unplaced)
+            p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
         else:
-            status.serving(ready_replicas=1, replicas=1)  # the pool pod it is on still serves
+            p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
         return True
     assert record is not None
     pod = str(record["pod"])

@@ -111,6 +111,11 @@ def test_model_service_moves_to_its_pool_pod_once_the_pod_serves_it(kube: FakeKu
     status = _status(kube, "packratmodels", "a")
     assert status["phase"] == "Ready" and status["pool"]["pod"] == "p-0"
     assert status["pool"]["residentBytes"] == 10
+    # the pool deleted: the model says it is not served, rather than Ready on a gone pod
+    kube.delete("packratpools", NS, "p")
+    Reconciler(kube).reconcile(NS, "a")
+    ready = {c["type"]: c for c in _status(kube, "packratmodels", "a")["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "NotPlaced"
 
 
 def test_wake_ups_follow_placements_and_membership_not_counters() -> None:
