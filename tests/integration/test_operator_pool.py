@@ -3,7 +3,8 @@ the operator places both on the pool's pod (python -m packrat.serve.pool, a real
 both answer through their own Services, and a model moved out of the pool and back in keeps
 answering through both moves (out: its own pods start and the Service leaves the pool pod
 only once they are ready; in: the Service moves to the pool pod once it answers for the
-model, and its own pods go after that): 0 failed requests.
+model, and its own pods go after that); a second pool pod takes one of the two models,
+moved while both answer: 0 failed requests.
 """
 
 from __future__ import annotations
@@ -137,3 +138,21 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
         return _pooled(cluster, "pb") and not any(n.startswith("pb-") for n in names)
 
     _move_under_load(cluster, POOL, pooled_alone)
+
+    # a second pool pod: one of the two models moves to it, both answering throughout
+    with Load(cluster, "pa", "pa") as load_a, Load(cluster, "pb", "pb") as load_b:
+        wait_for(lambda: len(load_a.results) > 10, timeout=SLOW, what="load warm-up")
+        cluster.api.patch("packratpools", POOL, {"spec": {"replicas": 2}})
+
+        def split() -> bool:
+            pods = {(cluster.status(n).get("pool") or {}).get("pod") for n in MODELS}
+            return pods == {"pool-0", "pool-1"}
+
+        wait_for(split, timeout=SLOW, what="the models on two pods", period=0.5)
+        moved = time.monotonic()
+        wait_for(
+            lambda: all(sum(1 for t, _ in x.results if t > moved) > 10 for x in (load_a, load_b)),
+            timeout=SLOW,
+            what="requests after the split",
+        )
+    assert not load_a.failures and not load_b.failures, (load_a.failures + load_b.failures)[:5]
