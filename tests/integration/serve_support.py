@@ -28,6 +28,18 @@ def ping_ok(url: str) -> bool:
         return False
 
 
+def call_json(url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """GET (POST with ``body``) ``url``: (status, JSON answer); (0, None) when unreachable."""
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except (urllib.error.URLError, OSError):
+        return 0, None
+
+
 def start_serving(
     cmd: list[str], url: str, log: Path, *, ready_s: float = 300
 ) -> subprocess.Popen[bytes]:

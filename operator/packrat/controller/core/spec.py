@@ -77,6 +77,8 @@ AUTO_BATCH_DEFAULTS: dict[str, Any] = {
     "sustainSeconds": 1,
 }
 
+_POOL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 # Known fields per object, for rejecting unknown ones (the API server prunes/rejects them).
 _SPEC_FIELDS = {
     "model",
@@ -98,6 +100,7 @@ _SPEC_FIELDS = {
     "requestLogging",
     "canary",
     "runtime",
+    "pool",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -208,6 +211,9 @@ def _check_top_level(errors: list[str], spec: dict[str, Any]) -> None:
     _int_in(errors, spec, "replicas", where="spec.", lo=0, hi=100)
     _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
     _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
+    pool = spec.get("pool")
+    if pool is not None and not (isinstance(pool, str) and _POOL_RE.fullmatch(pool)):
+        errors.append(f"spec.pool must name a PackratPool (a DNS label), got {pool!r}")
     runtime = spec.get("runtime")
     if runtime is not None and runtime not in RUNTIMES:
         errors.append(f"spec.runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")

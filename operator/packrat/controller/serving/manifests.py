@@ -29,6 +29,7 @@ PROFILING_APP = "packrat-profiling"
 MANAGER = "packrat-operator"
 LABEL_MODEL = "packrat.dev/model"
 LABEL_SLOT = "packrat.dev/slot"
+LABEL_POOL_POD = "packrat.dev/pool-pod"  # a PackratPool's pod (controller/pool/manifests.py)
 LABEL_PROFILE_KEY = "packrat.dev/profile-key"
 LABEL_SERVING_HASH = "packrat.dev/serving-hash"
 # on every serving Deployment: a background delete then leaves its ReplicaSet and pods serving
