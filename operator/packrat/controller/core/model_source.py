@@ -9,13 +9,16 @@ from typing import Any
 
 from packrat.controller.core.storage import validate_storage
 from packrat.runtime.egress import EgressError, split_url
+from packrat.runtime.inputs import InputsError, parse_inputs
 
 ZOO_MODELS = ("resnet50", "inception_v3", "bert-base", "gpt2", "tiny")
-MODEL_FORMATS = ("mar", "torchscript")
+MODEL_FORMATS = ("mar", "torchscript", "pt2", "onnx")
+# the file name's suffix each format is fetched to (the runtime loads a file by its suffix)
+FORMAT_SUFFIX = {"mar": ".mar", "torchscript": ".pt", "pt2": ".pt2", "onnx": ".onnx"}
 _CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
 _MODEL_FIELDS = {
     *("zoo", "uri", "volume", "storageUri", "credentialsSecret", "digest"),
-    *("format", "name", "sampleRequest", "sampleContentType"),
+    *("format", "name", "sampleRequest", "sampleContentType", "inputs"),
 }
 _VOLUME_FIELDS = {"persistentVolumeClaim", "configMap", "path"}
 _MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -68,6 +71,26 @@ def validate_model(errors: list[str], model: Any) -> None:
     if fmt is not None and fmt not in MODEL_FORMATS:
         errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
     _check_name_and_sample(errors, model, fmt=fmt)
+    _check_inputs(errors, model, fmt=fmt)
+
+
+def _check_inputs(errors: list[str], model: Mapping[str, Any], *, fmt: Any) -> None:
+    """spec.model.inputs: a model file's inputs (KServe/Triton forms, or a sample v2
+    request's inputs), for a file whose own description is missing or partial."""
+    volume = model.get("volume")
+    path = volume.get("path") if isinstance(volume, Mapping) else None
+    suffix = FORMAT_SUFFIX.get(fmt) if isinstance(fmt, str) else None
+    if fmt in ("pt2", "onnx") and isinstance(path, str) and not path.endswith(str(suffix)):
+        errors.append(f"spec.model.volume.path of a {fmt} model must end in {suffix}, got {path!r}")
+    if "inputs" not in model:
+        return
+    if fmt not in ("torchscript", "pt2", "onnx"):
+        errors.append("spec.model.inputs applies to a torchscript, pt2 or onnx model file")
+        return
+    try:
+        parse_inputs(model["inputs"])
+    except InputsError as exc:
+        errors.append(f"spec.model.inputs: {exc}")
 
 
 def _check_volume(errors: list[str], volume: Any) -> None:

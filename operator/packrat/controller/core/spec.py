@@ -23,6 +23,7 @@ from packrat.controller.core.options.request_logging import validate_request_log
 from packrat.controller.core.overrides import validate_pod
 from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
 from packrat.controller.core.storage import storage_identity
+from packrat.runtime.inputs import InputsError, encode, parse_inputs
 
 __all__ = [
     "API_VERSION",
@@ -76,6 +77,8 @@ AUTO_BATCH_DEFAULTS: dict[str, Any] = {
     "sustainSeconds": 1,
 }
 
+_POOL_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 # Known fields per object, for rejecting unknown ones (the API server prunes/rejects them).
 _SPEC_FIELDS = {
     "model",
@@ -97,6 +100,7 @@ _SPEC_FIELDS = {
     "requestLogging",
     "canary",
     "runtime",
+    "pool",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -207,6 +211,9 @@ def _check_top_level(errors: list[str], spec: dict[str, Any]) -> None:
     _int_in(errors, spec, "replicas", where="spec.", lo=0, hi=100)
     _int_in(errors, spec, "batchSize", where="spec.", lo=1, hi=1024)
     _int_in(errors, spec, "maxBatchDelayMs", where="spec.", lo=0, hi=10000)
+    pool = spec.get("pool")
+    if pool is not None and not (isinstance(pool, str) and _POOL_RE.fullmatch(pool)):
+        errors.append(f"spec.pool must name a PackratPool (a DNS label), got {pool!r}")
     runtime = spec.get("runtime")
     if runtime is not None and runtime not in RUNTIMES:
         errors.append(f"spec.runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
@@ -364,8 +371,21 @@ def model_identity(model: Mapping[str, Any]) -> str:
     Zoo models are fixed by name (architecture and seed are in the image); a uri or volume
     model by its location; a storageUri model also by its digest or the store's version of
     the object, so one replaced under the same URI is re-profiled. A uri or volume file
-    replaced in place is not detected: change the location to re-profile.
+    replaced in place is not detected: change the location to re-profile. Declared inputs
+    (``spec.model.inputs``) are part of it: other inputs are another profile.
     """
+    inputs = model.get("inputs")
+    base = _source_identity(model)
+    if inputs is None:
+        return base
+    try:
+        canonical = encode(parse_inputs(inputs))  # the same inputs in any form: one profile
+    except InputsError:
+        canonical = repr(inputs)  # an invalid spec is refused before it is profiled
+    return f"{base}:inputs:{digest(canonical)[:16]}"
+
+
+def _source_identity(model: Mapping[str, Any]) -> str:
     if "zoo" in model:
         return f"zoo:{model['zoo']}"
     if "uri" in model:
