@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "simulate",
     "profile",
     "fetch",
+    "convert",
     "bench",
     "serve",
     "route",
