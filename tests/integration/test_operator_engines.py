@@ -1,15 +1,18 @@
 """Engines through the operator (issue 35): ``spec.engines`` on the API emulator with the real
 kopf operator, the real profiling Job and real ``packrat serve`` pods of the tiny model.
 
-1. ``spec.engines: [eager, onnxruntime]`` is profiled for real: the Job runs ``packrat
-   profile --engines eager,onnxruntime --missing-engines leave-out --artefacts /artefacts``,
-   converts ONNX Runtime once, checks it against eager and profiles both; EnginesVerified is
-   True and the stored profile has points of both engines. The model is served on the plan's
-   engine, whichever the profile made fastest: the pod says so (``packrat_plan_engine``).
+1. ``spec.engines: [eager, onnxruntime]`` with a shared ``artefactsClaim`` and 2 replicas is
+   profiled for real: the Job runs ``packrat profile --engines eager,onnxruntime
+   --missing-engines leave-out --artefacts /artefacts``, converts ONNX Runtime once onto the
+   claim, checks it against eager and profiles both; EnginesVerified is True and the stored
+   profile has points of both engines. Both pods' ``convert-engines`` find the Job's artefact
+   (converted_now false) and check it; the artefact is never rewritten. The model is served
+   on the plan's engine, whichever the profile made fastest (``packrat_plan_engine``).
 2. A model whose profile makes ONNX Runtime fastest (seeded, so the plan's engine is known) is
    served on ONNX Runtime: its plan label and ``status.plan.engine`` say it, the pod's
-   ``convert-engines`` init container converted and checked the artefact under the profile's
-   cache key, the ``serve`` container loaded it (``--artefacts``) and answers.
+   ``convert-engines`` init container converted (no claim: into its own emptyDir) and checked
+   the artefact under the profile's cache key, the ``serve`` container loaded it
+   (``--artefacts``) and answers.
 
 No timing assertions; every wait polls a condition with a deadline sized for a loaded machine.
 """
@@ -38,19 +41,29 @@ pytestmark = [
 ]
 
 ENGINES = ["eager", "onnxruntime"]
+CLAIM = "engine-artefacts"  # the agent plays it as one directory every pod shares
 
 
-def _pods(cluster: OperatorCluster, name: str) -> list[Any]:
-    return [p for p in list(cluster.agent.pods.values()) if p.owner_name.startswith(f"{name}-")]
+def _serving_pods(cluster: OperatorCluster, name: str) -> list[Any]:
+    """The active slot's running pods whose init containers are done."""
+    active = cluster.status(name)["activeSlot"]
+    return [
+        p
+        for p in list(cluster.agent.pods.values())
+        if p.owner_kind != "Job" and p.owner_name == f"{name}-{active}" and p.ready
+    ]
 
 
 def _serving_pod(cluster: OperatorCluster, name: str) -> Any:
-    active = cluster.status(name)["activeSlot"]
-    pods = [
-        p for p in _pods(cluster, name) if p.owner_kind != "Job" and p.owner_name.endswith(active)
-    ]
-    assert pods, f"no pod of {name}-{active}"
+    pods = _serving_pods(cluster, name)
+    assert pods, f"no ready pod of {name}"
     return pods[0]
+
+
+def _verdicts(pod: Any) -> list[dict[str, Any]]:
+    """``packrat convert``'s verdicts in the pod's convert-engines log, one per engine."""
+    log = (pod.workdir / "convert-engines.log").read_text(errors="replace")
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
 
 
 def _plan_engine_metric(cluster: OperatorCluster, pod: Any) -> str:
@@ -72,7 +85,9 @@ def test_engines_are_profiled_by_the_job_and_served_on_the_plans_engine(
 ) -> None:
     name = "engines"
     # the time budget covers every engine's points (the tiny model's take seconds each)
-    spec = tiny_spec(4, engines=ENGINES, batchSize=2, budget_s=300)
+    spec = tiny_spec(
+        4, engines=ENGINES, batchSize=2, budget_s=300, replicas=2, artefactsClaim=CLAIM
+    )
     cluster.api.create("packratmodels", body(name, spec))
     job = wait_for(  # the operator deletes the Job once it stored the profile
         lambda: next(
@@ -100,13 +115,24 @@ def test_engines_are_profiled_by_the_job_and_served_on_the_plans_engine(
     record = profile.meta.extra[ENGINES_KEY]["onnxruntime"]
     assert record["status"] == "ok" and record["converted_now"] is True
 
+    # converted once, by the Job, onto the shared claim; every pod found it there and checked it
+    manifest = next((cluster.agent.workdir / "claims" / CLAIM).rglob("artefact.json"))
+    written = manifest.stat().st_mtime_ns
+    wait_for(lambda: len(_serving_pods(cluster, name)) == 2, timeout=240, what="two pods")
+    pods = _serving_pods(cluster, name)
+    for pod in pods:
+        (verdict,) = _verdicts(pod)
+        assert verdict["status"] == "ok" and verdict["converted_now"] is False, verdict
+        assert verdict["artefact"]["path"].startswith(str(manifest.parent)), verdict
+    assert manifest.stat().st_mtime_ns == written  # never rewritten
+
     engine = (status.get("plan") or {}).get("engine") or "eager"
-    pod = _serving_pod(cluster, name)
-    wait_for(
-        lambda: _plan_engine_metric(cluster, pod) == engine,
-        timeout=120,
-        what=f"the pod serving the plan's engine {engine}",
-    )
+    for pod in pods:
+        wait_for(
+            lambda pod=pod: _plan_engine_metric(cluster, pod) == engine,
+            timeout=120,
+            what=f"the pod serving the plan's engine {engine}",
+        )
     code, _ = cluster.predict(name, name)
     assert code == 200
 
@@ -149,10 +175,10 @@ def test_a_plan_on_onnxruntime_is_served_from_the_pods_checked_artefact(
     assert "convert-engines" in init
     (serve,) = pod.spec["containers"]
     assert serve["command"][serve["command"].index("--artefacts") + 1] == "/artefacts"
-    log = (pod.workdir / "convert-engines.log").read_text(errors="replace")
-    verdicts = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    assert [v["engine"] for v in verdicts] == ["onnxruntime"], log[-2000:]
+    verdicts = _verdicts(pod)
+    assert [v["engine"] for v in verdicts] == ["onnxruntime"], verdicts
     assert verdicts[0]["status"] == "ok" and "check" in verdicts[0], verdicts
+    assert verdicts[0]["converted_now"] is True  # its own emptyDir: converted in this pod
     artefact = verdicts[0]["artefact"]["path"]
     assert artefact.startswith(str(pod.workdir)), artefact  # the pod's own artefacts volume
 

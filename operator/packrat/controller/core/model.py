@@ -146,6 +146,9 @@ class ModelSpec:
     # spec.engines when it asks for more than eager (None: eager only, the form of before);
     # ("all",) is every engine installed in the image
     engines: tuple[str, ...] | None
+    # spec.artefactsClaim: a ReadWriteMany claim the profiling Job and every pod share for
+    # the artefacts (None: each its own emptyDir)
+    artefacts_claim: str | None
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -230,6 +233,7 @@ class ModelSpec:
                 **({"runtime": self.runtime} if self.runtime else {}),
                 # the pods convert and load these engines' artefacts (absent: eager only)
                 **({"engines": list(self.engines)} if self.engines else {}),
+                **({"artefactsClaim": c} if (c := self.artefacts_claim) else {}),
             }
         )[:16]
 
@@ -320,6 +324,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "request_logging": request_logging(spec),
         "canary": canary_settings(spec),
         "engines": _engines(spec.get("engines")),
+        "artefacts_claim": str(spec["artefactsClaim"]) if spec.get("artefactsClaim") else None,
     }
 
 

@@ -104,6 +104,7 @@ _SPEC_FIELDS = {
     "canary",
     "runtime",
     "engines",
+    "artefactsClaim",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -122,6 +123,7 @@ _SWITCH_FIELDS = {"readyTimeoutSeconds", "drainSeconds"}
 _TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def _with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,6 +220,7 @@ def _check_top_level(errors: list[str], spec: dict[str, Any]) -> None:
     if runtime is not None and runtime not in RUNTIMES:
         errors.append(f"spec.runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
     _check_engines(errors, spec.get("engines"), runtime=runtime)
+    _check_artefacts_claim(errors, spec)
     memory = spec.get("memory")
     if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
         errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")
@@ -244,6 +247,17 @@ def _check_engines(errors: list[str], engines: Any, *, runtime: Any) -> None:
         )
     elif runtime == "torchserve" and engines != ["eager"]:
         errors.append("spec.engines other than eager need the native runtime (spec.runtime)")
+
+
+def _check_artefacts_claim(errors: list[str], spec: Mapping[str, Any]) -> None:
+    """spec.artefactsClaim: a claim name, for engines beyond eager."""
+    claim = spec.get("artefactsClaim")
+    if claim is None:
+        return
+    if not isinstance(claim, str) or len(claim) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(claim):
+        errors.append(f"spec.artefactsClaim must be a PersistentVolumeClaim name, got {claim!r}")
+    elif spec.get("engines") in (None, ["eager"]):
+        errors.append("spec.artefactsClaim needs spec.engines beyond eager (nothing to convert)")
 
 
 def _check_profiling(errors: list[str], spec: dict[str, Any]) -> Mapping[str, Any]:

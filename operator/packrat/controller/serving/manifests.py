@@ -47,12 +47,14 @@ PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
 SAMPLE_REQUEST_ENV = "PACKRAT_SAMPLE_REQUEST"
 MODEL_DIR = "/models"
-# the engines' converted artefacts (spec.engines): the profiling Job's and each serving pod's
-# own emptyDir. The storage model has no volume the Job and the pods share (a profile comes
-# back through the Job's log into a ConfigMap, 1 MiB at most; model files are fetched into
-# each pod or mounted read-only), so each pod's ``convert-engines`` init container finds or
-# converts them under the profile's cache key and checks them with the profile's gate;
-# every instance and every in-pod switch of that pod reuses them.
+# the engines' converted artefacts (spec.engines). The storage model has no volume of its own
+# that the profiling Job and the pods share (a profile comes back through the Job's log into a
+# ConfigMap, 1 MiB at most; model files are fetched into each pod or mounted read-only), so:
+# with spec.artefactsClaim (a ReadWriteMany claim) the Job converts onto it once and every
+# pod's ``convert-engines`` init container finds the artefacts there under the profile's cache
+# key and checks them with the profile's gate, converting nothing; without it the Job and each
+# pod have their own emptyDir and the init container converts once per pod. Either way every
+# instance and every in-pod switch of a pod reuses them.
 ARTEFACTS_DIR = "/artefacts"
 ARTEFACTS_VOLUME = "artefacts"
 ARTEFACTS_MOUNT = {"name": ARTEFACTS_VOLUME, "mountPath": ARTEFACTS_DIR}
@@ -246,12 +248,16 @@ def fetch_init_container(
 def engines_volume(
     spec: ModelSpec, limits: storage.StorageLimits
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """([the artefacts emptyDir], [its mount]) when spec.engines asks for more than eager;
-    sized for an artefact of every engine (each about one copy of the weights)."""
+    """([the artefacts volume], [its mount]) when spec.engines asks for more than eager: the
+    shared claim, or an emptyDir sized for an artefact of every engine (each about one copy
+    of the weights)."""
     if not spec.engines:
         return [], []
-    size = str(len(ENGINES) * limits.max_model_bytes)
-    volume = {"name": ARTEFACTS_VOLUME, "emptyDir": {"sizeLimit": size}}
+    volume: dict[str, Any] = {"name": ARTEFACTS_VOLUME}
+    if spec.artefacts_claim:
+        volume["persistentVolumeClaim"] = {"claimName": spec.artefacts_claim}
+    else:
+        volume["emptyDir"] = {"sizeLimit": str(len(ENGINES) * limits.max_model_bytes)}
     return [volume], [dict(ARTEFACTS_MOUNT)]
 
 

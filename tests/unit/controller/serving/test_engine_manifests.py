@@ -120,3 +120,29 @@ def test_engines_other_than_eager_need_the_native_runtime() -> None:
     assert not spec_module.validate_spec(
         {**OWNER["spec"], "engines": ["eager"], "runtime": "torchserve"}
     )
+
+
+def test_a_shared_claim_holds_the_jobs_artefacts_for_every_pod() -> None:
+    owner = _owner(engines=["eager", "onnxruntime"], artefactsClaim="art")
+    claim = {"name": m.ARTEFACTS_VOLUME, "persistentVolumeClaim": {"claimName": "art"}}
+    assert claim in _job_pod(owner)["volumes"]
+    assert claim in _pod(owner)["volumes"]
+    assert parse(owner).profile_key == parse(_owner(engines=["eager", "onnxruntime"])).profile_key
+    hashes = {parse(o).serving_hash({"cpus": 2}) for o in (owner, _owner(engines=["openvino"]))}
+    assert len(hashes) == 2  # the pods' volume changed: new pods
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        ({}, "spec.artefactsClaim needs spec.engines beyond eager (nothing to convert)"),
+        ({"engines": ["eager"]}, "spec.artefactsClaim needs spec.engines beyond eager"),
+        (
+            {"engines": ["openvino"], "artefactsClaim": "Bad_Name"},
+            "must be a PersistentVolumeClaim",
+        ),
+    ],
+)
+def test_a_bad_claim_is_one_clear_error(extra: dict[str, Any], error: str) -> None:
+    errors = spec_module.validate_spec({**OWNER["spec"], "artefactsClaim": "art", **extra})
+    assert len(errors) == 1 and error in errors[0], errors
