@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from packrat.bench.loadgen import run_bursts
 from packrat.bench.servers import PackratServe
+from packrat.bench.serving import served_bursts
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 
@@ -43,19 +43,7 @@ async def _one(args: argparse.Namespace, plan: Any, batch: int, workdir: Path) -
         artefacts=args.artefacts,
     )
     body = await asyncio.to_thread(example_body, args.model)
-    try:
-        await server.start()
-        result = await run_bursts(
-            url=server.url,
-            model=server.model,
-            body=body,
-            burst=batch,
-            bursts=args.bursts,
-            warmup_bursts=1,
-            timeout_s=600,
-        )
-    finally:
-        await server.stop()
+    result = await served_bursts(server, body=body, batch=batch, bursts=args.bursts)
     ms = [v * 1000 for v in result.batch_latencies_s]
     return {"median_ms": statistics.median(ms), "samples_ms": ms, "errors": result.errors}
 
