@@ -29,6 +29,12 @@ from packrat.bench.serving import served_bursts
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Engines at batch 32, and does a served engine plan keep its profile\'s promise?"'
+    " (#engines-at-batch-32-and-does-a-served-engine-plan-keep-its-profiles-promise-issue-35)"
+)
+
 
 async def _one(args: argparse.Namespace, plan: Any, batch: int, workdir: Path) -> dict[str, Any]:
     from packrat.serve.codec import example_body
@@ -85,7 +91,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--profile", type=Path, required=True, help="a profile of engines")
     parser.add_argument("--artefacts", type=Path, required=True, help="its artefacts folder")
