@@ -66,6 +66,12 @@ DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit 
 # What runs the serving pods' plan instances (packrat serve --runtime); unset: the pods'
 # default (packrat.serve.config.DEFAULT_RUNTIME), left out of pod commands and hashes.
 RUNTIMES = ("native", "torchserve")
+# spec.engines: the engines the profiling Job converts, checks against eager and profiles
+# (packrat profile --engines); unset: eager only, the pods' form and hashes of before. "all"
+# (alone): every engine installed in the image. packrat.runtime.engines.ENGINES (a unit test
+# pins it).
+ENGINES = ("eager", "inductor", "onnxruntime", "openvino")
+ALL_ENGINES = "all"
 
 
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
@@ -101,6 +107,8 @@ _SPEC_FIELDS = {
     "canary",
     "runtime",
     "pool",
+    "engines",
+    "artefactsClaim",
 }
 _PROFILING_FIELDS = {
     "maxBatch",
@@ -119,6 +127,7 @@ _SWITCH_FIELDS = {"readyTimeoutSeconds", "drainSeconds"}
 _TOLERATION_FIELDS = {"key", "operator", "value", "effect", "tolerationSeconds"}
 _MEMORY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def _with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,12 +226,45 @@ def _check_top_level(errors: list[str], spec: dict[str, Any]) -> None:
     runtime = spec.get("runtime")
     if runtime is not None and runtime not in RUNTIMES:
         errors.append(f"spec.runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    _check_engines(errors, spec.get("engines"), runtime=runtime)
+    _check_artefacts_claim(errors, spec)
     memory = spec.get("memory")
     if not isinstance(memory, str) or not _MEMORY_RE.fullmatch(memory):
         errors.append(f"spec.memory must be a quantity such as 4Gi, got {memory!r}")
     image = spec.get("image")
     if image is not None and (not isinstance(image, str) or not image or len(image) > 512):
         errors.append("spec.image must be a non-empty string")
+
+
+def _check_engines(errors: list[str], engines: Any, *, runtime: Any) -> None:
+    """spec.engines: known names without repeats, or ["all"]; not with TorchServe."""
+    if engines is None:
+        return
+    names = (*ENGINES, ALL_ENGINES)
+    if (
+        not isinstance(engines, list)
+        or not 1 <= len(engines) <= len(names)
+        or any(e not in names for e in engines)
+        or len(set(engines)) != len(engines)
+        or (ALL_ENGINES in engines and len(engines) > 1)
+    ):
+        errors.append(
+            f"spec.engines must be a list of {', '.join(ENGINES)} without repeats, "
+            f"or [all], got {engines!r}"
+        )
+    elif runtime == "torchserve" and engines != ["eager"]:
+        errors.append("spec.engines other than eager need the native runtime (spec.runtime)")
+
+
+def _check_artefacts_claim(errors: list[str], spec: Mapping[str, Any]) -> None:
+    """spec.artefactsClaim: a claim name, for engines beyond eager."""
+    claim = spec.get("artefactsClaim")
+    if claim is None:
+        return
+    if not isinstance(claim, str) or len(claim) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(claim):
+        errors.append(f"spec.artefactsClaim must be a PersistentVolumeClaim name, got {claim!r}")
+    elif spec.get("engines") in (None, ["eager"]):
+        errors.append("spec.artefactsClaim needs spec.engines beyond eager (nothing to convert)")
 
 
 def _check_profiling(errors: list[str], spec: dict[str, Any]) -> Mapping[str, Any]:
