@@ -357,9 +357,11 @@ class LayerFile:
         ``MADV_POPULATE_READ`` (Linux 5.14) waits for them and maps the pages without copying
         a byte to user space (measured on BERT-base: 0.01-0.02 s of CPU against 0.04-0.19 s
         for ``pread`` into a buffer, CPU that a cold start's compute, running beside the
-        reader, needs). Reading in 1 MiB chunks instead took the GIL back 28 times per BERT
-        layer, and each time the compute thread, which needs it between operators, waited
-        (measured: the compute slowed by a quarter while a layer was read). A rate limit is
+        reader, needs). Reading in 1 MiB chunks took the GIL back 28 times per BERT layer;
+        now 5 times (reading BERT alone measured 0.57 -> 0.31 s). The compute still
+        runs 1.2-2.5x slower beside a read on a busy 2-core machine, but a reader in another
+        process slows it as much: that is the machine, not the GIL (docs/measurements.md,
+        many models in one pool). A rate limit is
         charged per layer, after it is read: the layer counts as in when its last byte would
         have arrived. Older kernels fall back to ``pread`` in 1 MiB chunks."""
         la = self.layers[i]
