@@ -236,8 +236,8 @@ class _Ops(NamedTuple):
     """The run's steps, closures over its state (one cheap call each): see :func:`_ops`."""
 
     route: Callable[[int], int]
-    start: Callable[[int, bool, float, int, int], tuple[int, int]]
-    complete: Callable[[int, float, int, int], tuple[int, int]]
+    start: Callable[[int, bool, float], None]
+    complete: Callable[[int, float], None]
 
 
 def _ops(
@@ -250,14 +250,16 @@ def _ops(
     waiters: list[deque[int]],
     done: list[float],
 ) -> _Ops:
-    """The steps of the event loop; ``seq`` (event tokens) and ``nb`` (batches started) are
-    passed in and returned updated.
+    """The steps of the event loop. Their counters (``seq``, the event tokens, and ``nb``,
+    the batches started) live in this closure, so a step returns nothing (no tuple per
+    event: the steps run once or twice per query of every candidate plan).
 
     - ``route(base)``: the dispatcher's rule over the replica's instances ``base ..
-      base + k_per - 1``: the least ``(n + 1) / b`` under its cap, or -1 when none has room.
-    - ``start(g, due, now, seq, nb)``: idle instance ``g`` starts a batch when it is full (or
+      base + k_per - 1``: the least ``(n + 1) / b`` under its cap, or -1 when none has room
+      (with one instance per replica, just its cap).
+    - ``start(g, due, now)``: idle instance ``g`` starts a batch when it is full (or
       ``due``, or there is no batch delay), else begins collecting one.
-    - ``complete(g, now, seq, nb)``: ``g``'s batch is answered; what waits in its replica's
+    - ``complete(g, now)``: ``g``'s batch is answered; what waits in its replica's
       dispatcher queue is forwarded while an instance has room, starting (or collecting)
       batches on the others (``g`` itself starts in the loop).
     """
@@ -266,11 +268,13 @@ def _ops(
     collecting, running = inst.collecting, inst.running
     push = heapq.heappush
     inf = math.inf
-    single = k_per == 1
+    collect = delay > 0
+    seq = nb = 0
 
-    def route(base: int) -> int:
-        if single:
-            return base if outstanding[base] < caps[base] else -1
+    def route_one(base: int) -> int:
+        return base if outstanding[base] < caps[base] else -1
+
+    def route_many(base: int) -> int:
         h = -1
         best_key = inf
         for c in range(base, base + k_per):
@@ -281,11 +285,18 @@ def _ops(
                     h, best_key = c, key
         return h
 
-    def start(g: int, due: bool, now: float, seq: int, nb: int) -> tuple[int, int]:
+    def start(g: int, due: bool, now: float) -> None:
+        nonlocal seq, nb
         q = pending[g]
-        if due or len(q) >= bat[g] or delay <= 0:
-            k = min(bat[g], len(q))
-            running[g] = [q.popleft() for _ in range(k)]
+        b = bat[g]
+        k = len(q)
+        if due or k >= b or not collect:
+            if k > b:
+                running[g] = [q.popleft() for _ in range(b)]
+                k = b
+            else:  # the whole queue: one copy, no per-item pops
+                running[g] = list(q)
+                q.clear()
             busy[g] = True
             collecting[g] = 0
             seq += 1
@@ -295,16 +306,19 @@ def _ops(
             seq += 1
             collecting[g] = seq
             push(heap, (now + delay, seq, -g - 1))
-        return seq, nb
 
-    def complete(g: int, now: float, seq: int, nb: int) -> tuple[int, int]:
+    route = route_one if k_per == 1 else route_many
+
+    def complete(g: int, now: float) -> None:
         batch = running[g]
         for qid in batch:
             done[qid] = now
         outstanding[g] -= len(batch)
         busy[g] = False
         w = waiters[g // k_per]
-        base = (g // k_per) * k_per
+        if not w:
+            return
+        base = g - g % k_per
         while w:
             h = route(base)
             if h < 0:
@@ -312,8 +326,7 @@ def _ops(
             outstanding[h] += 1
             pending[h].append(w.popleft())
             if h != g and not busy[h]:
-                seq, nb = start(h, False, now, seq, nb)
-        return seq, nb
+                start(h, False, now)
 
     return _Ops(route, start, complete)
 
@@ -356,24 +369,25 @@ def _run(
     )
     pop = heapq.heappop
     n = len(times)
-    i = seq = nb = 0  # next arrival, event tokens, batches started
+    i = 0  # the next arrival
     while True:
         if heap and (i >= n or heap[0][0] <= times[i]):
             now, tok, g = pop(heap)
             if g < 0:  # a collection deadline: run what has been collected
                 g = -g - 1
                 if collecting[g] == tok and not busy[g]:
-                    seq, nb = start(g, True, now, seq, nb)
+                    start(g, True, now)
                 continue
-            seq, nb = complete(g, now, seq, nb)  # a batch completed: answer, refill
+            complete(g, now)  # a batch completed: answer, refill
             if pending[g]:
-                seq, nb = start(g, False, now, seq, nb)
+                start(g, False, now)
             continue
         if i >= n:
             break
         now = times[i]  # an arrival: to an instance with room, else the queue, else shed
-        w = waiters[target[i]]
-        g = -1 if w else route(target[i] * k_per)
+        r = target[i]
+        w = waiters[r]
+        g = -1 if w else route(r * k_per)
         if g < 0:
             if len(w) < queue_limit:
                 w.append(i)
@@ -381,6 +395,6 @@ def _run(
             outstanding[g] += 1
             pending[g].append(i)
             if not busy[g]:
-                seq, nb = start(g, False, now, seq, nb)
+                start(g, False, now)
         i += 1
     return done
