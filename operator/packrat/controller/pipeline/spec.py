@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.schema import PIPELINE_CRD, schema_check
 from packrat.controller.core.model import InvalidSpec, ModelSpec, read
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE
@@ -37,7 +38,6 @@ MAX_EDGES = 64
 PLANNED_FIELDS = ("batchSize", "autoBatch", "slo", "replicas", "autoscaling")
 SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs", "autoscaling"}
 HOP_FIELD = "hopOverheadMs"
-MAX_HOP_OVERHEAD_MS = 60_000.0
 STAGE_FIELDS = {"name", "model"}
 EDGE_FIELDS = {"from", "to", "fraction", "when"}
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9]$|^[a-z0-9][-a-z0-9]*[a-z0-9]$")
@@ -275,27 +275,30 @@ def _edges(errors: list[str], spec: Mapping[str, Any], names: set[str]) -> tuple
 
 def _slo(errors: list[str], spec: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
     """spec.slo with its defaults (less the hop overhead), the hop overhead (ms) and
-    spec.autoscaling with its defaults (None when absent)."""
+    spec.autoscaling with its defaults (None when absent), checked against the CRD."""
     slo = spec.get("slo")
     hop: Any = DEFAULT_HOP_OVERHEAD_MS
     auto: Any = None
     if not isinstance(slo, Mapping):
         errors.append("spec.slo must be an object with latencyP99Ms and one of trace, rate")
-        slo = {}
-    else:
-        slo = {**SLO_DEFAULTS, **slo}
-        hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
-        if not _number(hop) or not 0 <= hop <= MAX_HOP_OVERHEAD_MS:
-            errors.append(
-                f"spec.slo.{HOP_FIELD} must be a number of ms in [0, {MAX_HOP_OVERHEAD_MS:g}], "
-                f"got {hop!r}"
-            )
-            hop = DEFAULT_HOP_OVERHEAD_MS
-        auto = spec.get("autoscaling")
-        if isinstance(auto, Mapping):
-            auto = {**AUTOSCALING_DEFAULTS, **auto}
-            if "reference" in auto:
-                errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
-                auto.pop("reference")
-        validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
+        return {}, hop, auto
+    slo = {**SLO_DEFAULTS, **slo}
+    found = schema_check(PIPELINE_CRD, "spec", "slo").errors(slo, "spec.slo")
+    hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
+    auto = spec.get("autoscaling")
+    if isinstance(auto, Mapping):
+        given = {k: v for k, v in auto.items() if k != "reference"}
+        if "reference" in auto:
+            errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
+        check = schema_check(PIPELINE_CRD, "spec", "autoscaling")
+        known = check.schema.get("properties") or {}
+        defaults = {k: v for k, v in AUTOSCALING_DEFAULTS.items() if k in known}
+        found += check.errors({**defaults, **given}, "spec.autoscaling")
+        auto = {**AUTOSCALING_DEFAULTS, **given}
+    elif auto is not None:
+        found.append("spec.autoscaling must be an object")
+    validate_slo(found, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
+    errors += found
+    if found:
+        hop = DEFAULT_HOP_OVERHEAD_MS
     return slo, hop, auto

@@ -54,7 +54,7 @@ def test_good_spec_is_valid() -> None:
                     "format": "torchscript",
                 },
             },
-            "without '..'",
+            "must not contain '..'",
         ),
     ],
 )
