@@ -2,11 +2,13 @@
 (exactly one source, its format, names, patterns) are checked by
 :mod:`packrat.controller.api.schema`; here the fetch's own URL parser reads a uri, the storage
 fields are checked by :mod:`packrat.controller.core.storage`, and a mar model needs a sample
-request (profiled through its own handler)."""
+request (profiled through its own handler). :class:`ModelSource` is a valid ``spec.model``,
+typed once."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.storage import validate_storage
@@ -37,3 +39,59 @@ def validate_model(errors: list[str], model: Any, *, where: str = "spec.model") 
             f"{where}: a mar model needs model.sampleRequest (it is profiled through its own "
             "handler)"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelVolume:
+    """``spec.model.volume``: a PersistentVolumeClaim or a ConfigMap, and the file's path."""
+
+    claim: str | None
+    config_map: str | None
+    path: str
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """``spec.model`` of a valid spec, typed once: exactly one of ``zoo``, ``uri``,
+    ``storage_uri`` and ``volume`` is set. ``doc`` is the field as given (read-only): what
+    hashes and profile keys are made of, and what a canary or a stage copies."""
+
+    doc: Mapping[str, Any]
+    zoo: str | None = None
+    uri: str | None = None
+    storage_uri: str | None = None
+    volume: ModelVolume | None = None
+    format: str | None = None
+    name: str | None = None
+    sample_request: str | None = None
+    sample_content_type: str | None = None  # as given (None: application/octet-stream)
+    credentials_secret: str | None = None
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> ModelSource:
+        volume = doc.get("volume")
+        secret = doc.get("credentialsSecret")
+        return cls(
+            doc=doc,
+            zoo=_opt(doc.get("zoo")),
+            uri=_opt(doc.get("uri")),
+            storage_uri=_opt(doc.get("storageUri")),
+            volume=(
+                ModelVolume(
+                    claim=_opt((volume.get("persistentVolumeClaim") or {}).get("claimName")),
+                    config_map=_opt((volume.get("configMap") or {}).get("name")),
+                    path=str(volume["path"]),
+                )
+                if isinstance(volume, Mapping)
+                else None
+            ),
+            format=_opt(doc.get("format")),
+            name=_opt(doc.get("name")),
+            sample_request=_opt(doc.get("sampleRequest")),
+            sample_content_type=_opt(doc.get("sampleContentType")),
+            credentials_secret=_opt(secret.get("name")) if isinstance(secret, Mapping) else None,
+        )
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)
