@@ -756,6 +756,14 @@ class ModelStatus(Status):
         """The switch under way or given up (None: none)."""
         return Switch.from_status(self._data.get("switch"))
 
+    @property
+    def last_switch(self) -> tuple[str | None, datetime.datetime | None]:
+        """(result, time) of the last switch (``status.lastSwitch``; None, None before it)."""
+        last = self._data.get("lastSwitch")
+        if not isinstance(last, Mapping):
+            return None, None
+        return _opt_str(last.get("result")), parse_time(last.get("time"))
+
     def record_switch(
         self, last: Mapping[str, Any], entry: Mapping[str, Any], *, limit: int = 10
     ) -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import replace
-from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.status import BatchRecord, ModelStatus, now_iso, parse_time
+from packrat.controller.core.status import BatchRecord, ModelStatus, now_iso
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.padding import PaddedPlans
@@ -115,11 +114,10 @@ def observe_batch(
         p.result.observed_batch = ab.observed(seen)
     elif pinned is None and trigger is None:
         return  # nothing new to decide on
-    last: dict[str, Any] = status.get("lastSwitch") or {}
-    last_at = parse_time(last.get("time"))
+    last_result, last_at = status.last_switch
     if (
         pinned is not None
-        and last.get("result") == "Aborted"
+        and last_result == "Aborted"
         and last_at is not None
         and (p.now - last_at).total_seconds() < policy.min_interval_s
     ):
