@@ -150,3 +150,25 @@ def test_rules_bind_self_to_every_element() -> None:
     assert schema_check(MODEL_CRD, "spec", "pod").errors(env, "spec.pod") == [
         "spec.pod.env[1]: set exactly one of value and valueFrom"
     ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"bogus": 1}, "spec.bogus: unknown field"),
+        ({"deadlineMs": 0}, "spec.deadlineMs must be an integer in 1..3600000, got 0"),
+        ({"edges": [{"from": "first", "to": "second", "fraction": 2}]}, "fraction must be"),
+        ({"edges": [{"from": "first", "to": "first"}]}, "spec.edges[0]: an edge cannot lead"),
+        ({"stages": []}, "spec.stages must have 1..16 items, got 0"),
+    ],
+)
+def test_a_pipeline_spec_is_checked_against_its_crd(changes: dict[str, Any], message: str) -> None:
+    from pipeline_support import pipeline_body
+
+    from packrat.controller.core.model import InvalidSpec
+    from packrat.controller.pipeline.spec import parse_pipeline
+
+    with pytest.raises(InvalidSpec) as info:
+        parse_pipeline(pipeline_body(**changes))
+    assert message in str(info.value)
+    parse_pipeline(pipeline_body())  # the valid one parses

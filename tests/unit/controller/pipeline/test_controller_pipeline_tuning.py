@@ -81,7 +81,7 @@ def test_the_hop_overhead_is_planned_for() -> None:
         ({"autoscaling": {"reference": {"replicas": 1}}}, "the planner makes it"),
         (
             {"stages": [{"name": "a", "model": {**STAGE_MODEL, "autoscaling": {}}}], "edges": []},
-            "remove autoscaling",
+            "spec.stages[0].model: the pipeline planner chooses",
         ),
     ],
 )
