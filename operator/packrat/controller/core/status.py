@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import datetime
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -344,6 +344,17 @@ class FastRecord:
         return out
 
 
+# BatchRecord's plain fields: (attribute, status key, how it is read back)
+_BATCH_SCALARS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("current", "current", _opt_int),
+    ("target", "target", _opt_int),
+    ("observed", "observed", _opt_int),
+    ("observed_at", "observedAt", _opt_str),
+    ("source", "source", _opt_str),
+    ("reconfigure_handled", "reconfigureHandled", _opt_str),
+)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
     """``status.batchSize``, typed: the batch served (``current``) and the one a decided
@@ -381,32 +392,20 @@ class BatchRecord:
         estimates = doc.get("estimates")
         decision = doc.get("lastDecision")
         return cls(
-            current=_opt_int(doc.get("current")),
-            target=_opt_int(doc.get("target")),
-            observed=_opt_int(doc.get("observed")),
-            observed_at=_opt_str(doc.get("observedAt")),
+            **{attr: read(doc.get(camel)) for attr, camel, read in _BATCH_SCALARS},
             estimates=tuple(int(e) for e in estimates if _opt_int(e) is not None)
             if isinstance(estimates, list)
             else None,
-            source=_opt_str(doc.get("source")),
             recent=recent,
             last_decision=copy.deepcopy(dict(decision)) if isinstance(decision, Mapping) else None,
-            reconfigure_handled=_opt_str(doc.get("reconfigureHandled")),
             fast=FastRecord.from_status(doc.get("fast")),
         )
 
     def to_status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for key, value in (
-            ("current", self.current),
-            ("target", self.target),
-            ("observed", self.observed),
-            ("observedAt", self.observed_at),
-            ("source", self.source),
-            ("reconfigureHandled", self.reconfigure_handled),
-        ):
-            if value is not None:
-                out[key] = value
+        for attr, camel, _ in _BATCH_SCALARS:
+            if (value := getattr(self, attr)) is not None:
+                out[camel] = value
         if self.estimates is not None:
             out["estimates"] = list(self.estimates)
         if self.recent:
