@@ -1,13 +1,22 @@
 """A ``packrat serve`` pod as a real process for the integration tests: started with its
-output in a log and waited on until ``/ping`` answers 200, stopped with SIGTERM."""
+output in a log and waited on until ``/ping`` answers 200, stopped with SIGTERM; a loopback
+file server (a model store) and a JSON request helper."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import json
 import signal
 import subprocess
+import threading
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 def ping_ok(url: str) -> bool:
@@ -17,6 +26,18 @@ def ping_ok(url: str) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
+
+
+def call_json(url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """GET (POST with ``body``) ``url``: (status, JSON answer); (0, None) when unreachable."""
+    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+    except (urllib.error.URLError, OSError):
+        return 0, None
 
 
 def start_serving(
@@ -43,3 +64,39 @@ def stop_serving(proc: subprocess.Popen[bytes]) -> int:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def file_server(folder: Path) -> Iterator[str]:
+    """A plain HTTP server on loopback publishing ``folder``'s files: its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def http_json(url: str, doc: Any = None, *, timeout: float = 30) -> tuple[int, Any]:
+    """GET ``url`` (``doc`` None) or POST ``doc`` as JSON: (status, JSON answer or the error
+    text; 0 when nothing answered)."""
+    data = None if doc is None else json.dumps(doc).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="GET" if doc is None else "POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except OSError as exc:
+        return 0, str(exc)

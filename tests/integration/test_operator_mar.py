@@ -13,13 +13,8 @@ with ``DigestMismatch`` in the ``Profiled`` condition and serves nothing.
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
-import http.server
 import json
-import threading
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +22,7 @@ import pytest
 from harness import OperatorCluster, wait_for
 from mar_support import build_mar
 from models import FIRST_READY_S, body
+from serve_support import file_server, http_json
 
 from packrat.plan.profile import parse_profile
 
@@ -56,18 +52,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
     for name, sleep in (("plain", 0.0), ("sleepy", 0.02)):
         mar = build_mar(tmp, name, sleep)
         digests[name] = "sha256:" + hashlib.sha256(mar.read_bytes()).hexdigest()
-    handler = functools.partial(_QuietHandler, directory=str(tmp))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", digests
-    finally:
-        httpd.shutdown()
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
+    with file_server(tmp) as url:
+        yield url, digests
 
 
 def _spec(url: str, name: str, digest: str) -> dict[str, Any]:
@@ -93,19 +79,7 @@ def _profile(cluster: OperatorCluster, name: str) -> Any:
 
 
 def _predict(cluster: OperatorCluster, service: str, model: str) -> tuple[int, Any]:
-    req = urllib.request.Request(
-        f"{cluster.agent.proxy.url(service)}/predictions/{model}",
-        data=json.dumps(SAMPLE).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except OSError as exc:
-        return 0, str(exc)
+    return http_json(f"{cluster.agent.proxy.url(service)}/predictions/{model}", SAMPLE)
 
 
 def test_a_mar_is_profiled_through_its_handler_and_served(

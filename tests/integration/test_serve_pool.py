@@ -11,14 +11,12 @@ import json
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from serve_support import call_json
 
 from packrat.runtime import zoo
 from packrat.serve.torchserve.process import free_ports
@@ -28,17 +26,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 MODELS = {"a": 1, "b": 2, "c": 3, "d": 4}  # name -> seed
 MODEL_BYTES = (2 + 5 + 1) * 4096  # tiny: three layers of 2, 5 and 1 pages
 X = [float(i) / 16 for i in range(16)]
-
-
-def _call(url: str, body: bytes | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-    except (urllib.error.URLError, OSError):
-        return 0, None
 
 
 @pytest.fixture(scope="module", params=[("lru", "load"), ("lcache", "prefetch")])
@@ -63,7 +50,7 @@ def pool(
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while _call(f"{url}/v2/health/ready")[0] != 200:
+        while call_json(f"{url}/v2/health/ready")[0] != 200:
             assert proc.poll() is None, log.read_text(errors="replace")
             assert time.monotonic() < deadline, "not ready in 120 s:\n" + log.read_text()
             time.sleep(0.2)
@@ -84,14 +71,14 @@ def test_every_model_answers_with_its_own_weights_and_cold_starts_are_counted(
 ) -> None:
     url, policy = pool
     for name, seed in MODELS.items():
-        status, got = _call(f"{url}/predictions/{name}", json.dumps(X).encode())
+        status, got = call_json(f"{url}/predictions/{name}", json.dumps(X).encode())
         assert status == 200, got
         assert got == pytest.approx(_expected(seed), abs=1e-5)
     doc = {"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [1, 16], "data": X}]}
-    status, got = _call(f"{url}/v2/models/b/infer", json.dumps(doc).encode())
+    status, got = call_json(f"{url}/v2/models/b/infer", json.dumps(doc).encode())
     assert status == 200, got
     assert got["outputs"][0]["data"] == pytest.approx(_expected(2), abs=1e-5)
-    _, state = _call(f"{url}/pool/status")
+    _, state = call_json(f"{url}/pool/status")
     models = state["models"]
     assert all(models[n]["cold_starts"] >= 1 for n in MODELS)  # each started cold once
     assert sum(m["requests"] for m in models.values()) == 5
@@ -100,18 +87,18 @@ def test_every_model_answers_with_its_own_weights_and_cold_starts_are_counted(
     if policy == "lru":  # a, b, c, d, then b: a and c were evicted whole, b and d stay
         assert models["b"]["cold_starts"] == 2
         assert [models[n]["resident_bytes"] for n in "abcd"] == [0, MODEL_BYTES, 0, MODEL_BYTES]
-    status, text = _call(f"{url}/v2/models/d")
+    status, text = call_json(f"{url}/v2/models/d")
     assert status == 200 and text["name"] == "d"
 
 
 def test_bad_requests_fail_alone(pool: tuple[str, str]) -> None:
     url, _ = pool
-    assert _call(f"{url}/predictions/nope", b"[]")[0] == 404
-    status, got = _call(f"{url}/predictions/a", b"not json")
+    assert call_json(f"{url}/predictions/nope", b"[]")[0] == 404
+    status, got = call_json(f"{url}/predictions/a", b"not json")
     assert status == 400 and "JSON" in got["error"]
-    status, got = _call(f"{url}/v2/models/a/infer", b'{"inputs": 3}')
+    status, got = call_json(f"{url}/v2/models/a/infer", b'{"inputs": 3}')
     assert status == 400
-    assert _call(f"{url}/predictions/a", json.dumps(X).encode())[0] == 200
+    assert call_json(f"{url}/predictions/a", json.dumps(X).encode())[0] == 200
 
 
 def test_a_bad_configuration_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_inputs_arg, check_model_file
 from packrat.cli.plan import parse_int_list
 from packrat.plan.profile import COLOCATED, MODES
 
@@ -50,8 +50,11 @@ def register(subparsers: Any) -> None:
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model and the sample request its handler is profiled with."""
     parser.add_argument(
-        "--model", required=True, help="zoo name, TorchScript file or TorchServe .mar archive"
+        "--model",
+        required=True,
+        help="zoo name, model file (TorchScript, .pt2, .onnx) or TorchServe .mar archive",
     )
+    add_inputs_arg(parser)
     parser.add_argument(
         "--sample-request",
         type=Path,
@@ -400,6 +403,7 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
         args.engines = parse_engines(args.engines)
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
+    check_model_file(args.model, args.inputs)
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
     verify = (

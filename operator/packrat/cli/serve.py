@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, check_numbers
+from packrat.cli import CliError, add_inputs_arg, check_model_file, check_numbers
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
@@ -44,8 +44,11 @@ def register(subparsers: Any) -> None:
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """What to serve: the model, its plan and the runtime that runs the plan's instances."""
     parser.add_argument(
-        "--model", required=True, help="zoo name, TorchScript file (.pt) or model archive (.mar)"
+        "--model",
+        required=True,
+        help="zoo name, model file (TorchScript .pt, .pt2, .onnx) or model archive (.mar)",
     )
+    add_inputs_arg(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", type=Path, help="plan JSON file (packrat plan --format json)")
     source.add_argument("--plan-env", metavar="VAR", help="environment variable holding the plan")
@@ -312,6 +315,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check_model(args.model)
     _check_numbers(args)
+    check_model_file(args.model, args.inputs)  # before the zygote: no worker traceback
     # Taken out of the environment before any process starts: no child (the zygote,
     # TorchServe, the workers and a user's handler code in them) inherits the token that can
     # reconfigure the pod, not even in its /proc/<pid>/environ.

@@ -35,11 +35,14 @@ from packrat.controller.core.wakeups import Wakeups, register_daemon
 from packrat.controller.model.reconcile import Config, Reconciler, Result
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.reconcile import PipelineReconciler
-from packrat.controller.pipeline_handlers import register_pipelines
+from packrat.controller.pipeline_handlers import post_events, register_pipelines
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale_metrics, schedule
 from packrat.controller.planning.arrivals import ArrivalReader
 from packrat.controller.planning.estimates import EstimateReader
+from packrat.controller.pool.readings import PoolReader
+from packrat.controller.pool.reconcile import PoolReconciler
+from packrat.controller.pool.wiring import register_pools
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.protection import held
 from packrat.controller.switch.canary import CanaryClient
@@ -173,6 +176,7 @@ class _Parts:
     arrivals: ArrivalReader
     pipelines: PipelineReconciler
     latency: RouterLatency
+    pools: PoolReconciler
 
 
 def _build_parts(options: OperatorOptions, kube: KubeApi | None) -> _Parts:
@@ -189,6 +193,11 @@ def _build_parts(options: OperatorOptions, kube: KubeApi | None) -> _Parts:
         arrivals=ArrivalReader(api, pod_url=options.pod_url, fanout=fanout),
         pipelines=PipelineReconciler(api, config=options.config),
         latency=RouterLatency(api, pod_url=options.pod_url, fanout=fanout),
+        pools=PoolReconciler(
+            api,
+            config=options.config,
+            reader=PoolReader(api, pod_url=options.pod_url, fanout=fanout),
+        ),
     )
 
 
@@ -393,8 +402,23 @@ def build_registry(
         latency=lambda: parts().latency,
         wakeups=Wakeups(),
     )
+    wake_pool = register_pools(
+        registry,
+        poll_seconds=options.poll_seconds,
+        resync_seconds=options.resync_seconds,
+        pool=pool,
+        reconciler=lambda: parts().pools,
+        wakeups=Wakeups(),
+        wake_model=wakeups.wake,
+        post_events=post_events,
+    )
     let_go = _orphan_release(pool, parts, wakeups)
-    _register_child_watches(registry, wakeups, let_go=let_go, wake_pipeline=wake_pipeline)
+
+    def wake_owners(meta: Mapping[str, Any]) -> None:  # a pipeline's or a pool's child
+        wake_pipeline(meta)
+        wake_pool(meta)
+
+    _register_child_watches(registry, wakeups, let_go=let_go, wake_pipeline=wake_owners)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, backoff=2.0, registry=registry)
     async def deleted(meta: kopf.Meta, **_: Any) -> None:

@@ -25,7 +25,7 @@ import kopf
 from packrat.controller.core.context import Result
 from packrat.controller.core.spec import GROUP, VERSION
 from packrat.controller.core.spec import PLURAL as MODELS
-from packrat.controller.core.wakeups import Wakeups, register_daemon
+from packrat.controller.core.wakeups import Wakeups, logged_errors, register_daemon
 from packrat.controller.pipeline.latency import RouterLatency
 from packrat.controller.pipeline.manifests import LABEL_PIPELINE
 from packrat.controller.pipeline.reconcile import PLURAL, PipelineReconciler
@@ -46,7 +46,7 @@ def pipeline_key(meta: Mapping[str, Any]) -> str | None:
     return f"{meta.get('namespace', 'default')}/{name}" if name else None
 
 
-def _post_events(body: kopf.Body, result: Result) -> None:
+def post_events(body: kopf.Body, result: Result) -> None:
     meta = body.get("metadata", {})
     for kind, reason, message in result.events:
         logger.info(
@@ -87,15 +87,10 @@ def register_pipelines(
         if result.result == "gone":
             latency().forget(namespace, name)
             return None
-        _post_events(body, result)
+        post_events(body, result)
         serving_now = result.phase == "Serving"
         return pipeline_delay(
             options.cadence, result.again, serving=serving_now, measure=MEASURE_SECONDS
-        )
-
-    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
-        logger.warning(
-            "reconcile of pipeline %s/%s failed (%s), retrying: %s", namespace, name, failures, exc
         )
 
     register_daemon(
@@ -103,7 +98,7 @@ def register_pipelines(
         PLURAL,
         wakeups=wakeups,
         one_pass=one_pass,
-        on_error=on_error,
+        on_error=logged_errors("pipeline", logger),
         backoff_s=options.poll_seconds,
         ids=("pipeline_daemon", "pipeline_updated", "pipeline-wake-on-generation"),
     )

@@ -57,7 +57,7 @@ import numpy as np
 
 from packrat.plan.des import SimResult, batch_latency_table, simulate
 from packrat.plan.optimizer import Optimizer, Plan
-from packrat.plan.search import fewest_feasible, finite
+from packrat.plan.search import cheapest, fewest_feasible, finite
 from packrat.plan.traces import block_resample, mean_rate, peak_rate
 
 Table = Mapping[tuple[int, int], float]
@@ -601,19 +601,16 @@ class Planner:
 
 def exhaustive(planner: Planner) -> Evaluation | None:
     """The cheapest feasible configuration over every replica size, plan shape, batch and
-    replica count within ``max_cores`` (ties: lower P99); None when none is feasible."""
-    best: Evaluation | None = None
-    for c in range(1, min(planner.max_cpus, planner.max_cores) + 1):
-        for shape in planner.shapes:
-            for b in planner.batches(c, shape):
-                for n in range(1, planner.max_cores // c + 1):
-                    ev = planner.evaluate(Config(c, b, n, shape))
-                    if ev.feasible and (
-                        best is None
-                        or (ev.config.cores, ev.p99_ms) < (best.config.cores, best.p99_ms)
-                    ):
-                        best = ev
-    return best
+    replica count within ``max_cores`` (ties: lower P99); None when none is feasible;
+    simulated in order of cost, stopping at the first core count with a feasible one."""
+    configs = (
+        Config(c, b, n, shape)
+        for c in range(1, min(planner.max_cpus, planner.max_cores) + 1)
+        for shape in planner.shapes
+        for b in planner.batches(c, shape)
+        for n in range(1, planner.max_cores // c + 1)
+    )
+    return cheapest(((config.cores, config) for config in configs), planner.evaluate)
 
 
 def explain_infeasible(planner: Planner) -> tuple[Infeasibility, Evaluation | None]:

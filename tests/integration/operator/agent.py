@@ -188,6 +188,7 @@ class Agent:
             self._job(job)
         for dep in self.api.list("deployments"):
             self._deployment(dep)
+        self._refresh_config_volumes()
         self._probe()
         self._update_endpoints()
         self._publish_serving_pods()
@@ -195,7 +196,8 @@ class Agent:
     # -- garbage collector ------------------------------------------------------------------------
     def _collect_garbage(self) -> None:
         uids = set()
-        for resource in ("packratpipelines", "packratmodels", "jobs", "deployments"):
+        owners = ("packratpipelines", "packratpools", "packratmodels", "jobs", "deployments")
+        for resource in owners:
             uids |= {o["metadata"].get("uid") for o in self.api.list(resource)}
         for resource in ("packratmodels", "configmaps", "services", "deployments", "jobs", "pods"):
             for obj in self.api.list(resource):
@@ -234,6 +236,32 @@ class Agent:
                     (path / key).write_bytes(base64.b64decode(value))
             out[volume["name"]] = path
         return out
+
+    def _refresh_config_volumes(self) -> None:
+        """The kubelet's sync of mounted ConfigMaps: a running pod's ConfigMap volume gets
+        the object's new data (each file swapped in whole, never half written). Played for
+        pool pods only, the one kind that reads its mounted config after it starts (the
+        other tests' pods keep what they started with, as they always had here)."""
+        with self._lock:
+            pods = [
+                p
+                for p in self.pods.values()
+                if p.phase == "Running"
+                and not p.terminating
+                and p.labels.get("app.kubernetes.io/name") == "packrat-pool"
+            ]
+        for pod in pods:
+            for volume in pod.spec.get("volumes") or []:
+                if "configMap" not in volume:
+                    continue
+                cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}
+                path = pod.workdir / "v" / volume["name"]
+                for key, value in (cm.get("data") or {}).items():
+                    text, target = self._resolve_services(value), path / key
+                    with contextlib.suppress(OSError):  # the pod's folder may be gone
+                        if target.read_text() != text:
+                            (path / f".{key}.new").write_text(text)
+                            os.replace(path / f".{key}.new", target)
 
     def _resolve_services(self, text: str) -> str:
         """Cluster DNS: ``http://NAME.NAMESPACE.svc:8080`` of this namespace -> the proxy."""
@@ -677,9 +705,10 @@ class Agent:
                 continue
             probe = pod.spec["containers"][0].get("readinessProbe") or {}
             timeout = float(probe.get("timeoutSeconds", 1))
+            path = (probe.get("httpGet") or {}).get("path", "/ping")
             try:
                 with urllib.request.urlopen(
-                    f"http://127.0.0.1:{pod.port}/ping", timeout=timeout
+                    f"http://127.0.0.1:{pod.port}{path}", timeout=timeout
                 ) as resp:
                     ok = resp.status == 200
             except Exception:

@@ -37,6 +37,7 @@ from kmock._internal import enums, rendering
 RESOURCES = {
     "packrat.dev/v1alpha1/packratmodels": ("PackratModel", {"status"}),
     "packrat.dev/v1alpha1/packratpipelines": ("PackratPipeline", {"status"}),
+    "packrat.dev/v1alpha1/packratpools": ("PackratPool", {"status"}),
     "v1/configmaps": ("ConfigMap", set()),
     "v1/secrets": ("Secret", set()),
     "v1/services": ("Service", set()),
@@ -51,6 +52,7 @@ CLUSTER_SCOPED = {"v1/namespaces", "apiextensions.k8s.io/v1/customresourcedefini
 PATHS = {
     "packratmodels": "/apis/packrat.dev/v1alpha1",
     "packratpipelines": "/apis/packrat.dev/v1alpha1",
+    "packratpools": "/apis/packrat.dev/v1alpha1",
     "configmaps": "/api/v1",
     "secrets": "/api/v1",
     "services": "/api/v1",

@@ -196,7 +196,7 @@ def _bad(path: list[str], value: Any) -> dict[str, Any]:
         _bad(["memory"], "lots"),
         _bad(["surprise"], True),
         _bad(["model", "zoo"], "alexnet"),
-        _bad(["model", "format"], "onnx"),
+        _bad(["model", "format"], "savedmodel"),
         _bad(["model", "uri"], "ftp://host/m.mar"),
         _bad(["profiling", "precision"], 0),
         _bad(["profiling", "threads"], [0]),

@@ -94,7 +94,7 @@ def test_other_example_objects_are_valid_kubernetes(path: Path, version: str) ->
         (lambda s: s.update(batchSise=8), "unknown spec field"),
         (lambda s: s["model"].update(zoo="resnet51"), "unknown zoo model"),
         (lambda s: s["profiling"].update(precision=0), "precision must be > 0"),
-        (lambda s: s["model"].update(format="onnx"), "unknown format"),
+        (lambda s: s["model"].update(format="savedmodel"), "unknown format"),
     ],
 )
 def test_schema_check_rejects_broken_models(mutate: Any, why: str) -> None:

@@ -522,6 +522,8 @@ NAMESPACED_RESOURCES = {
     ("packrat.dev", "packratmodels/status"): {"patch"},
     ("packrat.dev", "packratpipelines"): {"get", "list", "watch", "patch"},
     ("packrat.dev", "packratpipelines/status"): {"patch"},
+    ("packrat.dev", "packratpools"): {"get", "list", "watch", "patch"},
+    ("packrat.dev", "packratpools/status"): {"patch"},
     ("", "configmaps"): {"create", "get", "list", "watch", "patch", "delete"},
     ("", "services"): {"create", "get", "list", "watch", "patch", "delete"},
     ("apps", "deployments"): {"create", "get", "list", "watch", "patch", "delete"},
@@ -607,6 +609,7 @@ _VERBS = {"get": "get", "list": "list", "create": "create", "patch": "patch", "d
 _API_GROUPS = {
     "packratmodels": "packrat.dev",
     "packratpipelines": "packrat.dev",
+    "packratpools": "packrat.dev",
     "secrets": "",
     "configmaps": "",
     "services": "",
@@ -657,7 +660,7 @@ def _controller_calls() -> set[tuple[str, str, str]]:
         calls.add((_API_GROUPS[resource], resource, "get"))
         calls.add(("packrat.dev", f"{resource}/status", "patch"))
     # kopf itself: watches the resources, patches their annotations/finalizers, posts events.
-    for resource in ("packratmodels", "packratpipelines"):
+    for resource in ("packratmodels", "packratpipelines", "packratpools"):
         calls |= {("packrat.dev", resource, v) for v in ("list", "watch", "patch")}
     if "kopf.event(" in source:
         calls.add(("", "events", "create"))

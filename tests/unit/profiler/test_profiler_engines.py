@@ -5,12 +5,15 @@ crashes left out of the profile, with its reason, so that no plan can use it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import ENGINES_KEY
+from packrat.profiler.client import ForkedWorkers
 from packrat.profiler.profiler import ProfileSettings, run_profile
 from packrat.runtime import engines
 from packrat.runtime.engines.prepare import FAULT_ENV
@@ -27,7 +30,21 @@ def _need(*names: str) -> None:
             pytest.skip(reason)
 
 
-def _profile(output: Path, artefacts: Path, names: tuple[str, ...]) -> dict[str, object]:
+@pytest.fixture(scope="module")
+def eager() -> Iterator[ForkedWorkers]:
+    """One eager fork server (a torch import and a model build, seconds of CPU) for every
+    profile in this module: each profile's eager points fork from it, as a caller's given
+    source (run_profile leaves it open); the engines under test get their own, as always."""
+    source = ForkedWorkers("tiny")
+    try:
+        yield source
+    finally:
+        source.close()
+
+
+def _profile(
+    output: Path, artefacts: Path, names: tuple[str, ...], eager: ForkedWorkers
+) -> dict[str, object]:
     run = run_profile(
         spec="tiny",
         cpus=1,
@@ -38,15 +55,34 @@ def _profile(output: Path, artefacts: Path, names: tuple[str, ...]) -> dict[str,
         allowed=[0],
         engines=names,
         artefacts=artefacts,
+        source=eager,
     )
     assert run.profile is not None
     return json.loads(output.read_text())
 
 
-def test_converted_once_and_reused_by_a_second_profile(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class OnnxProfile:
+    """One eager + onnxruntime profile, converted from scratch, shared by the tests that
+    read it (a profile with a conversion is about a minute of CPU on a loaded machine)."""
+
+    path: Path
+    artefacts: Path
+    doc: dict[str, object]
+
+
+@pytest.fixture(scope="module")
+def onnx_profile(tmp_path_factory: pytest.TempPathFactory, eager: ForkedWorkers) -> OnnxProfile:
     _need(engines.ONNXRUNTIME)
-    artefacts = tmp_path / "artefacts"
-    first = _profile(tmp_path / "a.json", artefacts, ("eager", "onnxruntime"))
+    folder = tmp_path_factory.mktemp("onnx-profile")
+    path, artefacts = folder / "a.json", folder / "artefacts"
+    return OnnxProfile(path, artefacts, _profile(path, artefacts, ("eager", "onnxruntime"), eager))
+
+
+def test_converted_once_and_reused_by_a_second_profile(
+    onnx_profile: OnnxProfile, tmp_path: Path, eager: ForkedWorkers
+) -> None:
+    artefacts, first = onnx_profile.artefacts, onnx_profile.doc
     record = first["meta"]["extra"][ENGINES_KEY]["onnxruntime"]  # type: ignore[index]
     assert record["status"] == "ok" and record["converted_now"] is True
     onnx = Path(record["artefact"]["path"])
@@ -54,7 +90,7 @@ def test_converted_once_and_reused_by_a_second_profile(tmp_path: Path) -> None:
     points = first["points"]
     assert {p.get("engine", "eager") for p in points} == {"eager", "onnxruntime"}  # type: ignore[union-attr]
 
-    second = _profile(tmp_path / "b.json", artefacts, ("eager", "onnxruntime"))
+    second = _profile(tmp_path / "b.json", artefacts, ("eager", "onnxruntime"), eager)
     again = second["meta"]["extra"][ENGINES_KEY]["onnxruntime"]  # type: ignore[index]
     assert again["converted_now"] is False and again["artefact"]["path"] == str(onnx)
     assert (onnx.stat().st_mtime_ns, onnx.stat().st_ino) == stamp  # not rewritten
@@ -63,11 +99,11 @@ def test_converted_once_and_reused_by_a_second_profile(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fault", ["wrong", "crash"])
 def test_an_engine_that_disagrees_or_crashes_is_never_planned(
-    fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, eager: ForkedWorkers
 ) -> None:
     _need(engines.OPENVINO)
     monkeypatch.setenv(FAULT_ENV, f"openvino:{fault}")
-    doc = _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "openvino"))
+    doc = _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "openvino"), eager)
     record = doc["meta"]["extra"][ENGINES_KEY]["openvino"]  # type: ignore[index]
     assert record["status"] == "excluded"
     assert ("differs from eager" if fault == "wrong" else "injected fault") in record["reason"]
@@ -80,14 +116,12 @@ def test_an_engine_that_disagrees_or_crashes_is_never_planned(
 
 
 def test_plans_are_verified_on_their_engine_against_the_fastest_fat_engine(
-    tmp_path: Path,
+    onnx_profile: OnnxProfile,
 ) -> None:
-    _need(engines.ONNXRUNTIME)
     from packrat.bench.verify import verify_plans
     from packrat.plan.profile import load_profile
 
-    _profile(tmp_path / "p.json", tmp_path / "artefacts", ("eager", "onnxruntime"))
-    profile = load_profile(tmp_path / "p.json")
+    profile = load_profile(onnx_profile.path)
     record = verify_plans(profile, spec="tiny", cpus=1, batches=[2], repeats=2)
     assert "error" not in record, record
     (result,) = record["results"]

@@ -24,6 +24,7 @@ REQUEST_TIMEOUT = 30.0  # seconds; a hung call must not hold a model's reconcile
 RESOURCES: dict[str, tuple[str, str]] = {
     "packratmodels": (f"/apis/{GROUP}/{VERSION}", PLURAL),
     "packratpipelines": (f"/apis/{GROUP}/{VERSION}", "packratpipelines"),
+    "packratpools": (f"/apis/{GROUP}/{VERSION}", "packratpools"),
     "configmaps": ("/api/v1", "configmaps"),
     "services": ("/api/v1", "services"),
     "pods": ("/api/v1", "pods"),

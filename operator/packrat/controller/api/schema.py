@@ -89,11 +89,24 @@ def to_json_schema(node: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _go_anchors(pattern: str) -> str:
-    """``pattern`` as the API server's Go (RE2) regexp reads it: a final ``$`` matches at
-    the end of the text only, where Python's also matches before a final newline."""
-    if pattern.endswith("$") and not pattern.endswith("\\$"):
-        return pattern[:-1] + "\\Z"
-    return pattern
+    """``pattern`` as the API server's Go (RE2) regexp reads it: ``$`` (outside a character
+    class) matches at the end of the text only, where Python's also matches before a final
+    newline."""
+    out, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == "[":
+            in_class = True
+        elif char == "]":
+            in_class = False
+        elif char == "$" and not in_class:
+            out.append("\\Z")
+            continue
+        out.append(char)
+    return "".join(out)
 
 
 class SchemaCheck:
@@ -182,7 +195,7 @@ def _messages(error: ValidationError, where: str) -> Iterator[str]:
             yield f"{at}.{name}: unknown field"
     elif kind == "pattern":
         pattern = str(node["pattern"])
-        shown = pattern[:-2] + "$" if pattern.endswith("\\Z") else pattern
+        shown = pattern.replace("\\Z", "$")
         yield f"{at} must match {shown}, got {_clip(value)}"
     elif kind in ("minLength", "maxLength"):
         yield f"{at} must be {_strings(node)}, got {_clip(value)}"

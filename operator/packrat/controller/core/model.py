@@ -144,6 +144,7 @@ class ModelSpec:
     pod: Mapping[str, Any] | None  # spec.pod overrides
     request_logging: RequestLogging | None
     canary: CanarySettings | None
+    pool: str | None = None  # spec.pool: the PackratPool serving it (same namespace)
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -314,6 +315,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "pod": spec.get("pod") or None,
         "request_logging": request_logging(spec),
         "canary": canary_settings(spec),
+        "pool": str(spec["pool"]) if spec.get("pool") else None,
     }
 
 

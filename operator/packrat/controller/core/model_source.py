@@ -13,6 +13,11 @@ from typing import Any
 
 from packrat.controller.core.storage import validate_storage
 from packrat.runtime.egress import EgressError, split_url
+from packrat.runtime.inputs import InputsError, parse_inputs
+
+# the file name's suffix each format is fetched to (the runtime loads a file by its suffix;
+# the formats themselves: the CRD's spec.model.format enum)
+FORMAT_SUFFIX = {"mar": ".mar", "torchscript": ".pt", "pt2": ".pt2", "onnx": ".onnx"}
 
 
 def _fetchable(uri: str) -> bool:
@@ -39,6 +44,27 @@ def validate_model(errors: list[str], model: Any, *, where: str = "spec.model") 
             f"{where}: a mar model needs model.sampleRequest (it is profiled through its own "
             "handler)"
         )
+    _check_inputs(errors, model, where=where)
+
+
+def _check_inputs(errors: list[str], model: Mapping[str, Any], *, where: str) -> None:
+    """spec.model.inputs: a model file's inputs (KServe/Triton forms, or a sample v2
+    request's inputs), for a file whose own description is missing or partial."""
+    fmt = model.get("format")
+    volume = model.get("volume")
+    path = volume.get("path") if isinstance(volume, Mapping) else None
+    suffix = FORMAT_SUFFIX.get(fmt) if isinstance(fmt, str) else None
+    if fmt in ("pt2", "onnx") and isinstance(path, str) and not path.endswith(str(suffix)):
+        errors.append(f"{where}.volume.path of a {fmt} model must end in {suffix}, got {path!r}")
+    if "inputs" not in model:
+        return
+    if fmt not in ("torchscript", "pt2", "onnx"):
+        errors.append(f"{where}.inputs applies to a torchscript, pt2 or onnx model file")
+        return
+    try:
+        parse_inputs(model["inputs"])
+    except InputsError as exc:
+        errors.append(f"{where}.inputs: {exc}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +92,7 @@ class ModelSource:
     sample_request: str | None = None
     sample_content_type: str | None = None  # as given (None: application/octet-stream)
     credentials_secret: str | None = None
+    inputs: Any = None  # spec.model.inputs as given (checked; packrat.runtime.inputs reads it)
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> ModelSource:
@@ -90,6 +117,7 @@ class ModelSource:
             sample_request=_opt(doc.get("sampleRequest")),
             sample_content_type=_opt(doc.get("sampleContentType")),
             credentials_secret=_opt(secret.get("name")) if isinstance(secret, Mapping) else None,
+            inputs=doc.get("inputs"),
         )
 
 

@@ -25,6 +25,7 @@ from packrat.controller.core.options.request_logging import validate_request_log
 from packrat.controller.core.overrides import explain_not_allowed, validate_pod
 from packrat.controller.core.slo_spec import validate_slo, with_slo_defaults
 from packrat.controller.core.storage import storage_identity
+from packrat.runtime.inputs import InputsError, encode, parse_inputs
 
 __all__ = [
     "API_VERSION",
@@ -150,8 +151,21 @@ def model_identity(model: Mapping[str, Any]) -> str:
     Zoo models are fixed by name (architecture and seed are in the image); a uri or volume
     model by its location; a storageUri model also by its digest or the store's version of
     the object, so one replaced under the same URI is re-profiled. A uri or volume file
-    replaced in place is not detected: change the location to re-profile.
+    replaced in place is not detected: change the location to re-profile. Declared inputs
+    (``spec.model.inputs``) are part of it: other inputs are another profile.
     """
+    inputs = model.get("inputs")
+    base = _source_identity(model)
+    if inputs is None:
+        return base
+    try:
+        canonical = encode(parse_inputs(inputs))  # the same inputs in any form: one profile
+    except InputsError:
+        canonical = repr(inputs)  # an invalid spec is refused before it is profiled
+    return f"{base}:inputs:{digest(canonical)[:16]}"
+
+
+def _source_identity(model: Mapping[str, Any]) -> str:
     if "zoo" in model:
         return f"zoo:{model['zoo']}"
     if "uri" in model:

@@ -652,6 +652,19 @@ class ModelStatus(Status):
         )
         return self.phase
 
+    # -- a pooled model (spec.pool) -----------------------------------------------------------
+    def set_pool(self, record: Mapping[str, Any] | None) -> None:
+        """``status.pool``: the pool and pool pod serving the model, what the pod reports of
+        it (resident bytes, cold starts, last use); None: no pool serves it."""
+        self._set("pool", dict(record) if record is not None else None)
+
+    @property
+    def pool_pod(self) -> str | None:
+        """The pool pod serving the model now (None: none)."""
+        record = self._data.get("pool")
+        pod = record.get("pod") if isinstance(record, Mapping) else None
+        return pod if isinstance(pod, str) else None
+
     # -- what the active slot serves --------------------------------------------------------
     def set_serving(
         self,

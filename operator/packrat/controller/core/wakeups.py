@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -112,6 +113,21 @@ async def run_passes(
                 return
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout=delay)
+
+
+OnError = Callable[[str, str, Exception, int], None]
+"""(namespace, name, the exception, failures in a row) -> None: a failed pass, retried."""
+
+
+def logged_errors(what: str, log: logging.Logger) -> OnError:
+    """An ``on_error`` that logs a failed pass of a ``what`` (the daemon retries it)."""
+
+    def on_error(namespace: str, name: str, exc: Exception, failures: int) -> None:
+        log.warning(
+            "reconcile of %s %s/%s failed (%s), retrying: %s", what, namespace, name, failures, exc
+        )
+
+    return on_error
 
 
 OnePass = Callable[[kopf.Body, str, str], Awaitable[float | None]]

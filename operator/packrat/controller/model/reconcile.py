@@ -38,6 +38,7 @@ from packrat.controller.planning.batching import (
     slo_top,
 )
 from packrat.controller.planning.provisioning import ProvisionCache, provision_model
+from packrat.controller.pool.member import serve_in_pool
 from packrat.controller.profiling import verified
 from packrat.controller.profiling.profile import ensure_profile
 from packrat.controller.profiling.storage_check import resolve_version
@@ -172,6 +173,8 @@ class Reconciler:
     ) -> None:
         model, invalid, refused, unavailable = self._read_model(p, known)
         children = observe(self.kube, p.namespace, p.name, model)
+        if model is not None and model.pool and serve_in_pool(p, model, children.service):
+            return  # served by its pool (controller/pool/member.py)
 
         # 1. serving repairs, from the last good configuration, before anything else
         repaired = self._repair_serving(p, model, children)

@@ -21,6 +21,7 @@ from packrat.controller.serving.manifests import (
     container_security,
     fetch_init_container,
     guaranteed_resources,
+    inputs_args,
     metadata,
     model_source,
     pod_security,
@@ -73,6 +74,7 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
     batches = verify_batches(spec)
     if batches:
         cmd[-2:-2] = ["--verify-batches", ",".join(str(b) for b in batches)]
+    cmd[-2:-2] = inputs_args(spec)
     if spec.source.sample_request is not None:
         cmd[-2:-2] = [
             "--sample-request-env",

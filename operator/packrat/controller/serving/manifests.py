@@ -14,9 +14,11 @@ from typing import Any
 
 from packrat.controller.core import storage
 from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.model_source import FORMAT_SUFFIX
 from packrat.controller.core.options.request_logging import request_log_args
 from packrat.controller.core.overrides import apply_pod
 from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
+from packrat.runtime.inputs import encode, parse_inputs
 
 PORT = 8080
 GRPC_PORT = 8081  # the Open Inference Protocol over gRPC (packrat serve --grpc-port)
@@ -27,6 +29,7 @@ PROFILING_APP = "packrat-profiling"
 MANAGER = "packrat-operator"
 LABEL_MODEL = "packrat.dev/model"
 LABEL_SLOT = "packrat.dev/slot"
+LABEL_POOL_POD = "packrat.dev/pool-pod"  # a PackratPool's pod (controller/pool/manifests.py)
 LABEL_PROFILE_KEY = "packrat.dev/profile-key"
 LABEL_SERVING_HASH = "packrat.dev/serving-hash"
 # on every serving Deployment: a background delete then leaves its ReplicaSet and pods serving
@@ -168,7 +171,7 @@ def model_source(
     model = spec.source
     if model.zoo is not None:
         return model.zoo, [], []
-    suffix = ".mar" if model.format == "mar" else ".pt"
+    suffix = FORMAT_SUFFIX.get(str(model.format), ".pt")
     if model.storage_uri is not None:
         return storage.storage_source(
             thaw(model.doc), model_dir=MODEL_DIR, suffix=suffix, limits=limits
@@ -233,6 +236,12 @@ def fetch_init_container(
     }
 
 
+def inputs_args(spec: ModelSpec) -> list[str]:
+    """``--inputs`` for a model file whose spec declares them (checked by the spec check)."""
+    inputs = spec.source.inputs
+    return [] if inputs is None else ["--inputs", encode(parse_inputs(inputs))]
+
+
 def serve_command(spec: ModelSpec) -> list[str]:
     target, _, _ = model_source(spec)
     return [
@@ -240,6 +249,7 @@ def serve_command(spec: ModelSpec) -> list[str]:
         "serve",
         "--model",
         target,
+        *inputs_args(spec),
         "--model-name",
         spec.model_name,
         "--plan-env",

@@ -40,7 +40,7 @@ import numpy as np
 from packrat.plan.des import nearest_rank
 from packrat.plan.pipeline.simulate import Pipeline, PipelineResult, PipelineSim, StageRun
 from packrat.plan.provision import Config, Planner, ProvisionError, SimSettings, check_request
-from packrat.plan.search import fewest_feasible, finite
+from packrat.plan.search import cheapest, fewest_feasible, finite
 
 # finite: importable from here, as it was before it moved to packrat.plan.search
 __all__ = ["Configs", "PipelineEvaluation", "PipelinePlanner", "exhaustive", "finite"]
@@ -332,7 +332,8 @@ def exhaustive(
     planner: PipelinePlanner, *, max_replicas: int | None = None
 ) -> PipelineEvaluation | None:
     """The cheapest feasible configuration over every stage's replica size, batch and
-    replica count within the core budget (ties: lower P99); None when none is feasible."""
+    replica count within the core budget (ties: lower P99); None when none is feasible;
+    simulated in order of cost, stopping at the first core count with a feasible one."""
     per_stage: list[list[Config]] = []
     for name in planner.names:
         opts: list[Config] = []
@@ -342,11 +343,5 @@ def exhaustive(
                 limit = planner.max_cores // c if max_replicas is None else max_replicas
                 opts.extend(Config(c, b, n) for n in range(1, limit + 1))
         per_stage.append(opts)
-    best: PipelineEvaluation | None = None
-    for combo in itertools.product(*per_stage):
-        if not planner.within_budget(combo):
-            continue
-        ev = planner.evaluate(combo)
-        if ev.feasible and (best is None or (ev.cores, ev.p99_ms) < (best.cores, best.p99_ms)):
-            best = ev
-    return best
+    combos = (c for c in itertools.product(*per_stage) if planner.within_budget(c))
+    return cheapest(((sum(c.cores for c in combo), combo) for combo in combos), planner.evaluate)

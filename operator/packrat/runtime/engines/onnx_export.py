@@ -31,7 +31,12 @@ def sample(inputs: Sequence[InputSpec], batch: int, *, seed: int = 0) -> tuple[t
 
 
 def export_onnx(model: nn.Module, inputs: Sequence[InputSpec], path: Path) -> Path:
-    """Export ``model`` to ``path`` with every input's and output's first axis dynamic."""
+    """Export ``model`` to ``path`` with every input's and output's first axis dynamic (a
+    user's ONNX file is copied as it is, with its checked external data)."""
+    from packrat.runtime.engines.onnx_file import OnnxModule, copy_model
+
+    if isinstance(model, OnnxModule):
+        return copy_model(model.onnx_path, path)
     try:
         import onnx  # noqa: F401  (torch.onnx.export needs it)
     except ImportError:

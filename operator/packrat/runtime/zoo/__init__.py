@@ -6,12 +6,15 @@ implementations) with random weights from a fixed seed: no downloads, no torchvi
 PyPI wheels do not import beside the CPU torch build), identical models on every machine.
 
 A ``spec`` is a zoo name (``resnet50``, ``inception_v3``, ``bert-base``, ``gpt2``, ``tiny``,
-optionally prefixed ``zoo:``) or a path to a TorchScript file (``.pt``/``.pth``/``.ts``).
-A TorchScript file describes its input in an extra file ``packrat.json`` written by
-:func:`save_torchscript` (``{"inputs": [{"shape": [3, 224, 224], "dtype": "float32"}]}``,
-shapes without the batch dimension). A ``.pt2`` file is a ``torch.export`` program
-(``torch.export.save``): its inputs are the example inputs it was exported with (their
-first dimension taken as the batch), so it needs no description.
+optionally prefixed ``zoo:``) or a path to a model file: TorchScript (``.pt``/``.pth``/``.ts``),
+a ``torch.export`` program (``.pt2``) or ONNX (``.onnx``, run on ONNX Runtime:
+:mod:`packrat.runtime.engines.onnx_file`). A file's inputs (shapes without the batch
+dimension) are, first found: those declared for it (``--inputs``, ``spec.model.inputs``:
+:mod:`packrat.runtime.inputs`, checked against an ONNX graph); an ONNX graph's own; a
+``.pt2``'s example inputs (their first dimension taken as the batch); a TorchScript file's
+extra file ``packrat.json`` written by :func:`save_torchscript`
+(``{"inputs": [{"shape": [3, 224, 224], "dtype": "float32"}]}``). A file whose inputs none
+of these gives is one :class:`ZooError` line.
 
 The architectures live in one module per family (:mod:`~packrat.runtime.zoo.tiny`,
 :mod:`~packrat.runtime.zoo.resnet`, :mod:`~packrat.runtime.zoo.inception`,
@@ -33,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from packrat.runtime import inputs as declared_inputs
 from packrat.runtime import modelid
 from packrat.runtime.zoo.inception import InceptionV3
 from packrat.runtime.zoo.resnet import ResNet50
@@ -42,6 +46,7 @@ from packrat.runtime.zoo.transformer import GPT2, BertBase
 __all__ = [
     "ZOO_NAMES",
     "ZooError",
+    "check_model",
     "example_input",
     "input_spec",
     "is_zoo_name",
@@ -73,6 +78,7 @@ class _Input:
     shape: tuple[int, ...]  # without the batch dimension
     dtype: torch.dtype
     high: int = 0  # for integer token ids: values in [0, high)
+    name: str = ""  # as the file or its declaration names it (v2 metadata); "" for the zoo's
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +122,7 @@ def _model_path(spec: str) -> Path:
     if path.suffix.lower() == ".mar":
         raise ZooError(
             f"{spec}: a .mar archive is served by TorchServe; load_model takes a zoo name "
-            f"({', '.join(ZOO_NAMES)}) or a TorchScript file"
+            f"({', '.join(ZOO_NAMES)}) or a model file (.pt, .pt2, .onnx)"
         )
     if not path.is_file():
         raise ZooError(modelid.unknown_model(spec))
@@ -169,6 +175,10 @@ def load_model(spec: str, *, seed: int | None = None) -> nn.Module:
         for p in module.parameters():
             p.requires_grad_(False)
         return module.eval()
+    if path.suffix.lower() == ".onnx":
+        from packrat.runtime.engines.onnx_file import OnnxModule
+
+        return OnnxModule(path).eval()
     try:
         with _quiet_jit():
             module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
@@ -194,9 +204,33 @@ def _exported_inputs(path: Path) -> tuple[_Input, ...] | None:
     )
 
 
+def _as_inputs(items: Sequence[dict[str, Any]]) -> tuple[_Input, ...]:
+    return tuple(
+        _Input(tuple(i["shape"]), getattr(torch, i["dtype"]), int(i["high"]), str(i["name"]))
+        for i in items
+    )
+
+
+def _onnx_inputs(path: Path, declared: list[dict[str, Any]] | None) -> tuple[_Input, ...]:
+    from packrat.runtime.engines import EngineError
+    from packrat.runtime.engines.onnx_file import onnx_inputs
+
+    try:
+        return _as_inputs(onnx_inputs(path, declared))
+    except (EngineError, declared_inputs.InputsError) as exc:
+        raise ZooError(str(exc)) from None
+
+
 def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
+    try:
+        declared = declared_inputs.declared()
+    except declared_inputs.InputsError as exc:
+        raise ZooError(str(exc)) from None
+    if path.suffix.lower() == ".onnx":
+        return _onnx_inputs(path, declared)
     if path.suffix.lower() == ".pt2":
-        return _exported_inputs(path)
+        own = _exported_inputs(path)  # loads it: a corrupt program is refused here too
+        return own if declared is None else _as_inputs(declared)
     extra = {EXTRA_FILE: ""}
     try:
         with _quiet_jit():
@@ -204,6 +238,8 @@ def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
     except (RuntimeError, ValueError) as exc:
         raise ZooError(f"{path}: not a loadable TorchScript file: {exc}") from None
     text = extra[EXTRA_FILE]
+    if declared is not None:
+        return _as_inputs(declared)
     if not text:
         return None
     try:
@@ -221,11 +257,20 @@ def _file_inputs(path: Path) -> tuple[_Input, ...] | None:
 
 
 def input_spec(spec: str) -> list[dict[str, Any]]:
-    """The model's inputs as JSON-able dicts ``{"shape", "dtype", "high"}`` (no batch dim)."""
+    """The model's inputs as JSON-able dicts ``{"shape", "dtype", "high"}`` (no batch dim),
+    with ``"name"`` where the file or its declaration names them."""
     return [
-        {"shape": list(i.shape), "dtype": str(i.dtype).removeprefix("torch."), "high": i.high}
+        {
+            "shape": list(i.shape),
+            "dtype": str(i.dtype).removeprefix("torch."),
+            "high": i.high,
+            **({"name": i.name} if i.name else {}),
+        }
         for i in _inputs(spec)
     ]
+
+
+_DECLARE = "packrat profile/serve --inputs, spec.model.inputs"
 
 
 def _inputs(spec: str) -> tuple[_Input, ...]:
@@ -237,13 +282,36 @@ def _inputs(spec: str) -> tuple[_Input, ...]:
     if inputs is None and path.suffix.lower() == ".pt2":
         raise ZooError(
             f"{spec}: the torch.export program keeps no example inputs with a batch "
-            f"dimension; export it with example tensors of shape (batch, ...)"
+            f"dimension; declare its inputs ({_DECLARE}) or export it with example tensors "
+            f"of shape (batch, ...)"
         )
     if inputs is None:
         raise ZooError(
-            f"{spec}: the TorchScript file does not describe its input; save it with "
-            f"packrat.runtime.zoo.save_torchscript(model, path, inputs=[(shape, dtype)])"
+            f"{spec}: the TorchScript file does not describe its inputs; declare them "
+            f"({_DECLARE}) or save it with packrat.runtime.zoo.save_torchscript"
         )
+    return inputs
+
+
+def check_model(spec: str) -> list[dict[str, Any]]:
+    """Load ``spec``, know its inputs and run a batch of 2 of them, or one ZooError line: the
+    check a command makes before it starts any worker."""
+    inputs = input_spec(spec)
+    model = load_model(spec)
+    example = example_input(spec, 2)
+    args = example if isinstance(example, tuple) else (example,)
+    try:
+        with torch.inference_mode():
+            model(*args)
+    except Exception as exc:  # the model's own error, whatever it raises: one line
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        text = lines[-1] if lines else ""  # TorchScript's own traceback ends with the error
+        described = ", ".join(
+            f"{i['dtype']}[-1, {', '.join(map(str, i['shape']))}]" for i in inputs
+        )
+        raise ZooError(
+            f"{spec}: a batch of its inputs ({described}) fails: {type(exc).__name__}: {text}"[:400]
+        ) from None
     return inputs
 
 

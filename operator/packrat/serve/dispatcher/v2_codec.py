@@ -11,7 +11,8 @@ one v2 request spread over the plan's thin instances like N separate requests. T
 ``[N, *row]``. A user's ``.mar`` (its inputs unknown to Packrat) takes one ``BYTES`` input of
 shape ``[N]``, each element one request body, and answers one ``BYTES`` output.
 
-Inputs are named ``input__0``, ``input__1``, ... (PyTorch's convention in Triton); a request
+Inputs are named as the model file or its declaration names them (``--inputs``), else
+``input__0``, ``input__1``, ... (PyTorch's convention in Triton); a request
 whose names are exactly those is matched by name, any other by position. Every malformed
 request is a :class:`V2Error` (a 400 with ``{"error": ...}``), whatever Python trips over.
 """
@@ -96,6 +97,11 @@ def input_name(k: int) -> str:
     return f"input__{k}"
 
 
+def input_names(inputs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The model's input names: those its file or declaration gives, else ``input__k``."""
+    return [str(item.get("name") or input_name(k)) for k, item in enumerate(inputs)]
+
+
 def model_metadata(
     name: str,
     inputs: Sequence[Mapping[str, Any]] | None,
@@ -110,11 +116,11 @@ def model_metadata(
     else:
         ins = [
             {
-                "name": input_name(k),
+                "name": name,
                 "datatype": _BY_TORCH.get(str(item["dtype"]), "BYTES"),
                 "shape": [-1, *(int(d) for d in item["shape"])],
             }
-            for k, item in enumerate(inputs)
+            for name, item in zip(input_names(inputs), inputs, strict=True)
         ]
         shape = list(output["shape"]) if output else [-1, -1]
         dtype = str(output["datatype"]) if output else "FP32"
@@ -271,7 +277,7 @@ def check_declared(
         return
     if len(shapes) != len(model):
         raise V2Error(f"the model takes {len(model)} input(s), got {len(shapes)}")
-    names = [input_name(k) for k in range(len(model))]
+    names = input_names(model)
     if sorted(n for n, _, _ in shapes) == sorted(names):
         shapes.sort(key=lambda t: names.index(t[0]))
     batches = set()
@@ -413,7 +419,7 @@ def split_samples(
     if len(req.inputs) != len(inputs):
         raise V2Error(f"the model takes {len(inputs)} input(s), got {len(req.inputs)}")
     ordered = list(req.inputs)
-    names = [input_name(k) for k in range(len(inputs))]
+    names = input_names(inputs)
     if sorted(t.name for t in ordered) == sorted(names):
         ordered.sort(key=lambda t: names.index(t.name))
     batch: int | None = None

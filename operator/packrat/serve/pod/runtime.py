@@ -208,7 +208,12 @@ def native_model_dir(spec: str, model_dir: Path, *, name: str) -> tuple[str, Inp
             inputs = zoo.input_spec(spec)
         except zoo.ZooError as exc:
             raise ArchiveError(str(exc)) from None
-        shutil.copyfile(source, model_dir / source.name)
+        if source.suffix.lower() == ".onnx":  # with its checked external data
+            from packrat.runtime.engines.onnx_file import copy_model
+
+            copy_model(source, model_dir / source.name)
+        else:
+            shutil.copyfile(source, model_dir / source.name)
         doc = {"spec": source.name, "file": True, "inputs": inputs}
     (model_dir / MODEL_FILE).write_text(json.dumps(doc))
     return "model", inputs

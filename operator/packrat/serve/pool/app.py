@@ -1,6 +1,6 @@
 """The pool serving process: many models behind one HTTP server, weights under a budget.
 
-    python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080]
+    python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080] [--directory DIR]
 
 Each model answers on its own names, as a single-model pod does: Open Inference Protocol v2
 (``/v2/models/{name}``, ``/ready``, ``/infer``; the request codec is the dispatcher's,
@@ -8,6 +8,12 @@ Each model answers on its own names, as a single-model pod does: Open Inference 
 bytes or JSON, :mod:`packrat.serve.codec`). ``GET /metrics`` gives Prometheus text per model
 (resident bytes measured with ``mincore``, requests, cold starts, bytes read, last use);
 ``GET /pool/status`` the same as JSON, with the pool's budget, read rate and memory peaks.
+
+The configuration file is watched (a mounted ConfigMap: the kubelet swaps in a new version
+without restarting the pod): when its content changes, the new models are built and the
+ones it no longer names dropped while every other model keeps serving; a file that does not
+parse, or a model that cannot be built, is reported on stdout and the last good
+configuration keeps serving.
 
 Bounded: a request body is capped (``--max-body``), at most ``--max-queue`` requests wait
 for the compute threads (a 503 beyond), each waits at most ``--timeout`` seconds (a 504). A
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import hashlib
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -188,6 +196,38 @@ def build_app(
     return app
 
 
+CONFIG_MAX_BYTES = 1 << 20
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        with path.open("rb") as f:
+            return hashlib.sha256(f.read(CONFIG_MAX_BYTES + 1)).hexdigest()
+    except OSError:
+        return None
+
+
+def watch_config(
+    pool: Pool, path: Path, *, directory: Path | None, stop: threading.Event, every: float = 1.0
+) -> None:
+    """Reload ``path`` into ``pool`` whenever its content changes, until ``stop``."""
+    last = _digest(path)
+    while not stop.wait(every):
+        now = _digest(path)
+        if now is None or now == last:
+            continue
+        last = now
+        try:
+            config = read_config(path)
+            if directory is not None:
+                config = dataclasses.replace(config, directory=directory)
+            added, removed = pool.reconfigure(config)
+        except Exception as exc:  # any failure: report it, the last good config serves on
+            print(f"packrat pool: {path}: {exc}; the last good configuration serves", flush=True)
+            continue
+        print(f"packrat pool: reloaded: added {added}, removed {removed}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m packrat.serve.pool", description=__doc__)
     parser.add_argument("config", type=Path)
@@ -196,15 +236,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-body", type=int, default=16 << 20)
     parser.add_argument("--max-queue", type=int, default=256)
     parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument(
+        "--directory", type=Path, help="where the layer files live (overrides the config's)"
+    )
     args = parser.parse_args(argv)
     try:
         config = read_config(args.config)
+        if args.directory is not None:  # a writable volume; the config may be read-only
+            config = dataclasses.replace(config, directory=args.directory)
     except ConfigError as exc:
         print(f"packrat pool: error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
     pool = Pool(config)
     app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue, timeout_s=args.timeout)
+    stop = threading.Event()
+    watcher = threading.Thread(
+        target=watch_config,
+        args=(pool, args.config),
+        kwargs={"directory": args.directory, "stop": stop},
+        name="pool-config",
+        daemon=True,
+    )
+    watcher.start()
     print(f"packrat pool: {len(pool.models)} models on {args.host}:{args.port}", flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    try:
+        web.run_app(app, host=args.host, port=args.port, print=None)
+    finally:
+        stop.set()
     return 0

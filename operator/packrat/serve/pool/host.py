@@ -133,16 +133,8 @@ class Pool:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.limiter = RateLimiter(config.read_rate_bps)
-        self.models: dict[str, PoolModel] = {}
-        for entry in config.models:
-            lf = _layer_file(entry, config.directory)
-            start = time.perf_counter()
-            model = build_mapped(functools.partial(zoo.load_model, entry.spec), lf)
-            in_place = embedding_layers(model, lf) if config.in_place_embeddings else ()
-            lm = LayeredModel(model, lf, self.limiter, in_place=in_place)
-            build_s = time.perf_counter() - start
-            inputs = zoo.input_spec(entry.spec)
-            self.models[entry.name] = PoolModel(entry.name, entry.spec, lm, inputs, build_s)
+        self.models: dict[str, PoolModel] = {e.name: self._build(e) for e in config.models}
+        self._reconfiguring = threading.Lock()
         first = next(iter(self.models.values())).lm.lf
         self.disk_bps = measure_read_rate(first, max_bytes=64 << 20)
         self.rate_bps = min(self.disk_bps, config.read_rate_bps or float("inf"))
@@ -158,6 +150,48 @@ class Pool:
         self.peak_resident = 0
         self.peak_rss = 0
 
+    def _build(self, entry: ModelEntry) -> PoolModel:
+        """A model from its layer file (written first when missing), nothing read yet."""
+        lf = _layer_file(entry, self.config.directory)
+        start = time.perf_counter()
+        model = build_mapped(functools.partial(zoo.load_model, entry.spec), lf)
+        in_place = embedding_layers(model, lf) if self.config.in_place_embeddings else ()
+        lm = LayeredModel(model, lf, self.limiter, in_place=in_place)
+        build_s = time.perf_counter() - start
+        return PoolModel(entry.name, entry.spec, lm, zoo.input_spec(entry.spec), build_s)
+
+    def reconfigure(self, config: PoolConfig) -> tuple[list[str], list[str]]:
+        """Serve ``config``'s models from now on: new ones built (cold: nothing resident),
+        those it no longer names dropped (their pages evicted), the others untouched and
+        serving throughout (their resident prefixes kept). The budget, policy and mode are
+        the new config's. Returns (added, removed)."""
+        with self._reconfiguring:
+            wanted = {e.name: e for e in config.models}
+            kept = {
+                n: m for n, m in self.models.items() if n in wanted and m.spec == wanted[n].spec
+            }
+            self.config = config
+            built = {n: self._build(e) for n, e in wanted.items() if n not in kept}
+            for m in built.values():
+                if m.spec not in self.profile:
+                    self.profile[m.spec] = layer_times(m.lm, zoo.example_input(m.spec, 1))
+                m.lm.lf.evict_all()
+            models = {n: kept.get(n) or built[n] for n in wanted}
+            residency = ResidencyManager(
+                {n: self._shape(m) for n, m in models.items()},
+                budget_bytes=config.budget_bytes,
+                rate_bps=self.rate_bps,
+                policy=config.policy,
+            )
+            for n in kept:
+                residency.prefix[n] = self.residency.prefix[n]
+            gone = [m for n, m in self.models.items() if n not in models]
+            self.models, self.residency = models, residency  # each one assignment
+            for m in gone:
+                with m.lock:  # after its requests in flight
+                    m.lm.lf.evict_all()
+            return sorted(built), sorted(m.name for m in gone)
+
     def _profile(self) -> dict[str, list[float]]:
         """Per-layer compute seconds, once per architecture (instances differ in weights)."""
         out: dict[str, list[float]] = {}
@@ -171,8 +205,10 @@ class Pool:
         return sizes, self.profile[m.spec]
 
     def _apply(self, evictions: Sequence[tuple[str, int]]) -> None:
+        models = self.models
         for name, layer in evictions:
-            self.models[name].lm.lf.evict(layer)
+            if name in models:  # not one reconfigure dropped meanwhile
+                models[name].lm.lf.evict(layer)
 
     def infer(self, name: str, bodies: Sequence[bytes]) -> list[str]:
         """Run ``bodies`` (one sample each) through ``name`` as one batch; JSON rows back.
@@ -181,12 +217,13 @@ class Pool:
         samples = [codec.decode_sample(b, m.inputs) for b in bodies]
         batch = [torch.stack([s[k] for s in samples]) for k in range(len(m.inputs))]
         x = batch[0] if len(batch) == 1 else tuple(batch)
+        residency = self.residency  # the one this request started with (reconfigure)
         with m.lock:
-            self._apply(self.residency.before(name))
+            self._apply(residency.before(name))
             try:
                 out, stats = m.lm(x, self.config.mode)
             finally:
-                self._apply(self.residency.after(name))
+                self._apply(residency.after(name))
             m.requests += 1
             m.cold_starts += stats.missing_layers > 0
             m.read_bytes += stats.read_bytes

@@ -1,0 +1,114 @@
+"""What the pool pods say they serve: each ready pod's ``/pool/status``, read as hostile input.
+
+A pool pod runs an image its pool's author chose, so its answer is untrusted: read through
+the operator's one pod client (:class:`packrat.controller.core.fanout.PodFanout`: a total
+deadline, a byte cap, no redirects), parsed strictly (:func:`read_json`), and every value
+checked: a model name is a DNS label the pool asked the pod to host, counters are
+non-negative integers, times finite. Anything else is dropped, never copied into status.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.core.fanout import PodFanout, read_json
+from packrat.controller.planning.autobatch import pod_ready
+from packrat.controller.planning.estimates import pod_address
+from packrat.controller.pool import manifests as pm
+
+MAX_BYTES = 256 * 1024  # 512 models at about 300 B each, with room
+DEADLINE_SECONDS = 2.0
+MAX_PODS = 64
+_COUNTERS = ("resident_bytes", "file_bytes", "requests", "cold_starts", "read_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Hosted:
+    """One model as the pod that hosts it reports it."""
+
+    pod: str
+    resident_bytes: int
+    file_bytes: int
+    requests: int
+    cold_starts: int
+    last_use: float  # seconds since the epoch; 0 before the first request
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "pod": self.pod,
+            "residentBytes": self.resident_bytes,
+            "fileBytes": self.file_bytes,
+            "requests": self.requests,
+            "coldStarts": self.cold_starts,
+        }
+        if self.last_use > 0:
+            out["lastUse"] = _iso(self.last_use)
+        return out
+
+
+def _iso(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _count(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+    return value if ok else None
+
+
+def parse_status(pod: str, doc: Any, expected: Collection[str]) -> dict[str, Hosted]:
+    """The models of one pod's ``/pool/status`` that it was asked to host, checked."""
+    models = doc.get("models") if isinstance(doc, Mapping) else None
+    if not isinstance(models, Mapping):
+        return {}
+    out = {}
+    for name, entry in list(models.items())[: 2 * len(expected) + 1]:
+        if name not in expected or not isinstance(entry, Mapping):
+            continue
+        counters = [_count(entry.get(k)) for k in _COUNTERS]
+        last = entry.get("last_use")
+        if not isinstance(last, int | float) or isinstance(last, bool):
+            continue
+        if any(c is None for c in counters) or not math.isfinite(last):
+            continue
+        resident, size, requests, cold, _read = (int(c or 0) for c in counters)
+        out[name] = Hosted(pod, resident, size, requests, cold, max(0.0, float(last)))
+    return out
+
+
+class PoolReader:
+    """Reads every ready pool pod's ``/pool/status`` (``pod_url``: a template with ``{ip}``,
+    ``{pod}`` and ``{namespace}``)."""
+
+    def __init__(self, kube: KubeApi, *, pod_url: str, fanout: PodFanout) -> None:
+        self.kube, self.pod_url, self.fanout = kube, pod_url, fanout
+
+    def __call__(
+        self, namespace: str, pool: str, expected: Mapping[str, Collection[str]]
+    ) -> dict[str, dict[str, Hosted]]:
+        """Pool pod name -> the models it serves now (``expected``: pod -> the models the
+        pool asked it to host; a pod with none is not read). Unreachable pods: absent."""
+        pods = self.kube.list("pods", namespace, labels=pm.pool_labels(pool))
+        ready = [p for p in pods if pod_ready(p)][:MAX_PODS]
+        by_pod: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for p in ready:
+            key = (p["metadata"].get("labels") or {}).get(pm.LABEL_POOL_POD)
+            if isinstance(key, str) and expected.get(key):
+                by_pod.setdefault(key, []).append((pod_address(self.pod_url, namespace, p), p))
+        out: dict[str, dict[str, Hosted]] = {}
+        for key, found in by_pod.items():
+            urls = [f"{url.rstrip('/')}/pool/status" for url, _ in found]
+            answers = self.fanout.get(
+                f"pool/{namespace}/{pool}", urls, deadline=DEADLINE_SECONDS, max_bytes=MAX_BYTES
+            )
+            # a model is served by the pod when every ready replica of it says so (a pod
+            # rolling to a new config has its old replica ready beside the new one)
+            seen = [parse_status(key, read_json(a), expected[key]) for a in answers]
+            common = set.intersection(*(set(s) for s in seen)) if seen else set()
+            out[key] = {n: seen[-1][n] for n in sorted(common)}
+        return out

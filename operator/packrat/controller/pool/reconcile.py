@@ -1,0 +1,236 @@
+"""One reconcile pass for a PackratPool: its members placed on its pods, every child kept,
+what the pods serve read back, then (only then) status written.
+
+Placement is :func:`packrat.plan.pool.placement.place` (by weight bytes: the pods' measured
+layer-file sizes once known, the zoo's estimate before), previous placements kept where they
+still fit (a move is a cold start). A model moved to another pod, or leaving the pool, is
+kept on the pod its Service selects until the model's pass points the Service elsewhere
+(its new pod, or its own pods once they answer): no request finds a pod without the model.
+A pod that no longer exists in ``spec.replicas`` is kept while a model's Service selects it.
+A model the pool cannot place gets a sentence why (``status.unplaced``; the model's pass
+shows it in its ``Placed`` condition).
+
+Level-triggered and idempotent; children never adopted (an object under one of our names
+that this pool does not own is a conflict, left untouched).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packrat.controller.api import crd
+from packrat.controller.api.children import keep, labels_drift, service_drift
+from packrat.controller.api.drift import covers, merge_patch
+from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import conflict_message, owned_by
+from packrat.controller.core.context import Config, Pass, Result, run_pass
+from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.status import Status
+from packrat.controller.pool import manifests as pm
+from packrat.controller.pool.readings import Hosted, PoolReader
+from packrat.controller.pool.spec import ZOO_WEIGHT_BYTES, Member, PoolSpec, members, parse_pool
+from packrat.plan.pool.placement import ModelDemand, PodCapacity, place
+
+PLURAL = crd.POOL_PLURAL
+REFRESH_SECONDS = 15.0  # a serving pool reads its pods' /pool/status this often
+
+
+class PoolStatus(Status):
+    """A PackratPool's status; ``phase``: Failed (invalid spec), Serving (every model it
+    hosts answers on its pod), else Pending."""
+
+    def __init__(self, stored: Mapping[str, Any] | None = None) -> None:
+        super().__init__(stored)
+        self._phase = "Pending"
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    def report(self, phase: str) -> None:
+        self._phase = phase
+
+    def set(self, key: str, value: Any) -> None:
+        self._set(key, value)
+
+
+PoolPass = Pass[PoolStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where each member goes (``assignment``), which pods host which models (``hosting``:
+    the assignment plus the pods models are still served from) and why the rest do not."""
+
+    assignment: dict[str, str]
+    hosting: dict[str, dict[str, str]]  # pod -> {model: zoo name}
+    unplaced: dict[str, str]
+
+
+def served_pods(models: list[dict[str, Any]], pool: str) -> dict[str, str]:
+    """Model -> the pool pod its status says serves it (its Service selects that pod)."""
+    out = {}
+    for obj in models:
+        record = (obj.get("status") or {}).get("pool")
+        if isinstance(record, Mapping) and record.get("name") == pool:
+            pod = record.get("pod")
+            if isinstance(pod, str) and pod.startswith(f"{pool}-"):
+                out[str(obj["metadata"]["name"])] = pod
+    return out
+
+
+def layout(
+    spec: PoolSpec, found: list[Member], served: Mapping[str, str], known: Mapping[str, Any]
+) -> Layout:
+    """Place the members asking for the pool on its pods; keep every model where it is served."""
+    pods = [pm.pod_name(spec.name, i) for i in range(spec.replicas)]
+    zoo = {m.name: m.zoo for m in found if m.zoo is not None}
+    demands = []
+    for m in found:
+        if not m.placeable or m.zoo is None:
+            continue
+        measured = (known.get(m.name) or {}).get("fileBytes")
+        size = measured if isinstance(measured, int) and measured > 0 else ZOO_WEIGHT_BYTES[m.zoo]
+        demands.append(ModelDemand(m.name, weight_bytes=size))
+    previous = {n: str(r["pod"]) for n, r in known.items() if isinstance(r, Mapping) and "pod" in r}
+    capacity = [PodCapacity(p, spec.budget_bytes, float(spec.cpus)) for p in pods]
+    placement = place(demands, capacity, previous=previous)
+    unplaced = dict(placement.unplaced)
+    for m in found:
+        if m.problem is not None and not m.leaving:
+            unplaced[m.name] = m.problem
+    hosting: dict[str, dict[str, str]] = {p: {} for p in pods}
+    for name, pod in placement.assignment.items():
+        hosting[pod][name] = zoo[name]
+    for name, pod in served.items():  # until its Service leaves that pod
+        if name in zoo:
+            hosting.setdefault(pod, {})[name] = zoo[name]
+    return Layout(dict(placement.assignment), hosting, unplaced)
+
+
+class PoolReconciler:
+    """Runs passes for PackratPool objects (one at a time per object: the caller's job)."""
+
+    def __init__(
+        self, kube: KubeApi, *, config: Config | None = None, reader: PoolReader | None = None
+    ) -> None:
+        self.kube = kube
+        self.config = config or Config()
+        self.reader = reader
+
+    def reconcile(
+        self, namespace: str, name: str, *, now: datetime.datetime | None = None
+    ) -> Result:
+        return run_pass(
+            self.kube,
+            self.config,
+            "packratpools",
+            namespace,
+            name,
+            status=PoolStatus,
+            step=self._pass,
+            now=now,
+        )
+
+    def _pass(self, p: PoolPass) -> None:
+        try:
+            spec = parse_pool(p.obj)
+        except InvalidSpec as exc:
+            p.status.report("Failed")
+            p.status.set_message("; ".join(exc.errors))
+            p.cond("Ready", False, "InvalidSpec", "; ".join(exc.errors))
+            return
+        p.status.set_message(None)
+        models = self.kube.list("packratmodels", p.namespace)
+        found = members(spec.name, models)
+        known = p.status.get("models") or {}
+        plan = layout(spec, found, served_pods(models, spec.name), known)
+        self._keep_children(p, spec, plan)
+        expected = {pod: set(hosted) for pod, hosted in plan.hosting.items() if hosted}
+        readings = self.reader(p.namespace, spec.name, expected) if self.reader else {}
+        self._write_status(p, spec, plan, readings)
+        if p.conflicts:
+            message = conflict_message(p.conflicts, owner=crd.POOL_KIND)
+            p.cond("OwnershipConflict", True, "NotOwned", message)
+        else:
+            p.status.drop_condition("OwnershipConflict")
+
+    def _ours(self, p: PoolPass, obj: Mapping[str, Any]) -> bool:
+        uid = p.obj["metadata"].get("uid")
+        return owned_by(obj, name=p.name, uid=uid, kind=crd.POOL_KIND)
+
+    def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> None:
+        ours = lambda obj: self._ours(p, obj)  # noqa: E731
+        for pod, hosted in sorted(plan.hosting.items()):
+            config = pm.pool_config(spec, list(hosted.items()))
+            cm = pm.configmap(spec, pod, config)
+            kept = keep(self.kube, "configmaps", p.namespace, cm, ours=ours, drift=_data_drift)
+            if not kept.ours:
+                p.conflict("ConfigMap", pod)
+                continue
+            want = pm.deployment(spec, pod, hosting=bool(hosted), image=self.config.image)
+            if not keep(
+                self.kube, "deployments", p.namespace, want, ours=ours, drift=_deployment_drift
+            ).ours:
+                p.conflict("Deployment", pod)
+        if not keep(
+            self.kube, "services", p.namespace, pm.service(spec), ours=ours, drift=service_drift
+        ).ours:
+            p.conflict("Service", spec.name)
+        for resource in ("deployments", "configmaps"):  # pods gone from the spec, unused
+            for obj in self.kube.list(resource, p.namespace, labels=pm.pool_labels(spec.name)):
+                name = obj["metadata"]["name"]
+                if name not in plan.hosting and self._ours(p, obj):
+                    self.kube.delete(resource, p.namespace, name)
+
+    def _write_status(
+        self,
+        p: PoolPass,
+        spec: PoolSpec,
+        plan: Layout,
+        readings: Mapping[str, Mapping[str, Hosted]],
+    ) -> None:
+        records: dict[str, Any] = {}
+        for name, pod in plan.assignment.items():
+            hosted = readings.get(pod, {}).get(name)
+            record = hosted.record() if hosted else {"pod": pod}
+            records[name] = {**record, "pod": pod, "ready": hosted is not None}
+        previous = {n: r.get("pod") for n, r in (p.status.get("models") or {}).items()}
+        for name, pod in plan.assignment.items():
+            if previous.get(name) != pod:
+                p.emit("Normal", "Placed", f"model {name} placed on pool pod {pod}")
+        p.status.set("models", records or None)
+        p.status.set("unplaced", plan.unplaced or None)
+        hosting = sorted(pod for pod, hosted in plan.hosting.items() if hosted)
+        p.status.set("replicas", len(hosting))
+        p.status.set("readyReplicas", sum(1 for pod in hosting if pod in readings))
+        p.status.set("placedModels", len(records))
+        placed_ok = not plan.unplaced
+        reason = "AllPlaced" if placed_ok else "NotPlaced"
+        why = "; ".join(f"{n}: {r}" for n, r in sorted(plan.unplaced.items()))
+        p.cond("Placed", placed_ok, reason, why or f"{len(records)} models placed")
+        serving = all(r["ready"] for r in records.values())
+        if serving:
+            p.status.report("Serving")
+            p.cond("Ready", True, "Serving", f"{len(records)} models serving")
+            p.result.again_within(REFRESH_SECONDS)
+        else:
+            waiting = sorted(n for n, r in records.items() if not r["ready"])
+            p.cond("Ready", False, "PodsStarting", f"waiting for {', '.join(waiting)}")
+            p.result.in_progress()
+
+
+def _data_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    patch = labels_drift(current, want)
+    if current.get("data") != want["data"]:
+        patch["data"] = merge_patch(current.get("data") or {}, want["data"])
+    return patch
+
+
+def _deployment_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    if covers(current.get("spec"), want["spec"]):
+        return labels_drift(current, want)
+    return {"spec": want["spec"], **labels_drift(current, want)}
