@@ -36,9 +36,11 @@ class PackratServe:
         max_batch_delay_ms: int,
         startup_timeout_s: float,
         runtime: str | None = None,
+        artefacts: Path | None = None,
     ) -> None:
         self.spec, self.plan, self.cpus, self.workdir = model, plan, cpus, workdir
         self.runtime = runtime  # packrat serve --runtime (None: its default)
+        self.artefacts = artefacts  # packrat serve --artefacts (a plan on another engine)
         self.max_batch_delay_ms, self.startup_timeout_s = max_batch_delay_ms, startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = free_ports(1)[0]
@@ -71,6 +73,7 @@ class PackratServe:
             "--drain-seconds",
             "10",
             *(["--runtime", self.runtime] if self.runtime else []),
+            *(["--artefacts", str(self.artefacts)] if self.artefacts else []),
         ]
         log_file = (self.workdir / "serve.log").open("wb")
         self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat.bench.loadgen import run_bursts
+from packrat.bench.loadgen import BurstResult, run_bursts
 from packrat.bench.servers import BenchError, PackratServe, PlainTorchServe
 from packrat.bench.serving_report import (
     CONFIGS,
@@ -143,6 +143,26 @@ def _describe(plan: Plan | None, config: str, batch: int) -> str:
     return plan.label if plan else "?"
 
 
+async def served_bursts(
+    server: PackratServe | PlainTorchServe, *, body: bytes, batch: int, bursts: int
+) -> BurstResult:
+    """Start ``server``, send ``bursts`` closed-loop bursts of ``batch`` requests (after one
+    warm-up burst), stop it."""
+    try:
+        await server.start()
+        return await run_bursts(
+            url=server.url,
+            model=server.model,
+            body=body,
+            burst=batch,
+            bursts=bursts,
+            warmup_bursts=1,
+            timeout_s=600,
+        )
+    finally:
+        await server.stop()
+
+
 async def _measure(
     *,
     settings: BenchSettings,
@@ -175,19 +195,7 @@ async def _measure(
             startup_timeout_s=startup,
             runtime=settings.runtime,
         )
-    try:
-        await server.start()
-        result = await run_bursts(
-            url=server.url,
-            model=server.model,
-            body=body,
-            burst=batch,
-            bursts=settings.bursts(batch),
-            warmup_bursts=1,
-            timeout_s=600,
-        )
-    finally:
-        await server.stop()
+    result = await served_bursts(server, body=body, batch=batch, bursts=settings.bursts(batch))
     return [v * 1000 for v in result.batch_latencies_s], result.errors
 
 

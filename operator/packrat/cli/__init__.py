@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "simulate",
     "profile",
     "fetch",
+    "convert",
     "bench",
     "serve",
     "route",

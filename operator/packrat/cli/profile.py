@@ -91,6 +91,14 @@ def _add_grid_args(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--missing-engines",
+        choices=("fail", "leave-out"),
+        default="fail",
+        help="an engine in --engines whose extra is not installed: one line and exit 2 (fail, "
+        "the default), or left out of the profile with its reason (leave-out, the operator's "
+        "Job: the EnginesVerified condition and an event say it)",
+    )
+    parser.add_argument(
         "--artefacts",
         type=Path,
         help="folder of converted artefacts, reused across profiles and by the pods "
@@ -400,7 +408,9 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     from packrat.runtime.engines import EngineError, parse_engines
 
     try:
-        args.engines = parse_engines(args.engines)
+        args.engines = parse_engines(
+            args.engines, allow_missing=args.missing_engines == "leave-out"
+        )
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
     check_model_file(args.model, args.inputs)

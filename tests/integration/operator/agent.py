@@ -4,8 +4,9 @@ garbage collector for this project's own pods, against the kmock emulator.
 The emulator stores objects but runs nothing. This agent polls it and, for every Job and
 Deployment, runs the pod's containers as local processes: the container command (``packrat``
 mapped to this interpreter), its env and args, emptyDir and ConfigMap volumes as temporary
-directories (mount paths rewritten in args and env), port 8080 remapped to a free local port
-and ``0.0.0.0`` to loopback. It writes Job and Deployment status from what those processes do
+directories (a PersistentVolumeClaim as one directory per claim, shared by every pod; mount
+paths rewritten in args and env), port 8080 remapped to a free local port and ``0.0.0.0``
+to loopback. It writes Job and Deployment status from what those processes do
 (exit codes, HTTP readiness probes), creates Pod objects for Job pods with container statuses
 and ``FallbackToLogsOnError`` messages, serves container logs through the emulator, forwards
 Service traffic to the ready pods its selector matches, and deletes objects whose owners are
@@ -225,6 +226,8 @@ class Agent:
         out: dict[str, Path] = {}
         for volume in pod.spec.get("volumes") or []:
             path = pod.workdir / "v" / volume["name"]
+            if "persistentVolumeClaim" in volume:  # one directory per claim, shared by pods
+                path = self.workdir / "claims" / volume["persistentVolumeClaim"]["claimName"]
             path.mkdir(parents=True, exist_ok=True)
             if "configMap" in volume:
                 cm = self.api.get("configmaps", volume["configMap"]["name"]) or {}

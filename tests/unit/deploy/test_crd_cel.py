@@ -174,6 +174,17 @@ CASES: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {
             model(spec_with(batchSize=None, autoBatch={}, profiling={"maxBatch": 16})),
         ],
     ),
+    "!has(self.artefactsClaim) || (has(self.engines) && self.engines != ['eager'])": (
+        [model(spec_with(engines=["onnxruntime"], artefactsClaim="art")), model(BASE)],
+        [
+            model(spec_with(artefactsClaim="art")),
+            model(spec_with(engines=["eager"], artefactsClaim="art")),
+        ],
+    ),
+    "!self.exists(e, e == 'all') || size(self) == 1": (
+        [model(spec_with(engines=["all"])), model(spec_with(engines=["eager", "openvino"]))],
+        [model(spec_with(engines=["all", "eager"]))],
+    ),
     "!has(self.profiling.threads) || self.profiling.threads.all(t, t <= self.cpus)": (
         [model(spec_with(profiling={"threads": [1, 2]})), model(spec_with(profiling={}))],
         [model(spec_with(profiling={"threads": [1, 3]}))],

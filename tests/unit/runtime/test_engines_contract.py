@@ -12,6 +12,7 @@ import torch
 from packrat.runtime import engines
 from packrat.runtime.engines import cache, check
 from packrat.runtime.engines.onnx_export import sample
+from packrat.runtime.engines.prepare import prepare
 from packrat.runtime.zoo import load_model, model_digest
 
 FAST = [engines.EAGER, engines.ONNXRUNTIME, engines.OPENVINO]
@@ -137,7 +138,7 @@ def test_tolerances_per_dtype() -> None:
     assert not check.compare(torch.zeros(2, 3), torch.zeros(3, 2)).ok
 
 
-def test_a_missing_extra_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_extra_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     real = importlib.metadata.version
 
     def version(name: str) -> str:
@@ -150,6 +151,11 @@ def test_a_missing_extra_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> N
     assert reason is not None and "\n" not in reason and "packrat-operator[openvino]" in reason
     with pytest.raises(engines.EngineMissingError, match=r"openvino package is not installed"):
         engines.parse_engines("eager,openvino")
+    # the operator's Job (--missing-engines leave-out): kept, then left out with the reason
+    assert engines.parse_engines("eager,openvino", allow_missing=True) == ["eager", "openvino"]
+    verdict = prepare("tiny", engines.OPENVINO, tmp_path)
+    assert verdict["status"] == "excluded" and verdict["reason"] == reason
+    assert not any(tmp_path.iterdir())  # nothing converted
     assert engines.OPENVINO not in engines.installed()
     with pytest.raises(engines.EngineError, match="unknown engine 'tensorrt'"):
         engines.engine("tensorrt")

@@ -111,6 +111,10 @@ READINGS: dict[str, Reading] = {
     " 'TMPDIR', 'PYTHONUNBUFFERED', 'OMP_NUM_THREADS', 'MKL_NUM_THREADS', 'KMP_AFFINITY',"
     " 'GOMP_CPU_AFFINITY']))": lambda s: "env" not in s or _env_allowed(s["env"]),
     "has(self.value) != has(self.valueFrom)": lambda s: _one_of(s, "value", "valueFrom"),
+    "!self.exists(e, e == 'all') || size(self) == 1": lambda s: "all" not in s or len(s) == 1,
+    "!has(self.artefactsClaim) || (has(self.engines) && self.engines != ['eager'])": lambda s: (
+        "artefactsClaim" not in s or ("engines" in s and list(s["engines"]) != ["eager"])
+    ),
     # PackratPipeline
     "self.metadata.name.size() <= 19": lambda s: len(s["metadata"]["name"]) <= 19,
     "!has(self.edges) || self.edges.all(e, self.stages.exists(s, s.name == e.from)"

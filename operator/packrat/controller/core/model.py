@@ -144,6 +144,12 @@ class ModelSpec:
     pod: Mapping[str, Any] | None  # spec.pod overrides
     request_logging: RequestLogging | None
     canary: CanarySettings | None
+    # spec.engines when it asks for more than eager (None: eager only, the form of before);
+    # ("all",) is every engine installed in the image
+    engines: tuple[str, ...] | None
+    # spec.artefactsClaim: a ReadWriteMany claim the profiling Job and every pod share for
+    # the artefacts (None: each its own emptyDir)
+    artefacts_claim: str | None
     pool: str | None = None  # spec.pool: the PackratPool serving it (same namespace)
 
     # -- derived ---------------------------------------------------------------------------
@@ -192,6 +198,7 @@ class ModelSpec:
             "mode": self.profiling.mode,  # a co-located profile is not an alone one
             "nodeSelector": thaw(self.node_selector),
             "affinity": thaw(self.affinity),
+            **({"engines": list(self.engines)} if self.engines else {}),
         }
         sample = self.source.sample_request
         if sample is not None:  # the profile is measured through the handler with this request
@@ -226,6 +233,9 @@ class ModelSpec:
                 # the serving pods' command carries it (absent: the hashes of before)
                 **({"requestLogging": asdict(rl)} if (rl := self.request_logging) else {}),
                 **({"runtime": self.runtime} if self.runtime else {}),
+                # the pods convert and load these engines' artefacts (absent: eager only)
+                **({"engines": list(self.engines)} if self.engines else {}),
+                **({"artefactsClaim": c} if (c := self.artefacts_claim) else {}),
             }
         )[:16]
 
@@ -315,8 +325,17 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
         "pod": spec.get("pod") or None,
         "request_logging": request_logging(spec),
         "canary": canary_settings(spec),
+        "engines": _engines(spec.get("engines")),
+        "artefacts_claim": str(spec["artefactsClaim"]) if spec.get("artefactsClaim") else None,
         "pool": str(spec["pool"]) if spec.get("pool") else None,
     }
+
+
+def _engines(given: Any) -> tuple[str, ...] | None:
+    """``spec.engines`` (valid), or None when it asks for eager only."""
+    if not given or list(given) == ["eager"]:
+        return None
+    return tuple(str(e) for e in given)
 
 
 def _make(

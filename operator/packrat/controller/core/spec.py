@@ -63,6 +63,12 @@ DEFAULTS: dict[str, Any] = {
 # the choices: the CRD's spec.autoBatch.rounding enum); the pods' default ("nearest") is left
 # out of pod commands and hashes, so it rolls no pods.
 DEFAULT_ROUNDING = "nearest"  # packrat.plan.estimator.SERVING_ROUNDING (a unit test pins it)
+# spec.engines: the engines the profiling Job converts, checks against eager and profiles
+# (packrat profile --engines); unset: eager only, the pods' form and hashes of before. "all"
+# (alone): every engine installed in the image. packrat.runtime.engines.ENGINES (a unit test
+# pins it); the CRD's enum checks a spec's names.
+ENGINES = ("eager", "inductor", "onnxruntime", "openvino")
+ALL_ENGINES = "all"
 
 
 AUTO_BATCH_DEFAULTS: dict[str, Any] = {
@@ -135,8 +141,17 @@ def _check(errors: list[str], spec: dict[str, Any]) -> None:
     validate_request_logging(more, spec)
     validate_canary(more, spec)
     validate_pod(more, spec.get("pod"))
+    _check_engines(more, spec)
     found = schema_check(MODEL_CRD, "spec").errors(spec, "spec", extra=more)
     errors += [explain_not_allowed(message) for message in found]
+
+
+def _check_engines(errors: list[str], spec: Mapping[str, Any]) -> None:
+    """spec.engines where the CRD cannot say it: engines beyond eager need the native
+    runtime."""
+    engines = spec.get("engines")
+    if spec.get("runtime") == "torchserve" and engines not in (None, ["eager"]):
+        errors.append("spec.engines other than eager need the native runtime (spec.runtime)")
 
 
 # -- derived values (typed ones are on ModelSpec, :mod:`packrat.controller.core.model`) --------

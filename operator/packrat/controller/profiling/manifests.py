@@ -10,6 +10,7 @@ from packrat.controller.core import storage
 from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.overrides import apply_pod
 from packrat.controller.serving.manifests import (
+    ARTEFACTS_DIR,
     LABEL_MODEL,
     LABEL_PROFILE_KEY,
     PROFILE_DIR,
@@ -19,6 +20,7 @@ from packrat.controller.serving.manifests import (
     base_env,
     base_labels,
     container_security,
+    engines_volume,
     fetch_init_container,
     guaranteed_resources,
     inputs_args,
@@ -75,6 +77,15 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
     if batches:
         cmd[-2:-2] = ["--verify-batches", ",".join(str(b) for b in batches)]
     cmd[-2:-2] = inputs_args(spec)
+    if spec.engines:  # converted and checked once here; a missing extra is left out, said
+        cmd[-2:-2] = [
+            "--engines",
+            ",".join(spec.engines),
+            "--missing-engines",
+            "leave-out",
+            "--artefacts",
+            ARTEFACTS_DIR,
+        ]
     if spec.source.sample_request is not None:
         cmd[-2:-2] = [
             "--sample-request-env",
@@ -132,10 +143,12 @@ def build_profiling_pod_spec(spec: ModelSpec, *, limits: storage.StorageLimits) 
     image = spec.image
     _, model_volumes, model_mounts = model_source(spec, limits=limits)
     output = f"{PROFILE_DIR}/{PROFILE_FILE}"
+    engine_volumes, engine_mounts = engines_volume(spec, limits)
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "profile", "mountPath": PROFILE_DIR},
         *model_mounts,
+        *engine_mounts,
     ]
     init: list[dict[str, Any]] = []
     fetch = fetch_init_container(spec, expect_version=True, limits=limits)
@@ -174,6 +187,7 @@ def build_profiling_pod_spec(spec: ModelSpec, *, limits: storage.StorageLimits) 
             limits.tmp_volume(),  # bounded: issue 38
             {"name": "profile", "emptyDir": {"sizeLimit": "64Mi"}},
             *model_volumes,
+            *engine_volumes,
             *storage.credentials_volume(thaw(spec.source.doc))[0],
         ],
         **scheduling(spec),

@@ -17,7 +17,7 @@ from packrat.controller.core.model import ModelSpec, thaw
 from packrat.controller.core.model_source import FORMAT_SUFFIX
 from packrat.controller.core.options.request_logging import request_log_args
 from packrat.controller.core.overrides import apply_pod
-from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, KIND
+from packrat.controller.core.spec import API_VERSION, DEFAULT_ROUNDING, ENGINES, KIND
 from packrat.runtime.inputs import encode, parse_inputs
 
 PORT = 8080
@@ -50,6 +50,17 @@ PROFILE_FILE = "profile.json"
 PROFILE_DIR = "/profile"
 SAMPLE_REQUEST_ENV = "PACKRAT_SAMPLE_REQUEST"
 MODEL_DIR = "/models"
+# the engines' converted artefacts (spec.engines). The storage model has no volume of its own
+# that the profiling Job and the pods share (a profile comes back through the Job's log into a
+# ConfigMap, 1 MiB at most; model files are fetched into each pod or mounted read-only), so:
+# with spec.artefactsClaim (a ReadWriteMany claim) the Job converts onto it once and every
+# pod's ``convert-engines`` init container finds the artefacts there under the profile's cache
+# key and checks them with the profile's gate, converting nothing; without it the Job and each
+# pod have their own emptyDir and the init container converts once per pod. Either way every
+# instance and every in-pod switch of a pod reuses them.
+ARTEFACTS_DIR = "/artefacts"
+ARTEFACTS_VOLUME = "artefacts"
+ARTEFACTS_MOUNT = {"name": ARTEFACTS_VOLUME, "mountPath": ARTEFACTS_DIR}
 SLOTS = ("a", "b")
 
 
@@ -242,6 +253,58 @@ def inputs_args(spec: ModelSpec) -> list[str]:
     return [] if inputs is None else ["--inputs", encode(parse_inputs(inputs))]
 
 
+def engines_volume(
+    spec: ModelSpec, limits: storage.StorageLimits
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """([the artefacts volume], [its mount]) when spec.engines asks for more than eager: the
+    shared claim, or an emptyDir sized for an artefact of every engine (each about one copy
+    of the weights)."""
+    if not spec.engines:
+        return [], []
+    volume: dict[str, Any] = {"name": ARTEFACTS_VOLUME}
+    if spec.artefacts_claim:
+        volume["persistentVolumeClaim"] = {"claimName": spec.artefacts_claim}
+    else:
+        volume["emptyDir"] = {"sizeLimit": str(len(ENGINES) * limits.max_model_bytes)}
+    return [volume], [dict(ARTEFACTS_MOUNT)]
+
+
+def convert_init_container(
+    spec: ModelSpec, *, model_mounts: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """``packrat convert``: the engines' artefacts for the serving pod, found or converted
+    under the profile's cache key and checked against eager with its gate (Guaranteed)."""
+    if not spec.engines:
+        return None
+    target, _, _ = model_source(spec)
+    return {
+        "name": "convert-engines",
+        "image": spec.image,
+        "command": [
+            "packrat",
+            "convert",
+            "--model",
+            target,
+            "--engines",
+            ",".join(spec.engines),
+            "--artefacts",
+            ARTEFACTS_DIR,
+            "--threads",
+            str(spec.cpus),
+            *inputs_args(spec),
+        ],
+        "resources": guaranteed_resources(spec),
+        "securityContext": container_security(),
+        "env": base_env(),
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            *model_mounts,
+            dict(ARTEFACTS_MOUNT),
+        ],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def serve_command(spec: ModelSpec) -> list[str]:
     target, _, _ = model_source(spec)
     return [
@@ -267,6 +330,7 @@ def serve_command(spec: ModelSpec) -> list[str]:
         *(["--batch-estimate", r] if (r := spec.rounding) != DEFAULT_ROUNDING else []),
         *request_log_args(spec.request_logging, namespace=spec.namespace, name=spec.name),
         *(["--runtime", spec.runtime] if spec.runtime else []),
+        *(["--artefacts", ARTEFACTS_DIR] if spec.engines else []),
     ]
 
 
@@ -328,6 +392,10 @@ def build_serving_pod_spec(
     fetch = fetch_init_container(spec, limits=limits)
     if fetch is not None:
         init.append(fetch)
+    convert = convert_init_container(spec, model_mounts=model_mounts)
+    if convert is not None:
+        init.append(convert)
+    engine_volumes, _ = engines_volume(spec, limits)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -340,6 +408,7 @@ def build_serving_pod_spec(
         "volumes": [
             limits.tmp_volume(),  # bounded: issue 38
             *model_volumes,
+            *engine_volumes,
             *storage.credentials_volume(thaw(spec.source.doc))[0],
             {
                 "name": ADMIN_TOKEN_VOLUME,
@@ -375,6 +444,7 @@ def build_serve_container(
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             *model_mounts,
+            *([{**ARTEFACTS_MOUNT, "readOnly": True}] if spec.engines else []),
             {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
         ],
         **_serve_probes(),

@@ -65,15 +65,16 @@ def installed() -> list[str]:
     return [name for name in ENGINES if engine(name).missing() is None]
 
 
-def parse_engines(text: str) -> list[str]:
+def parse_engines(text: str, *, allow_missing: bool = False) -> list[str]:
     """``eager,openvino`` or ``all`` (every installed engine) -> names, eager first, checked:
-    an unknown or missing engine is one EngineError line."""
+    an unknown engine is one EngineError line, and so is a missing one unless
+    ``allow_missing`` (then it stays, for the profile to leave out with its reason)."""
     if text.strip() == "all":
         return installed()
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     for name in names:
         reason = engine(name).missing()
-        if reason is not None:
+        if reason is not None and not allow_missing:
             raise EngineMissingError(reason)
     return sorted(names, key=lambda n: (n != EAGER, ENGINES.index(n)))
 

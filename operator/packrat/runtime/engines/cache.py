@@ -137,7 +137,10 @@ def _cached(
     if manifest is None or manifest.get("model_digest") != digest:
         return None
     name = manifest.get("file")
-    path = None if name is None else folder / str(name)
+    if name is not None and (not isinstance(name, str) or name in ("", ".", "..")
+                             or Path(name).name != name):  # fmt: skip
+        return None  # a file outside its folder (issue 38: "/x" or "../x" was followed)
+    path = None if name is None else folder / name
     if path is not None and not path.is_file():
         return None
     return Artefact(

@@ -49,6 +49,7 @@ __all__ = [
     "ParseBusyError",
     "ParsePool",
     "header_length",
+    "parse_split",
     "v2_errors",
     "v2_routes",
 ]
@@ -235,7 +236,7 @@ class ParsePool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _parse_split(
+def parse_split(
     body: bytes,
     header: int | None,
     inputs: list[dict[str, Any]] | None,
@@ -270,7 +271,7 @@ async def _infer(d: Dispatcher, request: web.Request) -> web.StreamResponse:
     try:
         try:
             req, samples = await d.parser.run(
-                _parse_split, body, header_length(header), d.inputs, d.max_samples, size=len(body)
+                parse_split, body, header_length(header), d.inputs, d.max_samples, size=len(body)
             )
         except V2Error as exc:
             return d.finish(v2_error(400, str(exc)), start, "dispatcher")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
 __all__ = ["ConfigError", "Pool", "PoolConfig", "PoolModel", "load_config"]
 
 MAX_MODELS = 512
+# issue 38: a name with '"' or a newline wrote its own series into /metrics
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 class ConfigError(ValueError):
@@ -66,7 +69,9 @@ def _entry(item: Any) -> ModelEntry:
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise ConfigError(f"a model needs a name and a spec: {item!r}")
     name, spec, seed = item["name"], item.get("spec"), item.get("seed")
-    if not name or "/" in name or not isinstance(spec, str) or not zoo.is_zoo_name(spec):
+    if not NAME.fullmatch(name):  # it goes into file names, URLs and /metrics labels
+        raise ConfigError(f"model {name[:80]!r}: a name is letters, digits, '.', '_', '-'")
+    if not isinstance(spec, str) or not zoo.is_zoo_name(spec):
         raise ConfigError(f"model {name!r}: a zoo spec is required ({', '.join(zoo.ZOO_NAMES)})")
     if seed is not None and not isinstance(seed, int):
         raise ConfigError(f"model {name!r}: seed must be an integer")

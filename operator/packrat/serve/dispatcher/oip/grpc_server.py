@@ -24,6 +24,14 @@ Transport bounds: messages above the per-request cap are refused by gRPC itself 
 are buffered whole (``grpc.max_receive_message_length``), at most ``max_rpcs`` calls run at
 once (beyond: ``RESOURCE_EXHAUSTED``, so memory held by received messages is at most
 ``max_rpcs`` times the cap), and connections idle or kept open too long are closed.
+Those calls are counted by gRPC from the moment a call's headers arrive, before its message:
+``ModelInfer`` is therefore served as a client-streaming method (the same bytes on the wire
+as a unary call) so that the dispatcher sees the call at once and (issue 38) refuses a call
+beyond its client's share (``max_per_client``, a quarter of ``max_rpcs`` as REST's connection
+share is a quarter of its cap; ``RESOURCE_EXHAUSTED``) and ends a call whose message does not
+arrive within ``receive_timeout_s`` (``DEADLINE_EXCEEDED``). Before, one client holding 21
+calls open without sending their messages made every other client's infer fail, for as long
+as it liked.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter as Tally
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote
 
 import grpc
 from aiohttp import web
@@ -207,6 +217,13 @@ class Received(NamedTuple):
 GRPC_TYPE = "application/grpc"
 
 
+def client_of(peer: str) -> str:
+    """A call's client address from gRPC's peer (``ipv4:10.0.0.7:5123``, ``ipv6:[::1]:5123``):
+    the address without the port, the client's share is per address."""
+    host = peer.rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return unquote(host.split(":", 1)[-1])
+
+
 def _headers(context: grpc.aio.ServicerContext) -> dict[str, str]:
     """The call's metadata as headers for the request log (text values only)."""
     pairs = context.invocation_metadata() or ()
@@ -225,6 +242,9 @@ class GrpcFront:
         self.alive = alive
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
+        self.max_per_client = 1
+        self.receive_timeout_s = 10.0
+        self.clients: Tally[str] = Tally()  # infer calls open, by client address
         self._calls = Counter(
             "packrat_grpc_requests",
             "Open Inference Protocol calls on the gRPC port, by method and status code.",
@@ -237,12 +257,22 @@ class GrpcFront:
         d = self.d
         return min(d.batch_body_bytes, d.max_samples * d.max_body_bytes)
 
-    async def start(self, host: str, port: int, *, max_rpcs: int | None = None) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        *,
+        max_rpcs: int | None = None,
+        max_per_client: int | None = None,
+        receive_timeout_s: float = 10.0,
+    ) -> int:
         """Listen on ``host:port`` (0: any free port); the port bound."""
         d = self.d
         cap = self.message_cap()
         if max_rpcs is None:  # what the buffer budget holds of the largest messages
             max_rpcs = max(16, min(d.slots.queue_limit, d.max_buffered_bytes // cap))
+        self.max_per_client = max_per_client or max(1, max_rpcs // 4)
+        self.receive_timeout_s = receive_timeout_s
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", cap + 4096),
@@ -282,10 +312,11 @@ class GrpcFront:
             for name, fn in methods.items()
         }
         # ModelInfer keeps the bytes as received and sends the bytes it serialized itself,
-        # so the request log gets both without serializing anything again
+        # so the request log gets both without serializing anything again; client-streaming,
+        # so that the call is ours before its message arrives (see the module)
         parse = _REQ["ModelInfer"].FromString
-        handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-            self._counted("ModelInfer", self._infer),
+        handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
+            self._counted("ModelInfer", self._infer_call),
             request_deserializer=lambda raw: Received(raw, parse(raw)),
             response_serializer=bytes,
         )
@@ -340,6 +371,31 @@ class GrpcFront:
         return out
 
     # -- inference -------------------------------------------------------------------------------
+    async def _infer_call(
+        self, messages: AsyncIterator[Received], context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """One infer call: within its client's share, its (first) message in time."""
+        client = client_of(context.peer() or "")
+        if self.clients[client] >= self.max_per_client:
+            raise RpcError(
+                503, f"{self.max_per_client} calls of this client already open", "", shed=True
+            )
+        self.clients[client] += 1
+        try:
+            try:
+                async with asyncio.timeout(self.receive_timeout_s):
+                    received = await anext(aiter(messages))
+            except TimeoutError:
+                text = f"no request message within {self.receive_timeout_s:g} s"
+                raise RpcError(408, text, "") from None
+            except StopAsyncIteration:
+                raise RpcError(400, "the call carried no request message", "") from None
+            return await self._infer(received, context)
+        finally:
+            self.clients[client] -= 1
+            if not self.clients[client]:
+                del self.clients[client]
+
     async def _infer(self, received: Received, context: grpc.aio.ServicerContext) -> bytes:
         from packrat.serve.dispatcher.app import Stage
 

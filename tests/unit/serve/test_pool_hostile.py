@@ -1,0 +1,77 @@
+"""The pool process against a hostile client (issue 38, the new surfaces): a v2 body is
+capped at what the model's samples take as JSON and refused unbuffered beyond it, its declared
+inputs are checked before any data is flattened, and it is parsed in the dispatcher's bounded
+parse pool. Before, a 10 MB JSON body to one model was read and parsed whole on the event
+loop (two such clients took another model's p50 from 6 ms to 1,275 ms) and only then
+refused for its samples. Real pool (tiny PyTorch models), real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from packrat.serve.pool.app import build_app
+from packrat.serve.pool.host import ConfigError, Pool, load_config
+
+
+def infer_body(rows: int) -> bytes:
+    tensor = {"name": "input__0", "datatype": "FP32", "shape": [rows, 16]}
+    return json.dumps({"inputs": [{**tensor, "data": [0.123456789] * (rows * 16)}]}).encode()
+
+
+async def answers(tmp: Path, bodies: list[tuple[str, bytes]]) -> list[tuple[int, Any]]:
+    config = load_config(
+        {"directory": str(tmp), "budget_bytes": 1 << 24,
+         "models": [{"name": "a", "spec": "tiny", "seed": 1}]}
+    )  # fmt: skip
+    app = build_app(Pool(config))
+    out = []
+    async with TestClient(TestServer(app)) as client:
+        for path, body in bodies:
+            async with client.post(path, data=body) as r:
+                out.append((r.status, await r.json()))
+    return out
+
+
+def test_a_v2_body_beyond_the_models_samples_is_refused_unbuffered(tmp_path: Path) -> None:
+    got = asyncio.run(
+        answers(
+            tmp_path,
+            [
+                ("/v2/models/a/infer", infer_body(2)),
+                ("/v2/models/a/infer", infer_body(1025)),  # declared beyond 1,024 samples
+                ("/v2/models/a/infer", infer_body(50_000)),  # 10 MB
+            ],
+        )
+    )
+    assert got[0][0] == 200 and got[0][1]["outputs"][0]["shape"][0] == 2
+    assert got[1][0] == 400 and "1..1024 samples" in got[1][1]["error"], got[1]
+    assert got[2][0] == 413 and "at most" in got[2][1]["error"], got[2]
+
+
+def test_a_model_name_cannot_write_into_the_metrics_or_paths() -> None:
+    for name in ['a"} 1\npackrat_pool_budget_bytes{x="', "a b", "../a", ".hidden", ""]:
+        doc = {
+            "directory": "/nonexistent",
+            "budget_bytes": 1,
+            "models": [{"name": name, "spec": "tiny"}],
+        }
+        with pytest.raises(ConfigError):
+            load_config(doc)
+    assert (
+        load_config(
+            {
+                "directory": "/x",
+                "budget_bytes": 1,
+                "models": [{"name": "bert-base_2.v1", "spec": "tiny"}],
+            }
+        )
+        .models[0]
+        .name
+        == "bert-base_2.v1"
+    )
