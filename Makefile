@@ -137,7 +137,7 @@ dashboard-png: venv prometheus-tools
 chart-readme: venv
 	$(PY) scripts/gen_chart_readme.py
 
-# Copy crds/ into the Helm chart (byte-identical; a unit test checks it).
+# Copy crds/ into the Helm charts and the operator package (byte-identical; a unit test checks it).
 crds-sync: venv
 	$(PY) scripts/sync_crds.py
 

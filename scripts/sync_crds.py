@@ -1,7 +1,8 @@
 """Copy the CRDs from the top-level crds/ (the single source of truth) into the Helm chart.
 
 Helm installs whatever is in the chart's own crds/ folder, so the chart carries a byte-identical
-copy; so does the CRDs-only chart helm/packrat-crds (in its templates/, which upgrades update).
+copy; so do the CRDs-only chart helm/packrat-crds (in its templates/, which upgrades update) and
+the operator's package (packrat/controller/api/crds/, whose schemas check specs).
 `make crds-sync` runs this; `--check` only reports drift (a unit test enforces identity).
 """
 
@@ -18,7 +19,10 @@ TARGET = ROOT / "helm" / "packrat-operator" / "crds"
 # The CRDs-only chart keeps them in templates/, so that `helm upgrade` updates them (Helm never
 # upgrades a chart's crds/ folder).
 CRDS_CHART = ROOT / "helm" / "packrat-crds" / "templates"
-TARGETS = (TARGET, CRDS_CHART)
+# The operator checks specs against the CRDs' schemas (packrat.controller.api.schema), so the
+# package carries them too (package data; the operator image has no crds/ folder).
+PACKAGE = ROOT / "operator" / "packrat" / "controller" / "api" / "crds"
+TARGETS = (TARGET, CRDS_CHART, PACKAGE)
 
 
 def crd_files(folder: Path) -> dict[str, bytes]:

@@ -34,10 +34,11 @@ def test_serve_parses_the_pod_command(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_clis_runtimes_are_the_servers() -> None:
     """The CLI names them without importing the serving stack (a fast start); they agree."""
     from packrat.cli import serve as cli_serve
-    from packrat.controller.core import spec
+    from packrat.controller.api.schema import MODEL_CRD, crd_schema
     from packrat.serve import config
 
-    assert cli_serve.RUNTIMES == config.RUNTIMES == spec.RUNTIMES
+    crd = crd_schema(MODEL_CRD)["properties"]["spec"]["properties"]["runtime"]["enum"]
+    assert cli_serve.RUNTIMES == config.RUNTIMES == tuple(crd)  # spec.runtime: the CRD's enum
     assert cli_serve.DEFAULT_RUNTIME == config.DEFAULT_RUNTIME
     with pytest.raises(SystemExit):
         build_parser().parse_args(

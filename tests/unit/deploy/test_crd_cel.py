@@ -408,3 +408,17 @@ def test_an_array_rule_sees_every_element() -> None:
     assert rule.path == ("xs", ITEMS)
     _PROGRAMS.setdefault(rule.rule, _ENV.program(_ENV.compile(rule.rule)))
     assert [holds(rule, v) for v in selves({"xs": [1, 0, 2]}, rule.path)] == [True, False, True]
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_the_operators_reading_of_each_rule_agrees_with_cel(rule: str) -> None:
+    # packrat.controller.api.cel reads each rule in Python (the operator has no CEL): on every
+    # case, valid or not, each rule's reading gives cel-python's verdict
+    from packrat.controller.api.cel import READINGS
+
+    valid, invalid = CASES[rule]
+    for obj in [*valid, *invalid]:
+        defaulted = with_defaults(SCHEMA, obj)
+        for r in RULES:
+            for value in selves(defaulted, r.path):
+                assert READINGS[r.rule](value) == holds(r, value), (r.rule, obj["spec"])

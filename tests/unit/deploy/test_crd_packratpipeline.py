@@ -147,3 +147,8 @@ def test_each_rule_rejects_what_it_is_for(mutate: Any, needle: str) -> None:
     mutate(broken)
     broke = failing(broken)
     assert len(broke) == 1 and needle in next(iter(broke)), broke
+    # the operator's Python reading of each rule (packrat.controller.api.cel) agrees
+    from packrat.controller.api.cel import READINGS
+
+    read = {r for path, r in RULES for v in selves(broken, path) if not READINGS[r](v)}
+    assert read == broke

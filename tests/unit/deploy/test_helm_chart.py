@@ -744,6 +744,7 @@ def test_chart_crds_are_byte_identical_to_top_level() -> None:
     assert top, "no CRDs in crds/"
     assert sync_crds.drift() == [], "run `make crds-sync`"
     assert sync_crds.drift(target=sync_crds.CRDS_CHART) == [], "run `make crds-sync`"
+    assert sync_crds.drift(target=sync_crds.PACKAGE) == [], "run `make crds-sync`"
     for name in top:
         assert (ROOT / "crds" / name).read_bytes() == (CHART_DIR / "crds" / name).read_bytes()
     with helm_python.Chart.load(CHART_DIR) as chart:

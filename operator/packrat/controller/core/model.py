@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
+from packrat.controller.core.model_source import ModelSource
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging
 from packrat.controller.core.slo_spec import Autoscaling, Slo, TunerReference, spec_reference
@@ -133,7 +134,7 @@ class ModelSpec:
     runtime: str | None  # packrat serve --runtime; None: the pods' own default
     profiling: Profiling
     switch: SwitchTiming
-    source: Mapping[str, Any]  # spec.model
+    source: ModelSource  # spec.model, typed
     slo: Slo | None  # spec.slo, typed with its defaults
     autoscaling: Autoscaling | None  # spec.autoscaling, typed with its defaults
     reference: TunerReference | None  # spec.autoscaling.reference (a pipeline stage's)
@@ -179,7 +180,7 @@ class ModelSpec:
     @property
     def model_name(self) -> str:
         """The name in ``/predictions/{name}``."""
-        return str(self.source.get("name") or self.name)
+        return self.source.name or self.name
 
     @property
     def profile_key(self) -> str:
@@ -189,7 +190,7 @@ class ModelSpec:
         in the ConfigMap."""
         threads = self.profiling.threads or tuple(range(1, self.cpus + 1))
         key: dict[str, Any] = {
-            "model": model_identity(self.source),
+            "model": model_identity(self.source.doc),
             "image": self.image,
             "cpus": self.cpus,
             "maxBatch": self.profiling.max_batch,
@@ -199,10 +200,10 @@ class ModelSpec:
             "affinity": thaw(self.affinity),
             **({"engines": list(self.engines)} if self.engines else {}),
         }
-        sample = self.source.get("sampleRequest")
+        sample = self.source.sample_request
         if sample is not None:  # the profile is measured through the handler with this request
-            key["sampleRequest"] = hashlib.sha256(str(sample).encode()).hexdigest()
-            key["sampleContentType"] = self.source.get("sampleContentType")
+            key["sampleRequest"] = hashlib.sha256(sample.encode()).hexdigest()
+            key["sampleContentType"] = self.source.sample_content_type
         return digest(key)
 
     def serving_hash(self, plan: Plan | Mapping[str, Any]) -> str:
@@ -220,7 +221,7 @@ class ModelSpec:
         return digest(
             {
                 "plan": {k: plan.get(k) for k in ("cpus", "batch", "instances")},
-                "model": thaw(self.source),
+                "model": thaw(self.source.doc),
                 "image": self.image,
                 "memory": self.memory,
                 "maxBatchDelayMs": self.max_batch_delay_ms,
@@ -314,7 +315,7 @@ def _options(spec: Mapping[str, Any]) -> dict[str, Any]:
             ready_timeout_seconds=float(switch["readyTimeoutSeconds"]),
             drain_seconds=float(switch["drainSeconds"]),
         ),
-        "source": spec["model"],
+        "source": ModelSource.of(spec["model"]),
         "slo": Slo.of(slo) if isinstance(slo, Mapping) else None,
         "autoscaling": Autoscaling.of(autoscaling) if isinstance(autoscaling, Mapping) else None,
         "reference": spec_reference(spec),

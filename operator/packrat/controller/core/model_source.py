@@ -1,33 +1,23 @@
-"""Validation of ``spec.model``: exactly one source (zoo, uri, volume, storageUri), its format,
-name and sample request (pure; the CRD enforces the same rules where an API server runs)."""
+"""The checks of ``spec.model`` only Python can make (pure): the schema and CEL rules of the CRD
+(exactly one source, its format, names, patterns) are checked by
+:mod:`packrat.controller.api.schema`; here the fetch's own URL parser reads a uri, the storage
+fields are checked by :mod:`packrat.controller.core.storage`, and a mar model needs a sample
+request (profiled through its own handler). :class:`ModelSource` is a valid ``spec.model``,
+typed once."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.core.storage import validate_storage
 from packrat.runtime.egress import EgressError, split_url
 from packrat.runtime.inputs import InputsError, parse_inputs
 
-ZOO_MODELS = ("resnet50", "inception_v3", "bert-base", "gpt2", "tiny")
-MODEL_FORMATS = ("mar", "torchscript", "pt2", "onnx")
-# the file name's suffix each format is fetched to (the runtime loads a file by its suffix)
+# the file name's suffix each format is fetched to (the runtime loads a file by its suffix;
+# the formats themselves: the CRD's spec.model.format enum)
 FORMAT_SUFFIX = {"mar": ".mar", "torchscript": ".pt", "pt2": ".pt2", "onnx": ".onnx"}
-_CONTENT_TYPE_RE = re.compile(r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+$")
-_MODEL_FIELDS = {
-    *("zoo", "uri", "volume", "storageUri", "credentialsSecret", "digest"),
-    *("format", "name", "sampleRequest", "sampleContentType", "inputs"),
-}
-_VOLUME_FIELDS = {"persistentVolumeClaim", "configMap", "path"}
-_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
-
-
-def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], *, where: str) -> None:
-    for key in sorted(set(obj) - known):
-        errors.append(f"{where}{key}: unknown field")
 
 
 def _fetchable(uri: str) -> bool:
@@ -39,95 +29,97 @@ def _fetchable(uri: str) -> bool:
     return True
 
 
-def validate_model(errors: list[str], model: Any) -> None:
+def validate_model(errors: list[str], model: Any, *, where: str = "spec.model") -> None:
+    """Append every problem with ``model`` (at ``where``) the CRD's schema cannot state."""
     if not isinstance(model, Mapping):
-        errors.append("spec.model must be an object")
-        return
-    _unknown(errors, model, _MODEL_FIELDS, where="spec.model.")
-    sources = [k for k in ("zoo", "uri", "volume", "storageUri") if k in model]
-    if len(sources) != 1:
+        return  # the schema check reports it
+    uri = model.get("uri")
+    if isinstance(uri, str) and not _fetchable(uri):
+        errors.append(f"{where}.uri must be an http(s) URL with a plain host[:port], got {uri!r}")
+    found: list[str] = []
+    validate_storage(found, model)
+    errors += [e.replace("spec.model", where) for e in found]
+    if model.get("format") == "mar" and "sampleRequest" not in model:
         errors.append(
-            "exactly one of model.zoo, model.uri, model.volume and model.storageUri must be set"
-            + (f" (got {', '.join(sources)})" if sources else "")
+            f"{where}: a mar model needs model.sampleRequest (it is profiled through its own "
+            "handler)"
         )
-    if "zoo" in model and model["zoo"] not in ZOO_MODELS:
-        errors.append(
-            f"spec.model.zoo must be one of {', '.join(ZOO_MODELS)}, got {model['zoo']!r}"
-        )
-    if "uri" in model:
-        uri = model["uri"]
-        if not (isinstance(uri, str) and len(uri) <= 2048 and _fetchable(uri)):
-            errors.append(
-                f"spec.model.uri must be an http(s) URL with a plain host[:port], got {uri!r}"
-            )
-    if "volume" in model:
-        _check_volume(errors, model["volume"])
-    validate_storage(errors, model)
-    fmt = model.get("format")
-    if "zoo" in model and fmt is not None:
-        errors.append("model.format applies only to model.uri, model.volume and model.storageUri")
-    if "zoo" not in model and sources and fmt is None:
-        errors.append("model.format is required with model.uri, model.volume or model.storageUri")
-    if fmt is not None and fmt not in MODEL_FORMATS:
-        errors.append(f"spec.model.format must be one of {', '.join(MODEL_FORMATS)}, got {fmt!r}")
-    _check_name_and_sample(errors, model, fmt=fmt)
-    _check_inputs(errors, model, fmt=fmt)
+    _check_inputs(errors, model, where=where)
 
 
-def _check_inputs(errors: list[str], model: Mapping[str, Any], *, fmt: Any) -> None:
+def _check_inputs(errors: list[str], model: Mapping[str, Any], *, where: str) -> None:
     """spec.model.inputs: a model file's inputs (KServe/Triton forms, or a sample v2
     request's inputs), for a file whose own description is missing or partial."""
+    fmt = model.get("format")
     volume = model.get("volume")
     path = volume.get("path") if isinstance(volume, Mapping) else None
     suffix = FORMAT_SUFFIX.get(fmt) if isinstance(fmt, str) else None
     if fmt in ("pt2", "onnx") and isinstance(path, str) and not path.endswith(str(suffix)):
-        errors.append(f"spec.model.volume.path of a {fmt} model must end in {suffix}, got {path!r}")
+        errors.append(f"{where}.volume.path of a {fmt} model must end in {suffix}, got {path!r}")
     if "inputs" not in model:
         return
     if fmt not in ("torchscript", "pt2", "onnx"):
-        errors.append("spec.model.inputs applies to a torchscript, pt2 or onnx model file")
+        errors.append(f"{where}.inputs applies to a torchscript, pt2 or onnx model file")
         return
     try:
         parse_inputs(model["inputs"])
     except InputsError as exc:
-        errors.append(f"spec.model.inputs: {exc}")
+        errors.append(f"{where}.inputs: {exc}")
 
 
-def _check_volume(errors: list[str], volume: Any) -> None:
-    """spec.model.volume: one PVC or ConfigMap, and a relative path inside it."""
-    if not isinstance(volume, Mapping):
-        errors.append("spec.model.volume must be an object")
-        return
-    _unknown(errors, volume, _VOLUME_FIELDS, where="spec.model.volume.")
-    if ("persistentVolumeClaim" in volume) == ("configMap" in volume):
-        errors.append("set exactly one of model.volume.persistentVolumeClaim and configMap")
-    pvc = volume.get("persistentVolumeClaim")
-    if pvc is not None and not (isinstance(pvc, Mapping) and pvc.get("claimName")):
-        errors.append("spec.model.volume.persistentVolumeClaim.claimName is required")
-    cm = volume.get("configMap")
-    if cm is not None and not (isinstance(cm, Mapping) and cm.get("name")):
-        errors.append("spec.model.volume.configMap.name is required")
-    path = volume.get("path")
-    if not isinstance(path, str) or not _PATH_RE.fullmatch(path) or ".." in path:
-        errors.append(f"spec.model.volume.path must be a relative path without '..', got {path!r}")
+@dataclass(frozen=True, slots=True)
+class ModelVolume:
+    """``spec.model.volume``: a PersistentVolumeClaim or a ConfigMap, and the file's path."""
+
+    claim: str | None
+    config_map: str | None
+    path: str
 
 
-def _check_name_and_sample(errors: list[str], model: Mapping[str, Any], *, fmt: Any) -> None:
-    """spec.model.name, and the sample request a mar model is profiled with."""
-    name = model.get("name")
-    if name is not None and (
-        not isinstance(name, str) or not _MODEL_NAME_RE.fullmatch(name) or len(name) > 63
-    ):
-        errors.append(f"spec.model.name must match {_MODEL_NAME_RE.pattern}, got {name!r}")
-    sample = model.get("sampleRequest")
-    if sample is not None and not isinstance(sample, str):
-        errors.append("spec.model.sampleRequest must be a base64 string")
-    if fmt == "mar" and sample is None:
-        errors.append(
-            "a mar model needs model.sampleRequest (it is profiled through its own handler)"
+@dataclass(frozen=True)
+class ModelSource:
+    """``spec.model`` of a valid spec, typed once: exactly one of ``zoo``, ``uri``,
+    ``storage_uri`` and ``volume`` is set. ``doc`` is the field as given (read-only): what
+    hashes and profile keys are made of, and what a canary or a stage copies."""
+
+    doc: Mapping[str, Any]
+    zoo: str | None = None
+    uri: str | None = None
+    storage_uri: str | None = None
+    volume: ModelVolume | None = None
+    format: str | None = None
+    name: str | None = None
+    sample_request: str | None = None
+    sample_content_type: str | None = None  # as given (None: application/octet-stream)
+    credentials_secret: str | None = None
+    inputs: Any = None  # spec.model.inputs as given (checked; packrat.runtime.inputs reads it)
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> ModelSource:
+        volume = doc.get("volume")
+        secret = doc.get("credentialsSecret")
+        return cls(
+            doc=doc,
+            zoo=_opt(doc.get("zoo")),
+            uri=_opt(doc.get("uri")),
+            storage_uri=_opt(doc.get("storageUri")),
+            volume=(
+                ModelVolume(
+                    claim=_opt((volume.get("persistentVolumeClaim") or {}).get("claimName")),
+                    config_map=_opt((volume.get("configMap") or {}).get("name")),
+                    path=str(volume["path"]),
+                )
+                if isinstance(volume, Mapping)
+                else None
+            ),
+            format=_opt(doc.get("format")),
+            name=_opt(doc.get("name")),
+            sample_request=_opt(doc.get("sampleRequest")),
+            sample_content_type=_opt(doc.get("sampleContentType")),
+            credentials_secret=_opt(secret.get("name")) if isinstance(secret, Mapping) else None,
+            inputs=doc.get("inputs"),
         )
-    content_type = model.get("sampleContentType")
-    if content_type is not None and (
-        not isinstance(content_type, str) or not _CONTENT_TYPE_RE.fullmatch(content_type)
-    ):
-        errors.append(f"spec.model.sampleContentType must be a type/subtype, got {content_type!r}")
+
+
+def _opt(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -19,130 +19,77 @@ from typing import Any
 
 from packrat.runtime.egress import EgressError, host_matches, split_url
 
-POD_FIELDS = {
-    "annotations",
-    "labels",
-    "imagePullSecrets",
-    "serviceAccountName",
-    "priorityClassName",
-    "env",
-}
-RESERVED_PREFIXES = ("packrat.dev/", "app.kubernetes.io/")
+# What the CRD's schema and CEL rules check (fields, types, lengths, the reserved prefixes
+# packrat.dev/ and app.kubernetes.io/ and the operator's environment variables) is checked
+# from the CRD (packrat.controller.api.schema); validate_pod checks what they cannot state.
 RESERVED_LABELS = {"job-name", "controller-uid", "batch.kubernetes.io/job-name"}
-RESERVED_ENV = {
-    "HOME",
-    "TMPDIR",
-    "PYTHONUNBUFFERED",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "KMP_AFFINITY",
-    "GOMP_CPU_AFFINITY",
-}
-RESERVED_ENV_PREFIX = "PACKRAT_"
-ENV_FIELDS = {"name", "value", "valueFrom"}
 VALUE_FROM = {"secretKeyRef", "configMapKeyRef", "fieldRef"}
+_NOT_ALLOWED_HINT = " (resources stay requests == limits: set cpus and memory)"
 
 _QUALIFIED_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-
-
-def _key_ok(key: Any) -> bool:
-    return isinstance(key, str) and len(key) <= 316 and bool(_QUALIFIED_NAME.fullmatch(key))
-
-
-def _reserved(key: str) -> bool:
-    return key.startswith(RESERVED_PREFIXES) or key in RESERVED_LABELS
 
 
 def _validate_map(errors: list[str], value: Any, *, what: str, labels: bool) -> None:
     if not isinstance(value, Mapping):
-        errors.append(f"spec.pod.{what} must map strings to strings")
         return
     for key, item in value.items():
-        if not _key_ok(key):
+        if not (isinstance(key, str) and len(key) <= 316 and _QUALIFIED_NAME.fullmatch(key)):
             errors.append(f"spec.pod.{what}: {key!r} is not a valid key")
-        elif _reserved(key):
+        elif key in RESERVED_LABELS:
             errors.append(f"spec.pod.{what}: {key!r} is reserved for the operator")
-        if not isinstance(item, str):
-            errors.append(f"spec.pod.{what}.{key} must be a string")
-        elif labels and (len(item) > 63 or not _LABEL_VALUE.fullmatch(item)):
+        if labels and isinstance(item, str) and not _LABEL_VALUE.fullmatch(item):
             errors.append(f"spec.pod.labels.{key}: {item!r} is not a valid label value")
 
 
 def _validate_env(errors: list[str], env: Any) -> None:
-    if not isinstance(env, list) or not all(isinstance(e, Mapping) for e in env):
-        errors.append("spec.pod.env must be a list of {name, value} objects")
+    if not isinstance(env, list):
         return
     seen: set[str] = set()
     for i, item in enumerate(env):
-        where = f"spec.pod.env[{i}]"
-        for key in sorted(set(item) - ENV_FIELDS):
-            errors.append(f"{where}.{key}: unknown field")
-        name = item.get("name")
-        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
-            errors.append(f"{where}.name must be an environment variable name, got {name!r}")
+        if not isinstance(item, Mapping):
             continue
-        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIX):
-            errors.append(f"{where}: {name} is set by the operator and may not be overridden")
-        if name in seen:
-            errors.append(f"{where}: {name} repeats")
-        seen.add(name)
-        has_value, has_from = "value" in item, "valueFrom" in item
-        if has_value == has_from:
-            errors.append(f"{where} needs exactly one of value and valueFrom")
-        if has_value and not isinstance(item["value"], str):
-            errors.append(f"{where}.value must be a string")
+        name = item.get("name")
+        if isinstance(name, str) and name in seen:
+            errors.append(f"spec.pod.env[{i}]: {name} repeats")
+        seen.add(str(name))
         source = item.get("valueFrom")
-        if has_from and not (
-            isinstance(source, Mapping) and len(source) == 1 and set(source) <= VALUE_FROM
-        ):
-            errors.append(f"{where}.valueFrom must be one of {', '.join(sorted(VALUE_FROM))}")
+        if isinstance(source, Mapping) and not set(source) <= VALUE_FROM:
+            errors.append(
+                f"spec.pod.env[{i}].valueFrom must be one of {', '.join(sorted(VALUE_FROM))}"
+            )
+
+
+def explain_not_allowed(message: str) -> str:
+    """The schema's message for an unknown ``spec.pod`` field, with the reason where a user
+    may well have tried it (resources)."""
+    for key in ("resources", "containers"):
+        if message == f"spec.pod.{key}: unknown field":
+            return f"spec.pod.{key}: unknown or not allowed field{_NOT_ALLOWED_HINT}"
+    return message
 
 
 def validate_pod(errors: list[str], pod: Any) -> None:
-    """Append every problem with ``spec.pod`` (None: nothing to check)."""
-    if pod is None:
-        return
+    """Append every problem with ``spec.pod`` (None: nothing to check) the CRD cannot state:
+    label and annotation keys, a label value's characters, object names, repeated variables."""
     if not isinstance(pod, Mapping):
-        errors.append("spec.pod must be an object")
         return
-    for key in sorted(set(pod) - POD_FIELDS):
-        hint = (
-            " (resources stay requests == limits: set cpus and memory)"
-            if key
-            in (
-                "resources",
-                "containers",
-            )
-            else ""
-        )
-        errors.append(f"spec.pod.{key}: unknown or not allowed field{hint}")
     if "annotations" in pod:
         _validate_map(errors, pod["annotations"], what="annotations", labels=False)
     if "labels" in pod:
         _validate_map(errors, pod["labels"], what="labels", labels=True)
     for key in ("serviceAccountName", "priorityClassName"):
         value = pod.get(key)
-        if value is not None and not (
-            isinstance(value, str) and len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value)
-        ):
+        if isinstance(value, str) and not _DNS_SUBDOMAIN.fullmatch(value):
             errors.append(f"spec.pod.{key} must be a DNS subdomain name, got {value!r}")
     secrets = pod.get("imagePullSecrets")
-    if secrets is not None and not (
-        isinstance(secrets, list)
-        and all(
-            isinstance(s, Mapping)
-            and set(s) == {"name"}
-            and isinstance(s["name"], str)
-            and _DNS_SUBDOMAIN.fullmatch(s["name"])
-            for s in secrets
-        )
-    ):
-        errors.append("spec.pod.imagePullSecrets must be a list of {name: SECRET}")
+    for i, secret in enumerate(secrets if isinstance(secrets, list) else []):
+        name = secret.get("name") if isinstance(secret, Mapping) else None
+        if isinstance(name, str) and not _DNS_SUBDOMAIN.fullmatch(name):
+            errors.append(f"spec.pod.imagePullSecrets[{i}].name must be a DNS subdomain name")
     if "env" in pod:
         _validate_env(errors, pod["env"])
 

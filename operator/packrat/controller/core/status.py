@@ -1,5 +1,5 @@
 """Pure status logic: the phase machine, standard Kubernetes conditions and the typed records
-of the status's parts (a switch, a profile), converted once, here.
+of the status's parts (a switch, a profile, the batch record), converted once, here.
 
 Phases and conditions are what users and tools read (``kubectl get prm``, ``kubectl wait
 --for=condition=Ready``), so their rules live here, free of I/O and unit-tested:
@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import datetime
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -294,6 +294,127 @@ def _opt_str(value: Any) -> str | None:
 
 def _opt_float(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, slots=True)
+class FastRecord:
+    """``status.batchSize.fast``: the fast trigger's state between passes (armed, the pods'
+    batch counts it measures timeouts from, the last timeout fraction, the batch the last
+    decided switch left and when it was decided, in epoch seconds)."""
+
+    armed: bool = True
+    baseline: tuple[int, int] | None = None
+    timeout_fraction: float | None = None
+    last_from: int | None = None
+    decided_at: float | None = None
+
+    @classmethod
+    def from_status(cls, doc: Any) -> FastRecord | None:
+        if not isinstance(doc, Mapping):
+            return None
+        base = doc.get("baseline")
+        counts = [_opt_int(v) for v in base] if isinstance(base, list) and len(base) == 2 else []
+        return cls(
+            armed=doc.get("armed") is not False,
+            baseline=(counts[0], counts[1])
+            if len(counts) == 2
+            and counts[0] is not None
+            and counts[1] is not None
+            and min(counts[0], counts[1]) >= 0
+            else None,
+            timeout_fraction=_opt_float(doc.get("timeoutFraction")),
+            last_from=_opt_int(doc.get("lastFrom")),
+            decided_at=_opt_float(doc.get("decidedAt")),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"armed": self.armed}
+        if self.baseline is not None:
+            out["baseline"] = list(self.baseline)
+        if self.timeout_fraction is not None:
+            out["timeoutFraction"] = self.timeout_fraction
+        if self.last_from is not None:
+            out["lastFrom"] = self.last_from
+        if self.decided_at is not None:
+            out["decidedAt"] = self.decided_at
+        return out
+
+
+# BatchRecord's plain fields: (attribute, status key, how it is read back)
+_BATCH_SCALARS: tuple[tuple[str, str, Callable[[Any], Any]], ...] = (
+    ("current", "current", _opt_int),
+    ("target", "target", _opt_int),
+    ("observed", "observed", _opt_int),
+    ("observed_at", "observedAt", _opt_str),
+    ("source", "source", _opt_str),
+    ("reconfigure_handled", "reconfigureHandled", _opt_str),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """``status.batchSize``, typed: the batch served (``current``) and the one a decided
+    switch moves to (``target``), and autoBatch's observations and decisions: the last
+    combined estimate (``observed``, when, the per-pod values and where they came from), the
+    last ``sustain`` observations as (batch, time), the last decision as written (its
+    ``outcome`` read back), the reconfigure annotation value handled, the fast trigger's
+    state. :mod:`packrat.controller.planning.autobatch` makes new records from old."""
+
+    current: int | None = None
+    target: int | None = None
+    observed: int | None = None
+    observed_at: str | None = None
+    estimates: tuple[int, ...] | None = None
+    source: str | None = None
+    recent: tuple[tuple[int, str], ...] = ()
+    last_decision: Mapping[str, Any] | None = None
+    reconfigure_handled: str | None = None
+    fast: FastRecord | None = None
+
+    @property
+    def last_outcome(self) -> str | None:
+        """The outcome of the last decision (None before the first)."""
+        return _opt_str((self.last_decision or {}).get("outcome"))
+
+    @classmethod
+    def from_status(cls, doc: Any) -> BatchRecord:
+        if not isinstance(doc, Mapping):
+            return cls()
+        recent = tuple(
+            (int(o["batch"]), str(o["time"]))
+            for o in doc.get("recent") or []
+            if isinstance(o, Mapping) and _opt_int(o.get("batch")) is not None and "time" in o
+        )
+        estimates = doc.get("estimates")
+        decision = doc.get("lastDecision")
+        return cls(
+            **{attr: read(doc.get(camel)) for attr, camel, read in _BATCH_SCALARS},
+            estimates=tuple(int(e) for e in estimates if _opt_int(e) is not None)
+            if isinstance(estimates, list)
+            else None,
+            recent=recent,
+            last_decision=copy.deepcopy(dict(decision)) if isinstance(decision, Mapping) else None,
+            fast=FastRecord.from_status(doc.get("fast")),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for attr, camel, _ in _BATCH_SCALARS:
+            if (value := getattr(self, attr)) is not None:
+                out[camel] = value
+        if self.estimates is not None:
+            out["estimates"] = list(self.estimates)
+        if self.recent:
+            out["recent"] = [{"batch": b, "time": t} for b, t in self.recent]
+        if self.last_decision is not None:
+            out["lastDecision"] = copy.deepcopy(dict(self.last_decision))
+        if self.fast is not None:
+            out["fast"] = self.fast.to_status()
+        return out
 
 
 _PROFILE_KEYS = (
@@ -605,43 +726,38 @@ class ModelStatus(Status):
 
     # -- batch size, switches ---------------------------------------------------------------
     @property
-    def batch_current(self) -> Any:
-        """The batch the active slot serves (``status.batchSize.current``, as stored: an int
-        when this operator wrote it; None when absent)."""
-        return _batch(self._data.get("batchSize"), "current")
+    def batch(self) -> BatchRecord:
+        """``status.batchSize``, typed (an empty record before the first)."""
+        return BatchRecord.from_status(self._data.get("batchSize"))
+
+    def set_batch(self, batch: BatchRecord) -> None:
+        """``status.batchSize`` (autoBatch's observations and decision, current and target)."""
+        self._set("batchSize", batch.to_status())
 
     @property
-    def batch_record(self) -> dict[str, Any]:
-        """``status.batchSize`` as autoBatch keeps it (its observations and decisions: the
-        record :mod:`packrat.controller.planning.autobatch` reads and writes; a copy)."""
-        return copy.deepcopy(dict(self._data.get("batchSize") or {}))
+    def batch_current(self) -> int | None:
+        """The batch the active slot serves (``status.batchSize.current``)."""
+        return self.batch.current
+
+    @property
+    def batch_target(self) -> int | None:
+        """The batch autoBatch decided to switch to (``status.batchSize.target``)."""
+        return self.batch.target
 
     def set_batch_current(self, current: int) -> None:
         """Serving batch ``current`` (the first deploy; a target, if any, kept)."""
-        self._set("batchSize", {**self.batch_record, "current": current})
+        self.set_batch(replace(self.batch, current=current))
 
-    @property
-    def batch_target(self) -> Any:
-        """The batch autoBatch decided to switch to (``status.batchSize.target``)."""
-        return _batch(self._data.get("batchSize"), "target")
-
-    def set_batch_size(self, batch: Mapping[str, Any]) -> None:
-        """``status.batchSize`` (autoBatch's observations and decision, current and target)."""
-        self._set("batchSize", dict(batch))
-
-    def batch_switching(self, *, current: Any, target: Any) -> None:
+    def batch_switching(self, *, current: int | None, target: int | None) -> None:
         """A switch from batch ``current`` to ``target`` under way."""
-        self._set("batchSize", {**self.get("batchSize", {}), "current": current, "target": target})
+        self.set_batch(replace(self.batch, current=current, target=target))
 
-    def batch_settled(self, current: Any) -> None:
+    def batch_settled(self, current: int | None) -> None:
         """Serving batch ``current``, no switch under way."""
-        batch = {**self.get("batchSize", {}), "current": current}
-        batch.pop("target", None)
-        self._set("batchSize", batch)
+        self.set_batch(replace(self.batch, current=current, target=None))
 
     def batch_target_dropped(self) -> None:
-        batch = {k: v for k, v in self.get("batchSize", {}).items() if k != "target"}
-        self._set("batchSize", batch)
+        self.set_batch(replace(self.batch, target=None))
 
     def set_switch(self, switch: Switch | None) -> None:
         """``status.switch`` (a switch under way or given up; None: none)."""
@@ -651,6 +767,14 @@ class ModelStatus(Status):
     def switch(self) -> Switch | None:
         """The switch under way or given up (None: none)."""
         return Switch.from_status(self._data.get("switch"))
+
+    @property
+    def last_switch(self) -> tuple[str | None, datetime.datetime | None]:
+        """(result, time) of the last switch (``status.lastSwitch``; None, None before it)."""
+        last = self._data.get("lastSwitch")
+        if not isinstance(last, Mapping):
+            return None, None
+        return _opt_str(last.get("result")), parse_time(last.get("time"))
 
     def record_switch(
         self, last: Mapping[str, Any], entry: Mapping[str, Any], *, limit: int = 10
@@ -689,11 +813,6 @@ class ModelStatus(Status):
     def set_canary(self, canary: Mapping[str, Any] | None) -> None:
         """``status.canary`` (spec.canary's rollout; None removes it)."""
         self._set("canary", None if canary is None else dict(canary))
-
-
-def _batch(doc: Any, key: str) -> Any:
-    """A batch size of ``status.batchSize`` as stored (None when absent)."""
-    return doc.get(key) if isinstance(doc, Mapping) else None
 
 
 class PipelineStatus(Status):

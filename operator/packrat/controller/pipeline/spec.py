@@ -10,12 +10,12 @@ later step reads the typed ``PipelineObject``, never the raw object.
 from __future__ import annotations
 
 import copy
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.schema import PIPELINE_CRD, schema_check
 from packrat.controller.core.model import InvalidSpec, ModelSpec, read
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE
@@ -35,11 +35,7 @@ MAX_STAGES = 16
 MAX_EDGES = 64
 # a stage's model spec must leave these to the pipeline planner (and its tuner)
 PLANNED_FIELDS = ("batchSize", "autoBatch", "slo", "replicas", "autoscaling")
-SPEC_FIELDS = {"stages", "edges", "slo", "deadlineMs", "autoscaling"}
 HOP_FIELD = "hopOverheadMs"
-MAX_HOP_OVERHEAD_MS = 60_000.0
-STAGE_FIELDS = {"name", "model"}
-EDGE_FIELDS = {"from", "to", "fraction", "when"}
 _STAGE_NAME_RE = re.compile(r"^[a-z0-9]$|^[a-z0-9][-a-z0-9]*[a-z0-9]$")
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -102,44 +98,23 @@ class PipelineObject:
         }
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _unknown(errors: list[str], obj: Mapping[str, Any], known: set[str], where: str) -> None:
-    errors.extend(f"{where}{key}: unknown field" for key in sorted(set(obj) - known))
-
-
 def _stage(
     errors: list[str], i: int, doc: Any, pipeline: str, *, namespace: str, default_image: str
 ) -> StageSpec | None:
+    """spec.stages[i] typed, its model read as its stage model will carry it; None when the
+    CRD's checks (reported by :func:`_parse`) or the model's own refuse it."""
     where = f"spec.stages[{i}]"
-    if not isinstance(doc, Mapping):
-        errors.append(f"{where} must be an object with name and model")
-        return None
-    _unknown(errors, doc, STAGE_FIELDS, f"{where}.")
-    name = doc.get("name")
+    name = doc.get("name") if isinstance(doc, Mapping) else None
+    model = doc.get("model") if isinstance(doc, Mapping) else None
     if (
         not isinstance(name, str)
         or len(name) > MAX_STAGE_NAME
         or not _STAGE_NAME_RE.fullmatch(name)
+        or name == "router"
+        or not isinstance(model, Mapping)
+        or any(k in model for k in PLANNED_FIELDS)
     ):
-        errors.append(f"{where}.name must be a DNS label of at most {MAX_STAGE_NAME} characters")
-        return None
-    if name == "router":
-        errors.append(f"{where}.name cannot be router (the pipeline's router is <pipeline>-router)")
-        return None
-    model = doc.get("model")
-    if not isinstance(model, Mapping):
-        errors.append(f"{where}.model must be a PackratModel spec")
-        return None
-    planned = [k for k in PLANNED_FIELDS if k in model]
-    if planned:
-        errors.append(
-            f"{where}.model: the pipeline planner chooses a stage's batch and replicas; "
-            f"remove {', '.join(planned)}"
-        )
-        return None
+        return None  # the schema's and CEL rules' messages say why
     child = stage_model_name(pipeline, name)
     probe = {**copy.deepcopy(dict(model)), "batchSize": 1}  # what the stage model will carry
     meta = {"name": child, "namespace": namespace}
@@ -151,22 +126,23 @@ def _stage(
 
 
 def _edge(errors: list[str], i: int, doc: Any, names: set[str]) -> Edge | None:
+    """spec.edges[i] typed; None when the CRD's checks (reported by :func:`_parse`) or the
+    stage names refuse it."""
     where = f"spec.edges[{i}]"
-    if not isinstance(doc, Mapping):
-        errors.append(f"{where} must be an object with from, to and fraction")
-        return None
-    _unknown(errors, doc, EDGE_FIELDS, f"{where}.")
-    src, dst = doc.get("from"), doc.get("to")
+    src = doc.get("from") if isinstance(doc, Mapping) else None
+    dst = doc.get("to") if isinstance(doc, Mapping) else None
     if not isinstance(src, str) or not isinstance(dst, str):
-        errors.append(f"{where}: from and to must be stage names")
         return None
     bad = [end for end in (src, dst) if end not in names]
     if bad:
         errors.append(f"{where}: unknown stage {bad[0]!r}")
         return None
     fraction = doc.get("fraction", 1.0)
-    if not _number(fraction) or not 0.0 <= float(fraction) <= 1.0:
-        errors.append(f"{where}.fraction must be a number in [0, 1], got {fraction!r}")
+    if (
+        isinstance(fraction, bool)
+        or not isinstance(fraction, int | float)
+        or not 0.0 <= fraction <= 1.0
+    ):
         return None
     when = None
     if "when" in doc:
@@ -202,17 +178,12 @@ def _parse(obj: Mapping[str, Any], *, default_image: str) -> PipelineObject:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise InvalidSpec([*errors, "spec must be an object"])
-    _unknown(errors, spec, SPEC_FIELDS, "spec.")
-    stages, all_stages = _stages(
-        errors, spec, name, namespace=namespace, default_image=default_image
-    )
-    edges, all_edges = _edges(errors, spec, {s.name for s in stages})
-    slo, hop, auto = _slo(errors, spec)
+    more: list[str] = []  # what only Python checks
+    stages, all_stages = _stages(more, spec, name, namespace=namespace, default_image=default_image)
+    edges, all_edges = _edges(more, spec, {s.name for s in stages})
+    slo, hop, auto, checked = _slo(more, spec)
+    errors += schema_check(PIPELINE_CRD, "spec").errors(checked, "spec", extra=more)
     deadline = spec.get("deadlineMs")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int) or deadline < 1
-    ):
-        errors.append(f"spec.deadlineMs must be a positive integer, got {deadline!r}")
     if not errors and all_stages and all_edges:
         try:  # the DAG's own rules (no cycle, no edge declared twice), on placeholder tables
             Pipeline([Stage(s.name, {(1, 1): 1.0}) for s in stages], edges)
@@ -247,8 +218,7 @@ def _stages(
     stages_doc = spec.get("stages")
     stages: list[StageSpec] = []
     if not isinstance(stages_doc, list) or not 1 <= len(stages_doc) <= MAX_STAGES:
-        errors.append(f"spec.stages must be a list of 1..{MAX_STAGES} stages")
-        stages_doc = []
+        stages_doc = []  # the schema check reports it
     for i, doc in enumerate(stages_doc):
         stage = _stage(errors, i, doc, name, namespace=namespace, default_image=default_image)
         if stage is not None:
@@ -264,8 +234,7 @@ def _edges(errors: list[str], spec: Mapping[str, Any], names: set[str]) -> tuple
     edges_doc = spec.get("edges", [])
     edges: list[Edge] = []
     if not isinstance(edges_doc, list) or len(edges_doc) > MAX_EDGES:
-        errors.append(f"spec.edges must be a list of at most {MAX_EDGES} edges")
-        edges_doc = []
+        edges_doc = []  # the schema check reports it
     for i, doc in enumerate(edges_doc):
         edge = _edge(errors, i, doc, names)
         if edge is not None:
@@ -273,29 +242,29 @@ def _edges(errors: list[str], spec: Mapping[str, Any], names: set[str]) -> tuple
     return edges, len(edges) == len(edges_doc)
 
 
-def _slo(errors: list[str], spec: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
-    """spec.slo with its defaults (less the hop overhead), the hop overhead (ms) and
-    spec.autoscaling with its defaults (None when absent)."""
+def _slo(
+    errors: list[str], spec: Mapping[str, Any]
+) -> tuple[dict[str, Any], Any, Any, dict[str, Any]]:
+    """spec.slo with its defaults (less the hop overhead), the hop overhead (ms),
+    spec.autoscaling with its defaults (None when absent), and the spec as the CRD's schema
+    checks it (slo and autoscaling with the CRD's defaults)."""
+    checked = dict(spec)
     slo = spec.get("slo")
-    hop: Any = DEFAULT_HOP_OVERHEAD_MS
-    auto: Any = None
     if not isinstance(slo, Mapping):
-        errors.append("spec.slo must be an object with latencyP99Ms and one of trace, rate")
-        slo = {}
-    else:
-        slo = {**SLO_DEFAULTS, **slo}
-        hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
-        if not _number(hop) or not 0 <= hop <= MAX_HOP_OVERHEAD_MS:
-            errors.append(
-                f"spec.slo.{HOP_FIELD} must be a number of ms in [0, {MAX_HOP_OVERHEAD_MS:g}], "
-                f"got {hop!r}"
-            )
-            hop = DEFAULT_HOP_OVERHEAD_MS
-        auto = spec.get("autoscaling")
-        if isinstance(auto, Mapping):
-            auto = {**AUTOSCALING_DEFAULTS, **auto}
-            if "reference" in auto:
-                errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
-                auto.pop("reference")
-        validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if auto is not None else {})})
-    return slo, hop, auto
+        return {}, DEFAULT_HOP_OVERHEAD_MS, None, checked
+    slo = {**SLO_DEFAULTS, **slo}
+    checked["slo"] = dict(slo)
+    hop = slo.pop(HOP_FIELD, DEFAULT_HOP_OVERHEAD_MS)
+    auto = spec.get("autoscaling")
+    if isinstance(auto, Mapping):
+        given = {k: v for k, v in auto.items() if k != "reference"}
+        if "reference" in auto:  # the schema has no reference: say why
+            errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
+        known = schema_check(PIPELINE_CRD, "spec", "autoscaling").schema.get("properties") or {}
+        defaults = {k: v for k, v in AUTOSCALING_DEFAULTS.items() if k in known}
+        checked["autoscaling"] = {**defaults, **given}
+        auto = {**AUTOSCALING_DEFAULTS, **given}
+    validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if isinstance(auto, dict) else {})})
+    if not isinstance(hop, int | float) or isinstance(hop, bool):
+        hop = DEFAULT_HOP_OVERHEAD_MS  # the schema check reports it
+    return slo, hop, auto, checked

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from packrat.controller.core.cache import Lru
 from packrat.controller.core.model import AutoBatch
-from packrat.controller.core.status import parse_time
+from packrat.controller.core.status import BatchRecord, FastRecord, parse_time
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import Profile
 from packrat.plan.reconfig import (
@@ -91,7 +91,7 @@ def fast_policy_from_spec(auto: AutoBatch) -> FastPolicy:
 
 
 def fast_look(
-    batch_status: Mapping[str, Any],
+    batch_status: BatchRecord,
     *,
     reading: Reading,
     fast: FastPolicy,
@@ -99,33 +99,22 @@ def fast_look(
     current: int,
     last_switch_at: float | None,
     now: float,
-) -> tuple[FastVerdict, dict[str, Any]]:
+) -> tuple[FastVerdict, BatchRecord]:
     """The fast trigger on this round's reading, and ``status.batchSize`` with its state
     (``fast``: armed, the batch counts' baseline, the last timeout fraction, the batch the
     last switch left and when it was decided)."""
-    out = dict(batch_status)
-    kept = out.get("fast") if isinstance(out.get("fast"), Mapping) else {}
-    assert isinstance(kept, Mapping)
-    base = kept.get("baseline")
-    baseline = (
-        (int(base[0]), int(base[1]))
-        if isinstance(base, list) and len(base) == 2 and all(_count(v) is not None for v in base)
-        else None
-    )
+    kept = batch_status.fast or FastRecord()
+    baseline = kept.baseline
     fraction, baseline = (
         timeout_fraction(baseline, reading.batches, min_batches=fast.min_batches)
         if reading.batches is not None
         else (None, baseline)
     )
-    decided_at = kept.get("decidedAt")
-    last_at = max(
-        [t for t in (last_switch_at, decided_at) if isinstance(t, int | float)], default=None
-    )
-    left = kept.get("lastFrom")
+    last_at = max([t for t in (last_switch_at, kept.decided_at) if t is not None], default=None)
     state = FastState(
-        armed=kept.get("armed") is not False,
+        armed=kept.armed,
         last_at=float(last_at) if last_at is not None else None,
-        last_from=left if isinstance(left, int) and not isinstance(left, bool) else None,
+        last_from=kept.last_from,
     )
     combined = reading.combined
     assert combined is not None
@@ -133,13 +122,13 @@ def fast_look(
     verdict = fast_trigger(
         fast=fast, policy=policy, current=current, look=look, state=state, now=now
     )
-    saved: dict[str, Any] = {**kept, "armed": verdict.state.armed}
-    if baseline is not None:
-        saved["baseline"] = list(baseline)
-    if fraction is not None:
-        saved["timeoutFraction"] = round(fraction, 4)
-    out["fast"] = saved
-    return verdict, out
+    saved = replace(
+        kept,
+        armed=verdict.state.armed,
+        baseline=baseline if baseline is not None else kept.baseline,
+        timeout_fraction=round(fraction, 4) if fraction is not None else kept.timeout_fraction,
+    )
+    return verdict, replace(batch_status, fast=saved)
 
 
 def peek_wake(basis: Reading, now: Reading | None, fast: FastPolicy) -> tuple[str, str] | None:
@@ -169,14 +158,10 @@ def peek_wake(basis: Reading, now: Reading | None, fast: FastPolicy) -> tuple[st
     return None
 
 
-def fast_switched(batch_status: dict[str, Any], *, left: int, now: float) -> None:
-    """Remember a decided switch for the fast trigger's hysteresis."""
-    kept = batch_status.get("fast")
-    batch_status["fast"] = {
-        **(kept if isinstance(kept, Mapping) else {}),
-        "lastFrom": left,
-        "decidedAt": now,
-    }
+def fast_switched(batch_status: BatchRecord, *, left: int, now: float) -> BatchRecord:
+    """``status.batchSize`` remembering a decided switch for the fast trigger's hysteresis."""
+    kept = batch_status.fast or FastRecord()
+    return replace(batch_status, fast=replace(kept, last_from=left, decided_at=now))
 
 
 def parse_pin(annotations: Mapping[str, str] | None) -> tuple[int | None, str | None]:
@@ -193,45 +178,40 @@ def parse_pin(annotations: Mapping[str, str] | None) -> tuple[int | None, str | 
     return value, None
 
 
-def pending_trigger(
-    annotations: Mapping[str, str] | None, batch_status: Mapping[str, Any]
-) -> str | None:
+def pending_trigger(annotations: Mapping[str, str] | None, batch_status: BatchRecord) -> str | None:
     """The reconfigure annotation's value when it has not been acted on yet."""
     value = (annotations or {}).get(RECONFIGURE_ANNOTATION)
-    if value is None or value == batch_status.get("reconfigureHandled"):
+    if value is None or value == batch_status.reconfigure_handled:
         return None
     return str(value)
 
 
 def record_observation(
-    batch_status: Mapping[str, Any], *, reading: Reading, policy: Policy, now: str
-) -> dict[str, Any]:
+    batch_status: BatchRecord, *, reading: Reading, policy: Policy, now: str
+) -> BatchRecord:
     """``status.batchSize`` with one more observation: the pods' combined estimate clamped to
     the policy's range (``observed``; the raw per-pod values in ``estimates``), and the last
     ``sustain`` observations (``recent``)."""
-    out = dict(batch_status)
     if reading.combined is None:
-        return out
+        return batch_status
     combined = policy.clamp(reading.combined)
-    out.pop("streak", None)  # superseded by ``recent``
-    recent = [dict(o) for o in out.get("recent") or [] if isinstance(o, Mapping)]
-    recent.append({"batch": combined, "time": now})
-    out["recent"] = recent[-policy.sustain :]
-    out["observed"] = combined
-    out["observedAt"] = now
-    out["estimates"] = list(reading.estimates)
-    out["source"] = reading.source
-    return out
+    return replace(
+        batch_status,
+        recent=(*batch_status.recent, (combined, now))[-policy.sustain :],
+        observed=combined,
+        observed_at=now,
+        estimates=tuple(reading.estimates),
+        source=reading.source,
+    )
 
 
-def observations(batch_status: Mapping[str, Any]) -> list[Observation]:
+def observations(batch_status: BatchRecord) -> list[Observation]:
     """The stored observation history, oldest first, as the decision rules take it."""
     out = []
-    for item in batch_status.get("recent") or []:
-        when = parse_time(item.get("time")) if isinstance(item, Mapping) else None
-        if when is None or not isinstance(item.get("batch"), int):
-            continue
-        out.append(Observation(time=when.timestamp(), batch=int(item["batch"])))
+    for batch, time in batch_status.recent:
+        when = parse_time(time)
+        if when is not None:
+            out.append(Observation(time=when.timestamp(), batch=batch))
     return out
 
 
@@ -252,35 +232,34 @@ def decision_status(decision: Decision, *, now: str, trigger: str | None) -> dic
 
 
 def record_decision(
-    batch_status: Mapping[str, Any],
+    batch_status: BatchRecord,
     decision: Decision,
     *,
     now: str,
     trigger: str | None,
     pin_error: str | None = None,
     fast_note: str | None = None,
-) -> tuple[dict[str, Any], str | None]:
+) -> tuple[BatchRecord, str | None]:
     """``status.batchSize`` with this pass's decision (``lastDecision``, the trigger handled,
     the new ``target`` when it switches), and the previous decision's outcome."""
-    out = dict(batch_status)
-    previous = (out.get("lastDecision") or {}).get("outcome")
     last = decision_status(decision, now=now, trigger=trigger)
     if pin_error:
         last["message"] += f" ({pin_error})"
-    if trigger is not None:
-        out["reconfigureHandled"] = trigger
     if fast_note is not None:
         last["fast"] = fast_note
-    out["lastDecision"] = last
-    if decision.switch and decision.target is not None:
-        out["target"] = decision.target
-    return out, previous
+    switching = decision.switch and decision.target is not None
+    out = replace(
+        batch_status,
+        last_decision=last,
+        reconfigure_handled=trigger if trigger is not None else batch_status.reconfigure_handled,
+        target=decision.target if switching else batch_status.target,
+    )
+    return out, batch_status.last_outcome
 
 
-def observed(batch_status: Mapping[str, Any]) -> int | None:
+def observed(batch_status: BatchRecord) -> int | None:
     """The last combined observation (``observed``), if any."""
-    value = batch_status.get("observed")
-    return value if isinstance(value, int) else None
+    return batch_status.observed
 
 
 def append_history(

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import replace
-from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
-from packrat.controller.core.status import ModelStatus, now_iso, parse_time
+from packrat.controller.core.status import BatchRecord, ModelStatus, now_iso
 from packrat.controller.planning import autobatch as ab
 from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.padding import PaddedPlans
@@ -106,7 +105,7 @@ def observe_batch(
     if ceiling is not None:
         policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
     annotations = model.annotations
-    seen = status.batch_record
+    seen = status.batch
     pinned, pin_error = ab.parse_pin(annotations)
     trigger = ab.pending_trigger(annotations, seen)
     stamp = now_iso(p.now)
@@ -115,11 +114,10 @@ def observe_batch(
         p.result.observed_batch = ab.observed(seen)
     elif pinned is None and trigger is None:
         return  # nothing new to decide on
-    last: dict[str, Any] = status.get("lastSwitch") or {}
-    last_at = parse_time(last.get("time"))
+    last_result, last_at = status.last_switch
     if (
         pinned is not None
-        and last.get("result") == "Aborted"
+        and last_result == "Aborted"
         and last_at is not None
         and (p.now - last_at).total_seconds() < policy.min_interval_s
     ):
@@ -156,7 +154,7 @@ def observe_batch(
     )
     p.result.decision = decision.outcome.value
     if decision.switch and decision.target is not None:
-        ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
+        seen = ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
         p.emit("Normal", "BatchSizeChanged", decision.message)
         # the next pass plans for the new batch and starts the switch: at once, not an
         # estimate interval later (measured: the in-pod switch completed 5 s after the
@@ -164,19 +162,19 @@ def observe_batch(
         p.result.again_within(0.0)
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)
-    status.set_batch_size(seen)
+    status.set_batch(seen)
 
 
 def _fast(
     p: Pass,
     model: ModelSpec,
-    seen: dict[str, Any],
+    seen: BatchRecord,
     *,
     reading: ab.Reading | None,
     policy: Policy,
     current: int,
     last_at: datetime.datetime | None,
-) -> tuple[FastVerdict | None, dict[str, Any]]:
+) -> tuple[FastVerdict | None, BatchRecord]:
     """autoBatch's fast trigger on this pass's reading (None when off or nothing was read),
     and ``status.batchSize`` with its state."""
     assert model.auto is not None

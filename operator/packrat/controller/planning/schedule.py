@@ -100,7 +100,7 @@ def before_pass(model: ModelSpec | None, stored: Mapping[str, Any]) -> Before:
         tuning=None if switching else tuner_interval(model),
         ingress=ingress_of(model),
         auto=auto is not None,
-        checks_store=needs_version_check(model.source),
+        checks_store=needs_version_check(model.source.doc),
         fast_every=fast_estimate_interval(model),
         fast=ab.fast_policy_from_spec(auto) if auto is not None else None,
     )

@@ -86,12 +86,12 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
             "--artefacts",
             ARTEFACTS_DIR,
         ]
-    if spec.source.get("sampleRequest") is not None:
+    if spec.source.sample_request is not None:
         cmd[-2:-2] = [
             "--sample-request-env",
             SAMPLE_REQUEST_ENV,
             "--sample-content-type",
-            str(spec.source.get("sampleContentType") or "application/octet-stream"),
+            spec.source.sample_content_type or "application/octet-stream",
         ]
     return cmd
 
@@ -99,9 +99,9 @@ def profile_command(spec: ModelSpec, *, output: str) -> list[str]:
 def profile_env(spec: ModelSpec) -> list[dict[str, Any]]:
     """The profile container's environment: the base one plus the sample request (base64)."""
     env = base_env()
-    sample = spec.source.get("sampleRequest")
+    sample = spec.source.sample_request
     if sample is not None:
-        env.append({"name": SAMPLE_REQUEST_ENV, "value": str(sample)})
+        env.append({"name": SAMPLE_REQUEST_ENV, "value": sample})
     return env
 
 
@@ -188,7 +188,7 @@ def build_profiling_pod_spec(spec: ModelSpec, *, limits: storage.StorageLimits) 
             {"name": "profile", "emptyDir": {"sizeLimit": "64Mi"}},
             *model_volumes,
             *engine_volumes,
-            *storage.credentials_volume(thaw(spec.source))[0],
+            *storage.credentials_volume(thaw(spec.source.doc))[0],
         ],
         **scheduling(spec),
     }

@@ -69,15 +69,15 @@ def resolve_version(
     p: Pass, model: ModelSpec, *, version_of: VersionOf | None = None
 ) -> ModelSpec | None:
     """``model`` with the store's version filled in; None (condition and event set) on failure."""
-    spec_model = thaw(model.source)
+    spec_model = thaw(model.source.doc)
     if not needs_version_check(spec_model):
         return model
-    uri = str(spec_model["storageUri"])
+    uri = str(model.source.storage_uri)
     seen = dict(p.status.get("storage") or {})
     tried: str | None = None
     try:
-        secret = spec_model.get("credentialsSecret")
-        credentials = _secret_data(p, str(secret["name"])) if secret else {}
+        secret = model.source.credentials_secret
+        credentials = _secret_data(p, secret) if secret else {}
         fingerprint = tried = _fingerprint(uri, credentials)
         fresh = (
             seen.get("fingerprint") == fingerprint
@@ -198,4 +198,4 @@ def _backing_off(p: Pass, seen: Mapping[str, Any], *, uri: str, tried: str | Non
 
 
 def _with_version(model: ModelSpec, version: str) -> ModelSpec:
-    return model.with_spec(model={**thaw(model.source), VERSION_KEY: version})
+    return model.with_spec(model={**thaw(model.source.doc), VERSION_KEY: version})

@@ -179,26 +179,25 @@ def model_source(
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """(SPEC for ``--model``, extra volumes, extra volume mounts) for the spec's model
     (``limits``: the operator's, which size a fetched model's emptyDir)."""
-    model = thaw(spec.source)
-    if "zoo" in model:
-        return str(model["zoo"]), [], []
-    suffix = FORMAT_SUFFIX.get(str(model.get("format")), ".pt")
-    if "storageUri" in model:
-        return storage.storage_source(model, model_dir=MODEL_DIR, suffix=suffix, limits=limits)
+    model = spec.source
+    if model.zoo is not None:
+        return model.zoo, [], []
+    suffix = FORMAT_SUFFIX.get(str(model.format), ".pt")
+    if model.storage_uri is not None:
+        return storage.storage_source(
+            thaw(model.doc), model_dir=MODEL_DIR, suffix=suffix, limits=limits
+        )
     mount = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
-    if "uri" in model:
+    if model.uri is not None:
         return f"{MODEL_DIR}/model{suffix}", [limits.model_volume()], [mount]
-    volume = model["volume"]
-    if "persistentVolumeClaim" in volume:
-        source: dict[str, Any] = {
-            "persistentVolumeClaim": {
-                "claimName": volume["persistentVolumeClaim"]["claimName"],
-                "readOnly": True,
-            }
-        }
-    else:
-        source = {"configMap": {"name": volume["configMap"]["name"]}}
-    return f"{MODEL_DIR}/{volume['path']}", [{"name": "model", **source}], [mount]
+    volume = model.volume
+    assert volume is not None  # exactly one source (a valid spec)
+    source: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": volume.claim, "readOnly": True}}
+        if volume.claim is not None
+        else {"configMap": {"name": volume.config_map}}
+    )
+    return f"{MODEL_DIR}/{volume.path}", [{"name": "model", **source}], [mount]
 
 
 def fetch_init_container(
@@ -212,12 +211,12 @@ def fetch_init_container(
     ``expect_version`` (the profiling Job) makes the fetch fail if the object is no longer the
     version the profile is keyed by.
     """
-    model = thaw(spec.source)
+    model = spec.source
     image = spec.image
-    if "storageUri" in model:
+    if model.storage_uri is not None:
         target, _, model_mounts = model_source(spec)
         return storage.fetch_container(
-            model,
+            thaw(model.doc),
             target=target,
             model_mount=model_mounts[0],
             base={
@@ -230,13 +229,13 @@ def fetch_init_container(
             expect_version=expect_version,
             limits=limits,
         )
-    if "uri" not in model:
+    if model.uri is None:
         return None
     target, _, _ = model_source(spec)
     return {
         "name": "fetch-model",
         "image": image,
-        "command": ["packrat", "fetch", str(model["uri"]), "-o", target, *limits.fetch_flags()],
+        "command": ["packrat", "fetch", model.uri, "-o", target, *limits.fetch_flags()],
         "resources": guaranteed_resources(spec),
         "securityContext": container_security(),
         "env": base_env(),
@@ -250,7 +249,7 @@ def fetch_init_container(
 
 def inputs_args(spec: ModelSpec) -> list[str]:
     """``--inputs`` for a model file whose spec declares them (checked by the spec check)."""
-    inputs = spec.source.get("inputs")
+    inputs = spec.source.inputs
     return [] if inputs is None else ["--inputs", encode(parse_inputs(inputs))]
 
 
@@ -410,7 +409,7 @@ def build_serving_pod_spec(
             limits.tmp_volume(),  # bounded: issue 38
             *model_volumes,
             *engine_volumes,
-            *storage.credentials_volume(thaw(spec.source))[0],
+            *storage.credentials_volume(thaw(spec.source.doc))[0],
             {
                 "name": ADMIN_TOKEN_VOLUME,
                 "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},

@@ -54,7 +54,7 @@ def test_good_spec_is_valid() -> None:
                     "format": "torchscript",
                 },
             },
-            "without '..'",
+            "must not contain '..'",
         ),
     ],
 )
@@ -100,7 +100,8 @@ def test_the_typed_spec_has_every_option_typed_and_is_read_only() -> None:
     with pytest.raises(TypeError):
         typed.spec["cpus"] = 4  # type: ignore[index]
     with pytest.raises(TypeError):
-        typed.source["zoo"] = "resnet50"  # type: ignore[index]
+        typed.source.doc["zoo"] = "resnet50"  # type: ignore[index]
+    assert typed.source.zoo == "tiny" and typed.source.uri is None  # typed once
     served = typed.on_cpus(1)
     assert served.cpus == 1 and typed.cpus == 2 and served.profile_key != typed.profile_key
 

@@ -102,5 +102,6 @@ def test_other_inputs_are_another_profile() -> None:
     other = _with(inputs=[{"name": "features", "datatype": "FP32", "shape": [-1, 32]}])
     assert model_spec(other, image="img").profile_key != key
     assert model_spec(copy.deepcopy(SPEC), image="img").profile_key == key
-    triton = _with(inputs={"input": [{"name": "features", "data_type": "TYPE_FP32", "dims": [16]}]})
+    # Triton's form of the same input (the CRD takes a list: {"input": [...]} is refused)
+    triton = _with(inputs=[{"name": "features", "data_type": "TYPE_FP32", "dims": [16]}])
     assert model_spec(triton, image="img").profile_key == key  # the same inputs, another form

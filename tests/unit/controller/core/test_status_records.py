@@ -97,7 +97,7 @@ def test_the_status_edge_reads_typed_parts() -> None:
     assert status.served_plan == PLAN and status.switch == _rollout()
     status.batch_settled(8)
     assert (status.batch_current, status.batch_target) == (8, None)
-    assert status.batch_record["observed"] == 8
+    assert status.batch.observed == 8 and status["batchSize"]["observed"] == 8
     status.set_switch(None)
     assert status.switch is None and "switch" not in status
     assert ModelStatus({}).profile_digest == "" and ModelStatus({}).served_plan is None

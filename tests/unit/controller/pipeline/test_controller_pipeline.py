@@ -193,7 +193,7 @@ def test_invalid_spec_creates_nothing() -> None:
         ({"stages": [{"name": "a", "model": {"cpus": 2}}], "edges": []}, "spec.model is required"),
         (
             {"edges": [{"from": "first", "to": "second", "when": {"json": "x", "below": "y"}}]},
-            "spec.edges[0].when.below: expected a number",
+            "spec.edges[0].when.below must be a number",
         ),
     ],
 )

@@ -20,6 +20,7 @@ from kube_support import (
 )
 
 from packrat.controller.core.model import AutoBatch, model_spec
+from packrat.controller.core.status import BatchRecord
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import estimates
@@ -70,10 +71,11 @@ def test_parse_pin(annotations: dict[str, str] | None, pin: int | None, error: b
 
 def test_reconfigure_trigger_fires_once_per_value() -> None:
     ann = {ab.RECONFIGURE_ANNOTATION: "1"}
-    assert ab.pending_trigger(ann, {}) == "1"
-    assert ab.pending_trigger(ann, {"reconfigureHandled": "1"}) is None
-    assert ab.pending_trigger({ab.RECONFIGURE_ANNOTATION: "2"}, {"reconfigureHandled": "1"}) == "2"
-    assert ab.pending_trigger({}, {}) is None
+    handled = BatchRecord(reconfigure_handled="1")
+    assert ab.pending_trigger(ann, BatchRecord()) == "1"
+    assert ab.pending_trigger(ann, handled) is None
+    assert ab.pending_trigger({ab.RECONFIGURE_ANNOTATION: "2"}, handled) == "2"
+    assert ab.pending_trigger({}, BatchRecord()) is None
 
 
 def test_as_reading_normalises_sources() -> None:
@@ -88,18 +90,20 @@ def test_as_reading_normalises_sources() -> None:
 
 def test_record_observation_keeps_the_last_sustain_readings() -> None:
     policy = ab.policy_from_spec(_auto({**AUTO, "sustainObservations": 3}))
-    seen: dict[str, Any] = {"current": 2, "streak": 3}
+    seen = BatchRecord.from_status({"current": 2, "streak": 3})
     for i, batch in enumerate([1, 8, 32, 4]):
         now = f"2026-01-01T00:00:0{i}Z"
         seen = ab.record_observation(
             seen, reading=ab.Reading((batch, batch), "pods"), policy=policy, now=now
         )
         if batch == 32:  # clamped to the range's maximum; the raw values are kept
-            assert seen["observed"] == 8 and seen["estimates"] == [32, 32]
-    assert [o["batch"] for o in seen["recent"]] == [8, 8, 4]
-    assert seen["observed"] == 4 and seen["observedAt"] == "2026-01-01T00:00:03Z"
-    assert seen["estimates"] == [4, 4] and seen["source"] == "pods"
-    assert seen["current"] == 2 and "streak" not in seen
+            assert seen.observed == 8 and seen.estimates == (32, 32)
+    assert [batch for batch, _ in seen.recent] == [8, 8, 4]
+    assert seen.observed == 4 and seen.observed_at == "2026-01-01T00:00:03Z"
+    assert seen.estimates == (4, 4) and seen.source == "pods"
+    doc = seen.to_status()
+    assert doc["current"] == 2 and "streak" not in doc
+    assert BatchRecord.from_status(doc) == seen
     obs = ab.observations(seen)
     assert [o.batch for o in obs] == [8, 8, 4]
     assert obs[1].time - obs[0].time == 1.0
@@ -111,7 +115,7 @@ def test_record_observation_keeps_the_last_sustain_readings() -> None:
 
 def test_observations_skip_malformed_entries() -> None:
     status = {"recent": [{"batch": 2, "time": "2026-01-01T00:00:00Z"}, {"batch": "x"}, 5]}
-    assert [o.batch for o in ab.observations(status)] == [2]
+    assert [o.batch for o in ab.observations(BatchRecord.from_status(status))] == [2]
 
 
 def test_switch_history_is_bounded() -> None:

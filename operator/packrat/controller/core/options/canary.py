@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.schema import MODEL_CRD, schema_check
 from packrat.controller.core.model_source import validate_model
-from packrat.controller.core.options.fields import known_object
 
 FIELD = "canary"
-_FIELDS = {"model", "trafficPercent", "replicas", "rollback"}
-_ROLLBACK_FIELDS = {"maxErrorRate", "maxP99Ms", "minRequests"}
 DEFAULT_MIN_REQUESTS = 20
 
 
@@ -81,53 +78,16 @@ def _float(value: Any) -> float | None:
 
 
 def validate_canary(errors: list[str], spec: Mapping[str, Any]) -> None:
-    """Append a message for every problem with ``spec.canary`` (as the CRD checks)."""
+    """Append a message for every problem with ``spec.canary`` the CRD's schema does not
+    check: its model (the CRD keeps it as given) against spec.model's schema and rules, and
+    that it differs from spec.model."""
     where = f"spec.{FIELD}"
-    canary = known_object(errors, spec.get(FIELD), where=where, fields=_FIELDS)
-    if canary is None:
-        return
-    if "model" not in canary:
-        errors.append(f"{where}.model is required")
-    else:
-        found: list[str] = []
-        validate_model(found, canary["model"])
-        errors += [e.replace("spec.model", f"{where}.model") for e in found]
-        if canary["model"] == spec.get("model"):
-            errors.append(f"{where}.model is spec.model: a canary serves a different model")
-    _int(errors, canary, "trafficPercent", where=where, bounds=(0, 100), required=True)
-    _int(errors, canary, "replicas", where=where, bounds=(1, 100))
-    rollback = known_object(
-        errors, canary.get("rollback"), where=f"{where}.rollback", fields=_ROLLBACK_FIELDS
-    )
-    if rollback is None:
-        return
-    rate = rollback.get("maxErrorRate")
-    if rate is not None and not (_number(rate) and 0 <= rate <= 1):
-        errors.append(f"{where}.rollback.maxErrorRate must be in [0, 1], got {rate!r}")
-    p99 = rollback.get("maxP99Ms")
-    if p99 is not None and not (_number(p99) and 0 < p99 <= 3_600_000):
-        errors.append(f"{where}.rollback.maxP99Ms must be in (0, 3600000], got {p99!r}")
-    _int(errors, rollback, "minRequests", where=f"{where}.rollback", bounds=(1, 1_000_000))
-
-
-def _number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
-
-
-def _int(
-    errors: list[str],
-    obj: Mapping[str, Any],
-    key: str,
-    *,
-    where: str,
-    bounds: tuple[int, int],
-    required: bool = False,
-) -> None:
-    low, high = bounds
-    value = obj.get(key)
-    if value is None:
-        if required:
-            errors.append(f"{where}.{key} is required")
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        errors.append(f"{where}.{key} must be an integer in {low}..{high}, got {value!r}")
+    canary = spec.get(FIELD)
+    model = canary.get("model") if isinstance(canary, Mapping) else None
+    if model is None:
+        return  # absent (the schema check reports a missing one)
+    more: list[str] = []
+    validate_model(more, model, where=f"{where}.model")
+    errors += schema_check(MODEL_CRD, "spec", "model").errors(model, f"{where}.model", extra=more)
+    if model == spec.get("model"):
+        errors.append(f"{where}.model is spec.model: a canary serves a different model")
