@@ -2,16 +2,18 @@
 
 Run: ``.venv/bin/python benchmarks/optimizer/des_speed.py --base REV`` (from the repository
 root). Loads ``operator/packrat/plan/des.py`` as it was at ``REV`` (``git show``) beside this
-tree's, checks that both give the same latencies on four configurations (one instance per
-replica, four mixed instances, an overloaded replica that queues and sheds, no batching
-delay), then times both, interleaved (A B B A ...), as this process's CPU time (the machine is
-shared: CPU time is less disturbed by other work than wall time). Prints the medians, the
-new/old ratio's median and range per configuration, and the load average.
+tree's, checks that both give the same latencies (and prints their hash) on four
+configurations (one instance per replica, four mixed instances, an overloaded replica that
+queues and sheds, no batching delay), then times both, interleaved (A B B A ...), as this
+process's CPU time (the machine is shared: CPU time is less disturbed by other work than
+wall time). Prints the medians, the new/old ratio's median and range per configuration,
+and the load average.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import os
 import statistics
@@ -106,7 +108,8 @@ def main() -> int:
             print(f"{name}: the latencies differ", file=sys.stderr)
             return 1
         shed = int(np.sum(~np.isfinite(new)))
-        print(f"{name}: identical latencies ({shed} shed)")
+        digest = hashlib.sha256(new.tobytes()).hexdigest()[:16]
+        print(f"{name}: identical latencies ({shed} shed, sha256 {digest})")
     seconds: dict[tuple[str, str], list[float]] = {}
     for r in range(args.repeats):
         for name in CONFIGS:

@@ -91,7 +91,7 @@ def _bound(lm: LayeredModel, x: Any, read_s: float, compute_s: float) -> float:
 
 def _one_rate(lm: LayeredModel, x: Any, rate: float | None, reps: int) -> dict[str, Any]:
     lm.limiter = RateLimiter(rate) if rate else None
-    kinds = ("compute", "read", "load", "demand", "prefetch")
+    kinds = ("compute", "read", "load", "demand", "prefetch", "stall")
     runs: dict[str, list[float]] = {k: [] for k in kinds}
     for _ in range(reps):
         lm(x, "load")  # warm
@@ -99,7 +99,9 @@ def _one_rate(lm: LayeredModel, x: Any, rate: float | None, reps: int) -> dict[s
         runs["read"].append(_read_alone(lm, lm.limiter))
         for mode in ("load", "demand", "prefetch"):
             _cold(lm)
-            runs[mode].append(lm(x, mode)[1].wall_s)
+            stats = lm(x, mode)[1]
+            runs[mode].append(stats.wall_s)
+        runs["stall"].append(stats.stall_s)  # the prefetch's waits for its reader
     med = {k: statistics.median(v) for k, v in runs.items()}
     bound = _bound(lm, x, med["read"], med["compute"])
     return {
@@ -111,6 +113,8 @@ def _one_rate(lm: LayeredModel, x: Any, rate: float | None, reps: int) -> dict[s
         "prefetch_over_max": med["prefetch"] / max(med["read"], med["compute"]),
         "prefetch_over_load": med["prefetch"] / med["load"],
         "demand_over_load": med["demand"] / med["load"],
+        # compute beside the reader, from the prefetch less its waits, against compute alone
+        "compute_slowdown": (med["prefetch"] - med["stall"]) / med["compute"],
     }
 
 
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:20s} {label:>10s} compute {m['compute']:.3f} read {m['read']:.3f} "
                 f"load {m['load']:.3f} demand {m['demand']:.3f} prefetch {m['prefetch']:.3f} | "
                 f"pf/max {r['prefetch_over_max']:.2f} pf/load {r['prefetch_over_load']:.2f} "
-                f"bound {r['pipeline_bound_s']:.3f} pf/bound {r['prefetch_over_bound']:.2f}",
+                f"bound {r['pipeline_bound_s']:.3f} pf/bound {r['prefetch_over_bound']:.2f} | "
+                f"stall {m['stall']:.3f} compute beside reads {r['compute_slowdown']:.2f}x",
                 flush=True,
             )
         results["variants"][name] = out

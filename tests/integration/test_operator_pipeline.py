@@ -121,7 +121,7 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
         assert stage["replicas"] >= 1 and 1 <= stage["cpusPerReplica"] <= 2
         mstatus = cluster.status(model)
         assert mstatus["servingSpec"]["cpus"] == stage["cpusPerReplica"]
-        assert mstatus["plan"]["label"] == stage["plan"]
+        assert mstatus["plan"]["label"] == stage["plan"]  # what it serves (maybe padded)
         assert mstatus["profile"]["configMap"]  # planned from the seeded profile
         # its first Deployment was the planned one: it never switched (no slot b)
         assert not mstatus.get("switchHistory") and not mstatus.get("switch")

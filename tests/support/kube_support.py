@@ -178,17 +178,22 @@ class FakeKube:
         return obj
 
 
-def profile_json() -> str:
-    lat = {
-        (1, 1): 1.0,
-        (1, 2): 1.8,
-        (1, 4): 3.5,
-        (1, 8): 7.0,
-        (2, 1): 0.8,
-        (2, 2): 1.2,
-        (2, 4): 2.2,
-        (2, 8): 4.3,
-    }
+#: the fake profile's latencies (ms) by (threads, batch)
+_PROFILE_MS: dict[tuple[int, int], float] = {
+    (1, 1): 1.0,
+    (1, 2): 1.8,
+    (1, 4): 3.5,
+    (1, 8): 7.0,
+    (2, 1): 0.8,
+    (2, 2): 1.2,
+    (2, 4): 2.2,
+    (2, 8): 4.3,
+}
+
+
+def profile_json(changed_ms: Mapping[tuple[int, int], float] | None = None) -> str:
+    """The fake ``tiny`` profile, with ``changed_ms`` (by (threads, batch)) replaced."""
+    lat = {**_PROFILE_MS, **(changed_ms or {})}
     points = tuple(ProfilePoint(threads=t, batch=b, latency_ms=v) for (t, b), v in lat.items())
     meta = ProfileMeta(model="tiny", cpu_model="Test CPU", cpus=2)
     return Profile(meta=meta, points=points).to_json()

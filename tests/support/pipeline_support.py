@@ -50,7 +50,8 @@ def pipeline_body(**spec_changes: Any) -> dict[str, Any]:
 class Cluster:
     """A fake API with both reconcilers and the controllers' part played by hand."""
 
-    def __init__(self, body: dict[str, Any] | None = None) -> None:
+    def __init__(self, body: dict[str, Any] | None = None, *, profile: str | None = None) -> None:
+        self.profile = profile or profile_json()  # what every stage's profiling Job measures
         self.kube = FakeKube()
         config = Config(image="img")
         self.pipelines = PipelineReconciler(self.kube, config=config)
@@ -83,7 +84,7 @@ class Cluster:
         if key:
             assert parse(obj, default_image="img").profile_key == key
             cm = profile_configmap(
-                parse(obj, default_image="img"), profile_json=profile_json(), cpu_model="Test"
+                parse(obj, default_image="img"), profile_json=self.profile, cpu_model="Test"
             )
             self.kube.create("configmaps", NS, cm)
 

@@ -164,45 +164,47 @@ def _add_admin_token_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The dispatcher's bounds: (flag, type, default, help), declared in this order.
+_LIMIT_FLAGS: tuple[tuple[str, type[int] | type[float], float | None, str], ...] = (
+    (
+        "--max-body-bytes",
+        int,
+        6 * 1024 * 1024,
+        "largest request body; 413 beyond, before it is read (default 6 MiB, below "
+        "TorchServe's own 6.5 MB)",
+    ),
+    (
+        "--max-buffered-bytes",
+        int,
+        128 * 1024 * 1024,
+        "request bytes buffered across all requests; 503 beyond (default 128 MiB)",
+    ),
+    ("--max-connections", int, 1024, "open client connections (1024)"),
+    (
+        "--max-connections-per-client",
+        int,
+        256,
+        "open connections from one client address (256; a proxy in front of many "
+        "clients may need more); beyond it, and beyond --max-connections, a connection is "
+        "admitted for one health probe only",
+    ),
+    ("--header-timeout", float, 10.0, "seconds for a request head (10)"),
+    ("--body-timeout", float, 30.0, "seconds for a request body (30)"),
+    (
+        "--torchserve-port-base",
+        int,
+        None,
+        "TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
+        "the next free block of 10 when taken)",
+    ),
+)
+
+
 def _add_limit_args(parser: argparse.ArgumentParser) -> None:
     """The dispatcher's bounds on bodies, buffers, connections and timeouts."""
     limits = parser.add_argument_group("limits (docs/serving.md)")
-    limits.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=6 * 1024 * 1024,
-        help="largest request body; 413 beyond, before it is read (default 6 MiB, below "
-        "TorchServe's own 6.5 MB)",
-    )
-    limits.add_argument(
-        "--max-buffered-bytes",
-        type=int,
-        default=128 * 1024 * 1024,
-        help="request bytes buffered across all requests; 503 beyond (default 128 MiB)",
-    )
-    limits.add_argument(
-        "--max-connections", type=int, default=1024, help="open client connections (1024)"
-    )
-    limits.add_argument(
-        "--max-connections-per-client",
-        type=int,
-        default=256,
-        help="open connections from one client address (256; a proxy in front of many "
-        "clients may need more); beyond it, and beyond --max-connections, a connection is "
-        "admitted for one health probe only",
-    )
-    limits.add_argument(
-        "--header-timeout", type=float, default=10.0, help="seconds for a request head (10)"
-    )
-    limits.add_argument(
-        "--body-timeout", type=float, default=30.0, help="seconds for a request body (30)"
-    )
-    limits.add_argument(
-        "--torchserve-port-base",
-        type=int,
-        help="TorchServe's first loopback port (default 9080, or $PACKRAT_TORCHSERVE_PORT_BASE; "
-        "the next free block of 10 when taken)",
-    )
+    for flag, kind, default, help_text in _LIMIT_FLAGS:
+        limits.add_argument(flag, type=kind, default=default, help=help_text)
 
 
 def _add_request_log_args(parser: argparse.ArgumentParser) -> None:

@@ -38,6 +38,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -231,65 +232,103 @@ def _instances(
     )
 
 
-Refill = Callable[[int, deque[int], float, int, int], tuple[int, int]]
+class _Ops(NamedTuple):
+    """The run's steps, closures over its state (one cheap call each): see :func:`_ops`."""
+
+    route: Callable[[int], int]
+    start: Callable[[int, bool, float], None]
+    complete: Callable[[int, float], None]
 
 
-def _refiller(
+def _ops(
     inst: _Instances,
     *,
     k_per: int,
     delay: float,
     heap: list[tuple[float, int, int]],
     factors: list[float],
-) -> Refill:
-    """``refill(g, w, now, seq, nb)``: instance ``g`` answered a batch at ``now``; forward
-    what waits in its replica's dispatcher queue ``w`` while an instance has room, starting
-    (or collecting) batches on the others; returns the updated ``(seq, nb)`` counters (``g``
-    itself starts in the loop). A closure over the run's state: one cheap call per batch."""
+    waiters: list[deque[int]],
+    done: list[float],
+) -> _Ops:
+    """The steps of the event loop. Their counters (``seq``, the event tokens, and ``nb``,
+    the batches started) live in this closure, so a step returns nothing (no tuple per
+    event: the steps run once or twice per query of every candidate plan).
+
+    - ``route(base)``: the dispatcher's rule over the replica's instances ``base ..
+      base + k_per - 1``: the least ``(n + 1) / b`` under its cap, or -1 when none has room
+      (with one instance per replica, just its cap).
+    - ``start(g, due, now)``: idle instance ``g`` starts a batch when it is full (or
+      ``due``, or there is no batch delay), else begins collecting one.
+    - ``complete(g, now)``: ``g``'s batch is answered; what waits in its replica's
+      dispatcher queue is forwarded while an instance has room, starting (or collecting)
+      batches on the others (``g`` itself starts in the loop).
+    """
     bat, lat, caps, inv = inst.bat, inst.lat, inst.caps, inst.inv
     outstanding, pending, busy = inst.outstanding, inst.pending, inst.busy
     collecting, running = inst.collecting, inst.running
     push = heapq.heappush
     inf = math.inf
-    single = k_per == 1
+    collect = delay > 0
+    seq = nb = 0
 
-    def refill(g: int, w: deque[int], now: float, seq: int, nb: int) -> tuple[int, int]:
+    def route_one(base: int) -> int:
+        return base if outstanding[base] < caps[base] else -1
+
+    def route_many(base: int) -> int:
+        h = -1
+        best_key = inf
+        for c in range(base, base + k_per):
+            o = outstanding[c]
+            if o < caps[c]:
+                key = (o + 1) * inv[c]
+                if key < best_key:
+                    h, best_key = c, key
+        return h
+
+    def start(g: int, due: bool, now: float) -> None:
+        nonlocal seq, nb
+        q = pending[g]
+        b = bat[g]
+        k = len(q)
+        if due or k >= b or not collect:
+            if k > b:
+                running[g] = [q.popleft() for _ in range(b)]
+                k = b
+            else:  # the whole queue: one copy, no per-item pops
+                running[g] = list(q)
+                q.clear()
+            busy[g] = True
+            collecting[g] = 0
+            seq += 1
+            push(heap, (now + lat[g][k] * factors[nb], seq, g))
+            nb += 1
+        elif not collecting[g]:
+            seq += 1
+            collecting[g] = seq
+            push(heap, (now + delay, seq, -g - 1))
+
+    route = route_one if k_per == 1 else route_many
+
+    def complete(g: int, now: float) -> None:
+        batch = running[g]
+        for qid in batch:
+            done[qid] = now
+        outstanding[g] -= len(batch)
+        busy[g] = False
+        w = waiters[g // k_per]
+        if not w:
+            return
+        base = g - g % k_per
         while w:
-            if single:
-                h = g
-                if outstanding[h] >= caps[h]:
-                    break
-            else:  # the dispatcher's rule, as for an arrival in _run
-                base = (g // k_per) * k_per
-                h = -1
-                best_key = inf
-                for c in range(base, base + k_per):
-                    o = outstanding[c]
-                    if o < caps[c]:
-                        key = (o + 1) * inv[c]
-                        if key < best_key:
-                            h, best_key = c, key
-                if h < 0:
-                    break
+            h = route(base)
+            if h < 0:
+                break
             outstanding[h] += 1
             pending[h].append(w.popleft())
             if h != g and not busy[h]:
-                if len(pending[h]) >= bat[h] or delay <= 0:
-                    q = pending[h]
-                    k = min(bat[h], len(q))
-                    running[h] = [q.popleft() for _ in range(k)]
-                    busy[h] = True
-                    collecting[h] = 0
-                    seq += 1
-                    push(heap, (now + lat[h][k] * factors[nb], seq, h))
-                    nb += 1
-                elif not collecting[h]:
-                    seq += 1
-                    collecting[h] = seq
-                    push(heap, (now + delay, seq, -h - 1))
-        return seq, nb
+                start(h, False, now)
 
-    return refill
+    return _Ops(route, start, complete)
 
 
 def _run(
@@ -304,9 +343,9 @@ def _run(
     queue_limit: int,
     factors: list[float],
 ) -> list[float]:
-    """The event loop (the arrival path inlined for speed: it runs once per query of every
-    candidate). Each turn takes the next event, a collection deadline, a completed batch or
-    an arrival, then lets the instance it concerns start a batch (or begin collecting one).
+    """The event loop. Each turn takes the next event, a collection deadline, a completed
+    batch or an arrival, then lets the instance it concerns start a batch (or begin
+    collecting one); the steps are :func:`_ops`'s.
 
     Instances are ordered by (-batch, index) within a replica, so the first minimum of
     ``(n + 1) / b`` found is the routing rule's tie-break winner. A request forwarded to an
@@ -315,85 +354,47 @@ def _run(
     profiled latency times ``factors[j]`` (there are at most as many batches as queries).
     """
     inst = _instances(batches, lats, replicas, cap_factor)
-    bat, lat, caps, inv = inst.bat, inst.lat, inst.caps, inst.inv
-    outstanding, pending, busy = inst.outstanding, inst.pending, inst.busy
-    collecting, running = inst.collecting, inst.running
+    outstanding, pending, busy, collecting = (
+        inst.outstanding,
+        inst.pending,
+        inst.busy,
+        inst.collecting,
+    )
     k_per = len(batches)
     waiters: list[deque[int]] = [deque() for _ in range(replicas)]
-    inf = math.inf
-    done = [inf] * len(times)
+    done = [math.inf] * len(times)
     heap: list[tuple[float, int, int]] = []  # (time, seq, code): code >= 0 done g, < 0 deadline
-    refill = _refiller(inst, k_per=k_per, delay=delay, heap=heap, factors=factors)
-    seq = 0
-    push = heapq.heappush
+    route, start, complete = _ops(
+        inst, k_per=k_per, delay=delay, heap=heap, factors=factors, waiters=waiters, done=done
+    )
     pop = heapq.heappop
-    single = k_per == 1
     n = len(times)
-    i = 0
-    nb = 0  # batches started
+    i = 0  # the next arrival
     while True:
         if heap and (i >= n or heap[0][0] <= times[i]):
-            now, tok, code = pop(heap)
-            if code < 0:  # a collection deadline: run what has been collected
-                g = -code - 1
-                if collecting[g] != tok or busy[g]:
-                    continue
-                due = True
-            else:  # a batch completed: answer it, refill from the dispatcher queue
-                g = code
-                batch = running[g]
-                for qid in batch:
-                    done[qid] = now
-                outstanding[g] -= len(batch)
-                busy[g] = False
-                w = waiters[g // k_per]
-                if w:
-                    seq, nb = refill(g, w, now, seq, nb)
-                if not pending[g]:
-                    continue
-                due = False
-        else:  # an arrival: to an instance with room, else the queue, else shed
-            if i >= n:
-                break
-            now = times[i]
-            r = target[i]
-            w = waiters[r]
-            g = -1
-            if not w:  # the dispatcher's rule: the least (n + 1) / b under its cap
-                if single:
-                    if outstanding[r] < caps[r]:
-                        g = r
-                else:
-                    base = r * k_per
-                    best_key = inf
-                    for c in range(base, base + k_per):
-                        o = outstanding[c]
-                        if o < caps[c]:
-                            key = (o + 1) * inv[c]
-                            if key < best_key:
-                                g, best_key = c, key
-            if g < 0:
-                if len(w) < queue_limit:
-                    w.append(i)
-                i += 1
+            now, tok, g = pop(heap)
+            if g < 0:  # a collection deadline: run what has been collected
+                g = -g - 1
+                if collecting[g] == tok and not busy[g]:
+                    start(g, True, now)
                 continue
+            complete(g, now)  # a batch completed: answer, refill
+            if pending[g]:
+                start(g, False, now)
+            continue
+        if i >= n:
+            break
+        now = times[i]  # an arrival: to an instance with room, else the queue, else shed
+        r = target[i]
+        w = waiters[r]
+        g = -1 if w else route(r * k_per)
+        if g < 0:
+            if len(w) < queue_limit:
+                w.append(i)
+        else:
             outstanding[g] += 1
             pending[g].append(i)
-            i += 1
-            if busy[g]:
-                continue
-            due = False
-        q = pending[g]  # g is idle: start a batch when it is full (or due), else collect
-        if due or len(q) >= bat[g] or delay <= 0:
-            k = min(bat[g], len(q))
-            running[g] = [q.popleft() for _ in range(k)]
-            busy[g] = True
-            collecting[g] = 0
-            seq += 1
-            push(heap, (now + lat[g][k] * factors[nb], seq, g))
-            nb += 1
-        elif not collecting[g]:
-            seq += 1
-            collecting[g] = seq
-            push(heap, (now + delay, seq, -g - 1))
+            if not busy[g]:
+                start(g, False, now)
+        i += 1
     return done

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -202,12 +202,7 @@ class Infeasibility:
     tightest_slo_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "cores_needed": self.cores_needed,
-            "config": self.config,
-            "tightest_slo_ms": self.tightest_slo_ms,
-        }
+        return asdict(self)
 
 
 @dataclass(slots=True)

@@ -17,13 +17,16 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from packrat.plan.profile import EAGER, ProfilePoint
+from packrat.plan.profile import EAGER
 from packrat.profiler.client import EngineTarget, _child_env, worker_source
 from packrat.profiler.errors import ProfilerError
+
+if TYPE_CHECKING:  # profiler imports this module lazily: only the types here
+    from packrat.profiler.profiler import ProfileJob, ProfileRun
 
 PREPARE_TIMEOUT_S = 1800.0  # AOTInductor compiles ResNet-50 in ~77 s on 2 quiet cores
 
@@ -82,34 +85,25 @@ def prepare_engine(
 
 
 def run_engines(
+    job: ProfileJob,
     *,
-    spec: str,
-    cpus: int,
-    max_batch: int,
-    output: str | Path | None,
-    threads: Sequence[int] | None,
-    extra_batches: Sequence[int],
-    settings: Any,
-    allowed: Sequence[int] | None,
-    stream: TextIO | None,
-    on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None,
     engines: Sequence[str],
     artefacts: str | Path | None,
     eager_source: Any = None,
-) -> Any:
+) -> ProfileRun:
     """Prepare every engine, then profile those that passed into one file."""
-    from packrat.profiler.profiler import ProfileRun, _run_profile
+    from packrat.profiler.profiler import _run_profile
 
     began = time.monotonic()
-    root = Path(artefacts) if artefacts is not None else default_artefacts(output)
+    root = Path(artefacts) if artefacts is not None else default_artefacts(job.output)
     root.mkdir(parents=True, exist_ok=True)
-    out = stream if stream is not None else sys.stderr
+    out = job.stream if job.stream is not None else sys.stderr
     records: dict[str, Any] = {}
     for name in dict.fromkeys([EAGER, *engines]):
         if name == EAGER:
             records[name] = {"engine": EAGER, "status": "ok"}
             continue
-        record = prepare_engine(spec, name, root, threads=cpus)
+        record = prepare_engine(job.spec, name, root, threads=job.cpus)
         records[name] = record
         if record["status"] == "ok":
             how = "converted" if record.get("converted_now") else "found converted"
@@ -125,19 +119,10 @@ def run_engines(
         path = records[name].get("artefact", {}).get("path")
         target = None if name == EAGER else EngineTarget(name, Path(path) if path else None)
         given = eager_source if name == EAGER else None
-        source = given or worker_source(settings.process, spec, None, target)
+        source = given or worker_source(job.settings.process, job.spec, None, target)
         try:
             run = _run_profile(
-                spec=spec,
-                cpus=cpus,
-                max_batch=max_batch,
-                output=output,
-                threads=threads,
-                extra_batches=extra_batches,
-                settings=settings,
-                allowed=allowed,
-                stream=stream,
-                on_point=on_point,
+                job,
                 handler=None,
                 source=source,
                 engine=name,
@@ -148,5 +133,5 @@ def run_engines(
         finally:
             if given is None:
                 source.close()
-    assert isinstance(run, ProfileRun)
+    assert run is not None
     return run

@@ -13,38 +13,24 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from packrat.runtime.forkserver import server_main
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m packrat.profiler.forked")
-    parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
-    parser.add_argument("--archive", help="a TorchServe .mar whose handler to run")
-    parser.add_argument("--sample-request", help="file: the request body for --archive")
-    parser.add_argument("--content-type", default="application/octet-stream")
-    parser.add_argument("--engine", default="eager", help="the engine each worker loads")
-    parser.add_argument("--artefact", help="the engine's converted artefact")
-    args = parser.parse_args(argv)
     from packrat.profiler import worker
 
+    parser = argparse.ArgumentParser(prog="python -m packrat.profiler.forked")
+    worker.add_target_args(parser, engine_help="the engine each worker loads")
+    args = parser.parse_args(argv)
     targets: list[worker.Target] = []
 
     def preload() -> dict[str, Any]:
         import torch
 
         torch.set_num_threads(1)  # building the model starts no intra-op pool
-        sample = Path(args.sample_request).read_bytes() if args.sample_request else None
-        target = worker.load_target(
-            args.model,
-            archive=args.archive,
-            sample_request=sample,
-            content_type=args.content_type,
-            engine=args.engine,
-            artefact=args.artefact,
-        )
+        target = worker.target_from_args(args)
         targets.append(target)
         return {"load_s": target.load_s}
 

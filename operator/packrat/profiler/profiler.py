@@ -192,6 +192,22 @@ def _torch_version() -> str:
         return "unknown"
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileJob:
+    """What one :func:`run_profile` call asked for, shared by every engine it profiles."""
+
+    spec: str
+    cpus: int
+    max_batch: int
+    output: str | Path | None
+    threads: Sequence[int] | None
+    extra_batches: Sequence[int]
+    settings: ProfileSettings
+    allowed: Sequence[int] | None
+    stream: TextIO | None
+    on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None
+
+
 def run_profile(
     *,
     spec: str,
@@ -228,59 +244,34 @@ def run_profile(
             flush=True,
         )
         engines = (EAGER,)
+    job = ProfileJob(
+        spec=spec,
+        cpus=cpus,
+        max_batch=max_batch,
+        output=output,
+        threads=threads,
+        extra_batches=extra_batches,
+        settings=settings,
+        allowed=allowed,
+        stream=stream,
+        on_point=on_point,
+    )
     if list(engines) != [EAGER]:
         from packrat.profiler.engines import run_engines
 
-        run: ProfileRun = run_engines(
-            eager_source=source,
-            spec=spec,
-            cpus=cpus,
-            max_batch=max_batch,
-            output=output,
-            threads=threads,
-            extra_batches=extra_batches,
-            settings=settings,
-            allowed=allowed,
-            stream=stream,
-            on_point=on_point,
-            engines=engines,
-            artefacts=artefacts,
-        )
-        return run
+        return run_engines(job, engines=engines, artefacts=artefacts, eager_source=source)
     own = source is None
     workers = source or worker_source(settings.process, spec, handler)
     try:
-        return _run_profile(
-            spec=spec,
-            cpus=cpus,
-            max_batch=max_batch,
-            output=output,
-            threads=threads,
-            extra_batches=extra_batches,
-            settings=settings,
-            allowed=allowed,
-            stream=stream,
-            on_point=on_point,
-            handler=handler,
-            source=workers,
-        )
+        return _run_profile(job, handler=handler, source=workers)
     finally:
         if own:
             workers.close()
 
 
 def _run_profile(
+    job: ProfileJob,
     *,
-    spec: str,
-    cpus: int,
-    max_batch: int,
-    output: str | Path | None,
-    threads: Sequence[int] | None,
-    extra_batches: Sequence[int],
-    settings: ProfileSettings,
-    allowed: Sequence[int] | None,
-    stream: TextIO | None,
-    on_point: Callable[[ProfilePoint, dict[str, Any]], None] | None,
     handler: HandlerTarget | None,
     source: WorkerSource,
     engine: str = EAGER,
@@ -288,14 +279,15 @@ def _run_profile(
     began: float | None = None,
     engine_records: dict[str, Any] | None = None,
 ) -> ProfileRun:
+    spec, cpus, settings = job.spec, job.cpus, job.settings
     began = time.monotonic() if began is None else began
     try:
         digest = model_digest(spec)
     except ZooError as exc:
         raise ProfilerError(str(exc)) from None
-    ts = thread_grid(cpus, threads)
-    bs = batch_grid(max_batch, extra=extra_batches)
-    pool = sorted(allowed) if allowed is not None else allowed_cpus()
+    ts = thread_grid(cpus, job.threads)
+    bs = batch_grid(job.max_batch, extra=job.extra_batches)
+    pool = sorted(job.allowed) if job.allowed is not None else allowed_cpus()
     base = profile_cpus(cpus, allowed=pool)
     verifier = Verifier(
         requested=cpus,
@@ -325,17 +317,17 @@ def _run_profile(
         verifier=verifier,
         meta=meta,
         through=_through(handler),
-        path=Path(output) if output is not None else None,
+        path=Path(job.output) if job.output is not None else None,
         run=run if run is not None else ProfileRun(profile=None, cpus=base),
         engine=engine,
     )
-    session.resume(stream)
+    session.resume(job.stream)
     if engine_records is not None:  # this run's verdicts; a left-out engine keeps no points
         session.extra[ENGINES_KEY] = {**session.extra.get(ENGINES_KEY, {}), **engine_records}
         passed = {e for e, r in engine_records.items() if r.get("status") == "ok"}
         session.others = [p for p in session.others if p.engine in passed]
     session.start_workers()
-    session.measure_todo(on_point)
+    session.measure_todo(job.on_point)
     session.verify()
     return session.finish()
 

@@ -150,34 +150,15 @@ class Instance:
             self.load_s += self.engine_load_s
 
     @classmethod
-    def fresh(
-        cls,
-        *,
-        spec: str,
-        cpus: Sequence[int],
-        threads: int,
-        archive: str | None = None,
-        sample_request: bytes | None = None,
-        content_type: str = "application/octet-stream",
-        engine: str = "eager",
-        artefact: str | None = None,
-    ) -> Instance:
-        """Pin this (fresh) process, then import torch and load the model."""
+    def fresh(cls, load: Callable[[], Target], *, cpus: Sequence[int], threads: int) -> Instance:
+        """Pin this (fresh) process, then import torch and ``load`` the model."""
         os.environ.update(thread_env(threads))
         os.environ.pop("PACKRAT_SERVE_CONFIG", None)  # pinned here, not by a serving config
         os.sched_setaffinity(0, set(cpus))  # before torch starts any thread
         from packrat.runtime.pinning import pin_current_process
 
         pin_current_process(cpus, threads=threads)
-        target = load_target(
-            spec,
-            archive=archive,
-            sample_request=sample_request,
-            content_type=content_type,
-            engine=engine,
-            artefact=artefact,
-        )
-        return cls(target, cpus=cpus, threads=threads)
+        return cls(load(), cpus=cpus, threads=threads)
 
     def _input(self, batch: int) -> Any:
         if batch not in self._inputs:
@@ -334,30 +315,41 @@ def run_forked(target: Target, request: dict[str, Any]) -> int:
     return _serve(instance, sys.stdin, out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m packrat.profiler.worker")
+def add_target_args(parser: argparse.ArgumentParser, *, engine_help: str) -> None:
+    """The flags naming what a worker runs (the model, or an archive's handler and its
+    request, on an engine): this module's and the fork server's (:mod:`.forked`)."""
     parser.add_argument("--model", required=True, help="zoo name or TorchScript file")
-    parser.add_argument("--cpus", required=True, help="cpu list to pin to, e.g. 2-3")
-    parser.add_argument("--threads", type=int, required=True, help="intra-op threads")
     parser.add_argument("--archive", help="a TorchServe .mar whose handler to run")
     parser.add_argument("--sample-request", help="file: the request body for --archive")
     parser.add_argument("--content-type", default="application/octet-stream")
-    parser.add_argument("--engine", default="eager", help="the engine to run the batches")
+    parser.add_argument("--engine", default="eager", help=engine_help)
     parser.add_argument("--artefact", help="the engine's converted artefact")
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    """:func:`load_target` for what :func:`add_target_args`' flags name."""
+    sample = Path(args.sample_request).read_bytes() if args.sample_request else None
+    return load_target(
+        args.model,
+        archive=args.archive,
+        sample_request=sample,
+        content_type=args.content_type,
+        engine=args.engine,
+        artefact=args.artefact,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m packrat.profiler.worker")
+    add_target_args(parser, engine_help="the engine to run the batches")
+    parser.add_argument("--cpus", required=True, help="cpu list to pin to, e.g. 2-3")
+    parser.add_argument("--threads", type=int, required=True, help="intra-op threads")
     args = parser.parse_args(argv)
 
     out = _protocol_out()
     try:
-        sample = Path(args.sample_request).read_bytes() if args.sample_request else None
         instance = Instance.fresh(
-            spec=args.model,
-            cpus=parse_cpu_list(args.cpus),
-            threads=args.threads,
-            archive=args.archive,
-            sample_request=sample,
-            content_type=args.content_type,
-            engine=args.engine,
-            artefact=args.artefact,
+            lambda: target_from_args(args), cpus=parse_cpu_list(args.cpus), threads=args.threads
         )
     except Exception as exc:
         traceback.print_exc()

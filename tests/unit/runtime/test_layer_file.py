@@ -152,3 +152,70 @@ def test_bad_files_are_refused_with_a_reason(
         layerfile.build_mapped(lambda: nn.Linear(3, 3), LayerFile(path))
     with pytest.raises(LayerFileError, match="cannot open"):
         LayerFile(tmp_path / "missing.layers")
+
+
+def _big_layer_file(tmp_path: Path) -> LayerFile:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(64, 1024), nn.Linear(1024, 1024)).eval()  # 4 MiB layer
+    path = layerfile.write_layer_file(
+        model, tmp_path / "big.layers", spec="big", example=torch.randn(1, 64)
+    )
+    return LayerFile(path)
+
+
+def test_a_layer_is_read_in_one_call_that_releases_the_gil(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``MADV_POPULATE_READ`` for the whole layer (not one per 1 MiB chunk, each of which
+    took the GIL back from the compute thread), its reads queued in pieces no larger than the
+    device's readahead window (past it the kernel would fault 4 KiB pages one at a time)."""
+    lf = _big_layer_file(tmp_path)
+    assert lf._window >= layerfile.MIN_WINDOW
+    lf._window = 1 << 20
+    populates: list[tuple[int, int]] = []
+    willneed: list[tuple[int, int]] = []
+    madvise, fadvise = layerfile._madvise, os.posix_fadvise
+
+    def record_madvise(address: int, length: int, advice: int) -> None:
+        if advice == layerfile.MADV_POPULATE_READ:
+            populates.append((address, length))
+        madvise(address, length, advice)
+
+    def record_fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            willneed.append((offset, length))
+        fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(layerfile, "_madvise", record_madvise)
+    monkeypatch.setattr(os, "posix_fadvise", record_fadvise)
+    lf.evict_all()
+    big = lf.layers[1]
+    assert big.length >= 4 << 20
+    assert lf.read_layer(1) == big.length
+    assert lf.resident(1) == big.length
+    if not lf._can_populate:
+        pytest.skip("this kernel has no MADV_POPULATE_READ (the pread path is tested below)")
+    assert [n for _, n in populates] == [big.length]
+    assert all(n <= 1 << 20 for _, n in willneed)
+    assert sorted(willneed)[0][0] == big.offset
+    assert sum(n for _, n in willneed) == big.length
+    lf.close()
+
+
+def test_the_pread_fallback_reads_the_whole_layer(tmp_path: Path) -> None:
+    lf = _big_layer_file(tmp_path)
+    lf._can_populate = False  # a kernel older than 5.14
+    lf.evict_all()
+    assert lf.read_layer(1) == lf.layers[1].length
+    assert lf.resident(1) == lf.layers[1].length
+    lf.close()
+
+
+def test_the_readahead_window_falls_back_to_the_kernels_default(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert layerfile.MIN_WINDOW <= layerfile.readahead_window(fd) <= 64 << 20
+    finally:
+        os.close(fd)

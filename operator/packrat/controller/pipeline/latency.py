@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -34,9 +33,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from packrat.controller.api.kube import KubeApi
-from packrat.controller.core.fanout import PodFanout, shared_fanout
+from packrat.controller.core.fanout import PodFanout
 from packrat.controller.core.status import parse_time
-from packrat.controller.planning.estimates import pod_address, ready_pods
+from packrat.controller.planning.estimates import PodReader, pod_address, ready_pods
 
 logger = logging.getLogger(__name__)
 
@@ -237,7 +236,7 @@ def pod_started(pod: Mapping[str, Any]) -> float | None:
     return when.timestamp() if when is not None else None
 
 
-class RouterLatency:
+class RouterLatency(PodReader):
     """Reads every ready router pod's histogram; ``pod_url`` as for the estimates."""
 
     def __init__(
@@ -250,10 +249,7 @@ class RouterLatency:
         window_s: float = WINDOW_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.kube = kube
-        self.pod_url = pod_url
-        self.deadline = deadline
-        self.fanout = fanout or shared_fanout()
+        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
         self.window_s = window_s
         self.clock = clock
         self._windows: dict[str, LatencyWindow] = {}
@@ -261,7 +257,6 @@ class RouterLatency:
         # a pod first read that started before this reader (a restarted operator) gives a
         # base only: what it counted before is in status.edges already
         self._began = clock()
-        self._lock = threading.Lock()
 
     def __call__(self, namespace: str, name: str) -> Measured | None:
         """The end-to-end latency over the trailing window, or None when no pod answered

@@ -50,6 +50,7 @@ from packrat.controller.pipeline.planning import (
 from packrat.controller.pipeline.spec import PipelineObject, StageSpec, parse_pipeline
 from packrat.controller.serving.manifests import PORT
 from packrat.controller.serving.slots import deployment_ready
+from packrat.plan.optimizer import Plan
 
 PLURAL = crd.PIPELINE_PLURAL
 PHASES = ("Pending", "Provisioning", "Serving", "Failed")
@@ -68,15 +69,26 @@ def stage_ready(model: Mapping[str, Any] | None, target: pc.StageTarget) -> bool
         return False
     if status.get("phase") != "Ready" or status.switch is not None:
         return False
-    plan = status.served_plan
-    if int(status.serving_spec_doc.get("cpus") or 0) != target.serving_cpus:
-        return False
-    if plan is None or plan.batch != target.batch:
+    if served_plan(status, target) is None:
         return False
     replicas = target.replicas
     if target.autoscaling is not None:  # the count its tuner or scaler chose
         replicas = int(status.get("replicas") or replicas)
     return int(status.get("readyReplicas") or 0) >= replicas
+
+
+def served_plan(status: ModelStatus, target: pc.StageTarget) -> Plan | None:
+    """The plan the stage model's active slot serves when it serves the pipeline's planned
+    CPUs and batch (None before, or while it still serves another configuration).
+
+    Its instances may differ from the pipeline planner's plan for that batch: a stage model
+    serves the monotone plan (a larger batch's instances when its profile says they are
+    faster, :mod:`packrat.plan.padding`) and never one its verification measured slower
+    than fat (:mod:`packrat.controller.profiling.verified`)."""
+    plan = status.served_plan
+    if int(status.serving_spec_doc.get("cpus") or 0) != target.serving_cpus:
+        return None
+    return plan if plan is not None and plan.batch == target.batch else None
 
 
 def stage_autoscaling(
@@ -289,8 +301,11 @@ class PipelineReconciler:
             entry["phase"] = str(mstatus.get("phase") or "Pending")
             entry["readyReplicas"] = int(mstatus.get("readyReplicas") or 0)
             mirror_autoscaling(p, entry, mstatus, tuned=pipe.autoscaling is not None)
-            stages.append(entry)
             target = targets.get(stage.name)  # absent: patched by this pass
+            served = served_plan(ModelStatus(mstatus), target) if target is not None else None
+            if served is not None:  # what its replicas run (until then: what was planned)
+                entry["plan"] = served.label
+            stages.append(entry)
             if target is None or not stage_ready(model, target):
                 waiting_on.append(stage.name)
         p.status.set_stages(stages)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeGuard
@@ -30,9 +29,9 @@ from typing import Any, TypeGuard
 from packrat.controller.api.crd import PIPELINE_KIND
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.fanout import PodFanout, read_json, shared_fanout
+from packrat.controller.core.fanout import PodFanout, read_json
 from packrat.controller.planning.autoscale import Arrivals
-from packrat.controller.planning.estimates import pod_address, ready_pods
+from packrat.controller.planning.estimates import PodReader, pod_address, ready_pods
 from packrat.controller.serving.admin_token import Holder, read_token
 from packrat.controller.serving.manifests import router_token_name
 from packrat.plan.pipeline.feedback import thin, thin_phase
@@ -92,7 +91,7 @@ def _path(after: float) -> str:
     return f"/arrivals?after={after:.6f}"
 
 
-class ArrivalReader:
+class ArrivalReader(PodReader):
     """Reads and merges the new arrivals of every ready serving pod of a model."""
 
     def __init__(
@@ -104,15 +103,11 @@ class ArrivalReader:
         fanout: PodFanout | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.kube = kube
-        self.pod_url = pod_url
-        self.deadline = deadline
-        self.fanout = fanout or shared_fanout()
+        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
         self.clock = clock
         self._cursors: dict[tuple[str, str, str], float] = {}
         # per (namespace, reader@service): the share left over by the ingress thinned so far
         self._phases: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
 
     def ingress(
         self, namespace: str, service: str, *, reader: str, factor: float

@@ -61,7 +61,22 @@ def pod_address(template: str, namespace: str, pod: Mapping[str, Any]) -> str:
     )
 
 
-class EstimateReader:
+class PodReader:
+    """What a reader of every ready pod of a Service keeps: the API it lists the pods with,
+    the ``pod_url`` template (``{ip}``, ``{pod}``, ``{namespace}``), the deadline of each
+    fan-out, the operator's one pod client and a lock over what it remembers per model."""
+
+    def __init__(
+        self, kube: KubeApi, *, pod_url: str, deadline: float, fanout: PodFanout | None
+    ) -> None:
+        self.kube = kube
+        self.pod_url = pod_url
+        self.deadline = deadline
+        self.fanout = fanout or shared_fanout()
+        self._lock = threading.Lock()
+
+
+class EstimateReader(PodReader):
     """Reads every ready serving pod's estimate (the pods the Service selects).
 
     ``pod_url`` is a template with ``{ip}``, ``{pod}`` and ``{namespace}``; ``service_url``
@@ -78,16 +93,12 @@ class EstimateReader:
         deadline: float = DEADLINE_SECONDS,
         fanout: PodFanout | None = None,
     ) -> None:
-        self.kube = kube
-        self.pod_url = pod_url
+        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
         self.service_url = service_url
-        self.deadline = deadline
-        self.fanout = fanout or shared_fanout()
         # per model, the pod addresses its last read went to (what peek() reads again);
         # bounded by the models this operator serves, forgotten with a deleted model
         self._last: dict[str, tuple[list[str], dict[str, str]]] = {}
         self._tokens: dict[str, tuple[float, str | None]] = {}  # when read, and the token
-        self._lock = threading.Lock()
 
     def _token(self, namespace: str, name: str) -> str | None:
         """The model's admin token, read at most every ``TOKEN_SECONDS`` (a token a minute

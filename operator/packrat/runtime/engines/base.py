@@ -19,6 +19,8 @@ Nothing outside :mod:`packrat.runtime.engines` imports an engine's own library.
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.metadata
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -93,6 +95,42 @@ class Engine(Protocol):
     ) -> Path | None: ...
 
     def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> Runner: ...
+
+
+def missing_packages(engine: str, packages: Sequence[str]) -> str | None:
+    """Why ``engine`` cannot run here: the first of its ``packages`` not installed (its extra,
+    named as the engine, installs them), or None."""
+    for package in packages:
+        try:
+            importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return (
+                f"engine {engine}: the {package} package is not installed "
+                f"(pip install 'packrat-operator[{engine}]')"
+            )
+    return None
+
+
+def import_engine(module: str, engine: Engine) -> Any:
+    """Import an engine's own library, or raise why the engine cannot run here."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise EngineMissingError(engine.missing()) from None
+
+
+def one_or_tuple(outs: Sequence[Tensor]) -> Tensor | tuple[Tensor, ...]:
+    """A batch's outputs as eager returns them: the tensor when there is one, else a tuple."""
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class ArtefactRunner:
+    """A runner of an artefact file: :meth:`memory` counts what it maps from its folder."""
+
+    artefact: Path | None
+
+    def memory(self) -> dict[str, int]:
+        return memory_report(self.artefact)
 
 
 def memory_report(artefact: Path | None) -> dict[str, int]:

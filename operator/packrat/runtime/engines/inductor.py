@@ -15,13 +15,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from packrat.runtime.engines.base import INDUCTOR, EngineError, InputSpec, memory_report
+from packrat.runtime.engines.base import (
+    INDUCTOR,
+    ArtefactRunner,
+    EngineError,
+    InputSpec,
+    one_or_tuple,
+)
 from packrat.runtime.engines.onnx_export import sample
 
 MAX_BATCH = 1024  # the package's dynamic batch range is 1..MAX_BATCH (the CRD's batchSize cap)
 
 
-class InductorRunner:
+class InductorRunner(ArtefactRunner):
     def __init__(self, package: Any, artefact: Path) -> None:
         self.package = package
         self.artefact = artefact
@@ -30,11 +36,8 @@ class InductorRunner:
         with torch.inference_mode():
             out = self.package(*inputs)
         if isinstance(out, (list, tuple)):
-            return out[0] if len(out) == 1 else tuple(out)
+            return one_or_tuple(out)
         return out  # type: ignore[no-any-return]
-
-    def memory(self) -> dict[str, int]:
-        return memory_report(self.artefact)
 
 
 class Inductor:

@@ -13,23 +13,17 @@ from torch import Tensor, nn
 
 from packrat.runtime.engines.base import (
     ONNXRUNTIME,
+    ArtefactRunner,
     EngineError,
-    EngineMissingError,
     InputSpec,
-    memory_report,
+    import_engine,
+    missing_packages,
+    one_or_tuple,
 )
 from packrat.runtime.engines.onnx_export import export_onnx
 
 
-def _module() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise EngineMissingError(OnnxRuntime().missing()) from None
-    return onnxruntime
-
-
-class OrtRunner:
+class OrtRunner(ArtefactRunner):
     def __init__(self, session: Any, artefact: Path) -> None:
         self.session = session
         self.artefact = artefact
@@ -38,10 +32,7 @@ class OrtRunner:
     def run(self, inputs: Sequence[Tensor]) -> Tensor | tuple[Tensor, ...]:
         feed = {n: t.contiguous().numpy() for n, t in zip(self.names, inputs, strict=True)}
         outs = [torch.from_numpy(o) for o in self.session.run(None, feed)]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def memory(self) -> dict[str, int]:
-        return memory_report(self.artefact)
+        return one_or_tuple(outs)
 
 
 class OnnxRuntime:
@@ -49,15 +40,7 @@ class OnnxRuntime:
     fork_safe = False  # its thread pool is created with the session: load after the fork
 
     def missing(self) -> str | None:
-        for package in ("onnxruntime", "onnx"):
-            try:
-                importlib.metadata.version(package)
-            except importlib.metadata.PackageNotFoundError:
-                return (
-                    f"engine onnxruntime: the {package} package is not installed "
-                    f"(pip install 'packrat-operator[onnxruntime]')"
-                )
-        return None
+        return missing_packages(ONNXRUNTIME, ("onnxruntime", "onnx"))
 
     def version(self) -> str:
         return importlib.metadata.version("onnxruntime")
@@ -68,7 +51,7 @@ class OnnxRuntime:
     def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> OrtRunner:
         if artefact is None:
             raise EngineError("onnxruntime: no artefact to load")
-        ort = _module()
+        ort = import_engine("onnxruntime", self)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

@@ -20,20 +20,14 @@ from torch import Tensor, nn
 
 from packrat.runtime.engines.base import (
     OPENVINO,
+    ArtefactRunner,
     EngineError,
-    EngineMissingError,
     InputSpec,
-    memory_report,
+    import_engine,
+    missing_packages,
+    one_or_tuple,
 )
 from packrat.runtime.engines.onnx_export import export_onnx
-
-
-def _module() -> Any:
-    try:
-        import openvino
-    except ImportError:
-        raise EngineMissingError(OpenVino().missing()) from None
-    return openvino
 
 
 def instance_config(threads: int) -> dict[str, Any]:
@@ -47,7 +41,7 @@ def instance_config(threads: int) -> dict[str, Any]:
     }
 
 
-class OvRunner:
+class OvRunner(ArtefactRunner):
     def __init__(self, compiled: Any, artefact: Path) -> None:
         self.compiled = compiled
         self.request = compiled.create_infer_request()
@@ -57,10 +51,7 @@ class OvRunner:
         feed = {i: t.contiguous().numpy() for i, t in enumerate(inputs)}
         result = self.request.infer(feed)
         outs = [torch.from_numpy(result[o].copy()) for o in self.compiled.outputs]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def memory(self) -> dict[str, int]:
-        return memory_report(self.artefact)
+        return one_or_tuple(outs)
 
 
 class OpenVino:
@@ -68,21 +59,13 @@ class OpenVino:
     fork_safe = False  # TBB's pool is created at compile: load after the fork
 
     def missing(self) -> str | None:
-        for package in ("openvino", "onnx"):
-            try:
-                importlib.metadata.version(package)
-            except importlib.metadata.PackageNotFoundError:
-                return (
-                    f"engine openvino: the {package} package is not installed "
-                    f"(pip install 'packrat-operator[openvino]')"
-                )
-        return None
+        return missing_packages(OPENVINO, ("openvino", "onnx"))
 
     def version(self) -> str:
         return importlib.metadata.version("openvino")
 
     def convert(self, model: nn.Module, inputs: Sequence[InputSpec], folder: Path) -> Path:
-        ov = _module()
+        ov = import_engine("openvino", self)
         onnx_path = export_onnx(model, inputs, folder / "model.onnx")
         try:
             converted = ov.Core().read_model(str(onnx_path))
@@ -97,6 +80,6 @@ class OpenVino:
     def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> OvRunner:
         if artefact is None:
             raise EngineError("openvino: no artefact to load")
-        ov = _module()
+        ov = import_engine("openvino", self)
         compiled = ov.Core().compile_model(str(artefact), "CPU", instance_config(threads))
         return OvRunner(compiled, artefact)

@@ -73,6 +73,23 @@ def test_profiles_then_plan_then_serving(cluster: Cluster) -> None:
     assert status["endpoint"] == {"service": f"{NAME}.{NS}.svc", "port": 8080}
 
 
+def test_stage_plan_is_what_the_stage_model_serves() -> None:
+    """One thread's batch 2 measured a hair faster than its batch 1 (the ``tiny`` model's
+    latency is flat within noise; on a loaded machine either can come out ahead): the
+    pipeline planner plans batch 1 as 1x1t/b1, the stage model serves batch 1 on the faster
+    1x1t/b2 (a monotone plan, plan/padding.py). The stage's status says what it serves."""
+    c = Cluster(profile=profile_json({(1, 2): 0.95}))
+    status = c.settle()
+    assert status["phase"] == "Serving", status
+    for stage, name in zip(status["stages"], MODELS, strict=True):
+        served = c.obj("packratmodels", name)["status"]["plan"]
+        assert (stage["batch"], stage["cpusPerReplica"]) == (1, 1), stage
+        assert (served["batch"], served["capacity"]) == (1, 2), served  # padded
+        assert stage["plan"] == served["label"] == "1x1t/b2"
+    assert c.pipelines.reconcile(NS, NAME, now=c.now).events == []  # and stays so, at rest
+    assert [s["plan"] for s in c.status()["stages"]] == ["1x1t/b2", "1x1t/b2"]
+
+
 def test_a_pass_at_rest_writes_nothing(cluster: Cluster) -> None:
     c = cluster
     assert c.settle()["phase"] == "Serving"
