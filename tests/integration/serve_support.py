@@ -28,9 +28,12 @@ def ping_ok(url: str) -> bool:
         return False
 
 
-def call_json(url: str, body: bytes | None = None) -> tuple[int, Any]:
-    """GET (POST with ``body``) ``url``: (status, JSON answer); (0, None) when unreachable."""
-    req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+def call_json(url: str, body: bytes | None = None, *, token: str | None = None) -> tuple[int, Any]:
+    """GET (POST with ``body``) ``url``, with ``token`` as the bearer token when given:
+    (status, JSON answer); (0, None) when unreachable."""
+    method = "POST" if body is not None else "GET"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())

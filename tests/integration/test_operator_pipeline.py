@@ -26,8 +26,10 @@ import pytest
 from harness import OperatorCluster, wait_for
 from models import FIRST_READY_S, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
+from serve_support import call_json
 
 from packrat.controller.pipeline.latency import MIN_QUERIES
+from packrat.controller.serving.admin_token import secret_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -142,6 +144,12 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
     assert sorted(path.split(",")) == sorted(STAGES), path
     for _ in range(MIN_QUERIES):  # enough answers for the router's measured P99
         assert _query(cluster)[0] == 200
+    # issue 38: the routers' /arrivals answers only the pipeline's token (its Secret, mounted)
+    arrivals = f"{cluster.agent.proxy.url(NAME)}/arrivals?after=0"
+    assert call_json(arrivals)[0] == 401
+    token = secret_token(cluster.api.get("secrets", f"{NAME}-router-token") or {})
+    code, doc = call_json(arrivals, token=token)
+    assert code == 200 and doc["total"] >= 1, doc
 
     # the operator reads the router pods' latency histograms (the trailing window) into status
     measured = wait_for(

@@ -18,6 +18,9 @@ import pytest
 from harness import Load, OperatorCluster, wait_for
 from models import body, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
+from serve_support import call_json
+
+from packrat.controller.serving.admin_token import secret_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
@@ -104,6 +107,12 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
         )
         answers[name] = answer
     assert answers["pa"] == answers["pb"]  # the same zoo weights: the same answer
+    # issue 38: /pool/status answers only the pool's token (its Secret, mounted read-only)
+    status_url = f"{cluster.agent.proxy.url(POOL)}/pool/status"
+    assert call_json(status_url)[0] == 401
+    token = secret_token(cluster.api.get("secrets", f"{POOL}-pool-token") or {})
+    code, doc = call_json(status_url, token=token)
+    assert code == 200 and set(MODELS) <= set(doc["models"]), doc
 
     # out of the pool, under load: the pool serves pb until pb's own pods answer
     def own_pods_serve() -> bool:

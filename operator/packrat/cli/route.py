@@ -1,7 +1,8 @@
 """``packrat route --config router.yaml``: a pipeline's entry point, the DAG over its stages.
 
 Runs :class:`packrat.serve.router.Router` on one port (``POST /predictions/{pipeline}``,
-``GET /ping``, ``GET /metrics``) with the dispatcher's connection limits. The config names
+``GET /ping``, ``GET /metrics``; ``GET /arrivals`` with ``--admin-token-file``) with the
+dispatcher's connection limits. The config names
 the stages' prediction URLs, the edges and the deadlines
 (:func:`packrat.serve.router.parse_router_config`). Bad config: one line, exit status 2.
 """
@@ -29,6 +30,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--config", required=True, type=Path, help="router config YAML")
     parser.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8080, help="listen port (default 8080)")
+    parser.add_argument(
+        "--admin-token-file",
+        type=Path,
+        metavar="FILE",
+        help="file holding the pipeline's bearer token (a mounted Secret, read again when it "
+        "changes; a file 'previous' beside it holds a second accepted token); enables GET "
+        "/arrivals (without it that route does not exist)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,7 +63,15 @@ def run(args: argparse.Namespace) -> int:
         config = parse_router_config(doc, origin=str(args.config))
     except PipelineError as exc:
         raise CliError(str(exc)) from None
-    asyncio.run(_serve(Router(config), args.host, args.port))
+    token = None
+    if args.admin_token_file is not None:
+        from packrat.serve.auth import token_file
+
+        try:
+            token = token_file(args.admin_token_file)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    asyncio.run(_serve(Router(config, admin_token=token), args.host, args.port))
     return 0
 
 

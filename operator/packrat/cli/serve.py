@@ -481,11 +481,12 @@ def _admin_token(args: argparse.Namespace) -> Any:
     or None: no admin routes."""
     token: Any = None
     if args.admin_token_file is not None:
-        from packrat.serve.auth import TokenFile
+        from packrat.serve.auth import token_file
 
-        token = TokenFile(args.admin_token_file)
-        if token() is None:
-            raise CliError(f"{args.admin_token_file} must hold a token of at least 16 characters")
+        try:
+            token = token_file(args.admin_token_file)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
     elif args.admin_token_env:
         token = (args.admin_token or "").strip()  # taken out of the environment at start
         if len(token) < 16:

@@ -18,7 +18,14 @@ import hmac
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["MIN_TOKEN_CHARS", "PREVIOUS_FILE", "AdminToken", "TokenFile", "bearer_accepted"]
+__all__ = [
+    "MIN_TOKEN_CHARS",
+    "PREVIOUS_FILE",
+    "AdminToken",
+    "TokenFile",
+    "bearer_accepted",
+    "token_file",
+]
 
 MIN_TOKEN_CHARS = 16
 PREVIOUS_FILE = "previous"  # beside the token file: the Secret's ``previous`` key
@@ -66,6 +73,15 @@ class TokenFile:
             return ()  # no current token: nothing is accepted, the previous one neither
         previous = self._previous()
         return (current,) if previous is None or previous == current else (current, previous)
+
+
+def token_file(path: Path) -> TokenFile:
+    """The token in ``path`` (``--admin-token-file``), read again as it changes; ValueError
+    when it holds no token now (a process started with a bad file refuses to start)."""
+    token = TokenFile(path)
+    if token() is None:
+        raise ValueError(f"{path} must hold a token of at least {MIN_TOKEN_CHARS} characters")
+    return token
 
 
 AdminToken = str | TokenFile | Callable[[], str | None] | None

@@ -53,6 +53,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from packrat.plan.pipeline.branch import Condition, parse_condition
 from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
+from packrat.serve.auth import AdminToken, bearer_accepted
 from packrat.serve.dispatcher.arrivals import DEFAULT_LIMIT, ArrivalLog
 from packrat.serve.dispatcher.connections import (
     BodyRefusedError,
@@ -62,7 +63,7 @@ from packrat.serve.dispatcher.connections import (
     receive_body,
     refuse_body,
 )
-from packrat.serve.dispatcher.metrics import MetricSet
+from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, MetricSet, Snapshot
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
 PATH_HEADER = "X-Packrat-Path"
@@ -161,8 +162,14 @@ class Router:
         *,
         rng: random.Random | None = None,
         metrics: RouterMetrics | None = None,
+        admin_token: AdminToken = None,
+        metrics_interval_s: float = METRICS_INTERVAL_S,
     ) -> None:
         self.config = config
+        # ``/arrivals`` needs it, as a serving pod's (none: no ``/arrivals``, as a pod's)
+        self.admin_token = admin_token
+        self.metrics_interval_s = metrics_interval_s  # /metrics: a snapshot, as a pod's
+        self._snapshot = Snapshot()
         self.order = topological_order(list(config.stages), config.edges)
         self.parents = {n: [e for e in config.edges if e.dst == n] for n in self.order}
         self.children = {n: [e for e in config.edges if e.src == n] for n in self.order}
@@ -186,7 +193,8 @@ class Router:
         app.router.add_post("/v2/models/{name}/infer", self.handle_v2)
         app.router.add_get("/ping", self.handle_ping)
         app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/arrivals", self.handle_arrivals)
+        if self.admin_token:
+            app.router.add_get("/arrivals", self.handle_arrivals)
         app.on_startup.append(self._open)
         app.on_cleanup.append(self._close)
         return app
@@ -204,12 +212,16 @@ class Router:
         return web.json_response({"status": "Healthy"})
 
     async def handle_metrics(self, _request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        render = lambda: generate_latest(self.metrics.registry)  # noqa: E731
+        body = self._snapshot.get(self.metrics_interval_s, render)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_arrivals(self, request: web.Request) -> web.Response:
         """The pipeline's ingress after ``?after=`` (seconds since the epoch), as a serving
-        pod's ``/arrivals``: the stages' tuners read it (``spec.autoscaling.ingress``)."""
+        pod's ``/arrivals``: the stages' tuners read it (``spec.autoscaling.ingress``), with
+        the pipeline's admin token only (when each query came is its clients' business)."""
+        if not bearer_accepted(request.headers.get("Authorization", ""), self.admin_token):
+            return web.json_response({"error": "a valid bearer token is required"}, status=401)
         try:
             after = float(request.query.get("after", "0"))
             limit = int(request.query.get("limit", str(DEFAULT_LIMIT)))

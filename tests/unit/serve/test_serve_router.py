@@ -20,6 +20,9 @@ from packrat.plan.pipeline.branch import measured_fractions, parse_condition
 from packrat.plan.pipeline.simulate import Edge, PipelineError
 from packrat.serve.router import DEADLINE_HEADER, PATH_HEADER, Router, RouterConfig
 
+TOKEN = "router-token-0123456789"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
 
 class Stages:
     """Stage Services: each appends its name to the JSON list it gets (a join gets a dict);
@@ -67,7 +70,9 @@ async def pipeline(
         port = probe.addresses[0][1]
         await probe.cleanup()
         urls.update({n: f"http://127.0.0.1:{port}/x" for n, k in kinds.items() if k == "down"})
-    router = Router(RouterConfig("p", urls, edges, **config), rng=random.Random(7))
+    router = Router(
+        RouterConfig("p", urls, edges, **config), rng=random.Random(7), admin_token=TOKEN
+    )
     front, url = await _serve(router.app())
     try:
         async with aiohttp.ClientSession() as session:
@@ -236,11 +241,13 @@ def test_metrics_count_queries_and_stages() -> None:
             async with s.get(url.replace("/predictions/p", "/metrics")) as r:
                 text = await r.text()
             # the ingress, for the stages' tuners: every admitted query, as a pod's /arrivals
-            async with s.get(url.replace("/predictions/p", "/arrivals?after=0")) as r:
+            arrivals = url.replace("/predictions/p", "/arrivals?after=0")
+            async with s.get(arrivals, headers=BEARER) as r:
                 ingress = await r.json()
             assert len(ingress["offsets_ms"]) == 3 and ingress["total"] == 3
             for bad in ("after=nan", "after=x", "limit=0"):
-                async with s.get(url.replace("/predictions/p", f"/arrivals?{bad}")) as r:
+                arrivals = url.replace("/predictions/p", f"/arrivals?{bad}")
+                async with s.get(arrivals, headers=BEARER) as r:
                     assert r.status == 400
         samples = {
             (x.name, tuple(sorted(x.labels.items()))): x.value

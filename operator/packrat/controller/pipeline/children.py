@@ -27,6 +27,8 @@ from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_
 from packrat.controller.core.spec import read_spec
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.spec import PipelineObject
+from packrat.controller.serving.admin_token import Holder, ensure_token
+from packrat.controller.serving.manifests import router_token_name
 
 ROUTER_REPLICAS = 2
 
@@ -163,6 +165,11 @@ def ensure_router(
     ns = p.namespace
     cm = pm.router_configmap(pipe)
     keep(p.kube, "configmaps", ns, cm, current=children.configmap, ours=p.owns, drift=_cm_drift)
+    # the routers' /arrivals needs the pipeline's token; no router mounts a Secret not ours
+    # (a conflict, recorded: the caller reports it)
+    holder = Holder(pm.PIPELINE_KIND, router_token_name(pipe.name), pm.token_labels(pipe.name))
+    if ensure_token(p, holder) is None:
+        return None
     dep = pm.router_deployment(pipe, replicas=ROUTER_REPLICAS, image=image)
     router = keep(
         p.kube, "deployments", ns, dep, current=children.deployment, ours=p.owns, drift=_dep_drift

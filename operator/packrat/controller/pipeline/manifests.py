@@ -22,14 +22,19 @@ from packrat.controller.api import crd
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION, thaw
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE, KIND
 from packrat.controller.serving.manifests import (
+    ADMIN_TOKEN_DIR,
+    ADMIN_TOKEN_KEY,
     MANAGER,
     PORT,
+    admin_token_mount,
+    admin_token_volume,
     base_env,
     base_labels,
     container_security,
     metadata,
     owner_reference,
     pod_security,
+    router_token_name,
     scrape_annotations,
 )
 
@@ -67,7 +72,12 @@ def _metadata(owner: Mapping[str, Any], *, name: str, labels: Mapping[str, str])
 def pipeline_metadata(owner: Mapping[str, Any], *, name: str) -> dict[str, Any]:
     """Metadata of an object the pipeline owns (its plan ConfigMap)."""
     pipeline = owner["metadata"]["name"]
-    return _metadata(owner, name=name, labels={**base_labels(pipeline), LABEL_PIPELINE: pipeline})
+    return _metadata(owner, name=name, labels=token_labels(pipeline))
+
+
+def token_labels(pipeline: str) -> dict[str, str]:
+    """The pipeline's admin token Secret's labels (not the routers': it is no pod's)."""
+    return {**base_labels(pipeline), LABEL_PIPELINE: pipeline}
 
 
 def _labels(pipeline: str) -> dict[str, str]:
@@ -171,6 +181,8 @@ def router_deployment(
             "0.0.0.0",
             "--port",
             str(PORT),
+            "--admin-token-file",  # GET /arrivals: the pipeline's token only
+            f"{ADMIN_TOKEN_DIR}/{ADMIN_TOKEN_KEY}",
         ],
         "env": base_env(),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
@@ -179,6 +191,7 @@ def router_deployment(
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            admin_token_mount(),
         ],
         "readinessProbe": {**probe, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 6},
@@ -204,6 +217,7 @@ def router_deployment(
                     "volumes": [
                         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
                         {"name": "config", "configMap": {"name": router_name(name)}},
+                        admin_token_volume(router_token_name(name)),
                     ],
                 },
             },

@@ -165,6 +165,15 @@ class PipelineReconciler:
         )
 
     # -- the pass ------------------------------------------------------------------------------
+    def _conflicted(self, p: Pass) -> bool:
+        """Whether an object under one of our names is not ours (reported: the pass stops)."""
+        if not p.conflicts:
+            return False
+        message = conflict_message(p.conflicts, owner=pm.PIPELINE_KIND)
+        self._fail(p, "conflict", "OwnershipConflict", message)
+        p.result.in_progress()  # a foreign object's removal sends us no event
+        return True
+
     def _pass(self, p: Pass, measured: Measured | None) -> None:
         try:
             pipe = parse_pipeline(p.obj, default_image=self.config.image)
@@ -173,18 +182,13 @@ class PipelineReconciler:
             return
         children = pc.observe(p, pipe)
         pc.find_conflicts(p, pipe, children)
-        if p.conflicts:
-            self._fail(
-                p,
-                "conflict",
-                "OwnershipConflict",
-                conflict_message(p.conflicts, owner=pm.PIPELINE_KIND),
-            )
-            p.result.in_progress()  # a foreign object's removal sends us no event
+        if self._conflicted(p):
             return
         p.status.set_message(None)  # set again below if it still applies
         pc.remove_leftovers(p, children)
         router = pc.ensure_router(p, pipe, children, image=self.config.image)
+        if self._conflicted(p):  # the routers' token Secret is not ours
+            return
         p.status.set_endpoint(p.name, p.namespace, PORT)
 
         profiles = {}

@@ -7,7 +7,9 @@ under one ``deadline``; a document that is not an object with a finite ``base`` 
 finite offsets (at most ``MAX_OFFSETS``; ``Infinity`` and 400-digit numbers are not) is no
 reading from that pod. ``/arrivals`` needs the model's admin token (from the Secret the
 operator owns, :func:`~packrat.controller.serving.admin_token.read_token`); without one
-nothing is asked. The reading happens before a pass. The reader keeps, per pod, the
+nothing is asked. A pipeline router's ``/arrivals`` (a stage's ``spec.autoscaling.ingress``)
+needs the pipeline's token, sent only when the Service named is the pipeline's own. The
+reading happens before a pass. The reader keeps, per pod, the
 newest timestamp it has seen, asks only for what came after and keeps only that (a pod that
 ignores the cursor is not counted twice; in memory: a restarted operator starts from "now",
 since older arrivals say nothing about the load to come). A pod
@@ -24,11 +26,14 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
+from packrat.controller.api.crd import PIPELINE_KIND
 from packrat.controller.api.kube import KubeApi
+from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.fanout import PodFanout, read_json
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import PodReader, pod_address, ready_pods
-from packrat.controller.serving.admin_token import read_token
+from packrat.controller.serving.admin_token import Holder, read_token
+from packrat.controller.serving.manifests import router_token_name
 from packrat.plan.pipeline.feedback import thin, thin_phase
 
 logger = logging.getLogger(__name__)
@@ -160,8 +165,11 @@ class ArrivalReader(PodReader):
             if value is None:
                 return None  # no token of ours: the pods would answer 401, and nothing is sent
             headers["Authorization"] = f"Bearer {value}"
-        # else a pipeline router's public /arrivals (spec.autoscaling.ingress names it): the
-        # model's token is never sent to a Service the model author chose
+        elif (value := self._router_token(namespace, name, now)) is not None:
+            headers["Authorization"] = f"Bearer {value}"
+        # else not a pipeline's routers (spec.autoscaling.ingress names any Service): asked
+        # without a token, as before; the model's token is never sent to a Service its
+        # author chose
         answers = self.fanout.get(
             f"{namespace}/{name}",
             urls,
@@ -187,6 +195,15 @@ class ArrivalReader(PodReader):
             return None
         merged.sort()
         return Arrivals(times=merged, pods=answered)
+
+    def _router_token(self, namespace: str, service: str, now: float) -> str | None:
+        """The pipeline's token when ``service`` is a PackratPipeline's Service (under its
+        name, owned by it) and its token Secret is the pipeline's; None otherwise."""
+        svc = self.kube.get("services", namespace, service)
+        if svc is None or not owned_by(svc, name=service, uid=None, kind=PIPELINE_KIND):
+            return None
+        holder = Holder(PIPELINE_KIND, router_token_name(service))
+        return read_token(self.kube, namespace, service, _utc(now), holder=holder)
 
     def _forget_gone(self, namespace: str, name: str, alive: set[str]) -> None:
         with self._lock:

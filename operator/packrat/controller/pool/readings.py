@@ -89,10 +89,18 @@ class PoolReader:
         self.kube, self.pod_url, self.fanout = kube, pod_url, fanout
 
     def __call__(
-        self, namespace: str, pool: str, expected: Mapping[str, Collection[str]]
+        self,
+        namespace: str,
+        pool: str,
+        expected: Mapping[str, Collection[str]],
+        *,
+        token: str | None = None,
     ) -> dict[str, dict[str, Hosted]]:
         """Pool pod name -> the models it serves now (``expected``: pod -> the models the
-        pool asked it to host; a pod with none is not read). Unreachable pods: absent."""
+        pool asked it to host; a pod with none is not read). Unreachable pods: absent.
+        ``token``: the pool's admin token, sent to its own pods only (``/pool/status``
+        answers 401 without it)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         pods = self.kube.list("pods", namespace, labels=pm.pool_labels(pool))
         ready = [p for p in pods if pod_ready(p)][:MAX_PODS]
         by_pod: dict[str, list[tuple[str, dict[str, Any]]]] = {}
@@ -104,7 +112,11 @@ class PoolReader:
         for key, found in by_pod.items():
             urls = [f"{url.rstrip('/')}/pool/status" for url, _ in found]
             answers = self.fanout.get(
-                f"pool/{namespace}/{pool}", urls, deadline=DEADLINE_SECONDS, max_bytes=MAX_BYTES
+                f"pool/{namespace}/{pool}",
+                urls,
+                deadline=DEADLINE_SECONDS,
+                max_bytes=MAX_BYTES,
+                headers=headers,
             )
             # a model is served by the pod when every ready replica of it says so (a pod
             # rolling to a new config has its old replica ready beside the new one)

@@ -32,6 +32,8 @@ from packrat.controller.core.status import Status
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
 from packrat.controller.pool.spec import ZOO_WEIGHT_BYTES, Member, PoolSpec, members, parse_pool
+from packrat.controller.serving.admin_token import Holder, ensure_token
+from packrat.controller.serving.manifests import pool_token_name
 from packrat.plan.pool.placement import ModelDemand, PodCapacity, place
 
 PLURAL = crd.POOL_PLURAL
@@ -58,6 +60,11 @@ class PoolStatus(Status):
 
 
 PoolPass = Pass[PoolStatus]
+
+
+def pool_holder(pool: str) -> Holder:
+    """The pool's admin token Secret, owned by the pool (its pods mount it)."""
+    return Holder(crd.POOL_KIND, pool_token_name(pool), pm.pool_labels(pool))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,9 +155,13 @@ class PoolReconciler:
         found = members(spec.name, models)
         known = p.status.get("models") or {}
         plan = layout(spec, found, served_pods(models, spec.name), known)
-        self._keep_children(p, spec, plan)
+        # the pods' /pool/status needs the pool's token: no pod mounts a Secret not ours
+        token = ensure_token(p, pool_holder(spec.name), ours=lambda obj: self._ours(p, obj))
+        if token is not None:
+            self._keep_children(p, spec, plan)
         expected = {pod: set(hosted) for pod, hosted in plan.hosting.items() if hosted}
-        readings = self.reader(p.namespace, spec.name, expected) if self.reader else {}
+        reader, ok = self.reader, token is not None
+        readings = reader(p.namespace, spec.name, expected, token=token) if reader and ok else {}
         self._write_status(p, spec, plan, readings)
         if p.conflicts:
             message = conflict_message(p.conflicts, owner=crd.POOL_KIND)

@@ -27,13 +27,15 @@ import datetime
 import logging
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from packrat.controller.api.children import Outcome, keep
+from packrat.controller.api.crd import KIND
 from packrat.controller.api.kube import KubeApi, KubeError
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.context import Pass
 from packrat.controller.core.status import now_iso, parse_time
 from packrat.controller.serving import manifests as m
 
@@ -60,13 +62,32 @@ def check_rotation_seconds(seconds: float) -> str | None:
     return f"must be 0 (no rotation) or at least {MIN_ROTATION_SECONDS:g} seconds"
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Whose token Secret it is: its owner's kind, the Secret's name and labels. A model's
+    by default (:func:`model_holder`); a pipeline's routers and a pool's pods have their
+    own, made, rotated and read the same way (issue 38: their ``/arrivals`` and
+    ``/pool/status`` were public)."""
+
+    kind: str
+    secret: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def model_holder(name: str) -> Holder:
+    return Holder(KIND, m.admin_token_name(name), {**m.base_labels(name), m.LABEL_MODEL: name})
+
+
 def admin_token_secret(
-    owner: Mapping[str, Any], *, token: str, now: datetime.datetime
+    owner: Mapping[str, Any],
+    *,
+    token: str,
+    now: datetime.datetime,
+    holder: Holder | None = None,
 ) -> dict[str, Any]:
-    """The model's admin token Secret holding ``token``, made (rotated) at ``now``."""
-    name = owner["metadata"]["name"]
-    labels = {**m.base_labels(name), m.LABEL_MODEL: name}
-    meta = m.metadata(owner, name=m.admin_token_name(name), labels=labels)
+    """The owner's admin token Secret holding ``token``, made (rotated) at ``now``."""
+    h = holder or model_holder(owner["metadata"]["name"])
+    meta = m.metadata(owner, name=h.secret, labels=h.labels, kind=h.kind)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -162,30 +183,36 @@ def stamp_patch(secret: Mapping[str, Any], *, now: datetime.datetime) -> dict[st
     return patch
 
 
-def ensure_token(p: Pass) -> str | None:
-    """The token to call the model's pods with (:func:`token_for_calls`), its Secret made
+def ensure_token(
+    p: Pass[Any],
+    holder: Holder | None = None,
+    ours: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> str | None:
+    """The token to call the owner's pods with (:func:`token_for_calls`), its Secret made
     when missing and rotated when due. None: ours holds no token, or the Secret under that
     name is not ours (a conflict is recorded: a token someone else knows must never guard
-    the pods, and ours is never sent to someone else's object's holder)."""
+    the pods, and ours is never sent to someone else's object's holder). ``holder`` and
+    ``ours``: a model's (the pass's) unless given."""
+    h = holder or model_holder(p.name)
     token = secrets.token_urlsafe(TOKEN_BYTES)  # used when it is made now
-    want = admin_token_secret(p.obj, token=token, now=p.now)
-    kept = keep(p.kube, "secrets", p.namespace, want, ours=p.owns)
+    want = admin_token_secret(p.obj, token=token, now=p.now, holder=h)
+    kept = keep(p.kube, "secrets", p.namespace, want, ours=ours or p.owns)
     if kept.outcome is Outcome.CREATED:
         return token if kept.created else None  # None: made and gone meanwhile
     if kept.obj is None:
-        p.conflict("Secret", m.admin_token_name(p.name))
+        p.conflict("Secret", h.secret)
         return None
-    current = _rotate_if_due(p, kept.obj)
+    current = _rotate_if_due(p, kept.obj, h.secret)
     return token_for_calls(current, p.now)
 
 
-def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
+def _rotate_if_due(p: Pass[Any], secret: dict[str, Any], name: str) -> dict[str, Any]:
     """The Secret after rotating it when due (as it was when not due, or when someone changed
     it meanwhile); asks for a pass by the next due time. A Secret without a readable rotation
     time (made by an older operator) is stamped with ``now`` instead: its pods may run an image
     that reads no ``previous`` file, and they are replaced long before the first rotation."""
     if secret_token(secret) is None:  # the token deleted or mangled by hand: a new one now
-        return _rotate(p, secret)
+        return _rotate(p, secret, name)
     every = p.config.admin_token_rotation_seconds
     due = rotation_due(secret, p.now, every)
     if due is None:
@@ -195,23 +222,22 @@ def _rotate_if_due(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
         return secret
     p.result.again_within(every)
     if _rotation_time(secret, p.now) is None:
-        return _patched(p, secret, stamp_patch(secret, now=p.now)) or secret
-    return _rotate(p, secret)
+        return _patched(p, name, stamp_patch(secret, now=p.now)) or secret
+    return _rotate(p, secret, name)
 
 
-def _rotate(p: Pass, secret: dict[str, Any]) -> dict[str, Any]:
+def _rotate(p: Pass[Any], secret: dict[str, Any], name: str) -> dict[str, Any]:
     """The Secret after a rotation to a new token (as it was when changed meanwhile)."""
     patch = rotation_patch(secret, token=secrets.token_urlsafe(TOKEN_BYTES), now=p.now)
-    rotated = _patched(p, secret, patch)
+    rotated = _patched(p, name, patch)
     if rotated is None:
         return secret
-    p.emit("Normal", "AdminTokenRotated", f"Secret {m.admin_token_name(p.name)}: new token")
+    p.emit("Normal", "AdminTokenRotated", f"Secret {name}: new token")
     return rotated
 
 
-def _patched(p: Pass, secret: Mapping[str, Any], patch: dict[str, Any]) -> dict[str, Any] | None:
-    """The Secret after ``patch`` (None: changed meanwhile, a 409, or gone)."""
-    name = m.admin_token_name(p.name)
+def _patched(p: Pass[Any], name: str, patch: dict[str, Any]) -> dict[str, Any] | None:
+    """The Secret ``name`` after ``patch`` (None: changed meanwhile, a 409, or gone)."""
     try:
         return p.kube.patch("secrets", p.namespace, name, patch)
     except KubeError as exc:
@@ -222,11 +248,18 @@ def _patched(p: Pass, secret: Mapping[str, Any], patch: dict[str, Any]) -> dict[
 
 
 def read_token(
-    kube: KubeApi, namespace: str, model: str, now: datetime.datetime | None = None
+    kube: KubeApi,
+    namespace: str,
+    model: str,
+    now: datetime.datetime | None = None,
+    *,
+    holder: Holder | None = None,
 ) -> str | None:
-    """The token to call ``model``'s pods with, for the readers outside a pass (the
-    arrivals); None when the Secret is missing, not the model's, or holds no token."""
-    secret = kube.get("secrets", namespace, m.admin_token_name(model))
-    if secret is None or not owned_by(secret, name=model, uid=None):
+    """The token to call ``model``'s pods with (``holder``: another owner's, named
+    ``model``), for the readers outside a pass (the arrivals); None when the Secret is
+    missing, not the owner's, or holds no token."""
+    h = holder or model_holder(model)
+    secret = kube.get("secrets", namespace, h.secret)
+    if secret is None or not owned_by(secret, name=model, uid=None, kind=h.kind):
         return None
     return token_for_calls(secret, now or datetime.datetime.now(datetime.UTC))

@@ -82,6 +82,26 @@ def admin_token_name(name: str) -> str:
     return f"{name}-admin-token"
 
 
+def router_token_name(pipeline: str) -> str:
+    """A pipeline's admin token Secret: its routers' ``/arrivals`` needs it."""
+    return f"{pipeline}-router-token"
+
+
+def pool_token_name(pool: str) -> str:
+    """A pool's admin token Secret: its pods' ``/pool/status`` needs it."""
+    return f"{pool}-pool-token"
+
+
+def admin_token_volume(secret: str) -> dict[str, Any]:
+    """The volume of an admin token Secret (a model's, a pipeline's, a pool's)."""
+    return {"name": ADMIN_TOKEN_VOLUME, "secret": {"secretName": secret, "defaultMode": 0o440}}
+
+
+def admin_token_mount() -> dict[str, Any]:
+    """Its mount, read-only: the process reads ``--admin-token-file`` and ``previous``."""
+    return {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}
+
+
 def profile_object_name(name: str, key: str) -> str:
     """Name of both the profiling Job and the profile ConfigMap for a profile key."""
     return f"{name}-profile-{key[:8]}"
@@ -410,10 +430,7 @@ def build_serving_pod_spec(
             *model_volumes,
             *engine_volumes,
             *storage.credentials_volume(thaw(spec.source.doc))[0],
-            {
-                "name": ADMIN_TOKEN_VOLUME,
-                "secret": {"secretName": admin_token_name(name), "defaultMode": 0o440},
-            },
+            admin_token_volume(admin_token_name(name)),
         ],
         **scheduling(spec),
     }
@@ -445,7 +462,7 @@ def build_serve_container(
             {"name": "tmp", "mountPath": "/tmp"},
             *model_mounts,
             *([{**ARTEFACTS_MOUNT, "readOnly": True}] if spec.engines else []),
-            {"name": ADMIN_TOKEN_VOLUME, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True},
+            admin_token_mount(),
         ],
         **_serve_probes(),
         # keep serving until every endpoint list dropped this pod, then drain

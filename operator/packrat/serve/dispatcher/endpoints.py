@@ -15,7 +15,6 @@ with the token, on a pod that has one; without, the configuration and the estima
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,16 +23,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from packrat.serve.auth import AdminToken, bearer_accepted
 from packrat.serve.dispatcher.arrivals import DEFAULT_LIMIT
+from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, Snapshot
 from packrat.serve.dispatcher.upstream import error_response
 
 if TYPE_CHECKING:
     from packrat.serve.dispatcher.app import Dispatcher
 
 __all__ = ["METRICS_INTERVAL_S", "read_only_routes"]
-
-# Prometheus scrapes every 15-60 s; the shortest window the dashboards and alerts rate() over
-# is 10 s, which a 2 s snapshot still fills with several points
-METRICS_INTERVAL_S = 2.0
 
 
 def read_only_routes(
@@ -60,13 +56,11 @@ def read_only_routes(
             return web.json_response({"status": "Alive"})
         return web.json_response({"status": "Dead"}, status=503)
 
-    snapshot: list[tuple[float, bytes]] = []
+    snapshot = Snapshot()
 
     async def handle_metrics(_request: web.Request) -> web.Response:
-        now = time.monotonic()
-        if not snapshot or now - snapshot[0][0] >= d.metrics_interval_s:
-            snapshot[:] = [(now, generate_latest(d.metrics.registry))]
-        response = web.Response(body=snapshot[0][1])
+        body = snapshot.get(d.metrics_interval_s, lambda: generate_latest(d.metrics.registry))
+        response = web.Response(body=body)
         response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
         response.charset = "utf-8"
         return response

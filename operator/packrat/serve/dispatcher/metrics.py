@@ -11,9 +11,14 @@ independent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Prometheus scrapes every 15-60 s; the shortest window the dashboards and alerts rate() over
+# is 10 s, which a 2 s snapshot (:class:`Snapshot`) still fills with several points
+METRICS_INTERVAL_S = 2.0
 
 # 1 ms .. 30 s: tiny models answer in ~1 ms, a ResNet-50 batch of 32 on two cores in seconds.
 LATENCY_BUCKETS = (
@@ -198,3 +203,30 @@ class ServeMetrics(MetricSet):
             "connection cap; header_timeout: the request head did not arrive in time).",
             ["reason"],
         )
+
+
+class Snapshot:
+    """A public ``/metrics`` body, rendered again at most every ``interval_s`` (issue 38):
+    a client polling it between its requests would otherwise read each request's time off
+    the counters (the arrival log by another door); rendering it at most that often also
+    bounds what a flood of ``/metrics`` costs. Shared by the dispatcher, the pipeline
+    router and the pool process."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._taken: tuple[float, bytes] | None = None
+
+    def fresh(self, interval_s: float) -> bytes | None:
+        """The body taken less than ``interval_s`` ago (None: time to render it again)."""
+        if self._taken is None or self._clock() - self._taken[0] >= interval_s:
+            return None
+        return self._taken[1]
+
+    def keep(self, body: bytes) -> bytes:
+        self._taken = (self._clock(), body)
+        return body
+
+    def get(self, interval_s: float, render: Callable[[], bytes]) -> bytes:
+        """The body of at most ``interval_s`` ago, rendered now when older."""
+        body = self.fresh(interval_s)
+        return body if body is not None else self.keep(render())

@@ -1,13 +1,16 @@
 """The pool serving process: many models behind one HTTP server, weights under a budget.
 
     python -m packrat.serve.pool CONFIG.json [--host 127.0.0.1] [--port 8080] [--directory DIR]
+        [--admin-token-file FILE]
 
 Each model answers on its own names, as a single-model pod does: Open Inference Protocol v2
 (``/v2/models/{name}``, ``/ready``, ``/infer``; the request codec is the dispatcher's,
 :mod:`packrat.serve.dispatcher.v2_codec`) and ``POST /predictions/{name}`` (one sample, raw
 bytes or JSON, :mod:`packrat.serve.codec`). ``GET /metrics`` gives Prometheus text per model
-(resident bytes measured with ``mincore``, requests, cold starts, bytes read, last use);
-``GET /pool/status`` the same as JSON, with the pool's budget, read rate and memory peaks.
+(resident bytes measured with ``mincore``, requests, cold starts, bytes read, last use), a
+snapshot at most 2 s old as a serving pod's; ``GET /pool/status`` the same as JSON, live,
+with the pool's budget, read rate and memory peaks: with ``--admin-token-file``, only for a
+request bearing that token (a 401 otherwise; the operator's pool reader sends it).
 
 The configuration file is watched (a mounted ConfigMap: the kubelet swaps in a new version
 without restarting the pod): when its content changes, the new models are built and the
@@ -44,6 +47,8 @@ import torch
 from aiohttp import web
 
 from packrat.serve import codec
+from packrat.serve.auth import AdminToken, bearer_accepted, token_file
+from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, Snapshot
 from packrat.serve.dispatcher.v2 import ParseBusyError, ParsePool, header_length, parse_split
 from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, V2Error, build_response, model_metadata
 from packrat.serve.pool.host import ConfigError, Pool, read_config
@@ -53,6 +58,8 @@ __all__ = ["build_app", "main"]
 HEADER_LENGTH = "Inference-Header-Content-Length"
 POOL: web.AppKey[Pool] = web.AppKey("pool", Pool)
 MAX_BODY: web.AppKey[int] = web.AppKey("max_body", int)
+TOKEN: web.AppKey[AdminToken] = web.AppKey("admin_token")
+METRICS_INTERVAL: web.AppKey[float] = web.AppKey("metrics_interval_s", float)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -162,11 +169,19 @@ def _routes(runner: _Runner) -> list[web.RouteDef]:
             return got
         return web.Response(text=got[0], content_type="application/json")
 
-    async def status(_request: web.Request) -> web.Response:
+    async def status(request: web.Request) -> web.Response:
+        token = request.app[TOKEN]
+        if token and not bearer_accepted(request.headers.get("Authorization", ""), token):
+            return _error(401, "a valid bearer token is required")
         return web.json_response(await asyncio.to_thread(pool.status))
 
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(text=_prometheus(await asyncio.to_thread(pool.status)))
+    snapshot = Snapshot()
+
+    async def metrics(request: web.Request) -> web.Response:
+        body = snapshot.fresh(request.app[METRICS_INTERVAL])
+        if body is None:  # rendered off the event loop (pool.status reads mincore)
+            body = snapshot.keep(_prometheus(await asyncio.to_thread(pool.status)).encode())
+        return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     model = "/v2/models/{model}"
     return [
@@ -206,10 +221,16 @@ def build_app(
     max_queue: int = 256,
     timeout_s: float = 60.0,
     max_samples: int = MAX_SAMPLES,
+    admin_token: AdminToken = None,
+    metrics_interval_s: float = METRICS_INTERVAL_S,
 ) -> web.Application:
+    """``admin_token``: ``/pool/status`` needs it (a 401 without; none: it is public, as
+    before); ``/metrics`` is a snapshot at most ``metrics_interval_s`` old, as a pod's."""
     app = web.Application(client_max_size=max_body)
     app[POOL] = pool
     app[MAX_BODY] = max_body
+    app[TOKEN] = admin_token
+    app[METRICS_INTERVAL] = metrics_interval_s
     runner = _Runner(pool, max_queue=max_queue, timeout_s=timeout_s, max_samples=max_samples)
     app.add_routes(_routes(runner))
 
@@ -276,9 +297,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--directory", type=Path, help="where the layer files live (overrides the config's)"
     )
+    parser.add_argument(
+        "--admin-token-file",
+        type=Path,
+        help="the pool's bearer token (a mounted Secret, read again when it changes; a file "
+        "'previous' beside it holds a second accepted token): GET /pool/status needs it",
+    )
     args = parser.parse_args(argv)
     if args.max_samples < 1:
         parser.error("--max-samples must be >= 1")
+    try:
+        token = token_file(args.admin_token_file) if args.admin_token_file else None
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         config = read_config(args.config)
         if args.directory is not None:  # a writable volume; the config may be read-only
@@ -289,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
     pool = Pool(config)
     app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue,
-                    timeout_s=args.timeout, max_samples=args.max_samples)  # fmt: skip
+                    timeout_s=args.timeout, max_samples=args.max_samples,
+                    admin_token=token)  # fmt: skip
     stop = threading.Event()
     watcher = threading.Thread(
         target=watch_config,

@@ -139,6 +139,22 @@ def test_drifted_children_are_put_back(cluster: Cluster) -> None:
     assert c.settle()["phase"] == "Serving"
 
 
+def test_the_routers_token_secret_is_the_pipelines_and_never_adopted(cluster: Cluster) -> None:
+    """Issue 38: the pass makes the routers' token Secret, owned by the pipeline; one under
+    its name that is not the pipeline's is a conflict, and no router mounts it."""
+    c = cluster
+    c.pipelines.reconcile(NS, NAME, now=T0)
+    secret = c.obj("secrets", f"{NAME}-router-token")
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "PackratPipeline"
+    c.kube.delete("secrets", NS, f"{NAME}-router-token")
+    c.kube.delete("deployments", NS, f"{NAME}-router")
+    c.kube.create("secrets", NS, {"metadata": {"name": f"{NAME}-router-token"}, "data": {}})
+    c.pipelines.reconcile(NS, NAME, now=T0)
+    assert c.kube.get("deployments", NS, f"{NAME}-router") is None
+    conflict = condition(c.status(), "OwnershipConflict")
+    assert conflict["status"] == "True" and f"Secret {NAME}-router-token" in conflict["message"]
+
+
 def test_foreign_objects_are_a_conflict_never_touched(cluster: Cluster) -> None:
     c = cluster
     foreign = {"metadata": {"name": "chain", "namespace": NS}, "spec": {"selector": {"a": "b"}}}

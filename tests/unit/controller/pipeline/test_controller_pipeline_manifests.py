@@ -86,6 +86,12 @@ def test_the_router_pod_is_unprivileged_bounded_and_runs_packrat_route() -> None
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/config"]["readOnly"] is True
     assert dep["spec"]["replicas"] == 2
+    # issue 38: /arrivals needs the pipeline's token, its Secret mounted read-only
+    token = c["command"][c["command"].index("--admin-token-file") + 1]
+    (mount,) = [m for path, m in mounts.items() if token.startswith(f"{path}/")]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == f"{pipe().name}-router-token"
 
 
 def test_everything_is_owned_by_the_pipeline_and_the_service_selects_the_router() -> None:

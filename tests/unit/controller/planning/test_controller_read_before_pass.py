@@ -8,12 +8,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from kube_support import ADMIN_TOKEN, NS, FakeFanout, FakeKube, admin_secret
+from kube_support import ADMIN_TOKEN, NS, T0, FakeFanout, FakeKube, admin_secret
 
+from packrat.controller.api.crd import PIPELINE_KIND
+from packrat.controller.pipeline.manifests import pipeline_owner_reference
 from packrat.controller.planning import arrivals, estimates
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.schedule import read_before_pass
+from packrat.controller.serving.admin_token import Holder, admin_token_secret
 
 
 class CountingKube(FakeKube):
@@ -66,6 +69,8 @@ def _router(kube: CountingKube) -> None:
         "pods", NS, {"metadata": {"name": "pipe-router-1", "labels": selector}, "status": ready}
     )
 
+
+ROUTER = "router-token-0123456789abc"
 
 # the readers fixture: the counting API and the two readers on it, sharing one pod client
 Readers = tuple[CountingKube, estimates.EstimateReader, arrivals.ArrivalReader]
@@ -175,6 +180,34 @@ def test_a_stage_tuned_from_the_ingress_reads_the_routers_arrivals_thinned(
     # the router's /arrivals is public: a model's token never goes to a Service its author named
     sent = [h for url, h in zip(fanout.asked, fanout.headers, strict=True) if "10.0.0.9" in url]
     assert sent and not any("Authorization" in h for h in sent)
+
+
+def test_a_pipelines_router_gets_the_pipelines_token_only(
+    readers: Readers,
+    fanout: FakeFanout,
+) -> None:
+    """Issue 38: the router's /arrivals needs the pipeline's token. The reader sends it when
+    the Service named is the pipeline's own (under its name, owned by it) and so is the
+    token Secret; the stage model's token never goes there."""
+    kube, _est, arr = readers
+    _router(kube)
+    owner = {"metadata": {"name": "pipe", "namespace": NS, "uid": "pipe-uid"}}
+    holder = Holder(PIPELINE_KIND, "pipe-router-token")
+    kube.create("secrets", NS, admin_token_secret(owner, token=ROUTER, now=T0, holder=holder))
+    fanout.arrivals["http://10.0.0.9"] = [100.0]
+
+    def sent() -> list[Mapping[str, str]]:
+        asked = zip(fanout.asked, fanout.headers, strict=True)
+        return [h for url, h in asked if url.startswith("http://10.0.0.9/arrivals")]
+
+    arr(NS, "pipe", reader="m")  # the Service is not the pipeline's: no token
+    assert sent() and "Authorization" not in sent()[-1]
+    kube.patch(
+        "services", NS, "pipe", {"metadata": {"ownerReferences": [pipeline_owner_reference(owner)]}}
+    )
+    arr(NS, "pipe", reader="m")
+    assert sent()[-1]["Authorization"] == f"Bearer {ROUTER}"
+    assert not any(ADMIN_TOKEN in v for h in sent() for v in h.values())
 
 
 def test_the_arrival_reader_asks_nothing_without_a_token_of_the_models(

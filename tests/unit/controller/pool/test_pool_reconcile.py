@@ -16,6 +16,7 @@ from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted
 from packrat.controller.pool.reconcile import PoolReconciler
 from packrat.controller.pool.wiring import Signatures, membership, placements
+from packrat.controller.serving.admin_token import secret_token
 
 NS = "ns"
 
@@ -24,10 +25,17 @@ class Reader:
     """Every pod serves every model it was asked to host (``serving`` False: none yet)."""
 
     serving = True
+    token: str | None = None
 
     def __call__(
-        self, namespace: str, pool: str, expected: Mapping[str, Collection[str]]
+        self,
+        namespace: str,
+        pool: str,
+        expected: Mapping[str, Collection[str]],
+        *,
+        token: str | None = None,
     ) -> dict[str, dict[str, Hosted]]:
+        self.token = token
         if not self.serving:
             return {}
         return {
@@ -128,3 +136,34 @@ def test_wake_ups_follow_placements_and_membership_not_counters() -> None:
     assert seen.news("p", placements(moved), "MODIFIED")
     model = {"metadata": {"generation": 1}, "spec": {"pool": "p"}}
     assert membership(model) == ("p", None, None, 1)
+
+
+def test_pool_pods_mount_the_pools_token_and_the_reader_sends_it(kube: FakeKube) -> None:
+    """Issue 38: ``/pool/status`` needs the pool's token: the pass makes the Secret (owned by
+    the pool), the pods mount it read-only, the reader gets it; a Secret under its name that
+    is not the pool's is a conflict, and no pod mounts it."""
+    _setup(kube)
+    reader = Reader()
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    secret = kube.get("secrets", NS, "p-pool-token") or {}
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+    assert reader.token is not None and reader.token == secret_token(secret)
+    pod = (kube.get("deployments", NS, "p-0") or {})["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mount = next(v for v in container["volumeMounts"] if v["name"] == "admin-token")
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "admin-token")
+    assert volume["secret"]["secretName"] == "p-pool-token"
+    flag = container["args"].index("--admin-token-file")
+    assert container["args"][flag + 1].startswith(mount["mountPath"] + "/")
+
+
+def test_pool_never_mounts_a_token_secret_it_does_not_own(kube: FakeKube) -> None:
+    _setup(kube)
+    kube.create("secrets", NS, {"metadata": {"name": "p-pool-token"}, "data": {}})
+    reader = Reader()
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    assert kube.get("deployments", NS, "p-0") is None and reader.token is None
+    conditions = {c["type"]: c for c in _status(kube, "packratpools", "p")["conditions"]}
+    assert conditions["OwnershipConflict"]["status"] == "True"
+    assert "Secret p-pool-token" in conditions["OwnershipConflict"]["message"]
