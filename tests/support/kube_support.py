@@ -59,20 +59,24 @@ class FakeKube:
         return True
 
     def patch(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        patch: Mapping[str, Any],
-        *,
-        subresource: str | None = None,
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return self._patch(resource, namespace, name, patch, status=False)
+
+    def patch_status(
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return self._patch(resource, namespace, name, patch, status=True)
+
+    def _patch(
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any], *, status: bool
     ) -> dict[str, Any] | None:
         key = (resource, namespace, name)
         if key not in self.objects:
             return None
         old = self.objects[key]
         new = merge(old, patch)
-        if subresource is None and new.get("spec") != old.get("spec"):
+        if not status and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         meta = new["metadata"]
         added = set(meta.get("finalizers") or []) - set(old["metadata"].get("finalizers") or [])
@@ -148,12 +152,8 @@ class FakeKube:
         self.objects[("pods", NS, pod["metadata"]["name"])] = pod
         self.logs[(pod["metadata"]["name"], "publish")] = log
         cond = "Complete" if ok else "Failed"
-        self.patch(
-            "jobs",
-            NS,
-            job_name,
-            {"status": {"conditions": [{"type": cond, "status": "True"}]}},
-            subresource="status",
+        self.patch_status(
+            "jobs", NS, job_name, {"status": {"conditions": [{"type": cond, "status": "True"}]}}
         )
 
     def collect(self, dep_name: str) -> None:

@@ -51,7 +51,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -94,6 +94,28 @@ class SimSettings:
     queue_limit: int = 1024
     overhead_ms: float = 0.0
     seed: int = 0
+
+    def des_options(self, *, seed: int | None = None) -> DesOptions:
+        """These settings as the keywords of :func:`~packrat.plan.des.simulate` and
+        :class:`~packrat.plan.pipeline.simulate.PipelineSim` (``seed``: another than the
+        settings' own, for a resample or a unit of its own)."""
+        return DesOptions(
+            spread=self.spread,
+            max_batch_delay_ms=self.max_batch_delay_ms,
+            queue_limit=self.queue_limit,
+            overhead_ms=self.overhead_ms,
+            seed=self.seed if seed is None else seed,
+        )
+
+
+class DesOptions(TypedDict):
+    """:class:`SimSettings` as the simulators' keywords (``**sim.des_options()``)."""
+
+    spread: str
+    max_batch_delay_ms: float
+    queue_limit: int
+    overhead_ms: float
+    seed: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +385,6 @@ class Planner:
         trace: np.ndarray | None = None,
         seed: int | None = None,
     ) -> SimResult:
-        s = self.sim
         if self.on_simulation is not None:
             self.on_simulation()
         return simulate(
@@ -371,11 +392,7 @@ class Planner:
             self.table,
             self.instances(config.cpus, config.batch, fat=fat, shape=config.shape),
             replicas=config.replicas,
-            spread=s.spread,
-            max_batch_delay_ms=s.max_batch_delay_ms,
-            queue_limit=s.queue_limit,
-            overhead_ms=s.overhead_ms,
-            seed=s.seed if seed is None else seed,
+            **self.sim.des_options(seed=seed),
         )
 
     def evaluate(self, config: Config, *, fat: bool = False) -> Evaluation:

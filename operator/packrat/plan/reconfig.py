@@ -177,18 +177,12 @@ def decide(
     but feasibility: switch to it once, then hold. ``ignore_interval`` (a manual trigger)
     skips the minimum interval only; sustain and gain still apply.
     """
-    current = current_plan.batch
+    weighing = _Weighing(current_plan, table, optimal_latency)
     if pinned is not None:
-        return _decide_pinned(
-            policy=policy,
-            current_plan=current_plan,
-            table=table,
-            optimal_latency=optimal_latency,
-            pinned=pinned,
-        )
+        return _decide_pinned(policy, weighing, pinned=pinned)
     held = _hold_by_rules(
         policy,
-        current,
+        current_plan.batch,
         history,
         last_switch_at=last_switch_at,
         now=now,
@@ -196,7 +190,7 @@ def decide(
     )
     if isinstance(held, Decision):
         return held
-    return _decide_by_gain(policy, current_plan, table, optimal_latency, target=held)
+    return _decide_by_gain(policy, weighing, target=held)
 
 
 def _hold_by_rules(
@@ -242,14 +236,25 @@ def _hold_by_rules(
     return target
 
 
-def _decide_by_gain(
-    policy: Policy,
-    current_plan: Plan,
-    table: Mapping[tuple[int, int], float],
-    optimal_latency: LatencyFn,
-    *,
-    target: int,
-) -> Decision:
+@dataclass(frozen=True, slots=True)
+class _Weighing:
+    """What a switch to a target batch is weighed on: the optimal plan's latency at the
+    target against keeping ``current_plan`` at it (costed on the profile's ``table``)."""
+
+    current_plan: Plan
+    table: Mapping[tuple[int, int], float]
+    optimal_latency: LatencyFn
+
+    def latencies(self, target: int, *, keep_extra_ms: float = 0.0) -> tuple[float, float, float]:
+        """(the optimal plan's latency, keeping the current plan's plus ``keep_extra_ms``, the
+        gain: the fraction of the latter saved); raises ``PlanError`` when ``target`` has no
+        feasible plan."""
+        new_latency = self.optimal_latency(target)
+        keep_latency = plan_latency_at(self.current_plan, self.table, target) + keep_extra_ms
+        return new_latency, keep_latency, (keep_latency - new_latency) / keep_latency
+
+
+def _decide_by_gain(policy: Policy, weighing: _Weighing, *, target: int) -> Decision:
     """Switch to ``target`` when its optimal plan is expected faster than keeping the
     current plan at ``target`` by more than ``min_gain``.
 
@@ -259,15 +264,12 @@ def _decide_by_gain(
     whenever the current instances can run the smaller batch (measured on real pods: 93% of
     a pod's batches left on their timeout and every move down was vetoed at 0.0%).
     """
-    current = current_plan.batch
+    current = weighing.current_plan.batch
+    delay_ms = policy.batch_delay_ms if target < current else 0.0
     try:
-        new_latency = optimal_latency(target)
+        new_latency, keep_latency, gain = weighing.latencies(target, keep_extra_ms=delay_ms)
     except PlanError as exc:
         return Decision(Outcome.HOLD_INFEASIBLE, current, target, None, str(exc))
-    keep_latency = plan_latency_at(current_plan, table, target)
-    if target < current:
-        keep_latency += policy.batch_delay_ms
-    gain = (keep_latency - new_latency) / keep_latency
     if gain <= policy.min_gain:
         return Decision(
             Outcome.HOLD_GAIN_TOO_SMALL,
@@ -287,15 +289,8 @@ def _decide_by_gain(
     )
 
 
-def _decide_pinned(
-    *,
-    policy: Policy,
-    current_plan: Plan,
-    table: Mapping[tuple[int, int], float],
-    optimal_latency: LatencyFn,
-    pinned: int,
-) -> Decision:
-    current = current_plan.batch
+def _decide_pinned(policy: Policy, weighing: _Weighing, *, pinned: int) -> Decision:
+    current = weighing.current_plan.batch
     target = policy.clamp(pinned)
     note = (
         ""
@@ -307,11 +302,9 @@ def _decide_pinned(
             Outcome.HOLD_PINNED, current, target, None, f"pinned at batch {target}{note}"
         )
     try:
-        new_latency = optimal_latency(target)
+        new_latency, keep_latency, gain = weighing.latencies(target)
     except PlanError as exc:
         return Decision(Outcome.HOLD_INFEASIBLE, current, target, None, f"pin: {exc}")
-    keep_latency = plan_latency_at(current_plan, table, target)
-    gain = (keep_latency - new_latency) / keep_latency
     return Decision(
         Outcome.SWITCH,
         current,

@@ -88,18 +88,9 @@ def simulate_config(
         raise SimulationError("the trace has no arrivals")
     if slo_ms is not None and not (math.isfinite(slo_ms) and slo_ms > 0):
         raise SimulationError(f"the SLO must be a number of ms > 0, got {slo_ms!r}")
-    s = sim or SimSettings()
+    settings = (sim or SimSettings()).des_options()
     result = simulate(
-        trace_s,
-        table,
-        list(instances),
-        replicas=replicas,
-        spread=s.spread,
-        max_batch_delay_ms=s.max_batch_delay_ms,
-        queue_limit=s.queue_limit,
-        overhead_ms=s.overhead_ms,
-        seed=s.seed,
-        service_cv=service_cv,
+        trace_s, table, list(instances), replicas=replicas, service_cv=service_cv, **settings
     )
     lat = result.latencies_ms
     served = lat[np.isfinite(lat)]

@@ -648,7 +648,7 @@ def _controller_calls() -> set[tuple[str, str, str]]:
             calls.add((group, resource, "patch"))
     if "kube.read_log(" in source:
         calls.add(("", "pods/log", "get"))
-    status_patch = r"kube\.patch\(\s*(?:\"([a-z]+)\"|(PLURAL))[^)]*?subresource=\"status\""
+    status_patch = r"kube\.patch_status\(\s*(?:\"([a-z]+)\"|(PLURAL))"
     for match in re.finditer(status_patch, source):
         resource = match.group(1) or plurals[match.group(2)]
         calls.add(("packrat.dev", f"{resource}/status", "patch"))

@@ -53,14 +53,16 @@ class KubeApi(Protocol):
         ...
 
     def patch(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        patch: Mapping[str, Any],
-        *,
-        subresource: str | None = None,
-    ) -> dict[str, Any] | None: ...
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch; None when the object is gone (404)."""
+        ...
+
+    def patch_status(
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """The same through the status subresource (what a reconcile pass writes)."""
+        ...
 
     def delete(self, resource: str, namespace: str, name: str) -> bool: ...
 
@@ -150,19 +152,18 @@ class Kube:
         return True
 
     def patch(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        patch: Mapping[str, Any],
-        *,
-        subresource: str | None = None,
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any] | None:
+        return self._merge_patch(_path(resource, namespace, name), patch)
+
+    def patch_status(
+        self, resource: str, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return self._merge_patch(_path(resource, namespace, name, "status"), patch)
+
+    def _merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any] | None:
         status, payload = self._call(
-            "PATCH",
-            _path(resource, namespace, name, subresource),
-            body=dict(patch),
-            content_type="application/merge-patch+json",
+            "PATCH", path, body=dict(patch), content_type="application/merge-patch+json"
         )
         if status == 404:
             return None

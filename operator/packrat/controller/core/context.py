@@ -206,7 +206,7 @@ def run_pass(
     new_status = p.status.to_dict()
     if new_status != old_status:
         patch = merge_patch(old_status, new_status)
-        kube.patch(plural, namespace, name, {"status": patch}, subresource="status")
+        kube.patch_status(plural, namespace, name, {"status": patch})
     return result
 
 

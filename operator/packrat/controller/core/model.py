@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
+from packrat.controller.core.frozen import freeze, thaw
 from packrat.controller.core.model_source import ModelSource
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging
@@ -90,25 +91,6 @@ class SwitchTiming:
 
     ready_timeout_seconds: float
     drain_seconds: float
-
-
-def _frozen(value: Any) -> Any:
-    """A read-only view of JSON-like data (every mapping a ``MappingProxyType``); builders
-    copy what they put into manifests (:func:`thaw`)."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({k: _frozen(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return [_frozen(v) for v in value]
-    return value
-
-
-def thaw(value: Any) -> Any:
-    """Plain, mutable JSON data from a (partly) frozen view (for manifests and status)."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [thaw(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -342,7 +324,7 @@ def _make(
     meta: Mapping[str, Any], spec: Mapping[str, Any], *, image: str, name: str | None = None
 ) -> ModelSpec:
     generation = meta.get("generation")
-    frozen = _frozen(spec)
+    frozen = freeze(spec)
     return ModelSpec(
         name=name if name is not None else str(meta.get("name", "")),
         namespace=str(meta.get("namespace") or "default"),

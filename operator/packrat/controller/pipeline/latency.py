@@ -32,8 +32,6 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from packrat.controller.api.kube import KubeApi
-from packrat.controller.core.fanout import PodFanout
 from packrat.controller.core.status import parse_time
 from packrat.controller.planning.estimates import PodReader, pod_address, ready_pods
 
@@ -41,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 METRIC = "packrat_pipeline_request_duration_seconds"
 MAX_BYTES = 512 * 1024
-DEADLINE_SECONDS = 2.0
 MIN_QUERIES = 20
 WINDOW_SECONDS = 300.0
 
@@ -236,27 +233,21 @@ def pod_started(pod: Mapping[str, Any]) -> float | None:
     return when.timestamp() if when is not None else None
 
 
+@dataclass(eq=False, kw_only=True)
 class RouterLatency(PodReader):
     """Reads every ready router pod's histogram; ``pod_url`` as for the estimates."""
 
-    def __init__(
-        self,
-        kube: KubeApi,
-        *,
-        pod_url: str,
-        deadline: float = DEADLINE_SECONDS,
-        fanout: PodFanout | None = None,
-        window_s: float = WINDOW_SECONDS,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
-        self.window_s = window_s
-        self.clock = clock
-        self._windows: dict[str, LatencyWindow] = {}
-        self._counts: dict[str, dict[str, EdgeCounts]] = {}  # by pipeline, by pod: last read
-        # a pod first read that started before this reader (a restarted operator) gives a
-        # base only: what it counted before is in status.edges already
-        self._began = clock()
+    window_s: float = WINDOW_SECONDS
+    clock: Callable[[], float] = time.time
+    _windows: dict[str, LatencyWindow] = field(default_factory=dict, init=False, repr=False)
+    # by pipeline, by pod: the last read
+    _counts: dict[str, dict[str, EdgeCounts]] = field(default_factory=dict, init=False, repr=False)
+    # a pod first read that started before this reader (a restarted operator) gives a base
+    # only: what it counted before is in status.edges already
+    _began: float = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._began = self.clock()
 
     def __call__(self, namespace: str, name: str) -> Measured | None:
         """The end-to-end latency over the trailing window, or None when no pod answered

@@ -24,12 +24,12 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from packrat.controller.api.crd import PIPELINE_KIND
-from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import owned_by
-from packrat.controller.core.fanout import PodFanout, read_json
+from packrat.controller.core.fanout import read_json
 from packrat.controller.planning.autoscale import Arrivals
 from packrat.controller.planning.estimates import PodReader, pod_address, ready_pods
 from packrat.controller.serving.admin_token import Holder, read_token
@@ -39,7 +39,6 @@ from packrat.plan.pipeline.feedback import thin, thin_phase
 logger = logging.getLogger(__name__)
 
 MAX_BYTES = 2 * 1024 * 1024
-DEADLINE_SECONDS = 2.0
 
 
 MAX_OFFSETS = 200_000
@@ -91,23 +90,17 @@ def _path(after: float) -> str:
     return f"/arrivals?after={after:.6f}"
 
 
+@dataclass(eq=False, kw_only=True)
 class ArrivalReader(PodReader):
     """Reads and merges the new arrivals of every ready serving pod of a model."""
 
-    def __init__(
-        self,
-        kube: KubeApi,
-        *,
-        pod_url: str,
-        deadline: float = DEADLINE_SECONDS,
-        fanout: PodFanout | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
-        self.clock = clock
-        self._cursors: dict[tuple[str, str, str], float] = {}
-        # per (namespace, reader@service): the share left over by the ingress thinned so far
-        self._phases: dict[tuple[str, str], float] = {}
+    clock: Callable[[], float] = time.time
+    # per (namespace, cursor owner, pod): the newest arrival seen
+    _cursors: dict[tuple[str, str, str], float] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    # per (namespace, reader@service): the share left over by the ingress thinned so far
+    _phases: dict[tuple[str, str], float] = field(default_factory=dict, init=False, repr=False)
 
     def ingress(
         self, namespace: str, service: str, *, reader: str, factor: float

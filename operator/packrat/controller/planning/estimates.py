@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from packrat.controller.api.kube import KubeApi
@@ -61,21 +62,21 @@ def pod_address(template: str, namespace: str, pod: Mapping[str, Any]) -> str:
     )
 
 
+@dataclass(eq=False, kw_only=True)
 class PodReader:
     """What a reader of every ready pod of a Service keeps: the API it lists the pods with,
     the ``pod_url`` template (``{ip}``, ``{pod}``, ``{namespace}``), the deadline of each
-    fan-out, the operator's one pod client and a lock over what it remembers per model."""
+    fan-out, the operator's one pod client and a lock over what it remembers per model.
+    A reader's own settings and memory are the fields its subclass adds."""
 
-    def __init__(
-        self, kube: KubeApi, *, pod_url: str, deadline: float, fanout: PodFanout | None
-    ) -> None:
-        self.kube = kube
-        self.pod_url = pod_url
-        self.deadline = deadline
-        self.fanout = fanout or shared_fanout()
-        self._lock = threading.Lock()
+    kube: KubeApi = field(kw_only=False)
+    pod_url: str
+    deadline: float = DEADLINE_SECONDS
+    fanout: PodFanout = field(default_factory=shared_fanout)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
 
+@dataclass(eq=False, kw_only=True)
 class EstimateReader(PodReader):
     """Reads every ready serving pod's estimate (the pods the Service selects).
 
@@ -84,21 +85,16 @@ class EstimateReader(PodReader):
     estimate through the Service.
     """
 
-    def __init__(
-        self,
-        kube: KubeApi,
-        *,
-        pod_url: str,
-        service_url: str,
-        deadline: float = DEADLINE_SECONDS,
-        fanout: PodFanout | None = None,
-    ) -> None:
-        super().__init__(kube, pod_url=pod_url, deadline=deadline, fanout=fanout)
-        self.service_url = service_url
-        # per model, the pod addresses its last read went to (what peek() reads again);
-        # bounded by the models this operator serves, forgotten with a deleted model
-        self._last: dict[str, tuple[list[str], dict[str, str]]] = {}
-        self._tokens: dict[str, tuple[float, str | None]] = {}  # when read, and the token
+    service_url: str
+    # per model, the pod addresses its last read went to (what peek() reads again);
+    # bounded by the models this operator serves, forgotten with a deleted model
+    _last: dict[str, tuple[list[str], dict[str, str]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    # per model, when its token was read, and the token
+    _tokens: dict[str, tuple[float, str | None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def _token(self, namespace: str, name: str) -> str | None:
         """The model's admin token, read at most every ``TOKEN_SECONDS`` (a token a minute

@@ -7,7 +7,8 @@ import hashlib
 from typing import Any
 
 from packrat.controller.core import storage
-from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.frozen import thaw
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.overrides import apply_pod
 from packrat.controller.serving.manifests import (
     ARTEFACTS_DIR,

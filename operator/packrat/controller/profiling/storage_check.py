@@ -25,7 +25,8 @@ from typing import Any
 
 from packrat.controller.api.backoff import backoff
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.frozen import thaw
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.status import now_iso
 from packrat.controller.core.storage import VERSION_KEY, needs_version_check
 from packrat.runtime.fetch import HEAD_LIMITS, FetchError, FetchLimits, object_version

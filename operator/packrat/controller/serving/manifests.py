@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core import storage
-from packrat.controller.core.model import ModelSpec, thaw
+from packrat.controller.core.frozen import thaw
+from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.model_source import FORMAT_SUFFIX
 from packrat.controller.core.options.request_logging import request_log_args
 from packrat.controller.core.overrides import apply_pod

@@ -87,14 +87,6 @@ def simulate_units(
         idx = np.flatnonzero(which == u)
         if idx.size == 0:
             continue
-        sim = PipelineSim(
-            planner.pipeline,
-            trace[idx],
-            seed=s.seed + u,
-            spread=s.spread,
-            max_batch_delay_ms=s.max_batch_delay_ms,
-            queue_limit=s.queue_limit,
-            overhead_ms=s.overhead_ms,
-        )
+        sim = PipelineSim(planner.pipeline, trace[idx], **s.des_options(seed=s.seed + u))
         out[idx] = sim.run(runs).latencies_ms
     return out

@@ -84,16 +84,7 @@ class PipelinePlanner:
             raise ProvisionError(f"max utilization must be in (0, 1], got {max_utilization!r}")
         self.max_utilization = max_utilization
         self.sim = sim or SimSettings()
-        s = self.sim
-        self.des = PipelineSim(
-            pipeline,
-            trace_s,
-            seed=s.seed,
-            spread=s.spread,
-            max_batch_delay_ms=s.max_batch_delay_ms,
-            queue_limit=s.queue_limit,
-            overhead_ms=s.overhead_ms,
-        )
+        self.des = PipelineSim(pipeline, trace_s, **self.sim.des_options())
         self.scale = {n: self.des.scale_factor(n) for n in self.names}
         top = sum(pipeline.stages[n].cpus for n in self.names)
         self.max_cores = max_cores if max_cores is not None else 64 * top

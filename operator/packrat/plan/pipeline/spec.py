@@ -62,6 +62,14 @@ def _mapping(where: str, doc: Any, known: set[str], *, holding: str) -> Mapping[
     return doc
 
 
+def _text(where: str, doc: Mapping[str, Any], key: str, *, expected: str) -> str:
+    """``doc[key]`` as a non-empty string (``expected``: what it should be, for the error)."""
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise PipelineError(f"{where}.{key}: expected {expected}")
+    return value
+
+
 def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> PipelineSpec:
     """Validate a parsed pipeline document; profile paths are relative to ``base``."""
     doc = _mapping(origin, doc, TOP_KEYS, holding="'stages' and 'edges'")
@@ -75,12 +83,8 @@ def parse_pipeline_spec(doc: Any, *, base: Path, origin: str = "<pipeline>") -> 
     for i, stage_doc in enumerate(stages_doc):
         where = f"{origin}: stages[{i}]"
         s = _mapping(where, stage_doc, STAGE_KEYS, holding="name and profile")
-        name = s.get("name")
-        if not isinstance(name, str) or not name:
-            raise PipelineError(f"{where}.name: expected a non-empty string")
-        prof = s.get("profile")
-        if not isinstance(prof, str) or not prof:
-            raise PipelineError(f"{where}.profile: expected a path to a profile file")
+        name = _text(where, s, "name", expected="a non-empty string")
+        prof = _text(where, s, "profile", expected="a path to a profile file")
         try:
             profile = load_profile(base / prof)
         except ProfileError as exc:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from packrat.controller.api.schema import MODEL_CRD, schema_check
+from packrat.controller.core.frozen import thaw
 from packrat.controller.core.model_source import validate_model
 
 FIELD = "canary"
@@ -55,22 +56,13 @@ def canary_settings(spec: Mapping[str, Any]) -> CanarySettings | None:
         return None
     rollback = canary.get("rollback") or {}
     return CanarySettings(
-        model=_plain(canary["model"]),
+        model=thaw(canary["model"]),
         percent=int(canary["trafficPercent"]),
         replicas=int(canary.get("replicas", 1)),
         max_error_rate=_float(rollback.get("maxErrorRate")),
         max_p99_ms=_float(rollback.get("maxP99Ms")),
         min_requests=int(rollback.get("minRequests", DEFAULT_MIN_REQUESTS)),
     )
-
-
-def _plain(value: Any) -> Any:
-    """Plain JSON data from a (read-only) view of it."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _float(value: Any) -> float | None:
