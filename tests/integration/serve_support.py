@@ -1,13 +1,12 @@
 """A ``packrat serve`` pod as a real process for the integration tests: started with its
 output in a log and waited on until ``/ping`` answers 200, stopped with SIGTERM; a loopback
-file server (a model store) and a JSON request helper."""
+file server (a model store)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import http.server
-import json
 import signal
 import subprocess
 import threading
@@ -16,7 +15,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 
 def ping_ok(url: str) -> bool:
@@ -26,21 +24,6 @@ def ping_ok(url: str) -> bool:
             return bool(r.status == 200)
     except OSError:
         return False
-
-
-def call_json(url: str, body: bytes | None = None, *, token: str | None = None) -> tuple[int, Any]:
-    """GET (POST with ``body``) ``url``, with ``token`` as the bearer token when given:
-    (status, JSON answer); (0, None) when unreachable."""
-    method = "POST" if body is not None else "GET"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    req = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
-    except (urllib.error.URLError, OSError):
-        return 0, None
 
 
 def start_serving(
@@ -84,22 +67,3 @@ def file_server(folder: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
     finally:
         httpd.shutdown()
-
-
-def http_json(url: str, doc: Any = None, *, timeout: float = 30) -> tuple[int, Any]:
-    """GET ``url`` (``doc`` None) or POST ``doc`` as JSON: (status, JSON answer or the error
-    text; 0 when nothing answered)."""
-    data = None if doc is None else json.dumps(doc).encode()
-    req = urllib.request.Request(
-        url,
-        data=data,
-        method="GET" if doc is None else "POST",
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except OSError as exc:
-        return 0, str(exc)

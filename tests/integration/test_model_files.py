@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from serve_support import http_json, start_serving, stop_serving
+from jsonhttp import http_json
+from serve_support import start_serving, stop_serving
 
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.padding import padded_plan

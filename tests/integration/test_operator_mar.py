@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 from harness import OperatorCluster, wait_for
+from jsonhttp import http_json
 from mar_support import build_mar
 from models import FIRST_READY_S, body
-from serve_support import file_server, http_json
+from serve_support import file_server
 
 from packrat.plan.profile import parse_profile
 

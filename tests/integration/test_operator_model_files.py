@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 from harness import OperatorCluster, wait_for
+from jsonhttp import http_json
 from models import FIRST_READY_S, body, model_events
-from serve_support import file_server, http_json
+from serve_support import file_server
 
 from packrat.runtime import zoo
 

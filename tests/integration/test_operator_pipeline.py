@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 from harness import OperatorCluster, wait_for
+from jsonhttp import http_json
 from models import FIRST_READY_S, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
-from serve_support import call_json
 
 from packrat.controller.pipeline.latency import MIN_QUERIES
 from packrat.controller.serving.admin_token import secret_token
@@ -146,9 +146,9 @@ def test_pipeline_lifecycle(cluster: OperatorCluster, tiny_profiles: MeasuredPro
         assert _query(cluster)[0] == 200
     # issue 38: the routers' /arrivals answers only the pipeline's token (its Secret, mounted)
     arrivals = f"{cluster.agent.proxy.url(NAME)}/arrivals?after=0"
-    assert call_json(arrivals)[0] == 401
+    assert http_json(arrivals)[0] == 401
     token = secret_token(cluster.api.get("secrets", f"{NAME}-router-token") or {})
-    code, doc = call_json(arrivals, token=token)
+    code, doc = http_json(arrivals, token=token)
     assert code == 200 and doc["total"] >= 1, doc
 
     # the operator reads the router pods' latency histograms (the trailing window) into status

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 from harness import Load, OperatorCluster, wait_for
+from jsonhttp import http_json
 from models import body, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
-from serve_support import call_json
 
 from packrat.controller.serving.admin_token import secret_token
 
@@ -109,9 +109,9 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
     assert answers["pa"] == answers["pb"]  # the same zoo weights: the same answer
     # issue 38: /pool/status answers only the pool's token (its Secret, mounted read-only)
     status_url = f"{cluster.agent.proxy.url(POOL)}/pool/status"
-    assert call_json(status_url)[0] == 401
+    assert http_json(status_url)[0] == 401
     token = secret_token(cluster.api.get("secrets", f"{POOL}-pool-token") or {})
-    code, doc = call_json(status_url, token=token)
+    code, doc = http_json(status_url, token=token)
     assert code == 200 and set(MODELS) <= set(doc["models"]), doc
 
     # out of the pool, under load: the pool serves pb until pb's own pods answer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from serve_support import call_json
+from jsonhttp import http_json
 
 from packrat.runtime import zoo
 from packrat.serve.torchserve.process import free_ports
@@ -50,7 +50,7 @@ def pool(
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
-        while call_json(f"{url}/v2/health/ready")[0] != 200:
+        while http_json(f"{url}/v2/health/ready")[0] != 200:
             assert proc.poll() is None, log.read_text(errors="replace")
             assert time.monotonic() < deadline, "not ready in 120 s:\n" + log.read_text()
             time.sleep(0.2)
@@ -71,14 +71,14 @@ def test_every_model_answers_with_its_own_weights_and_cold_starts_are_counted(
 ) -> None:
     url, policy = pool
     for name, seed in MODELS.items():
-        status, got = call_json(f"{url}/predictions/{name}", json.dumps(X).encode())
+        status, got = http_json(f"{url}/predictions/{name}", X)
         assert status == 200, got
         assert got == pytest.approx(_expected(seed), abs=1e-5)
     doc = {"inputs": [{"name": "input__0", "datatype": "FP32", "shape": [1, 16], "data": X}]}
-    status, got = call_json(f"{url}/v2/models/b/infer", json.dumps(doc).encode())
+    status, got = http_json(f"{url}/v2/models/b/infer", doc)
     assert status == 200, got
     assert got["outputs"][0]["data"] == pytest.approx(_expected(2), abs=1e-5)
-    _, state = call_json(f"{url}/pool/status")
+    _, state = http_json(f"{url}/pool/status")
     models = state["models"]
     assert all(models[n]["cold_starts"] >= 1 for n in MODELS)  # each started cold once
     assert sum(m["requests"] for m in models.values()) == 5
@@ -87,18 +87,18 @@ def test_every_model_answers_with_its_own_weights_and_cold_starts_are_counted(
     if policy == "lru":  # a, b, c, d, then b: a and c were evicted whole, b and d stay
         assert models["b"]["cold_starts"] == 2
         assert [models[n]["resident_bytes"] for n in "abcd"] == [0, MODEL_BYTES, 0, MODEL_BYTES]
-    status, text = call_json(f"{url}/v2/models/d")
+    status, text = http_json(f"{url}/v2/models/d")
     assert status == 200 and text["name"] == "d"
 
 
 def test_bad_requests_fail_alone(pool: tuple[str, str]) -> None:
     url, _ = pool
-    assert call_json(f"{url}/predictions/nope", b"[]")[0] == 404
-    status, got = call_json(f"{url}/predictions/a", b"not json")
+    assert http_json(f"{url}/predictions/nope", [])[0] == 404
+    status, got = http_json(f"{url}/predictions/a", body=b"not json")
     assert status == 400 and "JSON" in got["error"]
-    status, got = call_json(f"{url}/v2/models/a/infer", b'{"inputs": 3}')
+    status, got = http_json(f"{url}/v2/models/a/infer", {"inputs": 3})
     assert status == 400
-    assert call_json(f"{url}/predictions/a", json.dumps(X).encode())[0] == 200
+    assert http_json(f"{url}/predictions/a", X)[0] == 200
 
 
 def test_a_bad_configuration_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_support import call_json
+from jsonhttp import http_json
 
 from packrat.serve.torchserve.process import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-X = json.dumps([float(i) / 16 for i in range(16)]).encode()
+X = [float(i) / 16 for i in range(16)]
 
 
 def _write(path: Path, names: list[str], tmp: Path) -> None:
@@ -62,28 +62,28 @@ def test_pool_reloads_its_config_while_serving(tmp_path: Path) -> None:
 
     def load() -> None:
         while not stop.is_set():
-            code, _ = call_json(f"{url}/predictions/a", X)
+            code, _ = http_json(f"{url}/predictions/a", X)
             served[0] += 1
             if code != 200:
                 failures.append(code)
 
     try:
-        _wait(lambda: call_json(f"{url}/v2/health/ready")[0] == 200, "the pool ready")
-        assert call_json(f"{url}/predictions/b", X)[0] == 200
+        _wait(lambda: http_json(f"{url}/v2/health/ready")[0] == 200, "the pool ready")
+        assert http_json(f"{url}/predictions/b", X)[0] == 200
         client = threading.Thread(target=load, daemon=True)
         client.start()
         _wait(lambda: served[0] > 5, "requests for a")
         config.write_text("{not json")  # malformed: reported, nothing changes
         _wait(lambda: b"last good configuration" in log.read_bytes(), "the bad file reported")
-        assert call_json(f"{url}/predictions/b", X)[0] == 200
+        assert http_json(f"{url}/predictions/b", X)[0] == 200
         _write(config, ["a", "c"], tmp_path)
-        _wait(lambda: call_json(f"{url}/predictions/c", X)[0] == 200, "c served", timeout=180)
-        assert call_json(f"{url}/predictions/b", X)[0] == 404
+        _wait(lambda: http_json(f"{url}/predictions/c", X)[0] == 200, "c served", timeout=180)
+        assert http_json(f"{url}/predictions/b", X)[0] == 404
         before = served[0]
         _wait(lambda: served[0] > before + 5, "requests for a after the reload")
         stop.set()
         client.join(30)
-        status = call_json(f"{url}/pool/status")[1]
+        status = http_json(f"{url}/pool/status")[1]
         assert set(status["models"]) == {"a", "c"}
         assert failures == [], failures[:5]
     finally:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from agent import Agent, free_port
 from emulator import Api, EmulatorThread
+from jsonhttp import http_json
 
 NAMESPACE = "packrat-test"
 TEST_IMAGE = "local/packrat-serving:test"
@@ -238,20 +239,9 @@ class OperatorCluster:
         return [e for e in self.api.list("events") if reason is None or e.get("reason") == reason]
 
     def predict(self, service: str, model: str, *, timeout: float = 10) -> tuple[int, Any]:
-        body = json.dumps([0.1] * 16).encode()
-        req = urllib.request.Request(
-            f"{self.agent.proxy.url(service)}/predictions/{model}",
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")
-        except (urllib.error.URLError, OSError) as exc:
-            return 0, str(exc)
+        """One prediction of 16 features through ``service``: see :func:`http_json`."""
+        url = f"{self.agent.proxy.url(service)}/predictions/{model}"
+        return http_json(url, [0.1] * 16, timeout=timeout)
 
     def log_tail(self, lines: int = 60) -> str:
         text = (self.workdir / "operator.log").read_text(errors="replace")
