@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
-from packrat.controller.core.frozen import freeze, thaw
+from packrat.controller.api.frozen import freeze, thaw
 from packrat.controller.core.model_source import ModelSource
 from packrat.controller.core.options.canary import CanarySettings, canary_settings
 from packrat.controller.core.options.request_logging import RequestLogging, request_logging

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from packrat.controller.api import crd
-from packrat.controller.core.frozen import thaw
+from packrat.controller.api.frozen import thaw
 from packrat.controller.core.model import PROFILE_ONLY_ANNOTATION, SERVING_CPUS_ANNOTATION
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE, KIND
 from packrat.controller.serving.manifests import (

@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from packrat.controller.api.frozen import thaw
 from packrat.controller.core import storage
-from packrat.controller.core.frozen import thaw
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.overrides import apply_pod
 from packrat.controller.serving.manifests import (

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from packrat.controller.api.backoff import backoff
+from packrat.controller.api.frozen import thaw
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.frozen import thaw
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.status import now_iso
 from packrat.controller.core.storage import VERSION_KEY, needs_version_check

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packrat.controller.api.frozen import thaw
 from packrat.controller.core import storage
-from packrat.controller.core.frozen import thaw
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.model_source import FORMAT_SUFFIX
 from packrat.controller.core.options.request_logging import request_log_args

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packrat.controller.api.frozen import thaw
 from packrat.controller.api.schema import MODEL_CRD, schema_check
-from packrat.controller.core.frozen import thaw
 from packrat.controller.core.model_source import validate_model
 
 FIELD = "canary"
