@@ -65,10 +65,13 @@ class Signatures:
 
 
 def placements(status: Mapping[str, Any]) -> dict[str, Any]:
-    """What a pool's models act on: per model its pod and readiness, or why it is unplaced."""
+    """What a pool's models act on: per model its pod and readiness (and why it is over
+    capacity), or why it is unplaced."""
     models = status.get("models") or {}
     out: dict[str, Any] = {
-        n: (r.get("pod"), r.get("ready")) for n, r in models.items() if isinstance(r, Mapping)
+        n: (r.get("pod"), r.get("ready"), r.get("overCapacity"))
+        for n, r in models.items()
+        if isinstance(r, Mapping)
     }
     return {**out, **{n: str(why) for n, why in (status.get("unplaced") or {}).items()}}
 
