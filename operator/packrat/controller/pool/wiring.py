@@ -77,11 +77,19 @@ def placements(status: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def membership(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a pool acts on of a model: the pool it asks for, the pool and pod serving it."""
-    record = (body.get("status") or {}).get("pool") or {}
+    """What a pool acts on of a model: the pool it asks for, the pool and pod serving it,
+    its plan on the pool's cores (threads, batch, cpus: the pool pod's config)."""
+    status = body.get("status") or {}
+    record = status.get("pool") or {}
     pod = record.get("pod") if isinstance(record, Mapping) else None
     generation = (body.get("metadata") or {}).get("generation")
-    return (pool_of(body), served_by(body), pod, generation)
+    plan = status.get("poolPlan")
+    shape = (
+        tuple(plan.get(k) for k in ("threads", "batch", "cpus"))
+        if isinstance(plan, Mapping)
+        else None
+    )
+    return (pool_of(body), served_by(body), pod, generation, shape)
 
 
 def register_pools(
