@@ -8,6 +8,7 @@ Phases and conditions are what users and tools read (``kubectl get prm``, ``kube
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import enum
@@ -657,6 +658,21 @@ class ModelStatus(Status):
         """``status.pool``: the pool and pool pod serving the model, what the pod reports of
         it (resident bytes, cold starts, last use); None: no pool serves it."""
         self._set("pool", dict(record) if record is not None else None)
+
+    def set_pool_plan(self, record: Mapping[str, Any] | None) -> None:
+        """``status.poolPlan``: a pooled model's plan on its pool's cores (the pool's pods
+        run it with that plan's threads); None: none (not pooled, not planned yet)."""
+        self._set("poolPlan", dict(record) if record is not None else None)
+
+    @contextlib.contextmanager
+    def facts_kept(self) -> Iterator[None]:
+        """Steps run inside leave the phase's facts as they were (a pooled model's profile
+        is measured while its pool serves it: profiling is not its phase)."""
+        facts = self._facts
+        try:
+            yield
+        finally:
+            self._facts = facts
 
     @property
     def pool_pod(self) -> str | None:

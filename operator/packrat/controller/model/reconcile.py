@@ -173,8 +173,11 @@ class Reconciler:
     ) -> None:
         model, invalid, refused, unavailable = self._read_model(p, known)
         children = observe(self.kube, p.namespace, p.name, model)
-        if model is not None and model.pool and serve_in_pool(p, model, children.service):
-            return  # served by its pool (controller/pool/member.py)
+        if model is not None and model.pool:
+            if serve_in_pool(p, model, children.service, self.optimizers):
+                return  # served by its pool (controller/pool/member.py)
+        elif model is not None:
+            p.status.set_pool_plan(None)  # a model out of its pool
 
         # 1. serving repairs, from the last good configuration, before anything else
         repaired = self._repair_serving(p, model, children)

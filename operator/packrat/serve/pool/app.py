@@ -206,6 +206,7 @@ def _prometheus(status: dict[str, object]) -> str:
         ("packrat_pool_cold_starts_total", "cold_starts", "counter"),
         ("packrat_pool_read_bytes_total", "read_bytes", "counter"),
         ("packrat_pool_last_use_seconds", "last_use", "gauge"),
+        ("packrat_pool_threads", "threads", "gauge"),
     ):
         lines.append(f"# TYPE {metric} {kind}")
         lines += [f'{metric}{{model="{n}"}} {m[key]}' for n, m in models.items()]
