@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ import aiohttp
 import pytest
 import torch
 from mar_support import archive
+from serve_support import start_serving, stop_serving
 
 from packrat.plan.profile import ENGINES_KEY, load_profile
 from packrat.runtime import engines
@@ -125,14 +124,6 @@ def test_a_second_profile_finds_the_conversion(
     assert "engine onnxruntime: found converted" in done.stderr, done.stderr
 
 
-async def _get(url: str) -> int:
-    try:
-        async with aiohttp.ClientSession() as s, s.get(url) as r:
-            return r.status
-    except aiohttp.ClientError:
-        return 0
-
-
 async def _predict(url: str, rows: list[list[float]]) -> list[tuple[int, Any]]:
     async with aiohttp.ClientSession() as s:
 
@@ -162,25 +153,13 @@ def test_packrat_serve_answers_on_onnxruntime_as_eager(
     cmd += ["--plan", str(tmp_path / "plan.json"), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--workdir", str(tmp_path / "work"), "--cpus", str(CPUS[0])]
     cmd += ["--runtime", "native", "--artefacts", str(artefacts)]
-    log = tmp_path / "serve.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(["nice", "-n", "5", *cmd], stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    proc = start_serving(["nice", "-n", "5", *cmd], url, tmp_path / "serve.log")
+    rows = [[0.5] * 8, [float(i) - 3.5 for i in range(8)], [1.0, -2.0] * 4]
     try:
-        deadline = time.monotonic() + 180
-        while asyncio.run(_get(f"{url}/ping")) != 200:
-            assert proc.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, "not ready in 180 s:\n" + log.read_text()
-            time.sleep(0.2)
-        rows = [[0.5] * 8, [float(i) - 3.5 for i in range(8)], [1.0, -2.0] * 4]
         answers = asyncio.run(_predict(f"{url}/predictions/linear", rows))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_serving(proc)
     text = (tmp_path / "work").rglob("*.log")
     worker_log = "\n".join(p.read_text(errors="replace") for p in text)
     assert "the handler's model runs on onnxruntime" in worker_log, worker_log[-3000:]
