@@ -260,7 +260,6 @@ class Switch:
             stage = Stage(str(doc.get("stage")))
         except ValueError:
             return None
-        known = {camel for _, camel in _KEYS} | {"plan"}
         spec = doc.get("spec")
         return cls(
             stage=stage,
@@ -274,19 +273,35 @@ class Switch:
             switched_seconds=_opt_float(doc.get("switchedSeconds")),
             drain_until=_opt_str(doc.get("drainUntil")),
             plan=from_status(doc.get("plan")),
-            extra={k: v for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _KEYS, "plan"),
         )
 
     def to_status(self) -> dict[str, Any]:
         """The status form (fields not set are left out)."""
-        out: dict[str, Any] = dict(self.extra)
-        for attr, camel in _KEYS:
-            value = getattr(self, attr)
-            if value is not None:
-                out[camel] = value.value if isinstance(value, Stage) else value
+        out = _written(self, _KEYS, self.extra)
         if self.plan is not None:
             out["plan"] = to_status(self.plan)
         return out
+
+
+def _unknown(doc: Mapping[str, Any], keys: Sequence[tuple[str, str]], *more: str) -> dict[str, Any]:
+    """What ``doc`` holds besides the record's ``keys`` (attribute, status key) and ``more``
+    (a newer operator's fields, kept as read)."""
+    known = {camel for _, camel in keys} | set(more)
+    return {k: copy.deepcopy(v) for k, v in doc.items() if k not in known}
+
+
+def _written(
+    record: Any, keys: Sequence[tuple[str, str]], extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A record's status form: ``extra`` (kept as read), then each of its ``keys``
+    (attribute, status key) that is set, in their order (an enum as its value)."""
+    out: dict[str, Any] = copy.deepcopy(dict(extra))
+    for attr, camel in keys:
+        if (value := getattr(record, attr)) is None:
+            continue
+        out[camel] = value.value if isinstance(value, enum.Enum) else copy.deepcopy(value)
+    return out
 
 
 def _opt_str(value: Any) -> str | None:
@@ -506,7 +521,6 @@ class ProfileRecord:
         """The record ``status.profile`` holds (an empty one when it holds none)."""
         if not isinstance(doc, Mapping):
             return cls()
-        known = {camel for _, camel in _PROFILE_KEYS}
         attempts = doc.get("attempts")
         return cls(
             key=_opt_str(doc.get("key")),
@@ -521,7 +535,7 @@ class ProfileRecord:
             retry_at=_opt_str(doc.get("retryAt")),
             stuck=_opt_str(doc.get("stuck")),
             failed_generation=doc.get("failedGeneration"),
-            extra={k: v for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _PROFILE_KEYS),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -652,7 +666,6 @@ class AutoscalingRecord:
         """The record ``status.autoscaling`` holds (an empty one when it holds none)."""
         if not isinstance(doc, Mapping):
             return cls()
-        known = {camel for _, camel in _AUTOSCALING_KEYS}
         return cls(
             signature=_opt_str(doc.get("signature")),
             mode=_opt_str(doc.get("mode")),
@@ -662,15 +675,11 @@ class AutoscalingRecord:
             envelope=_opt_map(doc.get("envelope")),
             last_decision=_opt_map(doc.get("lastDecision")),
             last_scale=_opt_map(doc.get("lastScale")),
-            extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _AUTOSCALING_KEYS),
         )
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = copy.deepcopy(dict(self.extra))
-        for attr, camel in _AUTOSCALING_KEYS:
-            if (value := getattr(self, attr)) is not None:
-                out[camel] = copy.deepcopy(dict(value)) if isinstance(value, Mapping) else value
-        return out
+        return _written(self, _AUTOSCALING_KEYS, self.extra)
 
 
 def _opt_count(value: Any) -> int | None:
@@ -773,7 +782,6 @@ class CanaryRecord:
         """The record ``status.canary`` holds (None when it holds none)."""
         if not isinstance(doc, Mapping):
             return None
-        known = {camel for _, camel in _CANARY_KEYS} | {"requests", "errors", "p99Ms", "message"}
         phase = doc.get("phase")
         return cls(
             hash=_opt_str(doc.get("hash")),
@@ -786,17 +794,11 @@ class CanaryRecord:
             errors=_opt_int(doc.get("errors")),
             p99_ms=_opt_float(doc.get("p99Ms")),
             message=_opt_str(doc.get("message")),
-            extra={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _CANARY_KEYS, "requests", "errors", "p99Ms", "message"),
         )
 
     def to_status(self) -> dict[str, Any]:
-        out: dict[str, Any] = copy.deepcopy(dict(self.extra))
-        for attr, camel in _CANARY_KEYS:
-            if (value := getattr(self, attr)) is None:
-                continue
-            if isinstance(value, Mapping):
-                value = copy.deepcopy(dict(value))
-            out[camel] = value.value if isinstance(value, CanaryPhase) else value
+        out = _written(self, _CANARY_KEYS, self.extra)
         if self.requests is not None:  # the counts, together (a P99 of None: too few)
             out.update(requests=self.requests, errors=self.errors, p99Ms=self.p99_ms)
         if self.message is not None:

@@ -22,13 +22,18 @@ SPEC: dict[str, Any] = {
 }
 
 
+AUTOSCALING = {
+    "mode": "envelope",
+    "minReplicas": 1,
+    "maxReplicas": 10,
+    "scaleDownDelaySeconds": 120,
+    "intervalSeconds": 5,
+}
+
+
 def test_the_crd_states_the_defaults_python_wrote_by_hand_before() -> None:
     assert schema_defaults(MODEL_CRD, "spec", "autoscaling") == {
-        "mode": "envelope",
-        "minReplicas": 1,
-        "maxReplicas": 10,
-        "scaleDownDelaySeconds": 120,
-        "intervalSeconds": 5,
+        **AUTOSCALING,
         "startupFloorSeconds": 0,
     }
     assert schema_defaults(MODEL_CRD, "spec", "slo") == {"cv": 1.0, "durationSeconds": 120}
@@ -40,13 +45,7 @@ def test_the_crd_states_the_defaults_python_wrote_by_hand_before() -> None:
         "minGain": 0.05,
         "sustainSeconds": 1,
     }
-    assert schema_defaults(PIPELINE_CRD, "spec", "autoscaling") == {
-        "mode": "envelope",
-        "minReplicas": 1,
-        "maxReplicas": 10,
-        "scaleDownDelaySeconds": 120,
-        "intervalSeconds": 5,
-    }
+    assert schema_defaults(PIPELINE_CRD, "spec", "autoscaling") == AUTOSCALING  # no floor
 
 
 def test_each_call_is_a_fresh_copy() -> None:
