@@ -365,7 +365,7 @@ class Reconciler:
         verified.publish(status, profile, refused=planned.slower)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
-        if auto and status.phase == "Ready" and "switch" not in status:
+        if auto and status.phase == "Ready" and status.switch is None:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))
             observe_batch(
@@ -457,7 +457,7 @@ class Reconciler:
     def _canary(self, p: Pass, model: ModelSpec) -> None:
         """spec.canary at rest (:mod:`packrat.controller.switch.canary`), and a canary's
         leftovers once it is gone from the spec."""
-        if self.canary is None or (model.canary is None and "canary" not in p.status):
+        if self.canary is None or (model.canary is None and p.status.canary is None):
             return
         served = last_good(p, fallback=None)
         if served is not None:
