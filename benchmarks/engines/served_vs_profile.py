@@ -1,6 +1,6 @@
 """End to end through ``packrat serve`` (native runtime): the served engine plan's batch
-latency against what its profile expected. Makes the "Does a served engine plan keep its
-profile's promise?" figures of docs/measurements.md (raw results in
+latency against what its profile expected. Makes the "End to end through packrat serve"
+figures of docs/measurements.md's engines section (raw results in
 benchmarks/results/engines/).
 
 For each batch B the plan is the one the operator would serve from the profile (the best
@@ -31,8 +31,10 @@ from packrat.plan.profile import load_profile
 
 FIGURE = (
     "makes the figure of docs/measurements.md, section"
-    ' "Engines at batch 32, and does a served engine plan keep its profile\'s promise?"'
-    " (#engines-at-batch-32-and-does-a-served-engine-plan-keep-its-profiles-promise-issue-35)"
+    ' "Which engine on each thin instance: eager, ONNX Runtime, OpenVINO against fat and'
+    ' OpenVINO\'s own hints", part "End to end through packrat serve"'
+    " (#which-engine-on-each-thin-instance-eager-onnx-runtime-openvino-against-fat-and-"
+    "openvinos-own-hints-issue-35)"
 )
 
 

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from harness import Load, OperatorCluster, wait_for
+from harness import TEST_IMAGE, Load, OperatorCluster, wait_for
 from jsonhttp import http_json
 from models import body, tiny_spec
 from seeding import MeasuredProfiles, seed_profile
 
+from packrat.controller.core.model import parse
+from packrat.controller.pool.member import pooled_spec
 from packrat.controller.serving.admin_token import secret_token
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -113,13 +115,37 @@ def test_pool_hosts_two_models_and_one_moves_out_and_back_while_serving(
     token = secret_token(cluster.api.get("secrets", f"{POOL}-pool-token") or {})
     code, doc = http_json(status_url, token=token)
     assert code == 200 and set(MODELS) <= set(doc["models"]), doc
+    # each keeps its own profile and plan, made on the pool's cpus (1), not its own (2);
+    # the pool pod runs it with the plan's threads once its config has them
+    for name in MODELS:
+        plan = wait_for(
+            lambda name=name: cluster.status(name).get("poolPlan"),
+            timeout=SLOW,
+            what=f"{name}'s plan on the pool's cpus",
+            detail=lambda: f"status: {cluster.status('pa')}\nlog:\n{cluster.log_tail(30)}",
+        )
+        assert (plan["cpus"], plan["threads"], plan["plan"]["cpus"]) == (1, 1, 1), plan
+        key = cluster.status(name)["profile"]["key"]
+        pooled = pooled_spec(parse(cluster.model(name), default_image=TEST_IMAGE), 1)
+        assert key == pooled.profile_key
+    wait_for(
+        lambda: http_json(status_url, token=token)[1]["models"]["pa"].get("batch") == 1,
+        timeout=SLOW,
+        what="the pool pod runs pa with its plan",
+    )
 
     # out of the pool, under load: the pool serves pb until pb's own pods answer
     def own_pods_serve() -> bool:
         status = cluster.status("pb")
         return status.get("phase") == "Ready" and "pool" not in status
 
-    def seed() -> None:
+    def seed() -> None:  # once its status holds its own profile key, not the pool's
+        own = parse(cluster.model("pb"), default_image=TEST_IMAGE).profile_key
+        wait_for(
+            lambda: (cluster.status("pb").get("profile") or {}).get("key") == own,
+            timeout=SLOW,
+            what="pb's own profile key",
+        )
         seed_profile(cluster, "pb", tiny_profiles.profile(4), timeout=SLOW)
 
     _move_under_load(cluster, None, own_pods_serve, then=seed)

@@ -17,6 +17,8 @@ from typing import Any
 
 from packrat.cli import CliError
 
+MAX_CONFIG_BYTES = 1024 * 1024  # a ConfigMap's limit: the operator renders it into one
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -45,14 +47,15 @@ def run(args: argparse.Namespace) -> int:
     import yaml
 
     from packrat.plan.pipeline.simulate import PipelineError
+    from packrat.runtime.documents import DocumentError, read_capped_text
     from packrat.serve.router import Router, parse_router_config
 
     if not 0 < args.port < 65536:
         raise CliError(f"--port must be in 1..65535, got {args.port}")
     try:
-        text = args.config.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"{args.config}: cannot read: {exc}") from None
+        text = read_capped_text(args.config, MAX_CONFIG_BYTES)
+    except DocumentError as exc:
+        raise CliError(f"{args.config}: {exc}") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:

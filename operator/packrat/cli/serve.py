@@ -21,6 +21,24 @@ DEFAULT_RUNTIME = "native"
 
 MAX_PLAN_BYTES = 1024 * 1024
 
+# The flags that are ServeOptions fields of the same name, passed on as parsed; the others
+# are read, converted or checked first (_serve_options; a test holds the names to the fields).
+PASSED_AS_GIVEN = (
+    "model",
+    "model_name",
+    "host",
+    "port",
+    "grpc_port",
+    "max_batch_delay_ms",
+    "queue_limit",
+    "drain_seconds",
+    "drain_grace_seconds",
+    "max_body_bytes",
+    "max_buffered_bytes",
+    "torchserve_port_base",
+    "runtime",
+)
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -288,17 +306,12 @@ def payload_log_config(args: argparse.Namespace) -> Any:
 def read_plan_text(args: argparse.Namespace) -> tuple[str, str]:
     """The plan JSON and where it came from."""
     if args.plan is not None:
+        from packrat.runtime.documents import DocumentError, read_capped_text
+
         try:
-            with args.plan.open("rb") as f:
-                raw = f.read(MAX_PLAN_BYTES + 1)
-        except OSError as exc:
-            raise CliError(f"cannot read plan {args.plan}: {exc.strerror or exc}") from None
-        if len(raw) > MAX_PLAN_BYTES:
-            raise CliError(f"plan {args.plan} is larger than {MAX_PLAN_BYTES} bytes")
-        try:
-            return raw.decode("utf-8"), str(args.plan)
-        except UnicodeDecodeError as exc:
-            raise CliError(f"plan {args.plan}: not UTF-8 text (byte {exc.start})") from None
+            return read_capped_text(args.plan, MAX_PLAN_BYTES), str(args.plan)
+        except DocumentError as exc:
+            raise CliError(f"plan {args.plan}: {exc}") from None
     text = os.environ.get(args.plan_env)
     if not text:
         raise CliError(f"environment variable {args.plan_env} is not set or empty")
@@ -524,16 +537,8 @@ def _serve_options(
     from packrat.serve.pod.server import ServeOptions
 
     return ServeOptions(
-        model=args.model,
+        **{name: getattr(args, name) for name in PASSED_AS_GIVEN},
         plan=plan,
-        model_name=args.model_name,
-        host=args.host,
-        port=args.port,
-        grpc_port=args.grpc_port,
-        max_batch_delay_ms=args.max_batch_delay_ms,
-        queue_limit=args.queue_limit,
-        drain_seconds=args.drain_seconds,
-        drain_grace_seconds=args.drain_grace_seconds,
         workdir=workdir,
         owns_workdir=workdir is not None and args.workdir is None,
         zygote_process=zygote,
@@ -541,14 +546,10 @@ def _serve_options(
         cpus=cpus,
         warmup_body=warmup,
         shared_weights=not args.private_weights,
-        max_body_bytes=args.max_body_bytes,
-        max_buffered_bytes=args.max_buffered_bytes,
         body_timeout_s=args.body_timeout,
         limits=limits,
-        torchserve_port_base=args.torchserve_port_base,
         admin_token=token,
         zygote=not args.no_zygote,
         jvm_args=tuple(args.jvm_args.split()) if args.jvm_args else JVM_ARGS,
         estimator_rounding=args.batch_estimate,
-        runtime=args.runtime,
     )

@@ -28,6 +28,7 @@ from packrat.plan.optimizer import MAX_PLAN_BATCH, Optimizer, Plan, PlanError
 from packrat.plan.provision import SHAPES, SimSettings
 from packrat.plan.simulation import Summary, simulate_config
 from packrat.plan.traces import gamma_trace, load_trace
+from packrat.runtime.documents import DocumentError, read_capped_text
 
 LABEL = re.compile(r"^(\d+)x(\d+)t/b(\d+)$")
 MAX_PLAN_BYTES = 1024 * 1024
@@ -94,13 +95,11 @@ def parse_plan(text: str) -> list[tuple[int, int]]:
         return out
     path = Path(text)
     try:
-        if path.stat().st_size > MAX_PLAN_BYTES:
-            raise CliError(f"--plan {path}: larger than {MAX_PLAN_BYTES} bytes")
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(read_capped_text(path, MAX_PLAN_BYTES))
         plan = Plan.from_dict(doc.get("plan", doc) if isinstance(doc, dict) else doc)
-    except OSError as exc:
-        raise CliError(f"--plan {path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+    except DocumentError as exc:
+        raise CliError(f"--plan {path}: {exc}") from None
+    except ValueError as exc:
         raise CliError(f"--plan {path}: not a plan: {exc}") from None
     return plan.expand()
 

@@ -16,7 +16,6 @@ import os
 import select
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import IO, Any, Protocol
 
 import packrat
 from packrat.runtime.cpus import format_cpu_list
-from packrat.runtime.forkserver import ForkServer, ForkServerError
+from packrat.runtime.forkserver import ForkServer, ForkServerError, OutputTail
 from packrat.runtime.pinning import thread_env
 
 __all__ = [
@@ -100,13 +99,7 @@ class Worker:
         self.spec = spec
         self.cpus = sorted(cpus)
         self.threads = threads
-        # The worker's stderr goes to a temp file, quoted in errors; where no temp dir is
-        # writable (read-only root file system without an emptyDir) it is inherited.
-        self._stderr: IO[bytes] | None
-        try:
-            self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the worker)
-        except OSError:
-            self._stderr = None
+        self._stderr = OutputTail()  # the worker's stderr, quoted in errors
         self._buffer = b""
         self._stdin: IO[bytes] | None = None
         self._stdout: IO[bytes] | None = None
@@ -153,8 +146,7 @@ class Worker:
         for stream in (self._stdin, self._stdout):
             if stream is not None and not stream.closed:
                 stream.close()
-        if self._stderr is not None and not self._stderr.closed:
-            self._stderr.close()
+        self._stderr.close()
 
     def __enter__(self) -> Worker:
         return self
@@ -217,13 +209,7 @@ class Worker:
         return f"{self.spec} t={self.threads} cpus={format_cpu_list(self.cpus)}"
 
     def stderr_tail(self, limit: int = 2000) -> str:
-        if self._stderr is None or self._stderr.closed:
-            return ""
-        self._stderr.flush()
-        self._stderr.seek(0, os.SEEK_END)
-        size = self._stderr.tell()
-        self._stderr.seek(max(0, size - limit))
-        return self._stderr.read().decode(errors="replace").strip()
+        return self._stderr.tail(limit)
 
     def _error(self, what: str) -> WorkerError:
         tail = self.stderr_tail()
@@ -263,7 +249,7 @@ class WorkerProcess(Worker):
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self._stderr,
+            stderr=self._stderr.file,
             env=_child_env(threads),
         )
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
@@ -315,7 +301,7 @@ class ForkedWorker(Worker):
         self.server = server
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
-        err = self._stderr.fileno() if self._stderr is not None else 2
+        err = self._stderr.file.fileno() if self._stderr.file is not None else 2
         try:
             self.pid = server.fork({"cpus": self.cpus, "threads": threads}, [in_r, out_w, err])
         except ForkServerError as exc:

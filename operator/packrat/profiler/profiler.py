@@ -57,7 +57,7 @@ from packrat.runtime.cpus import (
     cpu_model,
     format_cpu_list,
 )
-from packrat.runtime.mar import sha256_bytes
+from packrat.runtime.mar import is_archive, sha256_bytes
 from packrat.runtime.zoo import ZooError, model_digest, model_name
 
 log = logging.getLogger(__name__)
@@ -232,14 +232,16 @@ def run_profile(
     ``source``: where workers come from (default: per ``settings.process``, closed at the
     end; a given one is left open for the caller, e.g. to verify plans with it).
     ``engines``: profile L(engine, t, b) for each (:mod:`.engines`: converted once into the
-    ``artefacts`` folder, checked against eager, left out with the reason when wrong).
+    ``artefacts`` folder, checked against eager, left out with the reason when wrong); for a
+    ``.mar`` its handler's module is converted and every point runs through the handler
+    (:mod:`packrat.runtime.engines.handler`).
     """
     settings = settings or ProfileSettings()
     settings.check()
-    if list(engines) != [EAGER] and handler is not None:  # said once, then eager
-        print(
-            f"engines {', '.join(e for e in engines if e != EAGER)} left out: a model archive's "
-            "handler runs eager only (its pre- and post-processing are Python)",
+    if list(engines) != [EAGER] and handler is not None and not is_archive(spec):
+        print(  # Packrat's own handler around a zoo model or file: said once, then eager
+            f"engines {', '.join(e for e in engines if e != EAGER)} left out: a model profiled "
+            "through Packrat's handler (--sample-request) runs eager; profile it without one",
             file=stream if stream is not None else sys.stderr,
             flush=True,
         )
@@ -259,7 +261,9 @@ def run_profile(
     if list(engines) != [EAGER]:
         from packrat.profiler.engines import run_engines
 
-        return run_engines(job, engines=engines, artefacts=artefacts, eager_source=source)
+        return run_engines(
+            job, engines=engines, artefacts=artefacts, eager_source=source, handler=handler
+        )
     own = source is None
     workers = source or worker_source(settings.process, spec, handler)
     try:

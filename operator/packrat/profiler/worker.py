@@ -84,9 +84,9 @@ def load_target(
 ) -> Target:
     """Build the model (or load the archive's handler); the caller has set its threads.
 
-    With a converted ``engine`` nothing is built here: each pinned worker loads the artefact
+    With a converted ``engine`` no model is built here: each pinned worker loads the artefact
     itself (:class:`Instance`), after the fork when forked, since engines' thread pools do
-    not survive one."""
+    not survive one; an archive's handler is loaded (eager) and its module swapped then."""
     from packrat.runtime.zoo import load_model
 
     start = time.perf_counter()
@@ -97,15 +97,12 @@ def load_target(
         engine=engine,
         artefact=artefact,
     )
-    if engine != "eager":
-        if archive is not None:
-            raise ValueError("an archive's handler runs eager only")
-    elif archive is not None:
+    if archive is not None:  # on an engine, each pinned worker swaps its module (Instance)
         from packrat.runtime.mar import HandlerService
 
         target.workdir = tempfile.mkdtemp(prefix="packrat-profile-")
         target.service = HandlerService(mar=Path(archive), workdir=Path(target.workdir))
-    else:
+    elif engine == "eager":
         target.model = load_model(spec)
     target.load_s = time.perf_counter() - start
     return target
@@ -146,6 +143,10 @@ class Instance:
             began = time.perf_counter()
             artefact = Path(target.artefact) if target.artefact else None
             self.runner = engines.engine(target.engine).load(artefact, model=None, threads=threads)
+            if self.service is not None and artefact is not None:  # the handler calls it
+                from packrat.runtime.engines.handler import artefact_inputs, swap
+
+                swap(self.service, self.runner, artefact_inputs(artefact))
             self.engine_load_s = time.perf_counter() - began
             self.load_s += self.engine_load_s
 

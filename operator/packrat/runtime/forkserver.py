@@ -24,14 +24,14 @@ worker's three file descriptors; the server answers one JSON object (``{"pid": N
 ``{"error": ...}``). ``{"kill": pid}`` kills one of its workers (only its own, never a
 recycled pid). When the owner closes the channel (or dies) the server kills its workers and
 exits; workers die with the server (``PR_SET_PDEATHSIG``). Shared with the serving pod's
-zygote in spirit (:mod:`packrat.serve.zygote`), which forks TorchServe's workers.
+zygote (:mod:`packrat.serve.zygote`), which forks TorchServe's workers: the idea, and the
+framing of the messages (:mod:`packrat.runtime.framing`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import select
 import signal
@@ -43,12 +43,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
+from packrat.runtime.framing import recv_message, send_message
 from packrat.runtime.pinning import thread_env
 
-__all__ = ["ForkServer", "ForkServerError", "serve_forks", "thread_count"]
+__all__ = ["ForkServer", "ForkServerError", "OutputTail", "serve_forks", "thread_count"]
 
 PR_SET_PDEATHSIG = 1
-_MAX_MESSAGE = 1 << 20
 _STDIO = 3  # a worker's stdin, stdout and stderr
 
 
@@ -61,37 +61,31 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-# -- framing (both sides) -----------------------------------------------------------------------
-def _send(sock: socket.socket, obj: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
-    body = json.dumps(obj).encode()
-    data = len(body).to_bytes(4, "big") + body
-    if fds:
-        sent = socket.send_fds(sock, [data], list(fds))
-        if sent < len(data):
-            sock.sendall(data[sent:])
-    else:
-        sock.sendall(data)
+# -- a child's output, kept for errors (the fork server's log, the profiler's workers' stderr) ---
+class OutputTail:
+    """The temporary file a child writes its output to, so that an error can quote its end
+    (``file``; None where no temporary directory is writable, a read-only root file system
+    without an emptyDir: the child inherits this process's output, the tail is empty)."""
 
+    def __init__(self) -> None:
+        self.file: IO[bytes] | None
+        try:
+            self.file = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the child)
+        except OSError:
+            self.file = None
 
-def _recv(sock: socket.socket, *, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
-    data, fds, _, _ = socket.recv_fds(sock, 4 + _MAX_MESSAGE, max_fds)
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        raise ConnectionError("the other side closed the channel")
-    size = int.from_bytes(data[:4], "big")
-    if size > _MAX_MESSAGE:
-        raise ValueError(f"message of {size} bytes")
-    body = data[4:]
-    while len(body) < size:
-        chunk = sock.recv(size - len(body))
-        if not chunk:
-            raise ConnectionError("the other side closed the channel mid-message")
-        body += chunk
-    msg = json.loads(body)
-    if not isinstance(msg, dict):
-        raise ValueError("expected a JSON object")
-    return msg, list(fds)
+    def tail(self, limit: int = 2000) -> str:
+        """The last ``limit`` bytes written, as text ("" without a file, or once closed)."""
+        if self.file is None or self.file.closed:
+            return ""
+        self.file.flush()
+        self.file.seek(0, os.SEEK_END)
+        self.file.seek(max(0, self.file.tell() - limit))
+        return self.file.read().decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if self.file is not None and not self.file.closed:
+            self.file.close()
 
 
 # -- the server side ------------------------------------------------------------------------------
@@ -155,7 +149,7 @@ def serve_forks(channel: socket.socket, child: Child, *, max_threads: int = 1) -
             if not ready:
                 continue
             try:
-                request, fds = _recv(channel, max_fds=_STDIO)
+                request, fds = recv_message(channel, max_fds=_STDIO)
             except (ConnectionError, OSError, ValueError):
                 return 0
             if "kill" in request:
@@ -163,7 +157,7 @@ def serve_forks(channel: socket.socket, child: Child, *, max_threads: int = 1) -
                 if pid in children:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                _send(channel, {"ok": True})
+                send_message(channel, {"ok": True})
                 continue
             threads = thread_count()
             if len(fds) != _STDIO or threads > max_threads:
@@ -175,7 +169,7 @@ def serve_forks(channel: socket.socket, child: Child, *, max_threads: int = 1) -
                     if threads > max_threads
                     else f"expected {_STDIO} file descriptors, got {len(fds)}"
                 )
-                _send(channel, {"error": why})
+                send_message(channel, {"error": why})
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
@@ -185,7 +179,7 @@ def serve_forks(channel: socket.socket, child: Child, *, max_threads: int = 1) -
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            _send(channel, {"pid": pid})
+            send_message(channel, {"pid": pid})
     finally:
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
@@ -209,10 +203,10 @@ def server_main(preload: Callable[[], dict[str, Any]], child: Child) -> int:
         import traceback
 
         traceback.print_exc()
-        _send(channel, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        send_message(channel, {"event": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]})
         return 1
     threads = thread_count()
-    _send(
+    send_message(
         channel,
         {"event": "ready", "preload_s": time.monotonic() - began, "threads": threads, **info},
     )
@@ -229,11 +223,7 @@ class ForkServer:
         self.module = module
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.channel = ours
-        self._log: IO[bytes] | None
-        try:
-            self._log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
-        except OSError:
-            self._log = None
+        self._log = OutputTail()
         child_env = dict(os.environ if env is None else env)
         child_env.update(thread_env(1))  # no pool in the server: see the module's docstring
         child_env["PACKRAT_FORKSERVER_FD"] = str(theirs.fileno())
@@ -242,8 +232,8 @@ class ForkServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", module, *args],
             stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=self._log,
+            stdout=self._log.file,
+            stderr=self._log.file,
             env=child_env,
             pass_fds=(theirs.fileno(),),
         )
@@ -265,7 +255,7 @@ class ForkServer:
              timeout: float = 60.0) -> int:  # fmt: skip
         """A new worker with ``stdio`` (stdin, stdout, stderr) running ``request``; its pid."""
         try:
-            _send(self.channel, request, stdio)
+            send_message(self.channel, request, stdio)
         except OSError as exc:
             raise ForkServerError(f"the fork server went away: {exc}{self._tail()}") from None
         msg = self._reply(timeout=timeout, what="fork")
@@ -278,7 +268,7 @@ class ForkServer:
         if self.proc.poll() is not None:
             return
         with contextlib.suppress(OSError, ForkServerError):
-            _send(self.channel, {"kill": pid})
+            send_message(self.channel, {"kill": pid})
             self._reply(timeout=10.0, what="kill")
 
     def _reply(self, *, timeout: float, what: str) -> dict[str, Any]:
@@ -286,7 +276,7 @@ class ForkServer:
         if not ready:
             raise ForkServerError(f"the fork server did not answer ({what}) in {timeout:.0f} s")
         try:
-            msg, _ = _recv(self.channel)
+            msg, _ = recv_message(self.channel)
         except (ConnectionError, OSError, ValueError) as exc:
             self.proc.wait(timeout=10)
             raise ForkServerError(
@@ -296,12 +286,7 @@ class ForkServer:
         return msg
 
     def _tail(self, limit: int = 2000) -> str:
-        if self._log is None or self._log.closed:
-            return ""
-        self._log.flush()
-        self._log.seek(0, os.SEEK_END)
-        self._log.seek(max(0, self._log.tell() - limit))
-        text = self._log.read().decode(errors="replace").strip()
+        text = self._log.tail(limit)
         return f"\n--- fork server log ---\n{text}" if text else ""
 
     def close(self, *, timeout: float = 10.0) -> None:
@@ -313,8 +298,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if self._log is not None and not self._log.closed:
-            self._log.close()
+        self._log.close()
 
     def __enter__(self) -> ForkServer:
         return self

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from packrat.runtime.documents import DocumentError, read_capped
+
 __all__ = [
     "ENV",
     "MAX_ELEMENTS",
@@ -177,12 +179,9 @@ def parse_option(text: str) -> list[dict[str, Any]]:
     if text.startswith("@"):
         path = Path(text[1:]).expanduser()
         try:
-            with path.open("rb") as handle:
-                raw = handle.read(MAX_TEXT + 1)
-        except OSError as exc:
-            raise InputsError(f"--inputs {text}: cannot read: {exc.strerror or exc}") from None
-        if len(raw) > MAX_TEXT:
-            raise InputsError(f"--inputs {text}: larger than {MAX_TEXT} bytes")
+            raw = read_capped(path, MAX_TEXT)
+        except DocumentError as exc:
+            raise InputsError(f"--inputs {text}: {exc}") from None
         source = text
     else:
         raw = text.encode()

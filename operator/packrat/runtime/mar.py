@@ -28,6 +28,7 @@ __all__ = [
     "HandlerService",
     "extract_archive",
     "form_fields",
+    "is_archive",
     "parse_predict_response",
     "request_parameters",
     "request_row",
@@ -40,6 +41,11 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 
 class HandlerError(RuntimeError):
     """The archive cannot be loaded, or its handler failed a batch."""
+
+
+def is_archive(spec: str) -> bool:
+    """Whether a model spec names a TorchServe model archive (``.mar``)."""
+    return spec.endswith(".mar")
 
 
 def sha256_bytes(data: bytes) -> str:

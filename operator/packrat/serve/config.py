@@ -9,12 +9,12 @@ registration parameters.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from packrat.plan.optimizer import Plan, PlanError
+from packrat.runtime.documents import DocumentError, loads_json
 
 LOOPBACK = "127.0.0.1"
 
@@ -35,15 +35,10 @@ class InstanceSpec:
     engine: str = "eager"  # what the worker runs (packrat.runtime.engines; native runtime only)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "index": self.index,
-            "name": self.name,
-            "threads": self.threads,
-            "batch": self.batch,
-            "cpus": list(self.cpus),
-        }
-        if self.engine != "eager":
-            out["engine"] = self.engine
+        """Every field (the cpus as a list), the engine only where it is not eager."""
+        out = {**asdict(self), "cpus": list(self.cpus)}
+        if self.engine == "eager":
+            del out["engine"]
         return out
 
 
@@ -114,13 +109,9 @@ def fixed_ports(base: int = DEFAULT_PORT_BASE) -> Ports:
 def parse_plan(text: str, *, origin: str) -> Plan:
     """A plan from the JSON ``packrat plan --format json`` prints; errors name ``origin``."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ServeConfigError(f"{origin}: plan is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ServeConfigError(f"{origin}: plan is not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise ServeConfigError(f"{origin}: plan is not valid JSON: {str(exc)[:100]}") from None
+        data = loads_json(text, invalid="plan is not valid JSON")
+    except DocumentError as exc:
+        raise ServeConfigError(f"{origin}: {exc}") from None
     try:
         return Plan.from_dict(data)
     except PlanError as exc:

@@ -130,9 +130,10 @@ def test_plans_are_verified_on_their_engine_against_the_fastest_fat_engine(
     assert result["fatMs"] > 0 and result["planMs"] > 0
 
 
-def test_an_archive_handler_runs_eager_said_once(tmp_path: Path) -> None:
-    """A model archive's handler is Python around the model: it is profiled eager, and the
-    engines asked for are left out with one line."""
+def test_a_model_through_packrats_handler_runs_eager_said_once(tmp_path: Path) -> None:
+    """A zoo model profiled through Packrat's own handler (a sample request given) is
+    profiled eager, and the engines asked for are left out with one line (a user's .mar has
+    its handler's module converted: tests/integration/test_profiler_mar_engines.py)."""
     import io
 
     from packrat.profiler.client import HandlerTarget
@@ -158,6 +159,6 @@ def test_an_archive_handler_runs_eager_said_once(tmp_path: Path) -> None:
     assert run.profile is not None and run.profile.engines == ["eager"]
     said = [line for line in stream.getvalue().splitlines() if "left out" in line]
     assert said == [
-        "engines openvino left out: a model archive's handler runs eager only "
-        "(its pre- and post-processing are Python)"
+        "engines openvino left out: a model profiled through Packrat's handler "
+        "(--sample-request) runs eager; profile it without one"
     ]

@@ -18,6 +18,7 @@ so :func:`to_json_schema` maps each one explicitly; CEL rules are read by
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -43,7 +44,7 @@ _KUBERNETES_ONLY = {
     "x-kubernetes-map-type",
     "x-kubernetes-embedded-resource",
     "nullable",  # -> null among the types
-    "default",  # applied by the spec's defaulter, not checked
+    "default",  # filled in by the spec's defaulter (schema_defaults), not checked
     "description",
     "format",  # byte, int32...: the API server's format checks are not repeated
 }
@@ -161,13 +162,26 @@ def _non_finite(value: Any, where: str) -> Iterator[str]:
             yield from _non_finite(item, f"{where}[{i}]")
 
 
-@functools.cache
-def schema_check(filename: str, *path: str) -> SchemaCheck:
-    """The check of the node at ``path`` (property names) under the CRD's root, built once."""
+def _node(filename: str, path: tuple[str, ...]) -> Mapping[str, Any]:
+    """The schema node at ``path`` (property names) under the CRD's root."""
     node = crd_schema(filename)
     for name in path:
         node = node["properties"][name]
-    return SchemaCheck(node)
+    return node
+
+
+@functools.cache
+def schema_check(filename: str, *path: str) -> SchemaCheck:
+    """The check of the node at ``path`` (property names) under the CRD's root, built once."""
+    return SchemaCheck(_node(filename, path))
+
+
+def schema_defaults(filename: str, *path: str) -> dict[str, Any]:
+    """The ``default:`` the CRD states for each property of the object at ``path``, in the
+    schema's order: what the API server fills into such an object given without them (the
+    one source of these defaults; a fresh copy, the caller's to change)."""
+    properties = _node(filename, path).get("properties") or {}
+    return {k: copy.deepcopy(v["default"]) for k, v in properties.items() if "default" in v}
 
 
 def _field(message: str) -> str:

@@ -31,15 +31,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-SLO_DEFAULTS: dict[str, Any] = {"cv": 1.0, "durationSeconds": 120}
-AUTOSCALING_DEFAULTS: dict[str, Any] = {
-    "mode": "envelope",
-    "minReplicas": 1,
-    "maxReplicas": 10,
-    "scaleDownDelaySeconds": 120,
-    "intervalSeconds": 5,
-    "startupFloorSeconds": 0,
-}
+from packrat.controller.api.schema import MODEL_CRD, schema_defaults
+
+# the CRD's defaults (its ``default:`` values, the one source), filled in as the API server
+# would for a spec that did not pass one (an emulator, a YAML file, a test)
+SLO_DEFAULTS: dict[str, Any] = schema_defaults(MODEL_CRD, "spec", "slo")
+AUTOSCALING_DEFAULTS: dict[str, Any] = schema_defaults(MODEL_CRD, "spec", "autoscaling")
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 

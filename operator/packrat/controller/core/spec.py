@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from packrat.controller.api.schema import MODEL_CRD, schema_check
+from packrat.controller.api.schema import MODEL_CRD, schema_check, schema_defaults
 from packrat.controller.core.model_source import validate_model
 from packrat.controller.core.options.canary import validate_canary
 from packrat.controller.core.options.request_logging import validate_request_logging
@@ -71,14 +71,7 @@ ENGINES = ("eager", "inductor", "onnxruntime", "openvino")
 ALL_ENGINES = "all"
 
 
-AUTO_BATCH_DEFAULTS: dict[str, Any] = {
-    "min": 1,
-    "max": 32,
-    "sustainObservations": 3,
-    "minIntervalSeconds": 60,
-    "minGain": 0.05,
-    "sustainSeconds": 1,
-}
+AUTO_BATCH_DEFAULTS: dict[str, Any] = schema_defaults(MODEL_CRD, "spec", "autoBatch")
 
 _DNS_LABEL_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

@@ -1,5 +1,6 @@
 """Pure status logic: the phase machine, standard Kubernetes conditions and the typed records
-of the status's parts (a switch, a profile, the batch record), converted once, here.
+of the status's parts (a switch, a profile, the batch record, the provisioning, the
+tuner's state, a canary), converted once, here.
 
 Phases and conditions are what users and tools read (``kubectl get prm``, ``kubectl wait
 --for=condition=Ready``), so their rules live here, free of I/O and unit-tested:
@@ -8,6 +9,7 @@ Phases and conditions are what users and tools read (``kubectl get prm``, ``kube
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import enum
@@ -259,7 +261,6 @@ class Switch:
             stage = Stage(str(doc.get("stage")))
         except ValueError:
             return None
-        known = {camel for _, camel in _KEYS} | {"plan"}
         spec = doc.get("spec")
         return cls(
             stage=stage,
@@ -273,19 +274,35 @@ class Switch:
             switched_seconds=_opt_float(doc.get("switchedSeconds")),
             drain_until=_opt_str(doc.get("drainUntil")),
             plan=from_status(doc.get("plan")),
-            extra={k: v for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _KEYS, "plan"),
         )
 
     def to_status(self) -> dict[str, Any]:
         """The status form (fields not set are left out)."""
-        out: dict[str, Any] = dict(self.extra)
-        for attr, camel in _KEYS:
-            value = getattr(self, attr)
-            if value is not None:
-                out[camel] = value.value if isinstance(value, Stage) else value
+        out = _written(self, _KEYS, self.extra)
         if self.plan is not None:
             out["plan"] = to_status(self.plan)
         return out
+
+
+def _unknown(doc: Mapping[str, Any], keys: Sequence[tuple[str, str]], *more: str) -> dict[str, Any]:
+    """What ``doc`` holds besides the record's ``keys`` (attribute, status key) and ``more``
+    (a newer operator's fields, kept as read)."""
+    known = {camel for _, camel in keys} | set(more)
+    return {k: copy.deepcopy(v) for k, v in doc.items() if k not in known}
+
+
+def _written(
+    record: Any, keys: Sequence[tuple[str, str]], extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A record's status form: ``extra`` (kept as read), then each of its ``keys``
+    (attribute, status key) that is set, in their order (an enum as its value)."""
+    out: dict[str, Any] = copy.deepcopy(dict(extra))
+    for attr, camel in keys:
+        if (value := getattr(record, attr)) is None:
+            continue
+        out[camel] = value.value if isinstance(value, enum.Enum) else copy.deepcopy(value)
+    return out
 
 
 def _opt_str(value: Any) -> str | None:
@@ -505,7 +522,6 @@ class ProfileRecord:
         """The record ``status.profile`` holds (an empty one when it holds none)."""
         if not isinstance(doc, Mapping):
             return cls()
-        known = {camel for _, camel in _PROFILE_KEYS}
         attempts = doc.get("attempts")
         return cls(
             key=_opt_str(doc.get("key")),
@@ -520,7 +536,7 @@ class ProfileRecord:
             retry_at=_opt_str(doc.get("retryAt")),
             stuck=_opt_str(doc.get("stuck")),
             failed_generation=doc.get("failedGeneration"),
-            extra={k: v for k, v in doc.items() if k not in known},
+            extra=_unknown(doc, _PROFILE_KEYS),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -530,6 +546,272 @@ class ProfileRecord:
             if value is not None and not (attr == "attempts" and value == 0):
                 out[camel] = value
         return out
+
+
+# -- spec.slo's provisioning, spec.autoscaling's tuner, spec.canary's rollout -----------------
+
+
+@dataclass(frozen=True)
+class ProvisioningRecord:
+    """``status.provisioning``: the planner's answer for ``spec.slo``. The tuner reads its
+    ``signature`` and planned ``replicas``; the rest (CPUs per replica, batch, cores, plan,
+    simulated P99 and miss rate, baselines...) is for users, in its status form
+    (``figures``). A P99 measured for an earlier answer (``measuredP99Ms``) is kept across
+    re-plans."""
+
+    signature: str | None = None
+    replicas: int | None = None
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    measured_p99_ms: Any = None
+
+    def replanned(self, answer: ProvisioningRecord) -> ProvisioningRecord:
+        """The planner's new ``answer`` in place of this one (the measured P99 kept)."""
+        return replace(answer, measured_p99_ms=self.measured_p99_ms)
+
+    @classmethod
+    def from_status(cls, doc: Any) -> ProvisioningRecord:
+        """The record ``status.provisioning`` holds (an empty one when it holds none)."""
+        if not isinstance(doc, Mapping):
+            return cls()
+        known = ("signature", "replicas", "measuredP99Ms")
+        replicas = doc.get("replicas")
+        return cls(
+            signature=_opt_str(doc.get("signature")),
+            replicas=replicas if isinstance(replicas, int) else None,
+            figures={k: copy.deepcopy(v) for k, v in doc.items() if k not in known},
+            measured_p99_ms=doc.get("measuredP99Ms"),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.signature is not None:
+            out["signature"] = self.signature
+        if self.replicas is not None:
+            out["replicas"] = self.replicas
+        out.update(copy.deepcopy(dict(self.figures)))
+        if self.measured_p99_ms is not None:
+            out["measuredP99Ms"] = self.measured_p99_ms
+        return out
+
+
+# AutoscalingRecord's fields: (attribute, status key), in the order they are written
+_AUTOSCALING_KEYS = (
+    ("signature", "signature"),
+    ("mode", "mode"),
+    ("planned", "planned"),
+    ("startup", "startup"),
+    ("replicas", "replicas"),
+    ("envelope", "envelope"),
+    ("last_decision", "lastDecision"),
+    ("last_scale", "lastScale"),
+)
+
+
+@dataclass(frozen=True)
+class AutoscalingRecord:
+    """``status.autoscaling``: the envelope tuner's state for one reference (``signature``:
+    the provisioning or ``spec.autoscaling.reference`` it scales from): what was planned, the
+    start-up headroom, the replica count it serves (kept, so a restarted operator serves the
+    same number), the envelope it last read, its last decision and the last one that changed
+    the count (an HPA's ``lastScaleTime``). :mod:`packrat.controller.planning.autoscale`
+    makes new records from old."""
+
+    signature: str | None = None
+    mode: str | None = None
+    planned: Mapping[str, Any] | None = None
+    startup: Mapping[str, Any] | None = None
+    replicas: int | None = None
+    envelope: Mapping[str, Any] | None = None
+    last_decision: Mapping[str, Any] | None = None
+    last_scale: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown keys, kept as read
+
+    # -- the steps ---------------------------------------------------------------------------
+    def for_reference(self, signature: str) -> AutoscalingRecord:
+        """This record when it scales from ``signature``, else a new one for it."""
+        return self if self.signature == signature else AutoscalingRecord(signature=signature)
+
+    def tuning(
+        self, *, planned: Mapping[str, Any], startup: Mapping[str, Any]
+    ) -> AutoscalingRecord:
+        """The envelope tuner scales from ``planned`` with ``startup``'s headroom."""
+        return replace(self, mode="envelope", planned=dict(planned), startup=dict(startup))
+
+    def holding(self, replicas: int) -> AutoscalingRecord:
+        """Nothing decided (no reading): ``replicas`` serve."""
+        return replace(self, replicas=replicas)
+
+    def decided(
+        self, *, envelope: Mapping[str, Any], decision: Mapping[str, Any]
+    ) -> AutoscalingRecord:
+        """The tuner read ``envelope`` and made ``decision`` (its ``replicas`` and
+        ``previous``); one that changed the count is kept as the last scale too."""
+        changed = decision.get("replicas") != decision.get("previous")
+        return replace(
+            self,
+            replicas=_opt_int(decision.get("replicas")),
+            envelope=dict(envelope),
+            last_decision=dict(decision),
+            last_scale=dict(decision) if changed else self.last_scale,
+        )
+
+    # -- questions ---------------------------------------------------------------------------
+    def serves(self, signature: str | None) -> int | None:
+        """The count the tuner keeps for reference ``signature`` (None: none kept, or another
+        reference's)."""
+        return self.replicas if self.signature == signature and self.replicas else None
+
+    # -- the status edge ---------------------------------------------------------------------
+    @classmethod
+    def from_status(cls, doc: Any) -> AutoscalingRecord:
+        """The record ``status.autoscaling`` holds (an empty one when it holds none)."""
+        if not isinstance(doc, Mapping):
+            return cls()
+        return cls(
+            signature=_opt_str(doc.get("signature")),
+            mode=_opt_str(doc.get("mode")),
+            planned=_opt_map(doc.get("planned")),
+            startup=_opt_map(doc.get("startup")),
+            replicas=_opt_count(doc.get("replicas")),
+            envelope=_opt_map(doc.get("envelope")),
+            last_decision=_opt_map(doc.get("lastDecision")),
+            last_scale=_opt_map(doc.get("lastScale")),
+            extra=_unknown(doc, _AUTOSCALING_KEYS),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        return _written(self, _AUTOSCALING_KEYS, self.extra)
+
+
+def _opt_count(value: Any) -> int | None:
+    """A count as read back (a JSON number; None when it is not one)."""
+    number = _opt_float(value)
+    return int(number) if number is not None else None
+
+
+def _opt_map(value: Any) -> Mapping[str, Any] | None:
+    return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else None
+
+
+class CanaryPhase(enum.StrEnum):
+    """Where a canary is: its pods starting (or a stable pod not yet told its share), taking
+    its share, or rolled back by its thresholds (kept until its model changes)."""
+
+    STARTING = "Starting"
+    PROGRESSING = "Progressing"
+    ROLLED_BACK = "RolledBack"
+
+
+# CanaryRecord's plain fields: (attribute, status key), in the order they are written
+_CANARY_KEYS = (
+    ("hash", "hash"),
+    ("since", "since"),
+    ("model", "model"),
+    ("traffic_percent", "trafficPercent"),
+    ("ready_replicas", "readyReplicas"),
+    ("phase", "phase"),
+)
+
+
+@dataclass(frozen=True)
+class CanaryRecord:
+    """``status.canary``: the canary of ``spec.canary`` (``hash``: which one) since when, its
+    model, share and ready pods, its phase, and what the stable pods counted for it
+    (``requests``, ``errors``, the worst pod's P99; all three written together) with a
+    message (a pod that failed to answer, why it was rolled back, why it is not stopped yet).
+    :mod:`packrat.controller.switch.canary` makes new records from old."""
+
+    hash: str | None = None
+    since: str | None = None
+    model: Mapping[str, Any] | None = None
+    traffic_percent: int | None = None
+    ready_replicas: int | None = None
+    phase: CanaryPhase | str | None = None
+    requests: int | None = None
+    errors: int | None = None
+    p99_ms: float | None = None
+    message: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # unknown keys, kept as read
+
+    # -- the steps ---------------------------------------------------------------------------
+    def for_canary(self, canary_hash: str, *, now: str) -> CanaryRecord:
+        """This record when it is for canary ``canary_hash``, else a new one from ``now``."""
+        return self if self.hash == canary_hash else CanaryRecord(hash=canary_hash, since=now)
+
+    def running(
+        self, *, model: Mapping[str, Any], percent: int, ready_replicas: int
+    ) -> CanaryRecord:
+        return replace(
+            self, model=dict(model), traffic_percent=percent, ready_replicas=ready_replicas
+        )
+
+    def starting(self) -> CanaryRecord:
+        return replace(self, phase=CanaryPhase.STARTING)
+
+    def counted(
+        self, *, told_all: bool, requests: int, errors: int, p99_ms: float | None, message: str
+    ) -> CanaryRecord:
+        """What the stable pods counted; ``told_all``: every one of them takes the share."""
+        phase = CanaryPhase.PROGRESSING if told_all else CanaryPhase.STARTING
+        return replace(
+            self, phase=phase, requests=requests, errors=errors, p99_ms=p99_ms, message=message
+        )
+
+    def rolled_back(self, message: str) -> CanaryRecord:
+        return replace(self, phase=CanaryPhase.ROLLED_BACK, message=message, traffic_percent=0)
+
+    def stopping(self, message: str) -> CanaryRecord:
+        """Not stopped yet: ``message`` says which stable pods did not answer."""
+        return replace(self, message=message)
+
+    def settled(self) -> CanaryRecord:
+        """Stopped: kept (a canary rolled back) with no share."""
+        return replace(self, traffic_percent=0)
+
+    # -- questions ---------------------------------------------------------------------------
+    def rolled_back_for(self, canary_hash: str) -> bool:
+        """Whether canary ``canary_hash`` was rolled back (it stays so)."""
+        return self.phase == CanaryPhase.ROLLED_BACK and self.hash == canary_hash
+
+    @property
+    def progressing(self) -> bool:
+        return self.phase == CanaryPhase.PROGRESSING
+
+    # -- the status edge ---------------------------------------------------------------------
+    @classmethod
+    def from_status(cls, doc: Any) -> CanaryRecord | None:
+        """The record ``status.canary`` holds (None when it holds none)."""
+        if not isinstance(doc, Mapping):
+            return None
+        phase = doc.get("phase")
+        return cls(
+            hash=_opt_str(doc.get("hash")),
+            since=_opt_str(doc.get("since")),
+            model=_opt_map(doc.get("model")),
+            traffic_percent=_opt_count(doc.get("trafficPercent")),
+            ready_replicas=_opt_count(doc.get("readyReplicas")),
+            phase=_canary_phase(phase) if phase is not None else None,
+            requests=_opt_int(doc.get("requests")),
+            errors=_opt_int(doc.get("errors")),
+            p99_ms=_opt_float(doc.get("p99Ms")),
+            message=_opt_str(doc.get("message")),
+            extra=_unknown(doc, _CANARY_KEYS, "requests", "errors", "p99Ms", "message"),
+        )
+
+    def to_status(self) -> dict[str, Any]:
+        out = _written(self, _CANARY_KEYS, self.extra)
+        if self.requests is not None:  # the counts, together (a P99 of None: too few)
+            out.update(requests=self.requests, errors=self.errors, p99Ms=self.p99_ms)
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+def _canary_phase(value: Any) -> CanaryPhase | str:
+    try:
+        return CanaryPhase(str(value))
+    except ValueError:
+        return str(value)  # another operator's phase, kept as read
 
 
 class Status(Mapping[str, Any]):
@@ -657,6 +939,21 @@ class ModelStatus(Status):
         """``status.pool``: the pool and pool pod serving the model, what the pod reports of
         it (resident bytes, cold starts, last use); None: no pool serves it."""
         self._set("pool", dict(record) if record is not None else None)
+
+    def set_pool_plan(self, record: Mapping[str, Any] | None) -> None:
+        """``status.poolPlan``: a pooled model's plan on its pool's cores (the pool's pods
+        run it with that plan's threads); None: none (not pooled, not planned yet)."""
+        self._set("poolPlan", dict(record) if record is not None else None)
+
+    @contextlib.contextmanager
+    def facts_kept(self) -> Iterator[None]:
+        """Steps run inside leave the phase's facts as they were (a pooled model's profile
+        is measured while its pool serves it: profiling is not its phase)."""
+        facts = self._facts
+        try:
+            yield
+        finally:
+            self._facts = facts
 
     @property
     def pool_pod(self) -> str | None:
@@ -804,15 +1101,30 @@ class ModelStatus(Status):
     def set_measured(self, measured: Mapping[str, Any] | None) -> None:
         self._set("measured", None if measured is None else dict(measured))
 
-    def set_provisioning(self, provisioning: Mapping[str, Any]) -> None:
-        self._set("provisioning", dict(provisioning))
+    @property
+    def provisioning(self) -> ProvisioningRecord:
+        """``status.provisioning`` (an empty record before the first)."""
+        return ProvisioningRecord.from_status(self._data.get("provisioning"))
 
-    def set_autoscaling(self, autoscaling: Mapping[str, Any]) -> None:
-        self._set("autoscaling", dict(autoscaling))
+    def set_provisioning(self, provisioning: ProvisioningRecord) -> None:
+        self._set("provisioning", provisioning.to_status())
 
-    def set_canary(self, canary: Mapping[str, Any] | None) -> None:
+    @property
+    def autoscaling(self) -> AutoscalingRecord:
+        """``status.autoscaling`` (an empty record before the tuner's first decision)."""
+        return AutoscalingRecord.from_status(self._data.get("autoscaling"))
+
+    def set_autoscaling(self, autoscaling: AutoscalingRecord) -> None:
+        self._set("autoscaling", autoscaling.to_status())
+
+    @property
+    def canary(self) -> CanaryRecord | None:
+        """``status.canary`` (None: no canary, nor one kept rolled back)."""
+        return CanaryRecord.from_status(self._data.get("canary"))
+
+    def set_canary(self, canary: CanaryRecord | None) -> None:
         """``status.canary`` (spec.canary's rollout; None removes it)."""
-        self._set("canary", None if canary is None else dict(canary))
+        self._set("canary", None if canary is None else canary.to_status())
 
 
 class PipelineStatus(Status):

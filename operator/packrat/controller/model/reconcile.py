@@ -173,8 +173,11 @@ class Reconciler:
     ) -> None:
         model, invalid, refused, unavailable = self._read_model(p, known)
         children = observe(self.kube, p.namespace, p.name, model)
-        if model is not None and model.pool and serve_in_pool(p, model, children.service):
-            return  # served by its pool (controller/pool/member.py)
+        if model is not None and model.pool:
+            if serve_in_pool(p, model, children.service, self.optimizers):
+                return  # served by its pool (controller/pool/member.py)
+        elif model is not None:
+            p.status.set_pool_plan(None)  # a model out of its pool
 
         # 1. serving repairs, from the last good configuration, before anything else
         repaired = self._repair_serving(p, model, children)
@@ -362,7 +365,7 @@ class Reconciler:
         verified.publish(status, profile, refused=planned.slower)
         if model.autoscaling is not None:
             asc.publish_scale(p, replicas)
-        if auto and status.phase == "Ready" and "switch" not in status:
+        if auto and status.phase == "Ready" and status.switch is None:
             if reading is None and self.estimates is not None:
                 reading = ab.as_reading(self.estimates(p.namespace, p.name))
             observe_batch(
@@ -454,7 +457,7 @@ class Reconciler:
     def _canary(self, p: Pass, model: ModelSpec) -> None:
         """spec.canary at rest (:mod:`packrat.controller.switch.canary`), and a canary's
         leftovers once it is gone from the spec."""
-        if self.canary is None or (model.canary is None and "canary" not in p.status):
+        if self.canary is None or (model.canary is None and p.status.canary is None):
             return
         served = last_good(p, fallback=None)
         if served is not None:

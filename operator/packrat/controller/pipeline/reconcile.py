@@ -294,7 +294,7 @@ class PipelineReconciler:
         previous = {s.get("name"): s for s in p.status.get("stages") or []}
         for stage in pipe.stages:
             model = children.models[stage.name]
-            mstatus = (model or {}).get("status") or {}
+            mstatus = ModelStatus((model or {}).get("status"))
             entry: dict[str, Any] = {"name": stage.name, "model": stage.model_name}
             entry.update({**previous.get(stage.name, {}), **configs.get(stage.name, {})})
             entry.update(name=stage.name, model=stage.model_name)
@@ -302,7 +302,7 @@ class PipelineReconciler:
             entry["readyReplicas"] = int(mstatus.get("readyReplicas") or 0)
             mirror_autoscaling(p, entry, mstatus, tuned=pipe.autoscaling is not None)
             target = targets.get(stage.name)  # absent: patched by this pass
-            served = served_plan(ModelStatus(mstatus), target) if target is not None else None
+            served = served_plan(mstatus, target) if target is not None else None
             if served is not None:  # what its replicas run (until then: what was planned)
                 entry["plan"] = served.label
             stages.append(entry)
@@ -359,19 +359,18 @@ class PipelineReconciler:
 
 
 def mirror_autoscaling(
-    p: Pass, entry: dict[str, Any], mstatus: Mapping[str, Any], *, tuned: bool
+    p: Pass, entry: dict[str, Any], mstatus: ModelStatus, *, tuned: bool
 ) -> None:
     """Copy the stage model's serving count and last scaling decision into the stage's
     status entry; a new scaling decision is an Event on the pipeline too."""
     before = entry.pop("autoscaling", None) or {}
     if not tuned:
         return
-    scaled = mstatus.get("autoscaling") or {}
+    last = mstatus.autoscaling.last_scale
     mirrored: dict[str, Any] = {}
     if isinstance(mstatus.get("replicas"), int):
         mirrored["replicas"] = int(mstatus["replicas"])
-    last = scaled.get("lastScale")
-    if isinstance(last, Mapping):
+    if last is not None:
         mirrored["lastScale"] = {
             k: last[k] for k in ("time", "action", "replicas", "previous", "reason") if k in last
         }

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.api.schema import PIPELINE_CRD, schema_check
+from packrat.controller.api.schema import PIPELINE_CRD, schema_check, schema_defaults
 from packrat.controller.core.model import InvalidSpec, ModelSpec, read
 from packrat.controller.core.slo_spec import AUTOSCALING_DEFAULTS, SLO_DEFAULTS, validate_slo
 from packrat.controller.core.spec import API_VERSION, DEFAULT_IMAGE
@@ -260,9 +260,7 @@ def _slo(
         given = {k: v for k, v in auto.items() if k != "reference"}
         if "reference" in auto:  # the schema has no reference: say why
             errors.append("spec.autoscaling.reference: unknown field (the planner makes it)")
-        known = schema_check(PIPELINE_CRD, "spec", "autoscaling").schema.get("properties") or {}
-        defaults = {k: v for k, v in AUTOSCALING_DEFAULTS.items() if k in known}
-        checked["autoscaling"] = {**defaults, **given}
+        checked["autoscaling"] = {**schema_defaults(PIPELINE_CRD, "spec", "autoscaling"), **given}
         auto = {**AUTOSCALING_DEFAULTS, **given}
     validate_slo(errors, {"slo": slo, **({"autoscaling": auto} if isinstance(auto, dict) else {})})
     if not isinstance(hop, int | float) or isinstance(hop, bool):

@@ -24,14 +24,13 @@ it, so it keeps headroom for the load a new replica would meet too late
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.slo_spec import TunerReference
-from packrat.controller.core.status import now_iso
+from packrat.controller.core.status import ModelStatus, now_iso
 from packrat.controller.planning import startup as su
 from packrat.controller.serving import manifests as m
 from packrat.plan.envelope import Tuner, growth_at
@@ -69,7 +68,7 @@ def _clamp(model: ModelSpec, n: int) -> int:
 
 
 def serving_replicas(
-    model: ModelSpec, status: Mapping[str, Any], ref: TunerReference | None = None
+    model: ModelSpec, status: ModelStatus, ref: TunerReference | None = None
 ) -> int:
     """The replica count the active slot should run now.
 
@@ -80,15 +79,14 @@ def serving_replicas(
     if not tuned(model) or mode(model) == "external":
         return model.replicas
     ref = ref or model.reference
-    provisioning = status.get("provisioning") or {}
-    planned = ref.replicas if ref is not None else provisioning.get("replicas")
-    signature = ref.signature if ref is not None else provisioning.get("signature")
-    if not isinstance(planned, int):
+    provisioning = status.provisioning
+    planned = ref.replicas if ref is not None else provisioning.replicas
+    signature = ref.signature if ref is not None else provisioning.signature
+    if planned is None:
         return model.replicas  # before the first provisioning
-    scaled = status.get("autoscaling") or {}
-    current = scaled.get("replicas")
-    if mode(model) == "envelope" and scaled.get("signature") == signature and current:
-        return _clamp(model, int(current))
+    current = status.autoscaling.serves(signature)
+    if mode(model) == "envelope" and current is not None:
+        return _clamp(model, current)
     return _clamp(model, planned)
 
 
@@ -149,11 +147,8 @@ def tune(
     tuner = tuners.get(model, ref, current)
     tuner.set_capacity(min(capacity, ref.capacity) if capacity is not None else ref.capacity)
     ready_in = startup_headroom(p, model, ref, tuner)
-    scaled: dict[str, Any] = dict(status.get("autoscaling") or {})
-    if scaled.get("signature") != ref.signature:
-        scaled = {"signature": ref.signature}
-    scaled.update(
-        mode="envelope",
+    scaled = status.autoscaling.for_reference(ref.signature)
+    scaled = scaled.tuning(
         planned={
             "replicas": ref.replicas,
             "capacityPerReplica": round(ref.capacity, 3),
@@ -163,18 +158,16 @@ def tune(
         startup={**ready_in.to_status(), "growth": round(tuner.growth, 4)},
     )
     if arrivals is None:
-        scaled["replicas"] = tuner.replicas
-        status.set_autoscaling(scaled)
+        status.set_autoscaling(scaled.holding(tuner.replicas))
         return tuner.replicas
     tuner.observe(arrivals.times)
     decision = tuner.decide(p.now.timestamp())
-    scaled["replicas"] = decision.replicas
-    scaled["envelope"] = {
+    envelope = {
         "ratesPerSecond": [round(r, 3) for r in decision.rates],
         "pods": arrivals.pods,
         "time": now_iso(p.now),
     }
-    scaled["lastDecision"] = {
+    decided = {
         "time": now_iso(p.now),
         "action": decision.action,
         "replicas": decision.replicas,
@@ -182,9 +175,7 @@ def tune(
         "wantedNow": decision.wanted_now,
         "reason": decision.reason,
     }
-    if decision.replicas != decision.previous:  # kept until the next change (HPA: lastScaleTime)
-        scaled["lastScale"] = dict(scaled["lastDecision"])
-    status.set_autoscaling(scaled)
+    status.set_autoscaling(scaled.decided(envelope=envelope, decision=decided))
     p.result.autoscale = {
         "action": decision.action,
         "replicas": decision.replicas,

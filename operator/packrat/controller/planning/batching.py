@@ -26,7 +26,15 @@ from packrat.plan.optimizer import Optimizer, Plan
 from packrat.plan.padding import PaddedPlans
 from packrat.plan.profile import Profile
 from packrat.plan.provision import backlogged_capacity
-from packrat.plan.reconfig import FastLook, FastVerdict, Policy, decide, fast_due, slo_ceiling
+from packrat.plan.reconfig import (
+    Decision,
+    FastLook,
+    FastVerdict,
+    Policy,
+    decide,
+    fast_due,
+    slo_ceiling,
+)
 
 
 def batch_to_plan(model: ModelSpec, status: ModelStatus) -> int:
@@ -97,13 +105,8 @@ def observe_batch(
 ) -> None:
     """``floor`` / ``ceiling``: the smallest and largest batch to decide for (with an SLO,
     :func:`slo_floor` and :func:`slo_top`)."""
-    assert model.auto is not None
     status = p.status
-    policy = ab.policy_from_spec(model.auto, batch_delay_ms=model.max_batch_delay_ms)
-    if floor is not None:
-        policy = replace(policy, min_batch=max(policy.min_batch, floor))
-    if ceiling is not None:
-        policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
+    policy = _policy(model, floor=floor, ceiling=ceiling)
     annotations = model.annotations
     seen = status.batch
     pinned, pin_error = ab.parse_pin(annotations)
@@ -115,12 +118,7 @@ def observe_batch(
     elif pinned is None and trigger is None:
         return  # nothing new to decide on
     last_result, last_at = status.last_switch
-    if (
-        pinned is not None
-        and last_result == "Aborted"
-        and last_at is not None
-        and (p.now - last_at).total_seconds() < policy.min_interval_s
-    ):
+    if last_result == "Aborted" and _within(p, last_at, policy.min_interval_s):
         pinned = None  # a pinned switch that aborted is retried after minIntervalSeconds
     current_plan = status.served_plan
     if current_plan is None:
@@ -152,6 +150,13 @@ def observe_batch(
         pin_error=pin_error,
         fast_note=f"{fast.reason.value}: {fast.message}" if fast is not None and fired else None,
     )
+    status.set_batch(_decided(p, seen, decision, previous=previous, pin_error=pin_error))
+
+
+def _decided(
+    p: Pass, seen: BatchRecord, decision: Decision, *, previous: str | None, pin_error: str | None
+) -> BatchRecord:
+    """Report ``decision`` (the pass's result, an event) and the record it leaves."""
     p.result.decision = decision.outcome.value
     if decision.switch and decision.target is not None:
         seen = ab.fast_switched(seen, left=decision.current, now=p.now.timestamp())
@@ -162,7 +167,23 @@ def observe_batch(
         p.result.again_within(0.0)
     elif previous != decision.outcome.value and pin_error:
         p.emit("Warning", "BadAnnotation", pin_error)
-    status.set_batch(seen)
+    return seen
+
+
+def _policy(model: ModelSpec, *, floor: int | None, ceiling: int | None) -> Policy:
+    """autoBatch's policy for ``model`` within ``floor`` and ``ceiling``."""
+    assert model.auto is not None
+    policy = ab.policy_from_spec(model.auto, batch_delay_ms=model.max_batch_delay_ms)
+    if floor is not None:
+        policy = replace(policy, min_batch=max(policy.min_batch, floor))
+    if ceiling is not None:
+        policy = replace(policy, max_batch=max(policy.min_batch, min(policy.max_batch, ceiling)))
+    return policy
+
+
+def _within(p: Pass, since: datetime.datetime | None, seconds: float) -> bool:
+    """Whether ``since`` is less than ``seconds`` before this pass."""
+    return since is not None and (p.now - since).total_seconds() < seconds
 
 
 def _fast(

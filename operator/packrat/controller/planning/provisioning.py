@@ -28,6 +28,7 @@ from packrat.controller.core.context import Pass as AnyPass
 from packrat.controller.core.context import report_provisioned
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.slo_spec import Slo, TunerReference
+from packrat.controller.core.status import ProvisioningRecord
 from packrat.plan.envelope import envelope, growth_curve, window_sizes
 from packrat.plan.optimizer import Plan
 from packrat.plan.profile import Profile
@@ -84,10 +85,14 @@ class Provisioned:
             growth=self.growth,
         )
 
-    def status(self) -> dict[str, Any]:
+    def record(self) -> ProvisioningRecord:
+        """This answer as ``status.provisioning`` holds it."""
+        return ProvisioningRecord(
+            signature=self.signature, replicas=self.replicas, figures=self._figures()
+        )
+
+    def _figures(self) -> dict[str, Any]:
         return {
-            "signature": self.signature,
-            "replicas": self.replicas,
             "cpusPerReplica": self.cpus,
             "batch": self.batch,
             "cores": self.cores,
@@ -259,14 +264,12 @@ def _cannot_plan(p: Pass, reason: str, message: str) -> None:
 
 
 def _record(p: Pass, prov: Provisioned) -> None:
-    previous = p.status.get("provisioning") or {}
-    kept = {"measuredP99Ms": m} if (m := previous.get("measuredP99Ms")) is not None else {}
-    provisioning = {k: v for k, v in prov.status().items() if k != "measuredP99Ms"}
-    p.status.set_provisioning({**provisioning, **kept})
+    previous = p.status.provisioning
+    p.status.set_provisioning(previous.replanned(prov.record()))
     summary = (
         f"{prov.replicas} x {prov.cpus} CPUs, batch {prov.batch} ({prov.plan.label}): "
         f"simulated P99 {_round(prov.p99_ms)} ms for SLO {prov.slo_ms:g} ms, "
         f"{prov.cores} cores"
     )
-    changed = previous.get("signature") != prov.signature
+    changed = previous.signature != prov.signature
     report_provisioned(p, feasible=prov.feasible, changed=changed, summary=summary)

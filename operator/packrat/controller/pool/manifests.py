@@ -17,7 +17,7 @@ from typing import Any
 
 from packrat.controller.api import crd
 from packrat.controller.core.spec import DEFAULT_IMAGE
-from packrat.controller.pool.spec import PoolSpec
+from packrat.controller.pool.spec import PoolPlan, PoolSpec
 from packrat.controller.serving import manifests as m
 
 POOL_KIND = crd.POOL_KIND
@@ -45,17 +45,26 @@ def _metadata(spec: PoolSpec, *, name: str, labels: Mapping[str, str]) -> dict[s
     return m.metadata(spec.owner(), name=name, labels=labels, kind=POOL_KIND)
 
 
-def pool_config(spec: PoolSpec, models: Sequence[tuple[str, str]]) -> dict[str, Any]:
+def pool_config(
+    spec: PoolSpec,
+    models: Sequence[tuple[str, str]],
+    plans: Mapping[str, PoolPlan] | None = None,
+) -> dict[str, Any]:
     """The pod's ``python -m packrat.serve.pool`` configuration: ``models`` (name, zoo
-    architecture) under the pool's budget; the layer files' directory is given on the
+    architecture) under the pool's budget, each with its plan's threads and batch once its
+    plan on the pool's cores is made (``plans``); the layer files' directory is given on the
     command line (the cache volume)."""
+    plans = plans or {}
     return {
         "directory": "layers",
         "budget_bytes": spec.budget_bytes,
         "policy": spec.policy,
         "mode": spec.mode,
         "threads": spec.cpus,
-        "models": [{"name": n, "spec": zoo} for n, zoo in sorted(models)],
+        "models": [
+            {"name": n, "spec": zoo, **(plans[n].entry() if n in plans else {})}
+            for n, zoo in sorted(models)
+        ],
     }
 
 

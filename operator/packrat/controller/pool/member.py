@@ -1,5 +1,12 @@
-"""A pooled PackratModel's pass (``spec.pool``): no profile, no Deployment of its own; its
-Service selects the pool pod that hosts it once that pod answers for it.
+"""A pooled PackratModel's pass (``spec.pool``): no Deployment of its own; its Service
+selects the pool pod that hosts it once that pod answers for it.
+
+It keeps its own profile and plan, on the pool's pod shape: the model's usual profiling Job
+with the pool's ``cpus`` (:func:`pooled_spec`: a change of pool or of the pool's cores is a
+new profile key, so a new profile, as a change of ``spec.cpus`` is), and the optimizer's plan
+for its batch on those cores in ``status.poolPlan`` (with the profile's batch-1 latency on the
+plan's threads: the pool's demand estimate). Measured while the pool serves it: serving
+never waits on profiling. The pool's pass reads ``status.poolPlan`` (:mod:`.demand`).
 
 Moving in keeps serving: while the pool does not yet answer for the model, a model that was
 serving from its own pods goes on doing so (its ordinary pass runs); once the pool pod
@@ -17,11 +24,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.api.children import keep, service_drift
+from packrat.controller.api.frozen import thaw
 from packrat.controller.core.context import ModelPass as Pass
-from packrat.controller.core.model import ModelSpec
+from packrat.controller.core.model import InvalidSpec, ModelSpec
+from packrat.controller.core.plans import to_status
+from packrat.controller.planning.autobatch import OptimizerCache
 from packrat.controller.pool import manifests as pm
+from packrat.controller.pool.spec import parse_pool
+from packrat.controller.profiling.profile import ensure_profile
 from packrat.controller.serving import manifests as m
 from packrat.controller.serving.protection import release
+from packrat.plan.optimizer import PlanError
 
 _STATS = ("residentBytes", "fileBytes", "requests", "coldStarts", "lastUse")
 
@@ -38,22 +51,99 @@ def _placed(p: Pass, pool: str, obj: Mapping[str, Any] | None) -> Mapping[str, A
     elif not isinstance(record, Mapping) or not isinstance(record.get("pod"), str):
         p.cond("Placed", False, "Placing", f"pool {pool} has not placed the model yet")
         return None
+    elif isinstance(over := record.get("overCapacity"), str):  # hosted, by memory only
+        p.cond("Placed", False, "OverCapacity", f"pool {pool} pod {record['pod']}: {over}")
+        return record
     else:
         p.cond("Placed", True, "Placed", f"on pool {pool} pod {record['pod']}")
         return record
     return None
 
 
-def serve_in_pool(p: Pass, model: ModelSpec, service: Mapping[str, Any] | None) -> bool:
+def pooled_spec(model: ModelSpec, cpus: int) -> ModelSpec:
+    """The model on its pool's pod shape: ``cpus`` cores, the thread counts it profiles
+    limited to them (all of 1..cpus when none of its own ``profiling.threads`` is left),
+    eager PyTorch only (what the pool pods run)."""
+    threads = model.profiling.threads
+    if not model.engines and (not threads or max(threads) <= cpus):
+        return model.on_cpus(cpus)
+    changes: dict[str, Any] = {"cpus": cpus}
+    if model.engines:
+        changes["engines"] = ["eager"]
+    if threads and max(threads) > cpus:
+        profiling = thaw(model.spec.get("profiling") or {})
+        kept = [t for t in threads if t <= cpus]
+        if kept:
+            profiling["threads"] = kept
+        else:
+            profiling.pop("threads", None)
+        changes["profiling"] = profiling
+    return model.with_spec(**changes)
+
+
+def plan_on_pool(
+    p: Pass, model: ModelSpec, pool_obj: Mapping[str, Any], optimizers: OptimizerCache
+) -> None:
+    """The model's profile on the pool's cores (its profiling Job while there is none) and
+    its plan for its batch on them, in ``status.poolPlan``; the phase is left to serving."""
+    try:
+        cpus = parse_pool(pool_obj).cpus
+    except InvalidSpec:
+        return  # the pool's own status says why; the last plan stays
+    pooled = pooled_spec(model, cpus)
+    key = pooled.profile_key
+    configmap = p.kube.get("configmaps", p.namespace, m.profile_object_name(p.name, key))
+    labels = {m.LABEL_MODEL: p.name, "app.kubernetes.io/name": m.PROFILING_APP}
+    jobs = p.kube.list("jobs", p.namespace, labels=labels)
+    status = p.status
+    with status.facts_kept():
+        profile = ensure_profile(p, pooled, configmap=configmap, jobs=jobs)
+    if profile is None:
+        return
+    batch = model.fixed_batch
+    try:
+        optimizer = optimizers.optimizer(
+            profile, digest=status.profile_digest, cpus=cpus, max_batch=batch
+        )
+        plan = optimizer.plan(batch)
+    except PlanError as exc:
+        status.set_pool_plan(None)
+        p.cond("Planned", False, "PlanFailed", f"no plan on pool cpus={cpus} batch={batch}: {exc}")
+        return
+    threads = plan.instances[0].threads  # the widest: one request at a time per model
+    batch1 = profile.latency(threads, 1)
+    record = {
+        "pool": model.pool,
+        "cpus": cpus,
+        "threads": threads,
+        "batch": plan.batch,
+        "plan": to_status(plan),
+        **({"batch1LatencyMs": round(batch1, 4)} if batch1 is not None else {}),
+    }
+    status.set_pool_plan(record)
+    p.result.plan = plan
+    p.cond("Planned", True, "Planned", f"plan {plan.label} on pool {model.pool} ({cpus} cpus)")
+
+
+def serve_in_pool(
+    p: Pass,
+    model: ModelSpec,
+    service: Mapping[str, Any] | None,
+    optimizers: OptimizerCache | None = None,
+) -> bool:
     """The pass of a model with ``spec.pool``; False when its ordinary pass must run instead
-    (it serves from its own pods until the pool answers for it)."""
+    (it serves from its own pods until the pool answers for it). ``optimizers``: plan on
+    the pool's cores too (None: serving only)."""
     pool = str(model.pool)
-    record = _placed(p, pool, p.kube.get("packratpools", p.namespace, pool))
+    pool_obj = p.kube.get("packratpools", p.namespace, pool)
+    record = _placed(p, pool, pool_obj)
     status = p.status
     ready = record is not None and record.get("ready") is True
+    if not ready and status.pool_pod is None and status.get("activeSlot") is not None:
+        return False  # its own pods serve until the pool answers for it (and profile)
+    if pool_obj is not None and optimizers is not None:
+        plan_on_pool(p, model, pool_obj, optimizers)
     if not ready:
-        if status.pool_pod is None and status.get("activeSlot") is not None:
-            return False  # its own pods serve until the pool answers for it
         p.result.in_progress()
         if status.pool_pod is not None and record is not None:
             status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves

@@ -1,10 +1,15 @@
 """One reconcile pass for a PackratPool: its members placed on its pods, every child kept,
 what the pods serve read back, then (only then) status written.
 
-Placement is :func:`packrat.plan.pool.placement.place` (by weight bytes: the pods' measured
-layer-file sizes once known, the zoo's estimate before), previous placements kept where they
-still fit (a move is a cold start). A model moved to another pod, or leaving the pool, is
-kept on the pod its Service selects until the model's pass points the Service elsewhere
+Placement is :func:`packrat.plan.pool.placement.place` by memory and demand: weight bytes
+(the pods' measured layer-file sizes once known, the zoo's estimate before) and compute (each
+model's request rate, from two readings of its pod's counter, times its service time on the
+pool's cores, from its own plan: :mod:`packrat.plan.pool.demand`); the previous placement is
+kept while it is feasible and close to the best (a move is a cold start). A model whose
+weights fit but whose demand fits no pod is still hosted (by memory, on its previous pod
+where there is one), its record saying why it is over capacity. A model moved to another
+pod, or leaving the pool, is kept on the pod its Service selects until the model's pass
+points the Service elsewhere
 (its new pod, or its own pods once they answer): no request finds a pod without the model.
 A pod that no longer exists in ``spec.replicas`` is kept while a model's Service selects it.
 A model the pool cannot place gets a sentence why (``status.unplaced``; the model's pass
@@ -28,12 +33,20 @@ from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Pass, Result, run_pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import Status
+from packrat.controller.core.status import Status, now_iso, parse_time
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
-from packrat.controller.pool.spec import ZOO_WEIGHT_BYTES, Member, PoolSpec, members, parse_pool
+from packrat.controller.pool.spec import (
+    ZOO_WEIGHT_BYTES,
+    Member,
+    PoolPlan,
+    PoolSpec,
+    members,
+    parse_pool,
+)
 from packrat.controller.serving.admin_token import Holder, ensure_token
 from packrat.controller.serving.manifests import pool_token_name
+from packrat.plan.pool.demand import RateReading, next_rate, service_seconds, sticky
 from packrat.plan.pool.placement import ModelDemand, PodCapacity, place
 
 PLURAL = crd.POOL_PLURAL
@@ -75,6 +88,9 @@ class Layout:
     assignment: dict[str, str]
     hosting: dict[str, dict[str, str]]  # pod -> {model: zoo name}
     unplaced: dict[str, str]
+    demands: dict[str, ModelDemand]  # what placement used, per placeable model
+    plans: dict[str, PoolPlan]  # the members' plans on the pool's cores
+    over: dict[str, str]  # hosted although its demand fits no pod: why
 
 
 def served_pods(models: list[dict[str, Any]], pool: str) -> dict[str, str]:
@@ -89,33 +105,112 @@ def served_pods(models: list[dict[str, Any]], pool: str) -> dict[str, str]:
     return out
 
 
+def baseline(record: Any) -> RateReading | None:
+    """The rate baseline a pool's ``status.models[name].demand`` keeps (None: none, or not
+    one this operator wrote)."""
+    demand = record.get("demand") if isinstance(record, Mapping) else None
+    if not isinstance(demand, Mapping):
+        return None
+    at = parse_time(demand.get("readAt")) if isinstance(demand.get("readAt"), str) else None
+    pod, requests, rate = demand.get("pod"), demand.get("requests"), demand.get("rate")
+    if at is None or not isinstance(pod, str) or not isinstance(requests, int):
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate >= 0:
+        rate = 0.0
+    return RateReading(pod, requests, at.timestamp(), float(rate))
+
+
+def demand_of(m: Member, known: Mapping[str, Any]) -> ModelDemand:
+    """What one member asks of a pod: its weight bytes, its rate (from the last baseline)
+    and its service time (its plan's threads x its batch-1 latency on them)."""
+    record = known.get(m.name)
+    measured = record.get("fileBytes") if isinstance(record, Mapping) else None
+    assert m.zoo is not None
+    size = measured if isinstance(measured, int) and measured > 0 else ZOO_WEIGHT_BYTES[m.zoo]
+    base = baseline(record)
+    service = service_seconds(m.plan.threads, m.plan.batch1_ms) if m.plan else 0.0
+    return ModelDemand(
+        m.name, weight_bytes=size, rate=base.rate if base else 0.0, service_s=service
+    )
+
+
+def _over_capacity(
+    unplaced: Mapping[str, str],
+    demands: Mapping[str, ModelDemand],
+    capacity: list[PodCapacity],
+    assignment: dict[str, str],
+    previous: Mapping[str, str],
+) -> dict[str, str]:
+    """Host the models left out for compute alone (their weights fit a pod's budget) by
+    memory: their previous pod, else the pod with the fewest weight bytes; -> why each."""
+    over: dict[str, str] = {}
+    pods = {c.name: c for c in capacity}
+    for name, why in sorted(unplaced.items()):
+        d = demands[name]
+        fits = [c.name for c in capacity if d.weight_bytes <= c.budget_bytes]
+        if not fits:
+            continue
+        weights = {pod: 0 for pod in fits}
+        for other, pod in assignment.items():
+            if pod in weights:
+                weights[pod] += demands[other].weight_bytes
+        pod = previous.get(name) or ""
+        if pod not in weights:
+            pod = min(fits, key=lambda p: (weights[p] / pods[p].budget_bytes, p))
+        assignment[name] = pod
+        over[name] = f"over capacity: {why}"
+    return over
+
+
 def layout(
     spec: PoolSpec, found: list[Member], served: Mapping[str, str], known: Mapping[str, Any]
 ) -> Layout:
     """Place the members asking for the pool on its pods; keep every model where it is served."""
     pods = [pm.pod_name(spec.name, i) for i in range(spec.replicas)]
     zoo = {m.name: m.zoo for m in found if m.zoo is not None}
-    demands = []
-    for m in found:
-        if not m.placeable or m.zoo is None:
-            continue
-        measured = (known.get(m.name) or {}).get("fileBytes")
-        size = measured if isinstance(measured, int) and measured > 0 else ZOO_WEIGHT_BYTES[m.zoo]
-        demands.append(ModelDemand(m.name, weight_bytes=size))
+    demands = {m.name: demand_of(m, known) for m in found if m.placeable}
     previous = {n: str(r["pod"]) for n, r in known.items() if isinstance(r, Mapping) and "pod" in r}
     capacity = [PodCapacity(p, spec.budget_bytes, float(spec.cpus)) for p in pods]
-    placement = place(demands, capacity, previous=previous)
+    best = place(list(demands.values()), capacity, previous=previous)
+    placement = sticky(best, previous, list(demands.values()), capacity)
+    assignment = dict(placement.assignment)
     unplaced = dict(placement.unplaced)
+    over = _over_capacity(unplaced, demands, capacity, assignment, previous)
+    for name in over:
+        unplaced.pop(name)
     for m in found:
         if m.problem is not None and not m.leaving:
             unplaced[m.name] = m.problem
     hosting: dict[str, dict[str, str]] = {p: {} for p in pods}
-    for name, pod in placement.assignment.items():
+    for name, pod in assignment.items():
         hosting[pod][name] = zoo[name]
     for name, pod in served.items():  # until its Service leaves that pod
         if name in zoo:
             hosting.setdefault(pod, {})[name] = zoo[name]
-    return Layout(dict(placement.assignment), hosting, unplaced)
+    plans = {m.name: m.plan for m in found if m.plan is not None}
+    return Layout(dict(sorted(assignment.items())), hosting, unplaced, demands, plans, over)
+
+
+def demand_record(
+    name: str, plan: Layout, hosted: Hosted | None, known: Mapping[str, Any], now: float
+) -> dict[str, Any] | None:
+    """``status.models[name].demand``: the rate baseline after this pass's reading, the
+    rate and the cores it asks for (None: no reading yet)."""
+    base = baseline(known.get(name))
+    if hosted is not None:
+        base = next_rate(base, pod=hosted.pod, requests=hosted.requests, at=now)
+    if base is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(base.at, datetime.UTC)
+    service = plan.demands[name].service_s if name in plan.demands else 0.0
+    return {
+        "pod": base.pod,
+        "requests": base.requests,
+        "readAt": now_iso(moment),
+        "rate": round(base.rate, 3),
+        "cores": round(base.rate * service, 3),
+        "serviceMs": round(service * 1000, 3),
+    }
 
 
 class PoolReconciler:
@@ -152,7 +247,7 @@ class PoolReconciler:
             return
         p.status.set_message(None)
         models = self.kube.list("packratmodels", p.namespace)
-        found = members(spec.name, models)
+        found = members(spec.name, models, cpus=spec.cpus)
         known = p.status.get("models") or {}
         plan = layout(spec, found, served_pods(models, spec.name), known)
         # the pods' /pool/status needs the pool's token: no pod mounts a Secret not ours
@@ -176,7 +271,7 @@ class PoolReconciler:
     def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> None:
         ours = lambda obj: self._ours(p, obj)  # noqa: E731
         for pod, hosted in sorted(plan.hosting.items()):
-            config = pm.pool_config(spec, list(hosted.items()))
+            config = pm.pool_config(spec, list(hosted.items()), plan.plans)
             cm = pm.configmap(spec, pod, config)
             kept = keep(self.kube, "configmaps", p.namespace, cm, ours=ours, drift=_data_drift)
             if not kept.ours:
@@ -205,11 +300,17 @@ class PoolReconciler:
         readings: Mapping[str, Mapping[str, Hosted]],
     ) -> None:
         records: dict[str, Any] = {}
+        known = p.status.get("models") or {}
         for name, pod in plan.assignment.items():
             hosted = readings.get(pod, {}).get(name)
             record = hosted.record() if hosted else {"pod": pod}
             records[name] = {**record, "pod": pod, "ready": hosted is not None}
-        previous = {n: r.get("pod") for n, r in (p.status.get("models") or {}).items()}
+            demand = demand_record(name, plan, hosted, known, p.now.timestamp())
+            if demand is not None:
+                records[name]["demand"] = demand
+            if name in plan.over:
+                records[name]["overCapacity"] = plan.over[name]
+        previous = {n: r.get("pod") for n, r in known.items()}
         for name, pod in plan.assignment.items():
             if previous.get(name) != pod:
                 p.emit("Normal", "Placed", f"model {name} placed on pool pod {pod}")

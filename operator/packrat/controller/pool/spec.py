@@ -60,6 +60,46 @@ class PoolSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """A member's plan on the pool's cores (its ``status.poolPlan``, checked): the threads
+    the pool pod runs its requests with, its batch, its profiled batch-1 latency on them."""
+
+    threads: int
+    batch: int
+    batch1_ms: float | None
+
+    def entry(self) -> dict[str, Any]:
+        """The model's fields in the pool pod's config."""
+        return {"threads": self.threads, "batch": self.batch}
+
+
+MAX_LATENCY_MS = 3_600_000.0
+MAX_BATCH = 1 << 16
+
+
+def pool_plan_of(model: Mapping[str, Any], pool: str, cpus: int) -> PoolPlan | None:
+    """The model's ``status.poolPlan`` when it was made for this pool's ``cpus`` and every
+    value is in range (a status is writable by whoever may write status: checked)."""
+    record = (model.get("status") or {}).get("poolPlan")
+    if not isinstance(record, Mapping) or record.get("pool") != pool or record.get("cpus") != cpus:
+        return None
+    threads, batch = _int_in(record.get("threads"), cpus), _int_in(record.get("batch"), MAX_BATCH)
+    if threads is None or batch is None:
+        return None
+    latency = record.get("batch1LatencyMs")
+    number = isinstance(latency, int | float) and not isinstance(latency, bool)
+    ms = float(latency) if number and isinstance(latency, int | float) else None
+    if ms is not None and not 0 < ms <= MAX_LATENCY_MS:  # NaN fails too
+        ms = None
+    return PoolPlan(threads, batch, ms)
+
+
+def _int_in(value: Any, high: int) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= high
+    return int(value) if ok else None
+
+
+@dataclass(frozen=True, slots=True)
 class Member:
     """A PackratModel the pool hosts: its name, zoo architecture and uid."""
 
@@ -67,6 +107,7 @@ class Member:
     zoo: str | None  # None: not placed (``problem`` says why)
     leaving: bool = False  # spec.pool no longer names this pool; served until its pods answer
     problem: str | None = None
+    plan: PoolPlan | None = None  # its plan on the pool's cores, once made
 
     @property
     def placeable(self) -> bool:
@@ -153,8 +194,11 @@ def served_by(model: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def members(pool: str, models: Sequence[Mapping[str, Any]]) -> list[Member]:
-    """The models ``pool`` hosts, by name: those asking for it and those it still serves."""
+def members(
+    pool: str, models: Sequence[Mapping[str, Any]], *, cpus: int | None = None
+) -> list[Member]:
+    """The models ``pool`` hosts, by name: those asking for it and those it still serves
+    (with their plans on ``cpus`` cores, when given)."""
     out = []
     for obj in models:
         asking, serving = pool_of(obj) == pool, served_by(obj) == pool
@@ -169,5 +213,6 @@ def members(pool: str, models: Sequence[Mapping[str, Any]]) -> list[Member]:
             zoo, problem = None, f"the model's spec is invalid: {errors[0]}"
         else:
             problem = None
-        out.append(Member(name=name, zoo=zoo, leaving=not asking, problem=problem))
+        plan = pool_plan_of(obj, pool, cpus) if cpus is not None else None
+        out.append(Member(name=name, zoo=zoo, leaving=not asking, problem=problem, plan=plan))
     return sorted(out, key=lambda m: m.name)[:MAX_MODELS]

@@ -65,20 +65,31 @@ class Signatures:
 
 
 def placements(status: Mapping[str, Any]) -> dict[str, Any]:
-    """What a pool's models act on: per model its pod and readiness, or why it is unplaced."""
+    """What a pool's models act on: per model its pod and readiness (and why it is over
+    capacity), or why it is unplaced."""
     models = status.get("models") or {}
     out: dict[str, Any] = {
-        n: (r.get("pod"), r.get("ready")) for n, r in models.items() if isinstance(r, Mapping)
+        n: (r.get("pod"), r.get("ready"), r.get("overCapacity"))
+        for n, r in models.items()
+        if isinstance(r, Mapping)
     }
     return {**out, **{n: str(why) for n, why in (status.get("unplaced") or {}).items()}}
 
 
 def membership(body: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a pool acts on of a model: the pool it asks for, the pool and pod serving it."""
-    record = (body.get("status") or {}).get("pool") or {}
+    """What a pool acts on of a model: the pool it asks for, the pool and pod serving it,
+    its plan on the pool's cores (threads, batch, cpus: the pool pod's config)."""
+    status = body.get("status") or {}
+    record = status.get("pool") or {}
     pod = record.get("pod") if isinstance(record, Mapping) else None
     generation = (body.get("metadata") or {}).get("generation")
-    return (pool_of(body), served_by(body), pod, generation)
+    plan = status.get("poolPlan")
+    shape = (
+        tuple(plan.get(k) for k in ("threads", "batch", "cpus"))
+        if isinstance(plan, Mapping)
+        else None
+    )
+    return (pool_of(body), served_by(body), pod, generation, shape)
 
 
 def register_pools(

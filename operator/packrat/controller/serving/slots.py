@@ -252,7 +252,7 @@ def steady(p: Pass, dep: Mapping[str, Any] | None, *, replicas: int) -> None:
         if was_ready:
             p.cond("Degraded", True, reason, message)
     status.set_message(message)
-    if "switch" not in status and not any(
+    if status.switch is None and not any(
         c.get("type") == "Reconfiguring" for c in status.get("conditions") or []
     ):
         p.cond("Reconfiguring", False, "Stable", "")

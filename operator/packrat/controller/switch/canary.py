@@ -47,7 +47,7 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.fanout import Answer, PodFanout, read_json, shared_fanout
 from packrat.controller.core.model import ModelSpec
 from packrat.controller.core.options.canary import CanarySettings
-from packrat.controller.core.status import now_iso
+from packrat.controller.core.status import CanaryRecord, now_iso
 from packrat.controller.planning.estimates import pod_address
 from packrat.controller.serving import canary as c
 from packrat.controller.serving import manifests as m
@@ -63,7 +63,6 @@ MAX_BYTES = 128 * 1024  # a pod's /status (256 instances fit) or /admin/canary a
 DEADLINE_SECONDS = 5.0  # per fan-out, through the operator's one pod client
 INLINE_WAIT_SECONDS = 1.0  # the most a pass waits for one fan-out (two per pass)
 KEEP_SECONDS = 60.0  # an outstanding fan-out no pass asked for again is forgotten
-ROLLED_BACK = "RolledBack"
 Answers = list[Answer]
 
 
@@ -226,12 +225,8 @@ def crossed(settings: CanarySettings, seen: Observed) -> str | None:
 def reconcile_canary(p: Pass, *, model: ModelSpec, good: Rendering, client: CanaryClient) -> None:
     """Steps 1-3 of the module docstring for ``model`` at rest, serving ``good``."""
     settings = model.canary
-    state = dict(p.status.get("canary") or {})
-    rolled_back = (
-        settings is not None
-        and state.get("phase") == ROLLED_BACK
-        and state.get("hash") == settings.hash
-    )
+    state = p.status.canary or CanaryRecord()
+    rolled_back = settings is not None and state.rolled_back_for(settings.hash)
     if settings is None or settings.percent == 0 or rolled_back:
         _stop(p, client, keep=state if rolled_back else None)
         return
@@ -257,30 +252,20 @@ def _run(
     *,
     good: Rendering,
     client: CanaryClient,
-    state: dict[str, Any],
+    state: CanaryRecord,
 ) -> None:
     p.result.in_progress()  # its counts are read every poll interval
-    name = c.canary_name(p.name)
     rendering = c.canary_rendering(good, settings)
-    current = p.kube.get("deployments", p.namespace, name)
-    if current is not None and terminating(current):  # deleted by hand: let it go, then anew
-        if owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
-            release(p.kube, p.namespace, current)
+    dep = _deploy(p, settings, rendering)
+    if dep is None:
         return
-    dep = ensure_deployment(
-        p, current, slot=c.SLOT, rendering=rendering, replicas=settings.replicas
-    )
-    if dep is None or not _ensure_service(p):
-        return
-    if state.get("hash") != settings.hash:
-        state = {"hash": settings.hash, "since": now_iso(p.now)}
-    state.update(
-        model=dict(settings.model),
-        trafficPercent=settings.percent,
-        readyReplicas=int((dep.get("status") or {}).get("readyReplicas") or 0),
+    state = state.for_canary(settings.hash, now=now_iso(p.now)).running(
+        model=settings.model,
+        percent=settings.percent,
+        ready_replicas=int((dep.get("status") or {}).get("readyReplicas") or 0),
     )
     if not deployment_ready(dep, settings.replicas):
-        p.status.set_canary({**state, "phase": "Starting"})
+        p.status.set_canary(state.starting())
         return
     token = ensure_token(p)
     if token is None:
@@ -300,17 +285,18 @@ def _run(
         return
     failed = _failed(names, answers)
     seen = aggregate(counts, url=target, ident=settings.hash)
-    if state.get("phase") != "Progressing" and not failed:
+    if not state.progressing and not failed:
         p.emit(
             "Normal",
             "CanaryStarted",
-            f"canary {name} takes {settings.percent}% of the predictions of {len(urls)} pods",
+            f"canary {c.canary_name(p.name)} takes {settings.percent}% of the predictions of "
+            f"{len(urls)} pods",
         )
-    state.update(
-        phase="Progressing" if not failed else "Starting",
+    state = state.counted(
+        told_all=not failed,
         requests=seen.requests,
         errors=seen.errors,
-        p99Ms=seen.p99_ms,
+        p99_ms=seen.p99_ms,
         message="; ".join(failed)[:400] if failed else "",
     )
     p.status.set_canary(state)
@@ -318,12 +304,29 @@ def _run(
     if why is not None:
         message = f"canary rolled back: {why}"
         p.emit("Warning", "CanaryRolledBack", message)
-        rolled = {**state, "phase": ROLLED_BACK, "message": message, "trafficPercent": 0}
+        rolled = state.rolled_back(message)
         p.status.set_canary(rolled)
         _stop(p, client, keep=rolled)
 
 
-def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> None:
+def _deploy(p: Pass, settings: CanarySettings, rendering: Rendering) -> dict[str, Any] | None:
+    """The canary's Deployment and Service brought to what they should be; its Deployment,
+    or None while there is none to use (one deleted by hand still going, one not ours)."""
+    name = c.canary_name(p.name)
+    current = p.kube.get("deployments", p.namespace, name)
+    if current is not None and terminating(current):  # deleted by hand: let it go, then anew
+        if owned_by(current, name=p.name, uid=p.obj["metadata"].get("uid")):
+            release(p.kube, p.namespace, current)
+        return None
+    dep = ensure_deployment(
+        p, current, slot=c.SLOT, rendering=rendering, replicas=settings.replicas
+    )
+    if dep is None or not _ensure_service(p):
+        return None
+    return dep
+
+
+def _stop(p: Pass, client: CanaryClient, *, keep: CanaryRecord | None) -> None:
     """Stop the canary's share on every stable pod, then delete its objects. ``keep``: the
     status to keep (a rolled-back canary), else ``status.canary`` goes once all is gone."""
     name = c.canary_name(p.name)
@@ -332,7 +335,8 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
     svc = p.kube.get("services", p.namespace, name)
     plan = p.kube.get("configmaps", p.namespace, m.plan_configmap_name(p.name, c.SLOT))
     ours = [o for o in (dep, svc, plan) if o is not None and owned_by(o, name=p.name, uid=uid)]
-    if not ours and not (p.status.get("canary") or {}).get("trafficPercent"):
+    kept = p.status.canary or CanaryRecord()
+    if not ours and not kept.traffic_percent:
         _settle(p, keep)
         return
     token = ensure_token(p)
@@ -348,7 +352,7 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
         if failed:  # a pod may still send to the canary: keep it, ask again
             p.result.in_progress()
             stopping = "stopping: " + "; ".join(failed)[:400]
-            p.status.set_canary({**(p.status.get("canary") or {}), "message": stopping})
+            p.status.set_canary(kept.stopping(stopping))
             return
     if dep is not None and dep in ours:
         release(p.kube, p.namespace, dep)
@@ -362,8 +366,8 @@ def _stop(p: Pass, client: CanaryClient, *, keep: Mapping[str, Any] | None) -> N
     _settle(p, keep)
 
 
-def _settle(p: Pass, keep: Mapping[str, Any] | None) -> None:
-    p.status.set_canary(None if keep is None else {**keep, "trafficPercent": 0})
+def _settle(p: Pass, keep: CanaryRecord | None) -> None:
+    p.status.set_canary(None if keep is None else keep.settled())
 
 
 def _ensure_service(p: Pass) -> bool:

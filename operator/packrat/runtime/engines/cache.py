@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from packrat.runtime.engines.base import Engine, EngineError, InputSpec, specs_digest
+from packrat.runtime.mar import is_archive
 
 MANIFEST = "artefact.json"
 FORMAT = "packrat.artefact/v1"
@@ -54,14 +55,17 @@ class Artefact:
         }
 
 
+def model_folder(root: Path, *, name: str, digest: str) -> Path:
+    """The folder of one model's artefacts, every engine's."""
+    return root / f"{name}-{digest.removeprefix('sha256:')[:16]}"
+
+
 def artefact_folder(
     root: Path, *, model: str, digest: str, engine: str, version: str, inputs: Sequence[InputSpec]
 ) -> Path:
     safe_version = "".join(c if c.isalnum() or c in ".-_" else "_" for c in version)[:40]
-    return (
-        root
-        / f"{model}-{digest.removeprefix('sha256:')[:16]}"
-        / f"{engine}-{safe_version}-{specs_digest(inputs)}"
+    return model_folder(root, name=model, digest=digest) / (
+        f"{engine}-{safe_version}-{specs_digest(inputs)}"
     )
 
 
@@ -160,32 +164,63 @@ ARTEFACTS_ENV = "PACKRAT_ARTEFACTS"  # the serving pod's artefact folder (packra
 
 def find(root: Path, spec: str, engine: Engine) -> Artefact:
     """The artefact the profiling Job converted for ``spec`` (never converted here: a pod
-    that cannot find it fails to load with this one line)."""
-    from packrat.runtime.engines import input_specs
+    that cannot find it fails to load with this one line). A ``.mar``'s module inputs are
+    those its profile captured (:mod:`.handler`)."""
     from packrat.runtime.zoo import model_digest, model_name
 
+    name, digest = model_name(spec), model_digest(spec)
+    if is_archive(spec):
+        return find_for_archive(root, name=name, digest=digest, engine=engine)
+    from packrat.runtime.engines import input_specs
+
+    return _find(root, name=name, digest=digest, engine=engine, specs=input_specs(spec))
+
+
+def find_for_archive(root: Path, *, name: str, digest: str, engine: Engine) -> Artefact:
+    """:func:`find` for a ``.mar`` known by its name and digest (a serving worker's)."""
+    from packrat.runtime.engines.handler import recorded_inputs
+
+    specs = recorded_inputs(root, name=name, digest=digest)
+    if specs is None:
+        raise EngineError(_not_found(engine, name, root))
+    return _find(root, name=name, digest=digest, engine=engine, specs=specs)
+
+
+def _find(
+    root: Path, *, name: str, digest: str, engine: Engine, specs: tuple[InputSpec, ...]
+) -> Artefact:
     version = engine.version()
-    specs = input_specs(spec)
-    digest = model_digest(spec)
     folder = artefact_folder(
-        root,
-        model=model_name(spec),
-        digest=digest,
-        engine=engine.name,
-        version=version,
-        inputs=specs,
+        root, model=name, digest=digest, engine=engine.name, version=version, inputs=specs
     )
     found = _cached(engine.name, version, digest, specs, folder)
     if found is None:
-        raise EngineError(
-            f"no {engine.name} {version} artefact for {model_name(spec)} in {root}: profile it "
-            f"with packrat profile --engines {engine.name} --artefacts {root}"
-        )
+        raise EngineError(_not_found(engine, name, root))
     return found
+
+
+def _not_found(engine: Engine, name: str, root: Path) -> str:
+    return (
+        f"no {engine.name} {engine.version()} artefact for {name} in {root}: profile it "
+        f"with packrat profile --engines {engine.name} --artefacts {root}"
+    )
 
 
 def load_converted(spec: str, name: str, *, threads: int) -> tuple[Any, Path | None]:
     """A runner of engine ``name`` for ``spec`` from the folder in :data:`ARTEFACTS_ENV`."""
+    chosen, root = _serving_engine(name)
+    artefact = find(root, spec, chosen)
+    return chosen.load(artefact.path, model=None, threads=threads), artefact.path
+
+
+def load_for_archive(*, model: str, digest: str, name: str, threads: int) -> tuple[Any, Artefact]:
+    """:func:`load_converted` for a ``.mar``'s module (known by the archive's name and digest)."""
+    chosen, root = _serving_engine(name)
+    artefact = find_for_archive(root, name=model, digest=digest, engine=chosen)
+    return chosen.load(artefact.path, model=None, threads=threads), artefact
+
+
+def _serving_engine(name: str) -> tuple[Engine, Path]:
     from packrat.runtime.engines import EngineMissingError, engine
 
     chosen = engine(name)
@@ -195,5 +230,4 @@ def load_converted(spec: str, name: str, *, threads: int) -> tuple[Any, Path | N
     root = os.environ.get(ARTEFACTS_ENV)
     if not root:
         raise EngineError(f"engine {name}: no artefact folder ({ARTEFACTS_ENV} / --artefacts)")
-    artefact = find(Path(root), spec, chosen)
-    return chosen.load(artefact.path, model=None, threads=threads), artefact.path
+    return chosen, Path(root)

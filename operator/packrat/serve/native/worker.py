@@ -12,7 +12,9 @@ thread pool exists; then it loads either
 - a user's ``.mar`` (extracted by the pod), whose handler is loaded by TorchServe's own model
   loader and called through TorchServe's ``Service.predict`` (:mod:`packrat.runtime.mar`), so
   its ``initialize`` / ``preprocess`` / ``inference`` / ``postprocess`` run unchanged, and a
-  handler that raises fails its whole batch, as on TorchServe.
+  handler that raises fails its whole batch, as on TorchServe. On an engine other than
+  eager, the handler's ``model`` is swapped for the profile's converted artefact of it
+  (:mod:`packrat.runtime.engines.handler`).
 
 One batch at a time, in the order the pod sends them; the pod never sends a second batch
 before the first's reply. Exits 0 when the pod closes the channel, 1 when loading failed.
@@ -57,7 +59,10 @@ def _zoo_runner(model_dir: Path, weights: Path | None, engine: str, threads: int
     return run
 
 
-def _mar_runner(model_dir: Path, name: str, batch: int) -> Runner:
+ARCHIVE_FILE = "packrat_archive.json"  # a .mar's model dir: the archive's name and digest
+
+
+def _mar_runner(model_dir: Path, name: str, batch: int, engine: str, threads: int) -> Runner:
     from packrat.runtime.mar import HandlerService
 
     manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
@@ -65,6 +70,16 @@ def _mar_runner(model_dir: Path, name: str, batch: int) -> Runner:
     service = HandlerService(
         mar=model_dir, workdir=model_dir, batch_size=batch, name=name, extracted=extracted
     )
+    if engine != "eager":  # the profile's artefact of the handler's module, swapped in
+        from packrat.runtime.engines.cache import load_for_archive
+        from packrat.runtime.engines.handler import swap
+
+        archive = json.loads((model_dir / ARCHIVE_FILE).read_text())
+        runner, artefact = load_for_archive(
+            model=archive["model"], digest=archive["digest"], name=engine, threads=threads
+        )
+        swap(service, runner, artefact.inputs)
+        log.info("packrat: the handler's model runs on %s (%s)", engine, artefact.path)
 
     def run(items: list[Item]) -> list[Result]:
         answers = service.predict_each([(i.body, i.content_type) for i in items])
@@ -83,9 +98,7 @@ def load(args: argparse.Namespace) -> Runner:
              args.name, cpus, args.threads, os.getpid())  # fmt: skip
     model_dir = Path(args.model_dir)
     if args.kind == "mar":
-        if args.engine != "eager":
-            raise ValueError(f"a .mar's handler runs eager only, not {args.engine}")
-        return _mar_runner(model_dir, args.name, args.batch)
+        return _mar_runner(model_dir, args.name, args.batch, args.engine, args.threads)
     weights = Path(args.weights) if args.weights else None
     return _zoo_runner(model_dir, weights, args.engine, args.threads)
 

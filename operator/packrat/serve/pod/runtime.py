@@ -42,6 +42,7 @@ from packrat.serve.config import (
 )
 from packrat.serve.dispatcher.upstream import Upstream
 from packrat.serve.native.runtime import NativeRuntime
+from packrat.serve.native.worker import ARCHIVE_FILE
 from packrat.serve.torchserve.archive import (
     MANIFEST,
     ArchiveError,
@@ -195,6 +196,8 @@ def native_model_dir(spec: str, model_dir: Path, *, name: str) -> tuple[str, Inp
         (model_dir / MANIFEST).write_text(json.dumps(manifest))
         (model_dir / WRAPPED_FILE).unlink(missing_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
+        archive = {"model": modelid.model_name(spec), "digest": modelid.file_digest(Path(spec))}
+        (model_dir / ARCHIVE_FILE).write_text(json.dumps(archive))  # finds its artefacts
         return "mar", None
     inputs: Any = modelid.zoo_input_spec(spec)  # torch-free for a zoo model
     doc: dict[str, Any] = {"spec": spec, "inputs": inputs}

@@ -50,7 +50,13 @@ from packrat.serve import codec
 from packrat.serve.auth import AdminToken, bearer_accepted, token_file
 from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, Snapshot
 from packrat.serve.dispatcher.v2 import ParseBusyError, ParsePool, header_length, parse_split
-from packrat.serve.dispatcher.v2_codec import MAX_SAMPLES, V2Error, build_response, model_metadata
+from packrat.serve.dispatcher.v2_codec import (
+    MAX_SAMPLES,
+    InferRequest,
+    V2Error,
+    build_response,
+    model_metadata,
+)
 from packrat.serve.pool.host import ConfigError, Pool, read_config
 
 __all__ = ["build_app", "main"]
@@ -106,50 +112,52 @@ class _Runner:
                 self.waiting -= 1
 
 
-def _routes(runner: _Runner) -> list[web.RouteDef]:
-    pool = runner.pool
+class _Handlers:
+    """The pool's HTTP handlers over one runner (its pool, threads and parse pool)."""
 
-    def unknown(request: web.Request) -> web.Response | None:
+    def __init__(self, runner: _Runner) -> None:
+        self.runner, self.pool = runner, runner.pool
+        self.snapshot = Snapshot()
+
+    def routes(self) -> list[web.RouteDef]:
+        model = "/v2/models/{model}"
+        return [
+            web.get("/v2/health/live", self.ready),
+            web.get("/v2/health/ready", self.ready),
+            web.get(model, self.metadata),
+            web.get(f"{model}/ready", self.ready),
+            web.post(f"{model}/infer", self.infer),
+            web.post("/predictions/{model}", self.predictions),
+            web.get("/pool/status", self.status),
+            web.get("/metrics", self.metrics),
+        ]
+
+    def unknown(self, request: web.Request) -> web.Response | None:
         name = request.match_info["model"]
-        if name not in pool.models:
+        if name not in self.pool.models:
             return _error(404, f"model {name!r} is not in this pool")
         return None
 
-    async def ready(request: web.Request) -> web.Response:
-        if "model" in request.match_info and (missing := unknown(request)) is not None:
+    async def ready(self, request: web.Request) -> web.Response:
+        if "model" in request.match_info and (missing := self.unknown(request)) is not None:
             return missing
         return web.json_response({"ready": True})
 
-    async def metadata(request: web.Request) -> web.Response:
-        if (missing := unknown(request)) is not None:
+    async def metadata(self, request: web.Request) -> web.Response:
+        if (missing := self.unknown(request)) is not None:
             return missing
         name = request.match_info["model"]
-        return web.json_response(model_metadata(name, pool.models[name].inputs))
+        return web.json_response(model_metadata(name, self.pool.models[name].inputs))
 
-    async def infer(request: web.Request) -> web.Response:
-        if (missing := unknown(request)) is not None:
+    async def infer(self, request: web.Request) -> web.Response:
+        if (missing := self.unknown(request)) is not None:
             return missing
         name = request.match_info["model"]
-        cap = body_cap(pool.models[name].inputs, runner.max_samples, request.app[MAX_BODY])
-        if (request.content_length or 0) > cap:
-            return _error(413, f"a request to {name} is at most {cap} bytes")
-        body = await request.read()
-        if len(body) > cap:
-            return _error(413, f"a request to {name} is at most {cap} bytes")
-        try:
-            req, samples = await runner.parser.run(
-                parse_split,
-                body,
-                header_length(request.headers.get(HEADER_LENGTH)),
-                pool.models[name].inputs,
-                runner.max_samples,
-                size=len(body),
-            )
-        except V2Error as exc:
-            return _error(400, str(exc))
-        except ParseBusyError:
-            return _error(503, "too many requests being parsed; retry later")
-        got = await runner.run(name, [b for b, _ in samples])
+        parsed = await self._parse_v2(request, name)
+        if isinstance(parsed, web.Response):
+            return parsed
+        req, samples = parsed
+        got = await self.runner.run(name, [b for b, _ in samples])
         if isinstance(got, web.Response):
             return got
         payload, head = build_response(name, req, [a.encode() for a in got], raw_bytes=False)
@@ -161,39 +169,52 @@ def _routes(runner: _Runner) -> list[web.RouteDef]:
             headers={HEADER_LENGTH: str(head)},
         )
 
-    async def predictions(request: web.Request) -> web.Response:
-        if (missing := unknown(request)) is not None:
+    async def _parse_v2(
+        self, request: web.Request, name: str
+    ) -> tuple[InferRequest, list[tuple[bytes, str]]] | web.Response:
+        """The v2 request and its samples, parsed in the parse pool with the body capped at
+        :func:`body_cap`; or the error answer (413, 400, 503)."""
+        runner, inputs = self.runner, self.pool.models[name].inputs
+        cap = body_cap(inputs, runner.max_samples, request.app[MAX_BODY])
+        if (request.content_length or 0) > cap:
+            return _error(413, f"a request to {name} is at most {cap} bytes")
+        body = await request.read()
+        if len(body) > cap:
+            return _error(413, f"a request to {name} is at most {cap} bytes")
+        try:
+            return await runner.parser.run(
+                parse_split,
+                body,
+                header_length(request.headers.get(HEADER_LENGTH)),
+                inputs,
+                runner.max_samples,
+                size=len(body),
+            )
+        except V2Error as exc:
+            return _error(400, str(exc))
+        except ParseBusyError:
+            return _error(503, "too many requests being parsed; retry later")
+
+    async def predictions(self, request: web.Request) -> web.Response:
+        if (missing := self.unknown(request)) is not None:
             return missing
-        got = await runner.run(request.match_info["model"], [await request.read()])
+        got = await self.runner.run(request.match_info["model"], [await request.read()])
         if isinstance(got, web.Response):
             return got
         return web.Response(text=got[0], content_type="application/json")
 
-    async def status(request: web.Request) -> web.Response:
+    async def status(self, request: web.Request) -> web.Response:
         token = request.app[TOKEN]
         if token and not bearer_accepted(request.headers.get("Authorization", ""), token):
             return _error(401, "a valid bearer token is required")
-        return web.json_response(await asyncio.to_thread(pool.status))
+        return web.json_response(await asyncio.to_thread(self.pool.status))
 
-    snapshot = Snapshot()
-
-    async def metrics(request: web.Request) -> web.Response:
-        body = snapshot.fresh(request.app[METRICS_INTERVAL])
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = self.snapshot.fresh(request.app[METRICS_INTERVAL])
         if body is None:  # rendered off the event loop (pool.status reads mincore)
-            body = snapshot.keep(_prometheus(await asyncio.to_thread(pool.status)).encode())
+            status = await asyncio.to_thread(self.pool.status)
+            body = self.snapshot.keep(_prometheus(status).encode())
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
-
-    model = "/v2/models/{model}"
-    return [
-        web.get("/v2/health/live", ready),
-        web.get("/v2/health/ready", ready),
-        web.get(model, metadata),
-        web.get(f"{model}/ready", ready),
-        web.post(f"{model}/infer", infer),
-        web.post("/predictions/{model}", predictions),
-        web.get("/pool/status", status),
-        web.get("/metrics", metrics),
-    ]
 
 
 def _prometheus(status: dict[str, object]) -> str:
@@ -206,6 +227,7 @@ def _prometheus(status: dict[str, object]) -> str:
         ("packrat_pool_cold_starts_total", "cold_starts", "counter"),
         ("packrat_pool_read_bytes_total", "read_bytes", "counter"),
         ("packrat_pool_last_use_seconds", "last_use", "gauge"),
+        ("packrat_pool_threads", "threads", "gauge"),
     ):
         lines.append(f"# TYPE {metric} {kind}")
         lines += [f'{metric}{{model="{n}"}} {m[key]}' for n, m in models.items()]
@@ -232,7 +254,7 @@ def build_app(
     app[TOKEN] = admin_token
     app[METRICS_INTERVAL] = metrics_interval_s
     runner = _Runner(pool, max_queue=max_queue, timeout_s=timeout_s, max_samples=max_samples)
-    app.add_routes(_routes(runner))
+    app.add_routes(_Handlers(runner).routes())
 
     stop = threading.Event()
 

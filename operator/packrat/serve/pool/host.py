@@ -4,18 +4,22 @@ torch is imported once for the whole process; a model is built from its mapped l
 (architecture without initialisation, every tensor a view of the mapping: no weight byte is
 read until a request runs it), so adding a model to a warm pool costs milliseconds, and an
 idle model costs only the pages the residency policy leaves it. One request runs at a time
-per model; requests for different models run on the pool's compute threads.
+per model; requests for different models run on the pool's compute threads, each with its
+model's intra-op threads (its plan on the pool's cores, from the operator: ``threads`` in
+the model's config entry; 1 without one), and never more threads at once than the pod has
+cores (:class:`Cores`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,11 +49,26 @@ class ConfigError(ValueError):
     """The pool's configuration is malformed."""
 
 
+MAX_THREADS = 256
+MAX_BATCH = 1 << 16
+
+
 @dataclass(frozen=True, slots=True)
 class ModelEntry:
     name: str
     spec: str
     seed: int | None = None
+    threads: int = 1  # intra-op threads per request (the model's plan on the pool's cores)
+    batch: int | None = None  # the batch its plan is for (reported)
+
+
+def _bounded(item: dict[str, Any], key: str, high: int) -> int | None:
+    value = item.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise ConfigError(f"model {item['name']!r}: {key} must be an integer in 1..{high}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +94,8 @@ def _entry(item: Any) -> ModelEntry:
         raise ConfigError(f"model {name!r}: a zoo spec is required ({', '.join(zoo.ZOO_NAMES)})")
     if seed is not None and not isinstance(seed, int):
         raise ConfigError(f"model {name!r}: seed must be an integer")
-    return ModelEntry(name, spec, seed)
+    threads = _bounded(item, "threads", MAX_THREADS) or 1
+    return ModelEntry(name, spec, seed, threads, _bounded(item, "batch", MAX_BATCH))
 
 
 def load_config(doc: dict[str, Any]) -> PoolConfig:
@@ -107,6 +127,31 @@ def load_config(doc: dict[str, Any]) -> PoolConfig:
         raise ConfigError(f"malformed pool configuration: {exc!r}") from None
 
 
+class Cores:
+    """The pod's cores, taken by the requests that run: a request of a model with ``t``
+    threads waits until ``t`` (at most all) are free, so wide plans never oversubscribe the
+    pod while narrow ones run beside each other. Not FIFO: a wide request can wait behind a
+    stream of narrow ones (bounded by the server's request timeout)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = max(1, total)
+        self.free = self.total
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def take(self, wanted: int) -> Iterator[int]:
+        n = max(1, min(wanted, self.total))
+        with self._cond:
+            self._cond.wait_for(lambda: self.free >= n)
+            self.free -= n
+        try:
+            yield n
+        finally:
+            with self._cond:
+                self.free += n
+                self._cond.notify_all()
+
+
 @dataclass(slots=True)
 class PoolModel:
     name: str
@@ -114,6 +159,8 @@ class PoolModel:
     lm: LayeredModel
     inputs: list[dict[str, Any]]
     build_s: float
+    threads: int = 1
+    batch: int | None = None
     requests: int = 0
     cold_starts: int = 0
     read_bytes: int = 0
@@ -137,6 +184,7 @@ class Pool:
 
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
+        self.cores = Cores(config.threads)
         self.limiter = RateLimiter(config.read_rate_bps)
         self.models: dict[str, PoolModel] = {e.name: self._build(e) for e in config.models}
         self._reconfiguring = threading.Lock()
@@ -163,7 +211,8 @@ class Pool:
         in_place = embedding_layers(model, lf) if self.config.in_place_embeddings else ()
         lm = LayeredModel(model, lf, self.limiter, in_place=in_place)
         build_s = time.perf_counter() - start
-        return PoolModel(entry.name, entry.spec, lm, zoo.input_spec(entry.spec), build_s)
+        inputs = zoo.input_spec(entry.spec)
+        return PoolModel(entry.name, entry.spec, lm, inputs, build_s, entry.threads, entry.batch)
 
     def reconfigure(self, config: PoolConfig) -> tuple[list[str], list[str]]:
         """Serve ``config``'s models from now on: new ones built (cold: nothing resident),
@@ -176,6 +225,10 @@ class Pool:
                 n: m for n, m in self.models.items() if n in wanted and m.spec == wanted[n].spec
             }
             self.config = config
+            if config.threads != self.cores.total:
+                self.cores = Cores(config.threads)
+            for n, m in kept.items():  # a new plan: its threads from the next request on
+                m.threads, m.batch = wanted[n].threads, wanted[n].batch
             built = {n: self._build(e) for n, e in wanted.items() if n not in kept}
             for m in built.values():
                 if m.spec not in self.profile:
@@ -223,7 +276,8 @@ class Pool:
         batch = [torch.stack([s[k] for s in samples]) for k in range(len(m.inputs))]
         x = batch[0] if len(batch) == 1 else tuple(batch)
         residency = self.residency  # the one this request started with (reconfigure)
-        with m.lock:
+        with m.lock, self.cores.take(m.threads) as threads:
+            torch.set_num_threads(threads)  # this compute thread's intra-op threads
             self._apply(residency.before(name))
             try:
                 out, stats = m.lm(x, self.config.mode)
@@ -267,6 +321,8 @@ class Pool:
                     "file_bytes": m.lm.lf.total_bytes,
                     "resident_layers": self.residency.prefix[n],
                     "layers": len(m.lm.lf.layers),
+                    "threads": m.threads,
+                    "batch": m.batch,
                     "requests": m.requests,
                     "cold_starts": m.cold_starts,
                     "read_bytes": m.read_bytes,

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from packrat.runtime import modelid
+from packrat.runtime.mar import is_archive
 from packrat.serve.torchserve.handler import ENTRY_MODULE, ENTRY_SOURCE, MODEL_FILE, WRAPPED_FILE
 
 MANIFEST = "MAR-INF/MANIFEST.json"
@@ -53,8 +54,7 @@ def default_model_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", name) or "model"
 
 
-def is_mar(spec: str) -> bool:
-    return spec.endswith(".mar")
+is_mar = is_archive  # serve's name for it
 
 
 def _archiver() -> str:

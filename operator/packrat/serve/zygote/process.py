@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from packrat.runtime.framing import send_message
 from packrat.serve.torchserve import worker_launcher
 from packrat.serve.zygote.shared_weights import shared_weights_file
 from packrat.serve.zygote.zygote import NATIVE_WORKER, TIMELINE_FILE, worker_imports
@@ -147,17 +148,20 @@ class ZygoteProcess:
         """A worker forked from the zygote running ``python -m module argv``, with ``fds`` as
         its descriptors 0, 1, 2, ...; returns the connection that owns it (closing it kills
         the worker; the zygote writes ``exit N`` on it when the worker exits) and its pid."""
-        request = json.dumps(
-            {"argv": list(argv), "module": module, "cwd": str(cwd), "env": dict(env),
-             "report_pid": True}
-        ).encode()  # fmt: skip
+        request = {
+            "argv": list(argv),
+            "module": module,
+            "cwd": str(cwd),
+            "env": dict(env),
+            "report_pid": True,
+        }
 
         def ask() -> tuple[socket.socket, int]:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 sock.settimeout(timeout_s)
                 sock.connect(str(self.socket))
-                socket.send_fds(sock, [len(request).to_bytes(4, "big") + request], list(fds))
+                send_message(sock, request, fds)
                 line = b""
                 while not line.endswith(b"\n") and len(line) < 64:
                     chunk = sock.recv(1)
@@ -182,13 +186,12 @@ class ZygoteProcess:
         """Ask the zygote to write the weight file now, if it kept it for later (the native
         runtime's zygote: :func:`packrat.serve.zygote.zygote.write_behind`); its answer
         (``writing PID`` or ``none``). Called once the pod is ready."""
-        request = json.dumps({"op": "write_weights"}).encode()
 
         def ask() -> str:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(timeout_s)
                 sock.connect(str(self.socket))
-                sock.sendall(len(request).to_bytes(4, "big") + request)
+                send_message(sock, {"op": "write_weights"})
                 return sock.recv(64).decode(errors="replace").strip()
 
         try:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from packrat.runtime.framing import recv_message
+
 PR_SET_PDEATHSIG = 1
 # What a TorchServe worker imports (its script, its service, the base handler, the loader).
 TORCHSERVE_IMPORTS = (
@@ -69,7 +71,6 @@ MARKS: dict[str, float] = {}
 TIMELINE_FILE = "timeline.json"
 WRITER_NAME = "packrat-weights"  # the process that writes the weight file behind the start
 
-_MAX_REQUEST = 1 << 20
 _MAX_FDS = 4  # stdin, stdout, stderr, and a native worker's channel to the pod
 
 
@@ -199,18 +200,6 @@ def _note(what: str, start: float) -> None:
     print(f"packrat zygote: {what} in {time.monotonic() - start:.2f} s", flush=True)
 
 
-def _recv_request(conn: socket.socket) -> tuple[dict[str, object], list[int]]:
-    head, fds, _, _ = socket.recv_fds(conn, 4 + _MAX_REQUEST, _MAX_FDS)
-    size = int.from_bytes(head[:4], "big")
-    body = head[4:]
-    while len(body) < size:
-        chunk = conn.recv(size - len(body))
-        if not chunk:
-            raise ConnectionError("launcher went away")
-        body += chunk
-    return json.loads(body), list(fds)
-
-
 def _child(
     request: dict[str, object],
     fds: Sequence[int],
@@ -303,7 +292,7 @@ def serve(path: Path, write: Callable[[], int] | None = None) -> int:
             if key.fileobj is listener:
                 conn, _ = listener.accept()
                 try:
-                    request, fds = _recv_request(conn)
+                    request, fds = recv_message(conn, max_fds=_MAX_FDS)
                 except (OSError, ValueError, ConnectionError):
                     conn.close()
                     continue

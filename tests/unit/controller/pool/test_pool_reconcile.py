@@ -135,7 +135,9 @@ def test_wake_ups_follow_placements_and_membership_not_counters() -> None:
     moved = {"models": {"a": {"pod": "p-1", "ready": False}}}
     assert seen.news("p", placements(moved), "MODIFIED")
     model = {"metadata": {"generation": 1}, "spec": {"pool": "p"}}
-    assert membership(model) == ("p", None, None, 1)
+    assert membership(model) == ("p", None, None, 1, None)
+    planned = {**model, "status": {"poolPlan": {"threads": 2, "batch": 1, "cpus": 2}}}
+    assert membership(planned)[-1] == (2, 1, 2)  # its plan: the pool pod's config changes
 
 
 def test_pool_pods_mount_the_pools_token_and_the_reader_sends_it(kube: FakeKube) -> None:
