@@ -77,10 +77,10 @@ oip-descriptor: venv
 	$(PY) scripts/gen_oip_descriptor.py
 
 suite-unit: venv prometheus-tools actionlint-tools s3-tools
-	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider
+	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider --durations=25
 
 suite-integration: venv prometheus-tools actionlint-tools s3-tools kserve-tools
-	$(BIN)/pytest tests/integration -q -p no:cacheprovider
+	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25
 
 bench-optimizer: venv
 	$(BIN)/python benchmarks/optimizer/optimizer_bench.py
