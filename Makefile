@@ -80,10 +80,11 @@ suite-unit: venv prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider --durations=25
 
 # Both suites print their 25 slowest tests. The integration tests run on two pytest-xdist
-# workers, a module at a time each (its operator cluster is module-scoped): they mostly wait on
-# real processes; the tiny model's shared profile is measured once for both.
+# workers (they mostly wait on real processes): a module with a module-scoped set-up (an
+# operator cluster, a serving pod) on one worker, any other test wherever a worker is free
+# (tests/integration/conftest.py); the tiny model's shared profile is measured once for both.
 suite-integration: venv prometheus-tools actionlint-tools s3-tools kserve-tools
-	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
+	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup
 
 bench-optimizer: venv
 	$(BIN)/python benchmarks/optimizer/optimizer_bench.py
