@@ -80,11 +80,10 @@ suite-unit: venv prometheus-tools actionlint-tools s3-tools
 	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider --durations=25
 
 # Both suites print their 25 slowest tests. The integration tests run on two pytest-xdist
-# workers (they mostly wait on real processes): a module with a module-scoped set-up (an
-# operator cluster, a serving pod) on one worker, any other test wherever a worker is free
-# (tests/integration/conftest.py); the tiny model's shared profile is measured once for both.
+# workers (they mostly wait on real processes), a whole module at a time (its operator cluster
+# or serving pod is module-scoped); the tiny model's shared profile is measured once for both.
 suite-integration: venv prometheus-tools actionlint-tools s3-tools kserve-tools
-	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25 -n 2 --dist loadgroup
+	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
 
 bench-optimizer: venv
 	$(BIN)/python benchmarks/optimizer/optimizer_bench.py

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from harness import OperatorCluster
@@ -49,22 +48,3 @@ def tiny_profiles(tmp_path_factory: pytest.TempPathFactory) -> MeasuredProfiles:
     folder = run_base / "tiny-profile"
     folder.mkdir(exist_ok=True)
     return MeasuredProfiles(folder)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """For pytest-xdist's ``--dist loadgroup`` (make suite-integration): the tests of a module
-    that use a module-scoped set-up (an operator cluster, a serving pod) run on one worker, so
-    it is set up once; every other test goes to whichever worker is free."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    here = Path(__file__).parent
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or here not in item.path.parents:
-            continue
-        scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs}
-        shared = bool(scopes & {"module", "package", "class"})
-        module = getattr(item, "module", None)
-        if shared and module is not None:
-            item.add_marker(pytest.mark.xdist_group(module.__name__))
