@@ -77,10 +77,13 @@ oip-descriptor: venv
 	$(PY) scripts/gen_oip_descriptor.py
 
 suite-unit: venv prometheus-tools actionlint-tools s3-tools
-	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider
+	$(BIN)/pytest tests/unit tests/e2e_kind -q -p no:cacheprovider --durations=25
 
+# Both suites print their 25 slowest tests. The integration tests run on two pytest-xdist
+# workers (they mostly wait on real processes), a whole module at a time (its operator cluster
+# or serving pod is module-scoped); the tiny model's shared profile is measured once for both.
 suite-integration: venv prometheus-tools actionlint-tools s3-tools kserve-tools
-	$(BIN)/pytest tests/integration -q -p no:cacheprovider
+	$(BIN)/pytest tests/integration -q -p no:cacheprovider --durations=25 -n 2 --dist loadfile
 
 bench-optimizer: venv
 	$(BIN)/python benchmarks/optimizer/optimizer_bench.py

@@ -7,13 +7,15 @@ model) comes from helpers in ``models.py`` that create it when it is missing. Th
 modules (``tests/integration/operator``) are importable through pytest's ``pythonpath``
 setting in pyproject.toml.
 
-``tiny_profiles``: the tiny model's profile, measured once per session by the first test that
-asks for it, for the tests that are not about profiling (``seeding.seed_profile`` hands it to
-a model), so they neither pay for nor depend on a profile measured under their own load.
+``tiny_profiles``: the tiny model's profile, measured once per run by the first test that
+asks for it (once for all pytest-xdist workers: they share its folder), for the tests that are
+not about profiling (``seeding.seed_profile`` hands it to a model), so they neither pay for nor
+depend on a profile measured under their own load.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -40,4 +42,9 @@ def cluster(
 
 @pytest.fixture(scope="session")
 def tiny_profiles(tmp_path_factory: pytest.TempPathFactory) -> MeasuredProfiles:
-    return MeasuredProfiles(tmp_path_factory.mktemp("tiny-profile"))
+    base = tmp_path_factory.getbasetemp()
+    # under pytest-xdist each worker's base is a folder of the run's own base
+    run_base = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = run_base / "tiny-profile"
+    folder.mkdir(exist_ok=True)
+    return MeasuredProfiles(folder)

@@ -2,12 +2,14 @@
 tuner scales the active Deployment up when the arrivals the real pods see exceed the plan.
 
 The operator (kopf subprocess) runs against the kmock emulator; the test agent runs the real
-profiling Job and ``packrat serve`` pods (tiny model) and publishes them, so the operator
-reads each ready pod's ``GET /arrivals``. The SLO's sample trace is gamma arrivals at 2/s;
-closed-loop clients through the Service then send far more than that, so the envelope's
-rates exceed what the planned replicas sustain and the tuner must scale up. The scale-down
-delay is longer than the test, so the count cannot move back while it is checked. No timing
-assertions: every wait polls a condition with a deadline sized for a loaded 2-core machine.
+``packrat serve`` pods (tiny model) and publishes them, so the operator reads each ready pod's
+``GET /arrivals``. The test is not about profiling: the model gets the session's measured
+profile (``tiny_profiles``) as its profile ConfigMap as soon as the operator keys it. The
+SLO's sample trace is gamma arrivals at 2/s; closed-loop clients through the Service then
+send far more than that, so the envelope's rates exceed what the planned replicas sustain
+and the tuner must scale up. The scale-down delay is longer than the test, so the count
+cannot move back while it is checked. No timing assertions: every wait polls a condition
+with a deadline sized for a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 import pytest
 from harness import Load, OperatorCluster, wait_for
 from models import body, tiny_spec, wait_ready
+from seeding import MeasuredProfiles, seed_profile
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+# the session's profile may be measured here first (minutes on a loaded machine)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 NAME = "tuned"
 SPEC: dict[str, Any] = tiny_spec(
@@ -37,9 +41,10 @@ SLOW = 240.0
 
 
 def test_tuner_scales_up_from_the_pods_arrivals_without_failures(
-    cluster: OperatorCluster,
+    cluster: OperatorCluster, tiny_profiles: MeasuredProfiles
 ) -> None:
     cluster.api.create("packratmodels", body(NAME, SPEC))
+    seed_profile(cluster, NAME, tiny_profiles.profile(SPEC["profiling"]["maxBatch"]))
     wait_ready(cluster, NAME, period=0.5)
     status = cluster.status(NAME)
     prov = status["provisioning"]

@@ -2,11 +2,12 @@
 profiling, and its hand-over to a model as the profile ConfigMap the operator would have
 written.
 
-``MeasuredProfiles`` runs the real ``packrat profile`` once per session (the widest grid any
+``MeasuredProfiles`` runs the real ``packrat profile`` once per run (the widest grid any
 test asks for, every point measured: no time budget, so a loaded machine makes it slower,
 never incomplete) and hands out the subset for a smaller ``maxBatch``: every point is
 measured on its own (its co-located instances forked afresh), so the subset is what a run
-over the smaller grid measures.
+over the smaller grid measures. Under pytest-xdist each worker's fixture points at one
+folder: the first worker to ask measures under a file lock, the others wait and read it.
 
 ``seed_profile`` waits for the operator's first pass over a new model (its status names the
 profile key, and its profiling Job has started), then stores the measured profile under that
@@ -17,6 +18,8 @@ and plans from the profile: the path of a profile that appears while a Job runs.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 import threading
@@ -42,8 +45,22 @@ class MeasuredProfiles:
         self._lock = threading.Lock()
         self._profile: Profile | None = None
 
-    def _measure(self) -> Profile:
+    def _shared(self) -> Profile:
+        """The profile in ``workdir``, measured there first if no process has yet (the lock
+        serialises the workers of one run; a failed measurement leaves no file behind)."""
         out = self.workdir / "tiny-profile.json"
+        with (self.workdir / "tiny-profile.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not out.exists():
+                partial = out.with_suffix(".partial.json")
+                self._measure(partial)
+                os.replace(partial, out)
+        profile = load_profile(out)
+        want = {(t, b) for t in THREADS for b in _batches(MAX_BATCH)}
+        assert set(profile.index) == want, sorted(profile.index)
+        return profile
+
+    def _measure(self, out: Path) -> None:
         cmd = [
             sys.executable,
             "-m",
@@ -66,17 +83,13 @@ class MeasuredProfiles:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=MEASURE_S)
         assert proc.returncode == 0, f"packrat profile failed: {proc.stderr[-2000:]}"
-        profile = load_profile(out)
-        want = {(t, b) for t in THREADS for b in _batches(MAX_BATCH)}
-        assert set(profile.index) == want, sorted(profile.index)
-        return profile
 
     def profile(self, max_batch: int) -> Profile:
         """The measured points with batch <= ``max_batch`` (a power of two <= MAX_BATCH)."""
         assert max_batch in _batches(MAX_BATCH), max_batch
         with self._lock:
             if self._profile is None:
-                self._profile = self._measure()
+                self._profile = self._shared()
             full = self._profile
         batches = _batches(max_batch)
         extra = {
