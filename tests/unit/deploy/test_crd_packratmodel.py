@@ -122,7 +122,7 @@ def test_crd_names_and_shape() -> None:
     assert columns["Measured"] == ".status.measured.speedup"
     wide = {c["name"]: c["jsonPath"] for c in printer if c.get("priority") == 1}
     assert wide == {
-        "Pool Plan": ".status.poolPlan.plan.label",  # a pooled model's plan on its pool
+        "PoolPlan": ".status.poolPlan.plan.label",  # a pooled model's plan on its pool
         "Expected": ".status.plan.expectedSpeedup",
         "Reason": '.status.conditions[?(@.type=="Ready")].reason',
         "Message": '.status.conditions[?(@.type=="Ready")].message',
