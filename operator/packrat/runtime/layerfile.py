@@ -18,8 +18,8 @@ in the header): a layer is a run of consecutive modules in forward order, at lea
 :data:`MIN_LAYER_BYTES` together, where a module is one that holds tensors of its own (a
 module without any of its own is opened into its children, so a ResNet bottleneck is its
 convolutions and norms, a BERT encoder layer its projections and norms); an embedding table
-is a layer of its own (read in place, never prefetched). ResNet-50: 34 layers, BERT-base:
-73. Finer layers let a cold start begin computing after a few MiB instead of a whole
+is a layer of its own (read in place, never prefetched). ResNet-50: 33 layers, BERT-base:
+76. Finer layers let a cold start begin computing after a few MiB instead of a whole
 encoder layer (28 MB), and end sooner after the last byte; grouping small modules keeps
 each read large (a 4 KiB norm read alone costs an I/O round trip). Layout 1 (no ``layout``
 key: the root's children, ``nn.Sequential``/``nn.ModuleList`` opened, one module per layer)

@@ -281,11 +281,10 @@ def plan_curves(
             w = -(-b // g)  # units, rounded up: the plan never exceeds the budget
             if w > cap:
                 break
-            cand = np.full(cap + 1, inf)
-            cand[w:] = best[: cap + 1 - w] + c.rate * lat
-            better = cand < nxt  # strict: on a tie the shorter prefix stays
-            nxt = np.where(better, cand, nxt)
-            pick = np.where(better, p, pick)
+            cand = best[: cap + 1 - w] + c.rate * lat  # for u >= w (u < w: does not fit)
+            better = cand < nxt[w:]  # strict: on a tie the shorter prefix stays
+            np.copyto(nxt[w:], cand, where=better)  # in place: no full-size temporaries
+            np.copyto(pick[w:], p, where=better)
         best = nxt
         choices.append(pick)
     prefix: dict[str, int] = {}
