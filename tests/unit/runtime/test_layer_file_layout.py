@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,16 @@ def test_the_pool_rewrites_a_layout_1_file_at_start_and_pins_its_reader(tmp_path
     assert lm.read_ahead_bytes == 4096
     cores = sorted(os.sched_getaffinity(0))
     assert lm.reader_cpus == (frozenset(cores[-1:]) if len(cores) > 1 else None)
+    seen: list[set[int]] = []
+
+    def compute_thread() -> None:
+        pool.pin_compute_thread()
+        seen.append(os.sched_getaffinity(0))
+
+    worker = threading.Thread(target=compute_thread)
+    worker.start()
+    worker.join()
+    assert seen == [set(cores[:-1]) if len(cores) > 1 else set(cores)]
     lm.lf.evict_all()
     with torch.inference_mode():
         assert torch.equal(lm(x, "prefetch")[0], model(x))
