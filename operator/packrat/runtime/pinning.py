@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-__all__ = ["pin_current_process", "thread_env"]
+__all__ = ["pin_current_process", "reader_split", "thread_env"]
 
 # Every thread-count knob that the BLAS/OpenMP runtimes torch may load read at start-up.
 _THREAD_VARS = (
@@ -78,3 +78,17 @@ def pin_current_process(cpus: Sequence[int], *, threads: int) -> None:
             torch.set_num_interop_threads(1)
         except RuntimeError as exc:
             log.info("inter-op threads stay at %d (%s)", torch.get_num_interop_threads(), exc)
+
+
+def reader_split(
+    cpus: Iterable[int], compute_threads: int
+) -> tuple[frozenset[int], frozenset[int]] | None:
+    """(compute cores, reader core) for a process that computes on ``compute_threads``
+    single-threaded workers and reads weights on one more thread: where the cores outnumber
+    the compute threads, the highest core reads and the others compute, so that a read's CPU
+    work (the kernel's page-cache work, done in the reader's context) never lands on a
+    compute core; None where no core is spare (the reader shares the compute's cores)."""
+    cores = sorted(set(cpus))
+    if compute_threads < 1 or len(cores) <= compute_threads:
+        return None
+    return frozenset(cores[:-1]), frozenset(cores[-1:])

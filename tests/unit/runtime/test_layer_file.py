@@ -38,7 +38,7 @@ def _net() -> nn.Module:
 def written(tmp_path: Path) -> tuple[nn.Module, Path]:
     model = _net()
     path = layerfile.write_layer_file(
-        model, tmp_path / "net.layers", spec="net", example=torch.randn(2, 64)
+        model, tmp_path / "net.layers", spec="net", example=torch.randn(2, 64), min_layer_bytes=0
     )
     return model, path
 
@@ -158,7 +158,7 @@ def _big_layer_file(tmp_path: Path) -> LayerFile:
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(64, 1024), nn.Linear(1024, 1024)).eval()  # 4 MiB layer
     path = layerfile.write_layer_file(
-        model, tmp_path / "big.layers", spec="big", example=torch.randn(1, 64)
+        model, tmp_path / "big.layers", spec="big", example=torch.randn(1, 64), min_layer_bytes=0
     )
     return LayerFile(path)
 

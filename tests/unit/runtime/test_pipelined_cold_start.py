@@ -1,9 +1,10 @@
 """Cold starts from the layer file: every mode computes the warm answer, reads exactly the
 layers that were not resident (measured with mincore), in forward order, and leaves the model
-resident; the prefetching reader never runs more than ``lookahead`` layers ahead."""
+resident; the prefetching reader never runs more than its window ahead, on its own core."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,11 @@ class Net(nn.Module):
 def lm(tmp_path: Path) -> LayeredModel:
     torch.manual_seed(0)
     path = layerfile.write_layer_file(
-        Net().eval(), tmp_path / "n.layers", spec="net", example=torch.zeros(1, 8, dtype=torch.long)
+        Net().eval(),
+        tmp_path / "n.layers",
+        spec="net",
+        example=torch.zeros(1, 8, dtype=torch.long),
+        min_layer_bytes=0,
     )
     lf = LayerFile(path)
     return LayeredModel(layerfile.build_mapped(Net, lf), lf)
@@ -55,12 +60,18 @@ def test_a_cold_run_reads_the_missing_layers_and_answers_as_warm(
     assert again.missing_layers == 0 and again.read_bytes == 0
 
 
-def test_prefetch_reads_in_forward_order_at_most_one_layer_ahead(lm: LayeredModel) -> None:
+@pytest.mark.parametrize("window", [0, 45_000, 1 << 30])  # layers of 20 KiB: 0, 2, all
+def test_prefetch_reads_in_forward_order_within_its_window_on_its_core(
+    lm: LayeredModel, window: int
+) -> None:
     events: list[tuple[str, int]] = []
+    cores: set[frozenset[int]] = set()
     read = lm.lf.read_layer
+    size = [la.length for la in lm.lf.layers]
 
     def traced(i: int, limiter: layerfile.RateLimiter | None = None) -> int:
         events.append(("read", i))
+        cores.add(frozenset(os.sched_getaffinity(0)))  # the reader thread's own
         return read(i, limiter)
 
     lm.lf.read_layer = traced  # type: ignore[method-assign]
@@ -68,13 +79,20 @@ def test_prefetch_reads_in_forward_order_at_most_one_layer_ahead(lm: LayeredMode
         lm.model.get_submodule(la.name).register_forward_pre_hook(
             lambda _m, _a, i=i: events.append(("run", i)), prepend=True
         )
+    reader_core = max(os.sched_getaffinity(0))
+    lm.reader_cpus = frozenset({reader_core})
     lm.lf.evict_all()
-    lm(X, "prefetch", lookahead=1)
+    lm(X, "prefetch", read_ahead_bytes=window)
     reads = [i for kind, i in events if kind == "read"]
     assert reads == list(range(len(lm.lf.layers)))
+    assert cores == {frozenset({reader_core})}
     for k, (kind, i) in enumerate(events):
-        if kind == "read" and i >= 2:  # layer i is read only once layer i-1 has started
-            assert ("run", i - 1) in events[:k]
+        if kind == "read":  # what was read and had not started, with this layer, fits
+            started = {j for e, j in events[:k] if e == "run"}
+            ahead = [j for e, j in events[:k] if e == "read" and j not in started]
+            assert not ahead or sum(size[j] for j in ahead) + size[i] <= window
+    if window == 0:  # one layer ahead: layer i is read only once layer i-1 has started
+        assert all(("run", i - 1) in events[: events.index(("read", i))] for i in reads[1:])
 
 
 def test_embeddings_are_read_in_place_and_layer_times_cover_every_layer(

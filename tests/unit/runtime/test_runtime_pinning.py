@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from packrat.runtime.cpus import allowed_cpus
-from packrat.runtime.pinning import pin_current_process, thread_env
+from packrat.runtime.pinning import pin_current_process, reader_split, thread_env
 
 
 @pytest.fixture
@@ -61,3 +61,10 @@ def test_pin_tolerates_interop_already_set(
 def test_pin_rejects_empty() -> None:
     with pytest.raises(ValueError):
         pin_current_process([], threads=1)
+
+
+def test_the_reader_gets_a_core_only_where_one_is_spare() -> None:
+    assert reader_split([0, 1], 1) == (frozenset({0}), frozenset({1}))
+    assert reader_split({4, 2, 7, 5}, 2) == (frozenset({2, 4, 5}), frozenset({7}))
+    assert reader_split([0, 1], 2) is None  # every core computes: the reader shares them
+    assert reader_split([3], 1) is None

@@ -19,7 +19,12 @@ The pieces, all pure (no torch, numbers in, numbers out; seconds and bytes):
       run_end[i]  = max(run_end[i-1], load_end[i]) + compute_s[i]
 
   and the latency is ``run_end[n-1]``. With unbounded lookahead it equals the critical path
-  ``max(sum(compute), max_j (sum(copy[:j+1]) + sum(compute[j:])))``.
+  ``max(sum(compute), max_j (sum(copy[:j+1]) + sum(compute[j:])))``. With a window in bytes
+  instead (``window_bytes``, the pool's reader): layer ``i`` may start loading once the bytes
+  loaded and not yet started, with its own, fit the window (or none are ahead); layer ``r``
+  starts at ``run_end[r-1]``, so ``load_start[i] = max(load_end[i-1], run_end[r-1])`` for the
+  least running layer ``r`` at which what lies ahead, ``(r, i)``, fits (a bisection over the
+  prefix sums of the loaded bytes).
 - :func:`cold_latency` / :func:`latency_curve` -- a model's latency with its first ``p`` layers
   resident and the rest brought at ``rate_bps``; the curve over ``p = 0..n`` is non-increasing
   and ends at the warm latency ``sum(compute)``.
@@ -53,6 +58,7 @@ budget_bytes)`` and apply ``evictions``/``loads`` from the residency you hold to
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -140,15 +146,25 @@ class Residency:
 
 
 def pipeline_latency(
-    copy_s: Sequence[float], compute_s: Sequence[float], *, lookahead: int | None = None
+    copy_s: Sequence[float],
+    compute_s: Sequence[float],
+    *,
+    lookahead: int | None = None,
+    window_bytes: int | None = None,
+    layer_bytes: Sequence[int] | None = None,
 ) -> float:
     """Latency of one pass when layer ``i`` needs ``copy_s[i]`` of transfer (one stream, forward
     order) and ``compute_s[i]`` of execution; ``lookahead`` bounds how many layers the transfer
-    may run ahead of execution (1: layer ``i+1`` is brought while ``i`` runs; None: unbounded)."""
+    may run ahead of execution (1: layer ``i+1`` is brought while ``i`` runs; None: unbounded),
+    or ``window_bytes`` how many bytes (``layer_bytes`` each; see the module doc)."""
     if len(copy_s) != len(compute_s):
         raise ValueError("one copy time per layer")
     if lookahead is not None and lookahead < 0:
         raise ValueError("lookahead must be >= 0")
+    if window_bytes is not None:
+        if lookahead is not None or layer_bytes is None or len(layer_bytes) != len(copy_s):
+            raise ValueError("a byte window needs layer_bytes, one per layer, and no lookahead")
+        return _windowed(copy_s, compute_s, layer_bytes, window_bytes)
     load_end = 0.0
     run_end: list[float] = []
     for i, (c, x) in enumerate(zip(copy_s, compute_s, strict=True)):
@@ -161,22 +177,63 @@ def pipeline_latency(
     return run_end[-1] if run_end else 0.0
 
 
-def cold_latency(
-    model: ModelLayers, prefix: int, rate_bps: float, *, lookahead: int | None = None
+def _windowed(
+    copy_s: Sequence[float], compute_s: Sequence[float], nbytes: Sequence[int], window: int
 ) -> float:
-    """Latency with the first ``prefix`` layers resident, the rest brought at ``rate_bps``."""
+    loaded = [0]  # loaded[k]: bytes of the layers below k that are brought
+    for c, b in zip(copy_s, nbytes, strict=True):
+        loaded.append(loaded[-1] + (b if c > 0 else 0))
+    load_end = 0.0
+    run_end: list[float] = []
+    for i, (c, x) in enumerate(zip(copy_s, compute_s, strict=True)):
+        ready = 0.0
+        if c > 0:
+            # least k = r + 1 with loaded[i] - loaded[k] (what lies in (r, i)) == 0, or
+            # + nbytes[i] <= window; the layer r runs from run_end[r-1] = run_end[k-2]
+            k = bisect.bisect_left(loaded, loaded[i] - max(0, window - nbytes[i]), 0, i)
+            load_end = max(load_end, run_end[k - 2] if k >= 2 else 0.0) + c
+            ready = load_end
+        run_end.append(max(run_end[-1] if run_end else 0.0, ready) + x)
+    return run_end[-1] if run_end else 0.0
+
+
+def cold_latency(
+    model: ModelLayers,
+    prefix: int,
+    rate_bps: float,
+    *,
+    lookahead: int | None = None,
+    window_bytes: int | None = None,
+) -> float:
+    """Latency with the first ``prefix`` layers resident, the rest brought at ``rate_bps``
+    (at most ``lookahead`` layers or ``window_bytes`` ahead; neither: unbounded)."""
     if not 0 <= prefix <= len(model.layer_bytes):
         raise ValueError(f"{model.name}: prefix {prefix} outside 0..{len(model.layer_bytes)}")
     if not rate_bps > 0:
         raise ValueError(f"rate must be > 0 bytes/s, got {rate_bps!r}")
     copy = [0.0 if i < prefix else b / rate_bps for i, b in enumerate(model.layer_bytes)]
-    return pipeline_latency(copy, model.compute_s, lookahead=lookahead)
+    return pipeline_latency(
+        copy,
+        model.compute_s,
+        lookahead=lookahead,
+        window_bytes=window_bytes,
+        layer_bytes=model.layer_bytes,
+    )
 
 
-def latency_curve(model: ModelLayers, rate_bps: float, *, lookahead: int | None = None) -> Curve:
+def latency_curve(
+    model: ModelLayers,
+    rate_bps: float,
+    *,
+    lookahead: int | None = None,
+    window_bytes: int | None = None,
+) -> Curve:
     """The model's :class:`Curve`: cold latency and bytes for every prefix length."""
     n = len(model.layer_bytes)
-    lat = [cold_latency(model, p, rate_bps, lookahead=lookahead) for p in range(n + 1)]
+    lat = [
+        cold_latency(model, p, rate_bps, lookahead=lookahead, window_bytes=window_bytes)
+        for p in range(n + 1)
+    ]
     return Curve(model.name, model.rate, tuple(lat), tuple(model.prefix_bytes()))
 
 
@@ -193,9 +250,12 @@ def plan_residency(
     *,
     granularity: int | None = None,
     lookahead: int | None = None,
+    window_bytes: int | None = None,
 ) -> Residency:
     """The LCache policy over models whose layers are brought at ``rate_bps`` (see module doc)."""
-    curves = [latency_curve(m, rate_bps, lookahead=lookahead) for m in models]
+    curves = [
+        latency_curve(m, rate_bps, lookahead=lookahead, window_bytes=window_bytes) for m in models
+    ]
     return plan_curves(curves, budget_bytes, granularity=granularity)
 
 
@@ -221,11 +281,10 @@ def plan_curves(
             w = -(-b // g)  # units, rounded up: the plan never exceeds the budget
             if w > cap:
                 break
-            cand = np.full(cap + 1, inf)
-            cand[w:] = best[: cap + 1 - w] + c.rate * lat
-            better = cand < nxt  # strict: on a tie the shorter prefix stays
-            nxt = np.where(better, cand, nxt)
-            pick = np.where(better, p, pick)
+            cand = best[: cap + 1 - w] + c.rate * lat  # for u >= w (u < w: does not fit)
+            better = cand < nxt[w:]  # strict: on a tie the shorter prefix stays
+            np.copyto(nxt[w:], cand, where=better)  # in place: no full-size temporaries
+            np.copyto(pick[w:], p, where=better)
         best = nxt
         choices.append(pick)
     prefix: dict[str, int] = {}

@@ -89,7 +89,9 @@ class _Runner:
     def __init__(self, pool: Pool, *, max_queue: int, timeout_s: float, max_samples: int) -> None:
         self.pool, self.max_queue, self.timeout_s = pool, max_queue, timeout_s
         self.max_samples = max_samples
-        self.executor = ThreadPoolExecutor(pool.config.threads, thread_name_prefix="pool")
+        self.executor = ThreadPoolExecutor(
+            pool.config.threads, thread_name_prefix="pool", initializer=pool.pin_compute_thread
+        )
         self.parser = ParsePool()
         self.waiting = 0
         self._lock = threading.Lock()

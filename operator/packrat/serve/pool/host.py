@@ -32,9 +32,18 @@ from packrat.runtime.layerfile import (
     RateLimiter,
     build_mapped,
     measure_read_rate,
+    upgrade_layer_file,
     write_layer_file,
 )
-from packrat.runtime.pipelined import MODES, LayeredModel, Mode, embedding_layers, layer_times
+from packrat.runtime.pinning import reader_split
+from packrat.runtime.pipelined import (
+    MODES,
+    READ_AHEAD_BYTES,
+    LayeredModel,
+    Mode,
+    embedding_layers,
+    layer_times,
+)
 from packrat.serve import codec
 from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
 
@@ -82,6 +91,10 @@ class PoolConfig:
     """A read path slower than the disk (a network volume); None: the disk's own rate."""
     in_place_embeddings: bool = True
     threads: int = 1
+    read_ahead_bytes: int = READ_AHEAD_BYTES
+    """How far a cold start's reader runs ahead of the compute (bytes; at least one layer)."""
+    pin_reader: bool = True
+    """Where the pod has a core more than its compute threads: the reader on it alone."""
 
 
 def _entry(item: Any) -> ModelEntry:
@@ -109,8 +122,9 @@ def load_config(doc: dict[str, Any]) -> PoolConfig:
             raise ConfigError(f"policy in {POLICIES}, mode in {MODES}")
         rate = doc.get("read_rate_bps")
         budget = int(doc["budget_bytes"])
-        if budget <= 0 or (rate is not None and not float(rate) > 0):
-            raise ConfigError("budget_bytes and read_rate_bps must be > 0")
+        ahead = int(doc.get("read_ahead_bytes", READ_AHEAD_BYTES))
+        if budget <= 0 or (rate is not None and not float(rate) > 0) or ahead < 0:
+            raise ConfigError("budget_bytes and read_rate_bps must be > 0, read_ahead_bytes >= 0")
         return PoolConfig(
             models=models,
             directory=Path(doc["directory"]),
@@ -120,6 +134,8 @@ def load_config(doc: dict[str, Any]) -> PoolConfig:
             read_rate_bps=None if rate is None else float(rate),
             in_place_embeddings=bool(doc.get("in_place_embeddings", True)),
             threads=max(1, int(doc.get("threads", 1))),
+            read_ahead_bytes=ahead,
+            pin_reader=bool(doc.get("pin_reader", True)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):
@@ -176,7 +192,9 @@ def _layer_file(entry: ModelEntry, directory: Path) -> LayerFile:
     lf = LayerFile(path)
     if lf.spec != entry.spec:
         raise ConfigError(f"{path}: holds {lf.spec}, the model is {entry.spec}")
-    return lf
+    # an older layout (coarser layers): rewritten once from its own weights
+    build = functools.partial(zoo.load_model, entry.spec)
+    return upgrade_layer_file(build, lf, zoo.example_input(entry.spec, 1))
 
 
 class Pool:
@@ -186,6 +204,9 @@ class Pool:
         self.config = config
         self.cores = Cores(config.threads)
         self.limiter = RateLimiter(config.read_rate_bps)
+        split = reader_split(os.sched_getaffinity(0), config.threads) if config.pin_reader else None
+        self.compute_cpus: frozenset[int] | None = split[0] if split else None
+        self.reader_cpus: frozenset[int] | None = split[1] if split else None
         self.models: dict[str, PoolModel] = {e.name: self._build(e) for e in config.models}
         self._reconfiguring = threading.Lock()
         first = next(iter(self.models.values())).lm.lf
@@ -199,6 +220,7 @@ class Pool:
             budget_bytes=config.budget_bytes,
             rate_bps=self.rate_bps,
             policy=config.policy,
+            read_ahead_bytes=config.read_ahead_bytes,
         )
         self.peak_resident = 0
         self.peak_rss = 0
@@ -209,7 +231,14 @@ class Pool:
         start = time.perf_counter()
         model = build_mapped(functools.partial(zoo.load_model, entry.spec), lf)
         in_place = embedding_layers(model, lf) if self.config.in_place_embeddings else ()
-        lm = LayeredModel(model, lf, self.limiter, in_place=in_place)
+        lm = LayeredModel(
+            model,
+            lf,
+            self.limiter,
+            in_place=in_place,
+            read_ahead_bytes=self.config.read_ahead_bytes,
+            reader_cpus=self.reader_cpus,
+        )
         build_s = time.perf_counter() - start
         inputs = zoo.input_spec(entry.spec)
         return PoolModel(entry.name, entry.spec, lm, inputs, build_s, entry.threads, entry.batch)
@@ -240,6 +269,7 @@ class Pool:
                 budget_bytes=config.budget_bytes,
                 rate_bps=self.rate_bps,
                 policy=config.policy,
+                read_ahead_bytes=config.read_ahead_bytes,
             )
             for n in kept:
                 residency.prefix[n] = self.residency.prefix[n]
@@ -249,6 +279,12 @@ class Pool:
                 with m.lock:  # after its requests in flight
                     m.lm.lf.evict_all()
             return sorted(built), sorted(m.name for m in gone)
+
+    def pin_compute_thread(self) -> None:
+        """A compute thread's start: onto the compute cores (none spare: left as it is)."""
+        if self.compute_cpus:
+            with contextlib.suppress(OSError):  # a cpuset may forbid it: best effort
+                os.sched_setaffinity(0, self.compute_cpus)
 
     def _profile(self) -> dict[str, list[float]]:
         """Per-layer compute seconds, once per architecture (instances differ in weights)."""
@@ -310,6 +346,8 @@ class Pool:
             "budget_bytes": self.config.budget_bytes,
             "disk_read_bps": self.disk_bps,
             "read_rate_bps": self.rate_bps,
+            "read_ahead_bytes": self.config.read_ahead_bytes,
+            "reader_cpus": sorted(self.reader_cpus or ()),
             "resident_bytes": total,
             "rss_bytes": rss,
             "peak_resident_bytes": self.peak_resident,

@@ -54,15 +54,24 @@ class ResidencyManager:
         policy: Policy,
         window_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        read_ahead_bytes: int | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.budget, self.policy, self.window_s, self._clock = budget_bytes, policy, window_s, clock
         self._models: dict[str, _Model] = {}
+        # the reader's window (bytes; None: one layer ahead); one curve per distinct shape
+        window = (
+            {"lookahead": 1} if read_ahead_bytes is None else {"window_bytes": read_ahead_bytes}
+        )
+        known: dict[tuple[tuple[int, ...], tuple[float, ...]], _Model] = {}
         for name, (sizes, compute) in models.items():
-            shape = lcache.ModelLayers(name, tuple(sizes), tuple(compute), 0.0)
-            curve = lcache.latency_curve(shape, rate_bps, lookahead=1)
-            self._models[name] = _Model(shape.layer_bytes, shape.compute_s, curve.latency_s)
+            key = (tuple(sizes), tuple(compute))
+            if key not in known:
+                shape = lcache.ModelLayers(name, *key, 0.0)
+                curve = lcache.latency_curve(shape, rate_bps, **window)
+                known[key] = _Model(shape.layer_bytes, shape.compute_s, curve.latency_s)
+            self._models[name] = known[key]
         self.prefix: dict[str, int] = dict.fromkeys(self._models, 0)
         self._lru: list[str] = []  # least recent first (both policies keep it, lru uses it)
         self._arrivals: dict[str, deque[float]] = {n: deque() for n in self._models}
