@@ -76,6 +76,8 @@ LAYOUT = 2
 MIN_LAYER_BYTES = 1 << 20
 PAGE = mmap.PAGESIZE
 LAYER_ALIGN = 2 << 20
+MAX_ROW_RUNS = 4096
+"""At most this many runs of pages queued per embedding lookup (a bound on the syscalls)."""
 """Layers start on 2 MiB boundaries: the page cache holds file data in folios of up to 2 MiB
 (large folios, ext4 on Linux 6.x), naturally aligned, and ``POSIX_FADV_DONTNEED`` skips a folio
 that reaches outside the range given, so a layer sharing a folio with its neighbour could not
@@ -438,6 +440,32 @@ class LayerFile:
         if limiter is not None:
             limiter.wait(la.length)
         return la.length
+
+    def prefetch_rows(self, i: int, rows: Sequence[int]) -> int:
+        """Queue the reads of ``rows`` of layer ``i``'s table (an embedding read in place: its
+        one 2-D tensor) all at once, with ``POSIX_FADV_WILLNEED`` per run of pages, and return
+        the bytes asked for. The lookup that follows then finds its pages in the page cache or
+        on their way, instead of faulting them in one 4 KiB page after another on the compute
+        thread (BERT-base's 128 token rows: 0.033 s of faults on a cold file). Rows out of
+        range are ignored (the lookup itself refuses them); at most ``MAX_ROW_RUNS`` runs."""
+        la = self.layers[i]
+        tables = [t for t in la.tensors if len(t.shape) == 2]
+        if len(tables) != 1 or not rows:
+            return 0
+        (t,) = tables
+        row_bytes = t.nbytes // max(1, t.shape[0])
+        start = la.offset + t.offset
+        runs: list[list[int]] = []
+        for r in sorted({r for r in rows if 0 <= r < t.shape[0]}):
+            lo = (start + r * row_bytes) // PAGE * PAGE
+            hi = _align(start + (r + 1) * row_bytes, PAGE)
+            if runs and lo <= runs[-1][1]:
+                runs[-1][1] = max(runs[-1][1], hi)
+            elif len(runs) < MAX_ROW_RUNS:
+                runs.append([lo, hi])
+        for lo, hi in runs:
+            os.posix_fadvise(self._fd, lo, hi - lo, os.POSIX_FADV_WILLNEED)
+        return sum(hi - lo for lo, hi in runs)
 
     def _populate(self, offset: int, n: int, name: str) -> None:
         if self._can_populate:

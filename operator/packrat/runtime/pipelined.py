@@ -27,8 +27,10 @@ done in the reader's context) does not land on the compute's core.
 
 ``in_place`` layers are never read ahead: their forward pass reads the few pages it needs
 from the mapping (an embedding lookup touches 128 of BERT's 30,522 rows), the CPU analog of
-Ignite's direct host access. Which layers are missing is measured with ``mincore`` when the
-request starts.
+Ignite's direct host access. For an embedding, the rows its input names are asked for all
+at once just before the lookup (:meth:`~packrat.runtime.layerfile.LayerFile.prefetch_rows`),
+so its page faults wait for concurrent reads rather than for one read each. Which layers are
+missing is measured with ``mincore`` when the request starts.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class RunStats:
     read_s: float = 0.0
     stall_s: float = 0.0
     missing_layers: int = 0
+    row_bytes: int = 0
+    """Bytes of in-place embedding rows asked for ahead of their lookups."""
 
 
 def embedding_layers(model: nn.Module, lf: LayerFile) -> frozenset[int]:
@@ -121,6 +125,19 @@ class LayeredModel:
         for i, la in enumerate(lf.layers):
             unit = model.get_submodule(la.name)
             unit.register_forward_pre_hook(lambda _m, _a, i=i: self._gate(i))
+            if isinstance(unit, nn.Embedding):
+                unit.register_forward_pre_hook(lambda _m, args, i=i: self._rows(i, args))
+
+    def _rows(self, i: int, args: tuple[object, ...]) -> None:
+        """An in-place embedding is about to look up ``args[0]``: queue those rows' reads."""
+        if self._run is None or i not in self.in_place or not args:
+            return
+        if not isinstance(args[0], Tensor):
+            return
+        ids = args[0]
+        if ids.is_floating_point() or ids.numel() == 0:
+            return
+        self._run.stats.row_bytes += self.lf.prefetch_rows(i, torch.unique(ids).tolist())
 
     def missing(self) -> list[bool]:
         """Per layer: not entirely in the page cache now (in-place layers never count)."""

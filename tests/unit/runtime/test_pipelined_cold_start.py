@@ -1,10 +1,12 @@
 """Cold starts from the layer file: every mode computes the warm answer, reads exactly the
 layers that were not resident (measured with mincore), in forward order, and leaves the model
-resident; the prefetching reader never runs more than its window ahead, on its own core."""
+resident; the prefetching reader never runs more than its window ahead, on its own core; an
+embedding read in place asks for the rows it looks up, all at once, and no others."""
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,21 @@ def test_embeddings_are_read_in_place_and_layer_times_cover_every_layer(
     assert lm.lf.resident(0) < lm.lf.layers[0].length  # only the rows looked up
     times = layer_times(lm, X, reps=2)
     assert len(times) == len(lm.lf.layers) and all(t > 0 for t in times)
+
+
+def test_an_in_place_lookup_asks_for_its_rows_at_once_and_no_others(lm: LayeredModel) -> None:
+    lf = lm.lf
+    (table,) = lf.layers[0].tensors
+    row = table.nbytes // table.shape[0]  # 256 bytes: 16 rows a page
+    lf.evict_all()
+    asked = lf.prefetch_rows(0, [0, 1, 900, 5000, -1])  # two pages; out of range ignored
+    assert asked == 2 * layerfile.PAGE
+    deadline = time.monotonic() + 30
+    while lf.resident(0) < asked and time.monotonic() < deadline:
+        time.sleep(0.01)  # the reads are asynchronous (WILLNEED): wait for them, bounded
+    assert lf.resident(0) == asked  # those pages and no read-around
+    lm.in_place = frozenset({0})
+    lf.evict_all()
+    _, stats = lm(X, "prefetch")  # rows 0..15: one page
+    assert stats.row_bytes == layerfile.PAGE
+    assert row * 16 == layerfile.PAGE  # so X's rows 0..15 are that one page
