@@ -16,7 +16,8 @@ cold run:
 The prefetch configurations: ``prefetch`` is the pool's (a read-ahead window of
 ``READ_AHEAD_BYTES``, the reader on a core of its own where one is spare);
 ``prefetch-unpinned`` the same window with reader and compute free to share cores;
-``prefetch-1ahead`` one layer ahead (window 0), pinned. The compute runs on one torch thread
+``prefetch-1ahead`` one layer ahead (window 0), pinned; ``prefetch-no-rows`` the pool's
+without asking for an in-place embedding's rows ahead of its lookup. The compute runs on one torch thread
 on the compute core (pinned as the pool pins its compute threads) except in the unpinned
 configuration. It reports medians, ranges and the ratios prefetch / max(read, compute)
 (target <= 1.15), prefetch / load-then-run (target <= 0.7 where reading takes at least as
@@ -55,11 +56,12 @@ VARIANTS = {
     "resnet50/blocks": ("resnet50", True, True),
     "bert-base/blocks": ("bert-base", True, True),
 }
-# name: (read-ahead bytes, pinned)
+# name: (read-ahead bytes, pinned, an in-place embedding's rows asked for ahead of its lookup)
 PREFETCH = {
-    "prefetch": (READ_AHEAD_BYTES, True),
-    "prefetch-unpinned": (READ_AHEAD_BYTES, False),
-    "prefetch-1ahead": (0, True),
+    "prefetch": (READ_AHEAD_BYTES, True, True),
+    "prefetch-unpinned": (READ_AHEAD_BYTES, False, True),
+    "prefetch-1ahead": (0, True, True),
+    "prefetch-no-rows": (READ_AHEAD_BYTES, True, False),
 }
 
 
@@ -165,10 +167,12 @@ def _one_rate(
             _cold(lm)
             runs[mode].append(lm(x, mode)[1].wall_s)  # type: ignore[arg-type]
         for name in prefetch:
-            window, pinned = PREFETCH[name]
+            window, pinned, rows = PREFETCH[name]
             cores.pin(lm, pinned)
+            lm.prefetch_rows = rows
             _cold(lm)
             stats = lm(x, "prefetch", read_ahead_bytes=window)[1]
+            lm.prefetch_rows = True
             runs[name].append(stats.wall_s)
             runs[f"{name}/stall"].append(stats.stall_s)  # its waits for its reader
     after = _cpu_times()

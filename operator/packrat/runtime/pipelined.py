@@ -120,6 +120,7 @@ class LayeredModel:
         self.in_place = frozenset(in_place)
         self.read_ahead_bytes = read_ahead_bytes
         self.reader_cpus = frozenset(reader_cpus) if reader_cpus else None
+        self.prefetch_rows = True  # in-place embeddings ask for their rows ahead (benchmarks: off)
         self._run: _Run | None = None
         self._lock = threading.Lock()
         for i, la in enumerate(lf.layers):
@@ -130,7 +131,7 @@ class LayeredModel:
 
     def _rows(self, i: int, args: tuple[object, ...]) -> None:
         """An in-place embedding is about to look up ``args[0]``: queue those rows' reads."""
-        if self._run is None or i not in self.in_place or not args:
+        if self._run is None or i not in self.in_place or not self.prefetch_rows or not args:
             return
         if not isinstance(args[0], Tensor):
             return
