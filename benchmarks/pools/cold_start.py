@@ -14,11 +14,11 @@ cold run:
     layer-ordered prefetch, in each configuration asked for (--prefetch)
 
 The prefetch configurations: ``prefetch`` is the pool's (a read-ahead window of
-``READ_AHEAD_BYTES``, the reader on a core of its own where one is spare);
-``prefetch-unpinned`` the same window with reader and compute free to share cores;
-``prefetch-1ahead`` one layer ahead (window 0), pinned; ``prefetch-no-rows`` the pool's
-without asking for an in-place embedding's rows ahead of its lookup. The compute runs on one torch thread
-on the compute core (pinned as the pool pins its compute threads) except in the unpinned
+``READ_AHEAD_BYTES``, the reader on a core of its own where one is spare); ``prefetch-
+unpinned`` the same window with reader and compute free to share cores; ``prefetch-1ahead``
+one layer ahead (window 0), pinned; ``prefetch-no-rows`` the pool's without asking for an
+in-place embedding's rows ahead of its lookup. The compute runs on one torch thread on the
+compute core (pinned as the pool pins its compute threads) except in the unpinned
 configuration. It reports medians, ranges and the ratios prefetch / max(read, compute)
 (target <= 1.15), prefetch / load-then-run (target <= 0.7 where reading takes at least as
 long as computing) and prefetch / the layer-wise pipeline's own bound (plan.lcache's

@@ -8,6 +8,7 @@ refused for its samples. Real pool (tiny PyTorch models), real HTTP."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from packrat.controller.pool import manifests as pm
 from packrat.serve.pool.app import build_app
-from packrat.serve.pool.host import ConfigError, Pool, load_config
+from packrat.serve.pool.host import ConfigError, Pool, load_config, read_config
 
 
 def infer_body(rows: int) -> bytes:
@@ -75,3 +77,18 @@ def test_a_model_name_cannot_write_into_the_metrics_or_paths() -> None:
         .name
         == "bert-base_2.v1"
     )
+
+
+def test_the_pod_reports_the_digest_of_the_config_file_it_serves(tmp_path: Path) -> None:
+    """The operator moves a model's Service to a pool pod only when the pod reports the digest
+    of the config written last; the digest is of the file's bytes, as the operator hashes the
+    ConfigMap's text."""
+    models = [{"name": "a", "spec": "tiny"}]
+    text = json.dumps({"directory": "files", "budget_bytes": 1 << 20, "models": models}, indent=1)
+    path = tmp_path / "pool.json"
+    path.write_text(text)
+    config = read_config(path)
+    assert config.digest == hashlib.sha256(text.encode()).hexdigest()
+    assert config.digest == pm.config_digest({"data": {pm.CONFIG_KEY: text}})
+    path.write_text(text + " ")
+    assert read_config(path).digest != config.digest

@@ -11,6 +11,7 @@ emptyDir sized by the pod's memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -66,6 +67,12 @@ def pool_config(
             for n, zoo in sorted(models)
         ],
     }
+
+
+def config_digest(configmap: Mapping[str, Any]) -> str:
+    """SHA-256 of the config file a pool pod reads from ``configmap`` (its ``/pool/status``
+    reports the same digest of the file it serves)."""
+    return hashlib.sha256(str(configmap["data"][CONFIG_KEY]).encode()).hexdigest()
 
 
 def configmap(spec: PoolSpec, pod: str, config: Mapping[str, Any]) -> dict[str, Any]:

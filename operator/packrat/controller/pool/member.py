@@ -139,6 +139,8 @@ def serve_in_pool(
     record = _placed(p, pool, pool_obj)
     status = p.status
     ready = record is not None and record.get("ready") is True
+    if ready and record is not None and status.pool_pod != record.get("pod"):
+        ready = record.get("current") is True  # moving here: the pod's config must be current
     if not ready and status.pool_pod is None and status.get("activeSlot") is not None:
         return False  # its own pods serve until the pool answers for it (and profile)
     if pool_obj is not None and optimizers is not None:

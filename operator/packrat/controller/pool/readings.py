@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ class Hosted:
     requests: int
     cold_starts: int
     last_use: float  # seconds since the epoch; 0 before the first request
+    config: str = ""  # the digest of the config the pod serves ("" when it says none)
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -66,6 +68,8 @@ def parse_status(pod: str, doc: Any, expected: Collection[str]) -> dict[str, Hos
     models = doc.get("models") if isinstance(doc, Mapping) else None
     if not isinstance(models, Mapping):
         return {}
+    digest = doc.get("config_digest") if isinstance(doc, Mapping) else None
+    config = digest if isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) else ""
     out = {}
     for name, entry in list(models.items())[: 2 * len(expected) + 1]:
         if name not in expected or not isinstance(entry, Mapping):
@@ -77,7 +81,7 @@ def parse_status(pod: str, doc: Any, expected: Collection[str]) -> dict[str, Hos
         if any(c is None for c in counters) or not math.isfinite(last):
             continue
         resident, size, requests, cold, _read = (int(c or 0) for c in counters)
-        out[name] = Hosted(pod, resident, size, requests, cold, max(0.0, float(last)))
+        out[name] = Hosted(pod, resident, size, requests, cold, max(0.0, float(last)), config)
     return out
 
 

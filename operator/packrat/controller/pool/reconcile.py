@@ -252,12 +252,11 @@ class PoolReconciler:
         plan = layout(spec, found, served_pods(models, spec.name), known)
         # the pods' /pool/status needs the pool's token: no pod mounts a Secret not ours
         token = ensure_token(p, pool_holder(spec.name), ours=lambda obj: self._ours(p, obj))
-        if token is not None:
-            self._keep_children(p, spec, plan)
+        digests = self._keep_children(p, spec, plan) if token is not None else {}
         expected = {pod: set(hosted) for pod, hosted in plan.hosting.items() if hosted}
         reader, ok = self.reader, token is not None
         readings = reader(p.namespace, spec.name, expected, token=token) if reader and ok else {}
-        self._write_status(p, spec, plan, readings)
+        self._write_status(p, spec, plan, readings, digests)
         if p.conflicts:
             message = conflict_message(p.conflicts, owner=crd.POOL_KIND)
             p.cond("OwnershipConflict", True, "NotOwned", message)
@@ -268,8 +267,11 @@ class PoolReconciler:
         uid = p.obj["metadata"].get("uid")
         return owned_by(obj, name=p.name, uid=uid, kind=crd.POOL_KIND)
 
-    def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> None:
+    def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> dict[str, str]:
+        """Keeps each pool pod's ConfigMap and Deployment and the Service; returns the digest
+        of the config each pod should serve now."""
         ours = lambda obj: self._ours(p, obj)  # noqa: E731
+        digests: dict[str, str] = {}
         for pod, hosted in sorted(plan.hosting.items()):
             config = pm.pool_config(spec, list(hosted.items()), plan.plans)
             cm = pm.configmap(spec, pod, config)
@@ -277,6 +279,7 @@ class PoolReconciler:
             if not kept.ours:
                 p.conflict("ConfigMap", pod)
                 continue
+            digests[pod] = pm.config_digest(cm)
             want = pm.deployment(spec, pod, hosting=bool(hosted), image=self.config.image)
             if not keep(
                 self.kube, "deployments", p.namespace, want, ours=ours, drift=_deployment_drift
@@ -291,6 +294,7 @@ class PoolReconciler:
                 name = obj["metadata"]["name"]
                 if name not in plan.hosting and self._ours(p, obj):
                     self.kube.delete(resource, p.namespace, name)
+        return digests
 
     def _write_status(
         self,
@@ -298,6 +302,7 @@ class PoolReconciler:
         spec: PoolSpec,
         plan: Layout,
         readings: Mapping[str, Mapping[str, Hosted]],
+        digests: Mapping[str, str],
     ) -> None:
         records: dict[str, Any] = {}
         known = p.status.get("models") or {}
@@ -305,6 +310,9 @@ class PoolReconciler:
             hosted = readings.get(pod, {}).get(name)
             record = hosted.record() if hosted else {"pod": pod}
             records[name] = {**record, "pod": pod, "ready": hosted is not None}
+            # the pod serves the config written last (not an older one that listed the model
+            # too, before a move out and back): only then may a Service move to it
+            records[name]["current"] = hosted is not None and hosted.config == digests.get(pod)
             demand = demand_record(name, plan, hosted, known, p.now.timestamp())
             if demand is not None:
                 records[name]["demand"] = demand

@@ -13,7 +13,9 @@ cores (:class:`Cores`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -95,6 +97,9 @@ class PoolConfig:
     """How far a cold start's reader runs ahead of the compute (bytes; at least one layer)."""
     pin_reader: bool = True
     """Where the pod has a core more than its compute threads: the reader on it alone."""
+    digest: str = ""
+    """SHA-256 of the config file's bytes, as ``/pool/status`` reports it: the operator moves
+    a model's Service here only once the pod serves the config it wrote last."""
 
 
 def _entry(item: Any) -> ModelEntry:
@@ -341,6 +346,7 @@ class Pool:
         resident = self.resident_bytes()
         total, rss = self.sample_memory()
         return {
+            "config_digest": self.config.digest,
             "policy": self.config.policy,
             "mode": self.config.mode,
             "budget_bytes": self.config.budget_bytes,
@@ -384,7 +390,8 @@ def _rss() -> int:
 
 def read_config(path: Path) -> PoolConfig:
     try:
-        doc = json.loads(path.read_text())
+        raw = path.read_bytes()
+        doc = json.loads(raw)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
@@ -392,4 +399,4 @@ def read_config(path: Path) -> PoolConfig:
     base = doc.get("directory")
     if isinstance(base, str) and not os.path.isabs(base):
         doc["directory"] = str(path.parent / base)
-    return load_config(doc)
+    return dataclasses.replace(load_config(doc), digest=hashlib.sha256(raw).hexdigest())

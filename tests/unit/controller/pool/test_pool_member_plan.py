@@ -17,6 +17,7 @@ from kube_support import NS, T0, FakeKube, profile_json
 from packrat.controller.core.context import Config
 from packrat.controller.core.model import parse
 from packrat.controller.model.reconcile import Reconciler
+from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.member import pooled_spec
 from packrat.controller.pool.readings import Hosted
 from packrat.controller.pool.reconcile import PoolReconciler
@@ -30,14 +31,18 @@ Readings = dict[str, dict[str, Hosted]]
 class Counting:
     """Every pod serves every model it hosts, with ``requests[model]`` served so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, kube: FakeKube) -> None:
         self.requests: dict[str, int] = {}
+        self.kube = kube
 
     def __call__(self, ns: str, pool: str, expected: Expected, **_: Any) -> Readings:
-        return {
-            pod: {n: Hosted(pod, 10, 20, self.requests.get(n, 0), 0, 0.0) for n in names}
-            for pod, names in expected.items()
-        }
+        def hosted(pod: str, n: str) -> Hosted:
+            cm = self.kube.get("configmaps", ns, pod)
+            ours = cm is not None and pm.CONFIG_KEY in (cm.get("data") or {})
+            digest = pm.config_digest(cm) if cm is not None and ours else ""
+            return Hosted(pod, 10, 20, self.requests.get(n, 0), 0, 0.0, digest)
+
+        return {pod: {n: hosted(pod, n) for n in names} for pod, names in expected.items()}
 
 
 def _pool(kube: FakeKube, *, cpus: int = 2, replicas: int = 1) -> None:
@@ -104,14 +109,14 @@ def test_pooled_model_is_profiled_and_planned_on_the_pools_cpus(kube: FakeKube) 
     assert kube.of("jobs") == [] and "plan" not in status  # status.plan: its own pods' only
     assert not any(d.startswith("a-") for d in kube.of("deployments"))
     # the pool pod's config carries the plan's threads and batch
-    PoolReconciler(kube, reader=Counting()).reconcile(NS, "p", now=T0)
+    PoolReconciler(kube, reader=Counting(kube)).reconcile(NS, "p", now=T0)
     config = json.loads(_obj(kube, "configmaps", "p-0")["data"]["pool.json"])
     assert config["models"] == [{"name": "a", "spec": "tiny", "threads": 2, "batch": 1}]
     # a new pool shape: profiled again on it; the old plan is not used on the new shape
     kube.patch("packratpools", NS, "p", {"spec": {"cpus": 1}})
     rec.reconcile(NS, "a", now=T0)
     assert _job_cpus(kube) == ["1"]
-    PoolReconciler(kube, reader=Counting()).reconcile(NS, "p", now=T0)
+    PoolReconciler(kube, reader=Counting(kube)).reconcile(NS, "p", now=T0)
     config = json.loads(_obj(kube, "configmaps", "p-0")["data"]["pool.json"])
     assert config["models"] == [{"name": "a", "spec": "tiny"}]
 
@@ -142,7 +147,7 @@ def test_pool_places_by_demand_and_says_why_a_model_is_over_capacity(kube: FakeK
     for name in ("a", "b"):
         _model(kube, name)
         _plan_status(kube, name, threads=1, latency_ms=100.0)  # 0.1 core-seconds a request
-    reader = Counting()
+    reader = Counting(kube)
     pools = PoolReconciler(kube, reader=reader)
     pools.reconcile(NS, "p", now=T0)  # the first reading: no rate yet
     record = _obj(kube, "packratpools", "p")["status"]["models"]["a"]

@@ -22,10 +22,21 @@ NS = "ns"
 
 
 class Reader:
-    """Every pod serves every model it was asked to host (``serving`` False: none yet)."""
+    """Every pod serves every model it was asked to host, under the config it was given last
+    (``serving`` False: none yet; ``stale``: under the config it had before)."""
 
     serving = True
+    stale = False
     token: str | None = None
+
+    def __init__(self, kube: FakeKube) -> None:
+        self.kube = kube
+
+    def _digest(self, namespace: str, pod: str) -> str:
+        cm = self.kube.get("configmaps", namespace, pod)
+        if self.stale or cm is None or pm.CONFIG_KEY not in (cm.get("data") or {}):
+            return "0" * 64  # an old config, or a ConfigMap not the pool's
+        return pm.config_digest(cm)
 
     def __call__(
         self,
@@ -39,7 +50,7 @@ class Reader:
         if not self.serving:
             return {}
         return {
-            pod: {n: Hosted(pod, 10, 20, 1, 1, 0.0) for n in names}
+            pod: {n: Hosted(pod, 10, 20, 1, 1, 0.0, self._digest(namespace, pod)) for n in names}
             for pod, names in expected.items()
         }
 
@@ -66,7 +77,7 @@ def _status(kube: FakeKube, resource: str, name: str) -> dict[str, Any]:
 
 def test_pool_pass_creates_owned_children_and_places_models(kube: FakeKube) -> None:
     _setup(kube, replicas=2)
-    reader = Reader()
+    reader = Reader(kube)
     PoolReconciler(kube, reader=reader).reconcile(NS, "p")
     status = _status(kube, "packratpools", "p")
     assert status["phase"] == "Serving" and status["placedModels"] == 2
@@ -85,7 +96,7 @@ def test_pool_pass_creates_owned_children_and_places_models(kube: FakeKube) -> N
 def test_pool_never_adopts_an_object_under_its_names(kube: FakeKube) -> None:
     _setup(kube)
     kube.create("configmaps", NS, {"metadata": {"name": "p-0"}, "data": {"x": "mine"}})
-    PoolReconciler(kube, reader=Reader()).reconcile(NS, "p")
+    PoolReconciler(kube, reader=Reader(kube)).reconcile(NS, "p")
     assert (kube.get("configmaps", NS, "p-0") or {})["data"] == {"x": "mine"}
     assert kube.get("deployments", NS, "p-0") is None
     conditions = {c["type"]: c for c in _status(kube, "packratpools", "p")["conditions"]}
@@ -94,7 +105,7 @@ def test_pool_never_adopts_an_object_under_its_names(kube: FakeKube) -> None:
 
 def test_unplaced_model_says_why_in_its_condition(kube: FakeKube) -> None:
     _setup(kube, budget="1Mi")  # the tiny model's estimate is 2 MiB
-    PoolReconciler(kube, reader=Reader()).reconcile(NS, "p")
+    PoolReconciler(kube, reader=Reader(kube)).reconcile(NS, "p")
     Reconciler(kube).reconcile(NS, "a")
     placed = {c["type"]: c for c in _status(kube, "packratmodels", "a")["conditions"]}["Placed"]
     assert placed["status"] == "False" and placed["reason"] == "NotPlaced"
@@ -104,7 +115,7 @@ def test_unplaced_model_says_why_in_its_condition(kube: FakeKube) -> None:
 
 def test_model_service_moves_to_its_pool_pod_once_the_pod_serves_it(kube: FakeKube) -> None:
     _setup(kube)
-    reader = Reader()
+    reader = Reader(kube)
     reader.serving = False
     PoolReconciler(kube, reader=reader).reconcile(NS, "p")
     Reconciler(kube).reconcile(NS, "a")
@@ -126,6 +137,31 @@ def test_model_service_moves_to_its_pool_pod_once_the_pod_serves_it(kube: FakeKu
     assert ready["status"] == "False" and ready["reason"] == "NotPlaced"
 
 
+def test_a_service_moves_only_to_a_pod_serving_the_config_written_last(kube: FakeKube) -> None:
+    """A model moved out and straight back: its pool pod may still list it under the config
+    it had before the move out (the kubelet refreshes a mounted ConfigMap late), and drop it
+    when the config without it arrives. The Service moves only once the pod reports the
+    digest of the config written last."""
+    _setup(kube)
+    reader = Reader(kube)
+    reader.stale = True
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    record = _status(kube, "packratpools", "p")["models"]["a"]
+    assert record["ready"] is True and record["current"] is False
+    Reconciler(kube).reconcile(NS, "a")
+    assert kube.get("services", NS, "a") is None  # listed, but under an old config
+    reader.stale = False
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    assert _status(kube, "packratpools", "p")["models"]["a"]["current"] is True
+    Reconciler(kube).reconcile(NS, "a")
+    assert pm.pod_of_service(kube.get("services", NS, "a") or {}) == "p-0"
+    reader.stale = True  # once moved, a later config change does not take it away
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    Reconciler(kube).reconcile(NS, "a")
+    assert pm.pod_of_service(kube.get("services", NS, "a") or {}) == "p-0"
+    assert _status(kube, "packratmodels", "a")["phase"] == "Ready"
+
+
 def test_wake_ups_follow_placements_and_membership_not_counters() -> None:
     seen = Signatures()
     one = {"models": {"a": {"pod": "p-0", "ready": True, "requests": 1}}}
@@ -145,7 +181,7 @@ def test_pool_pods_mount_the_pools_token_and_the_reader_sends_it(kube: FakeKube)
     the pool), the pods mount it read-only, the reader gets it; a Secret under its name that
     is not the pool's is a conflict, and no pod mounts it."""
     _setup(kube)
-    reader = Reader()
+    reader = Reader(kube)
     PoolReconciler(kube, reader=reader).reconcile(NS, "p")
     secret = kube.get("secrets", NS, "p-pool-token") or {}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
@@ -163,7 +199,7 @@ def test_pool_pods_mount_the_pools_token_and_the_reader_sends_it(kube: FakeKube)
 def test_pool_never_mounts_a_token_secret_it_does_not_own(kube: FakeKube) -> None:
     _setup(kube)
     kube.create("secrets", NS, {"metadata": {"name": "p-pool-token"}, "data": {}})
-    reader = Reader()
+    reader = Reader(kube)
     PoolReconciler(kube, reader=reader).reconcile(NS, "p")
     assert kube.get("deployments", NS, "p-0") is None and reader.token is None
     conditions = {c["type"]: c for c in _status(kube, "packratpools", "p")["conditions"]}
