@@ -43,17 +43,20 @@ OPENVINO = {**EAGER, "engine": "openvino"}
 
 
 def _children(root: int) -> list[int]:
-    """Worker processes below the pod (forked by its zygote: they keep its command line)."""
-    out = []
+    """Worker processes of this pod: forked by its zygote (a child of ``root``), they keep the
+    zygote's command line. Only this pod's tree counts: another pod's workers on the machine
+    (another test, a run left behind) are not this pod's."""
+    parents: dict[int, int] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
             cmd = (stat.parent / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid != root and b"packrat.serve.zygote.zygote" in cmd:
-            out.append(int(stat.parent.name))
-    return sorted(out)
+        if b"packrat.serve.zygote.zygote" in cmd:
+            parents[int(stat.parent.name)] = ppid
+    zygotes = {pid for pid, ppid in parents.items() if ppid == root}
+    return sorted(pid for pid, ppid in parents.items() if ppid in zygotes)
 
 
 async def _get(url: str) -> tuple[int, Any]:
