@@ -29,6 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Can one hostile client take the gRPC port or the pool from the others?"'
+    " (#can-one-hostile-client-take-the-grpc-port-or-the-pool-from-the-others)"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -159,7 +165,9 @@ async def pool_run(n_hostile: int, rows: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, epilog=FIGURE, formatter_class=argparse.RawTextHelpFormatter
+    )
     p.add_argument("what", choices=["grpc", "pool"])
     p.add_argument("--hostile", type=int, default=None, help="grpc: 100 calls; pool: 2 clients")
     p.add_argument("--rows", type=int, default=50_000)

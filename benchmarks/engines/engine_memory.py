@@ -28,6 +28,14 @@ from engines_bench import engine_worker  # noqa: E402
 
 from packrat.profiler.engines import prepare_engine  # noqa: E402
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Which engine should each thin instance run: eager, ONNX Runtime or'
+    " OpenVINO, against fat and OpenVINO's own hints?\""
+    ', part "the memory per extra instance"'
+    " (#which-engine-should-a-thin-instance-run-against-fat-and-openvinos-own-hints)"
+)
+
 
 def pss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
@@ -37,7 +45,7 @@ def pss_kib(pid: int) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--engines", default="eager,onnxruntime,openvino")
     parser.add_argument("--max-instances", type=int, default=3)

@@ -39,6 +39,14 @@ sys.path.insert(0, str(ROOT / "operator"))
 from packrat.profiler.engines import prepare_engine  # noqa: E402
 from packrat.runtime.pinning import thread_env  # noqa: E402
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Which engine should each thin instance run: eager, ONNX Runtime or'
+    " OpenVINO, against fat and OpenVINO's own hints?\""
+    ', part "the table of engines, thin and fat, and OpenVINO\'s hints"'
+    " (#which-engine-should-a-thin-instance-run-against-fat-and-openvinos-own-hints)"
+)
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -182,7 +190,7 @@ def summary(model: str, result: dict[str, Any]) -> list[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--models", default="resnet50,inception_v3,bert-base,gpt2")
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--batches", default="4,8,16")

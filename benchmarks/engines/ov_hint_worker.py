@@ -14,9 +14,17 @@ import time
 
 import numpy as np
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "Which engine should each thin instance run: eager, ONNX Runtime or'
+    " OpenVINO, against fat and OpenVINO's own hints?\""
+    ', part "one OpenVINO hint\'s timings, for engines_bench.py"'
+    " (#which-engine-should-a-thin-instance-run-against-fat-and-openvinos-own-hints)"
+)
+
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--artefact", required=True, help="OpenVINO IR (model.xml)")
     parser.add_argument("--hint", choices=("LATENCY", "THROUGHPUT"), required=True)
     parser.add_argument("--cpus", required=True)

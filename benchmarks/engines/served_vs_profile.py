@@ -31,10 +31,10 @@ from packrat.plan.profile import load_profile
 
 FIGURE = (
     "makes the figure of docs/measurements.md, section"
-    ' "Which engine on each thin instance: eager, ONNX Runtime, OpenVINO against fat and'
-    ' OpenVINO\'s own hints", part "End to end through packrat serve"'
-    " (#which-engine-on-each-thin-instance-eager-onnx-runtime-openvino-against-fat-and-"
-    "openvinos-own-hints-issue-35)"
+    ' "Which engine should each thin instance run: eager, ONNX Runtime or'
+    " OpenVINO, against fat and OpenVINO's own hints?\""
+    ', part "end to end through packrat serve"'
+    " (#which-engine-should-a-thin-instance-run-against-fat-and-openvinos-own-hints)"
 )
 
 

@@ -21,6 +21,13 @@ from packrat.plan.optimizer import Optimizer
 from packrat.plan.padding import PaddedPlans, padding_horizon
 from packrat.plan.profile import load_profile
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How much slower than a larger batch can an exact plan be, and what'
+    ' does padding gain?"'
+    " (#how-much-slower-than-a-larger-batch-can-an-exact-plan-be-and-what-does-padding-gain)"
+)
+
 PAPER = Path(__file__).resolve().parents[1] / "profiles" / "packrat-paper"
 
 
@@ -53,7 +60,7 @@ def gain(path: Path, *, cpus: int, max_batch: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--cpus", type=int, default=16)
     parser.add_argument("--max-batch", type=int, default=128)
     parser.add_argument("--out", type=Path, help="write the rows as JSON too")

@@ -48,6 +48,12 @@ from packrat.runtime.layerfile import LayerFile, RateLimiter, build_mapped, writ
 from packrat.runtime.pinning import reader_split
 from packrat.runtime.pipelined import READ_AHEAD_BYTES, LayeredModel, embedding_layers, layer_times
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a cold start take when a model\'s layers are read while it runs?"'
+    " (#how-long-does-a-cold-start-take-when-a-models-layers-are-read-while-it-runs)"
+)
+
 # name: (spec, embeddings read in place, one layer per block)
 VARIANTS = {
     "resnet50": ("resnet50", True, False),
@@ -219,7 +225,7 @@ def _print(name: str, rate: float | None, r: dict[str, Any], prefetch: list[str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS)[:3], choices=list(VARIANTS))
     parser.add_argument("--prefetch", nargs="+", default=list(PREFETCH), choices=list(PREFETCH))
     parser.add_argument("--reps", type=int, default=5)

@@ -12,6 +12,7 @@ first forward pass included). Uses the layer files that ``pool_bench.py`` writes
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -24,6 +25,13 @@ import torch
 
 from packrat.runtime import zoo
 from packrat.runtime.layerfile import LayerFile, build_mapped
+
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a cold start take when a model\'s layers are read while it runs?"'
+    ', part "forked workers in the pool"'
+    " (#how-long-does-a-cold-start-take-when-a-models-layers-are-read-while-it-runs)"
+)
 
 FILES = {
     "resnet50": "/tmp/packrat-pools-bench/pool/files/resnet50-00.layers",
@@ -42,6 +50,9 @@ def _child(spec: str, path: str, x: torch.Tensor | tuple[torch.Tensor, ...], w: 
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
+    parser.add_argument("out", type=Path, help="the raw results (JSON)")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     out = {}
     for spec, path in FILES.items():
@@ -78,7 +89,7 @@ def main(argv: list[str]) -> int:
             f"{1000 * statistics.median(ready):.0f} ms (medians of 5) load {os.getloadavg()[0]}",
             flush=True,
         )
-    Path(argv[0]).write_text(json.dumps(out, indent=1))
+    args.out.write_text(json.dumps(out, indent=1))
     return 0
 
 

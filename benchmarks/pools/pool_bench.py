@@ -39,6 +39,12 @@ import aiohttp
 from packrat.serve.codec import example_body
 from packrat.serve.torchserve.process import free_ports
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How do many models share one pool under a memory budget?"'
+    " (#how-do-many-models-share-one-pool-under-a-memory-budget)"
+)
+
 CONFIGS = {
     "load+lru": ("load", "lru"),
     "demand+lru": ("demand", "lru"),
@@ -151,7 +157,7 @@ def _summary(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--models", type=int, default=24)
     parser.add_argument("--rate", type=float, default=1.0, help="requests/s, all models")
     parser.add_argument("--seconds", type=float, default=60.0, help="per configuration run")

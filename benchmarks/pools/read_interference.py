@@ -44,6 +44,13 @@ from packrat.runtime.layerfile import (
 )
 from packrat.runtime.pipelined import LayeredModel
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "How long does a cold start take when a model\'s layers are read while it runs?"'
+    ', part "compute beside a reader"'
+    " (#how-long-does-a-cold-start-take-when-a-models-layers-are-read-while-it-runs)"
+)
+
 PIECE = 28 << 20
 
 
@@ -80,7 +87,7 @@ def _scratch(work: Path, nbytes: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=FIGURE)
     parser.add_argument("--model", default="bert-base", choices=["bert-base", "resnet50"])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--work", type=Path, default=Path("/tmp/packrat-pools-bench"))

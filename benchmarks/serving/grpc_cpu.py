@@ -44,6 +44,12 @@ from packrat.runtime import modelid
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.torchserve.process import free_ports
 
+FIGURE = (
+    "makes the figure of docs/measurements.md, section"
+    ' "What does a request cost the dispatcher over gRPC against REST?"'
+    " (#what-does-a-request-cost-the-dispatcher-over-grpc-against-rest)"
+)
+
 CONFIGS = ("rest-json", "rest-binary", "grpc", "predictions")
 
 
@@ -152,7 +158,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=FIGURE)
     parser.add_argument("--samples", type=int, default=1, help="samples per v2/gRPC request")
     parser.add_argument("--requests", type=int, default=2000, help="requests per block")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds")
