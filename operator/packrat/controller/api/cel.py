@@ -6,8 +6,8 @@ would bring cel-python and its google-re2, lark and pendulum into the operator i
 thirty one-line rules, so each rule has its Python reading in :data:`READINGS`, keyed by the
 rule's exact text. The CRD stays the one source of each rule and of its message (read from the
 CRD, never copied here): a rule added to a CRD without a reading fails
-``tests/unit/controller/api/test_api_cel_readings.py``, which also checks each reading against
-cel-python on valid and invalid objects.
+``tests/unit/controller/api/test_api_schema_check.py``; ``tests/unit/deploy/test_crd_cel.py``
+checks each reading against cel-python on valid and invalid objects.
 
 A reading sees ``self`` as the API server does (the value at the rule's place, defaults filled
 in); a value of the wrong type makes it raise, and the rule is then skipped (the schema check
@@ -135,7 +135,11 @@ def rules_at(
     schema: Mapping[str, Any], value: Any, where: str
 ) -> Iterator[tuple[Mapping[str, Any], Any, str]]:
     """(rule, self, path) for every CEL rule under ``schema`` that applies to ``value``
-    (every element under an array, every value under a map), as the API server binds them."""
+    (every element under an array, every value under a map), as the API server binds them.
+    A value of another type than its node declares binds no rule there: the schema check
+    reports it once (a string where an object belongs is not "missing every field")."""
+    if not _of_declared_type(schema, value):
+        return
     for rule in schema.get("x-kubernetes-validations") or []:
         yield rule, value, where
     if isinstance(value, Mapping):
@@ -152,6 +156,25 @@ def rules_at(
     if isinstance(value, list) and isinstance(items, Mapping):
         for i, item in enumerate(value):
             yield from rules_at(items, item, f"{where}[{i}]")
+
+
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "object": Mapping,
+    "array": list,
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+}
+
+
+def _of_declared_type(schema: Mapping[str, Any], value: Any) -> bool:
+    declared = _TYPES.get(schema.get("type", ""))
+    if declared is None:
+        return True  # no type, or x-kubernetes-int-or-string and the like
+    if isinstance(value, bool) and schema.get("type") != "boolean":
+        return False
+    return isinstance(value, declared)
 
 
 def rule_errors(schema: Mapping[str, Any], value: Any, where: str) -> list[str]:

@@ -91,6 +91,17 @@ def test_one_message_per_violation() -> None:
     ]
 
 
+@pytest.mark.parametrize("field", ["model", "slo", "autoscaling", "canary"])
+def test_a_value_of_the_wrong_type_is_one_message_not_its_rules_as_well(field: str) -> None:
+    # a string where an object belongs: the type, once; not "exactly one of model.zoo, ..."
+    # and the other rules of the object it is not (the API server binds no rule to it)
+    batch = {"batchSize": None} if field == "slo" else {}  # slo chooses the batch itself
+    assert errors_with(**{field: "resnet50"}, **batch) == [
+        f"spec.{field} must be an object, got 'resnet50'"
+    ]
+    assert errors_with(model=["resnet50"]) == ["spec.model must be an object, got ['resnet50']"]
+
+
 def test_a_canary_model_is_checked_against_spec_models_schema() -> None:
     canary = {"model": {"zoo": "vgg"}, "trafficPercent": 10}
     assert errors_with(canary=canary) == [
