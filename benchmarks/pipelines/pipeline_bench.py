@@ -44,7 +44,7 @@ def one(spec_path: Path, *, cv: float, slo: float, rate: float, duration: float)
     sample = gamma_trace(rate, cv=cv, duration_s=duration, seed=10)
     evaluation = gamma_trace(rate, cv=cv, duration_s=2 * duration, seed=20)
     start, cpu = time.perf_counter(), time.process_time()
-    plan = provision_pipeline(spec.pipeline, sample, slo_ms=slo)
+    plan = provision_pipeline(PipelinePlanner(spec.pipeline, sample, slo_ms=slo))
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     judge = PipelinePlanner(spec.pipeline, evaluation, slo_ms=slo)
     ev = judge.evaluate(plan.best.configs)

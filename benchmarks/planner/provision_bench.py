@@ -80,7 +80,7 @@ def planner_time(table: dict[tuple[int, int], float], slo: float) -> list[dict[s
     for cv in (1.0, 4.0):
         trace = gamma_trace(200.0, cv=cv, duration_s=200.0, seed=2)[:20_000]
         start, cpu = time.perf_counter(), time.process_time()
-        result = provision(table, trace, slo_ms=slo, max_cores=512)
+        result = provision(Planner(table, trace, slo_ms=slo, max_cores=512))
         best = result.best.config
         out.append(
             {

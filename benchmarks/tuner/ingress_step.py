@@ -75,7 +75,7 @@ class Stage:
 
     def __init__(self, table: dict, sample: np.ndarray, slo_ms: float, args: Any) -> None:
         self.table = table
-        self.prov = provision(table, sample, slo_ms=slo_ms, max_cores=args.max_cores)
+        self.prov = provision(Planner(table, sample, slo_ms=slo_ms, max_cores=args.max_cores))
         self.planner = Planner(table, sample, slo_ms=slo_ms, max_cores=args.max_cores)
         self.sample = sample
         self.startup_s = args.startup_s

@@ -374,7 +374,7 @@ def mean_level(steps: list[tuple[float, int]], end: float) -> float:
 
 
 def workload(table: dict, name: str, sample: np.ndarray, step: float, args: Any) -> dict:
-    prov = provision(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
+    prov = provision(Planner(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores))
     planner = Planner(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
     cfg = prov.best.config
     max_batch = max(b for (t, b) in table if t <= cfg.cpus)

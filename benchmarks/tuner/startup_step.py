@@ -100,7 +100,7 @@ def mean_replicas(steps: list[tuple[float, int]], end: float) -> float:
 
 
 def run(table: dict, name: str, sample: np.ndarray, trace: np.ndarray, args: Any) -> dict:
-    prov = provision(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
+    prov = provision(Planner(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores))
     planner = Planner(table, sample, slo_ms=args.slo_ms, max_cores=args.max_cores)
     cfg = prov.best.config
     end = float(trace[-1])

@@ -22,6 +22,7 @@ from packrat.cli.provision import (
     trace_line,
 )
 from packrat.plan.pipeline.provision import PipelineProvision, provision_pipeline
+from packrat.plan.pipeline.search import PipelinePlanner
 from packrat.plan.pipeline.simulate import Pipeline, PipelineError
 from packrat.plan.pipeline.spec import load_pipeline_spec
 from packrat.plan.provision import ProvisionError
@@ -49,14 +50,10 @@ def run_pipeline(args: argparse.Namespace) -> int:
     stages = len(pipeline.stages)
     try:
         with heartbeat(lambda: f"provision: {stages} stages on {trace.size} arrivals"):
-            result = provision_pipeline(
-                pipeline,
-                trace,
-                slo_ms=slo,
-                max_cores=args.max_cores,
-                sim=sim_from_args(args),
-                models=spec.models,
+            planner = PipelinePlanner(
+                pipeline, trace, slo_ms=slo, max_cores=args.max_cores, sim=sim_from_args(args)
             )
+            result = provision_pipeline(planner, models=spec.models)
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
     return print_result(args, result, format_pipeline_table(result))

@@ -24,7 +24,14 @@ from packrat.cli import CliError, check_numbers
 from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import Profile, ProfileError, load_profile
-from packrat.plan.provision import Provision, ProvisionError, Robustness, SimSettings, provision
+from packrat.plan.provision import (
+    Planner,
+    Provision,
+    ProvisionError,
+    Robustness,
+    SimSettings,
+    provision,
+)
 from packrat.plan.traces import (
     MAX_ARRIVALS,
     MAX_TRACE_SPAN_S,
@@ -101,17 +108,17 @@ def run(args: argparse.Namespace) -> int:
     done = Counter()
     try:
         with heartbeat(lambda: f"provision: {done.value} simulations of {trace.size} arrivals"):
-            result = provision(
+            planner = Planner(
                 profile.table(),
                 trace,
                 slo_ms=args.slo_p99_ms,
                 max_cores=args.max_cores,
                 max_cpus=min(args.max_cpus or top, top),
                 sim=sim_from_args(args),
-                model=profile.meta.model,
                 robust=Robustness(max_utilization=args.max_utilization, resamples=args.resamples),
                 on_simulation=done,
             )
+            result = provision(planner, model=profile.meta.model)
     except ProvisionError as exc:
         raise CliError(str(exc)) from None
     return print_result(args, result, format_table(result))

@@ -423,20 +423,60 @@ def _profile_from_csv(text: str, *, origin: str, meta: ProfileMeta | None) -> Pr
     return Profile(meta=base, points=tuple(sorted(points, key=lambda p: p.key)))
 
 
+# -- reading a document a user hands in, bounded ----------------------------------------------
+# (here because the pure layer imports nothing of the project; the other layers import these
+# from :mod:`packrat.runtime.documents`, whose docstring explains them)
+class DocumentError(ValueError):
+    """Why a document could not be read (a phrase to follow its name)."""
+
+
+class DocumentTooLargeError(DocumentError):
+    """The document is larger than its limit (``larger than N bytes``)."""
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, at most ``max_bytes`` of them; else :class:`DocumentError`."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise DocumentError(f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > max_bytes:
+        raise DocumentTooLargeError(f"larger than {max_bytes} bytes")
+    return raw
+
+
+def read_capped_text(path: Path, max_bytes: int) -> str:
+    """The UTF-8 text of ``path``, at most ``max_bytes`` bytes; else :class:`DocumentError`."""
+    raw = read_capped(path, max_bytes)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"not UTF-8 text (byte {exc.start})") from None
+
+
+def loads_json(text: str | bytes, *, invalid: str = "invalid JSON") -> Any:
+    """The JSON document ``text``; else :class:`DocumentError`, its phrase starting with
+    ``invalid``."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DocumentError(f"{invalid} at line {exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise DocumentError(f"{invalid}: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of thousands of digits
+        raise DocumentError(f"{invalid}: {str(exc)[:100]}") from None
+
+
 def load_profile(path: str | Path) -> Profile:
     """Load a JSON profile or a ``threads,batch,latency_ms`` CSV, decided by content."""
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_PROFILE_BYTES + 1)
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ProfileError(f"{path}: larger than {MAX_PROFILE_BYTES} bytes; not a profile")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ProfileError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        text = read_capped_text(path, MAX_PROFILE_BYTES)
+    except DocumentTooLargeError as exc:
+        raise ProfileError(f"{path}: {exc}; not a profile") from None
+    except DocumentError as exc:
+        raise ProfileError(f"{path}: {exc}") from None
     return parse_profile(text, origin=str(path))
 
 
@@ -444,13 +484,9 @@ def parse_profile(text: str, *, origin: str) -> Profile:
     """Parse profile text: JSON when it starts with ``{``, CSV otherwise."""
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{origin}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-        except RecursionError:
-            raise ProfileError(f"{origin}: invalid JSON: nested too deeply") from None
-        except ValueError as exc:  # e.g. an integer of thousands of digits
-            raise ProfileError(f"{origin}: invalid JSON: {str(exc)[:100]}") from None
+            data = loads_json(text)
+        except DocumentError as exc:
+            raise ProfileError(f"{origin}: {exc}") from None
         return profile_from_dict(data, origin=origin)
     model = Path(origin).stem
     return profile_from_csv(text, origin=origin, meta=ProfileMeta(model=model, source=origin))

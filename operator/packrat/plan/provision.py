@@ -201,9 +201,15 @@ class Validation:
     """The answer on the held-out resamples: their P99s, and the replicas it took."""
 
     resamples: int
+    """How many block-bootstrap resamples of the trace there are (``Robustness.resamples``;
+    0: validation is off)."""
     p99_ms: tuple[float, ...]
+    """The answer's simulated P99 on each resample, in milliseconds (empty when none ran: no
+    resamples, or an answer that misses the SLO on the trace itself)."""
     passed: bool
+    """Whether the answer meets the SLO on every resample (with none: on the trace)."""
     added_replicas: int = 0
+    """Replicas added to the search's answer until it did."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -702,33 +708,12 @@ def trace_summary(trace_s: np.ndarray, rate: float) -> dict[str, float | int]:
     }
 
 
-def provision(
-    table: Table,
-    trace_s: np.ndarray,
-    *,
-    slo_ms: float,
-    max_cores: int | None = None,
-    max_cpus: int | None = None,
-    sim: SimSettings | None = None,
-    model: str | None = None,
-    robust: Robustness | None = None,
-    on_simulation: Callable[[], None] | None = None,
-) -> Provision:
-    """Plan replicas, replica size, plan shape and batch for ``slo_ms`` on ``trace_s``
-    (see the module docstring); ``on_simulation`` is called before each simulation."""
+def provision(planner: Planner, *, model: str | None = None) -> Provision:
+    """Plan replicas, replica size, plan shape and batch for the planner's SLO on its trace
+    (see the module docstring); ``model`` names the plan's model."""
     start = time.perf_counter()
-    planner = Planner(
-        table,
-        trace_s,
-        slo_ms=slo_ms,
-        max_cores=max_cores,
-        max_cpus=max_cpus,
-        sim=sim,
-        robust=robust,
-        on_simulation=on_simulation,
-    )
     best, steps = planner.greedy()
-    warnings = [w] if (w := tail_warning(trace_s)) else []
+    warnings = [w] if (w := tail_warning(planner.trace)) else []
     validation: Validation | None = None
     infeasible: Infeasibility | None = None
     if best.feasible:
@@ -747,11 +732,11 @@ def provision(
     return Provision(
         best=best,
         plan=planner.plan(best.config, model=model),
-        slo_ms=slo_ms,
+        slo_ms=planner.slo_ms,
         baselines=planner.baselines(),
         evaluations=planner.evaluations,
         wall_s=time.perf_counter() - start,
-        trace=trace_summary(trace_s, planner.rate),
+        trace=trace_summary(planner.trace, planner.rate),
         steps=steps,
         max_utilization=planner.robust.max_utilization,
         validation=validation,

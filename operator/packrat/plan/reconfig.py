@@ -36,15 +36,25 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """The ``autoBatch`` settings of a PackratModel; ``batch_delay_ms``: its
-    ``maxBatchDelayMs``, what an instance waits for a batch that does not fill."""
+    """The ``autoBatch`` settings of a PackratModel."""
 
     min_batch: int = 1
+    """``autoBatch.min``: the smallest batch size planned for; every observation is clamped
+    to ``min_batch..max_batch``."""
     max_batch: int = 64
+    """``autoBatch.max``: the largest batch size planned for."""
     sustain: int = 3
+    """``autoBatch.sustainObservations``: consecutive equal observations (one per pass)
+    needed before a switch."""
     min_interval_s: float = 60.0
+    """``autoBatch.minIntervalSeconds``: seconds at least between two automatic switches
+    (a manual trigger skips it)."""
     min_gain: float = 0.05
+    """``autoBatch.minGain``: the fraction of the expected latency a switch must save
+    (0.05: the new plan at least 5% faster than keeping the current one)."""
     batch_delay_ms: float = 0.0
+    """The model's ``maxBatchDelayMs``: milliseconds an instance waits for a batch that does
+    not fill (what keeping a larger plan costs each batch when the load forms a smaller one)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.max_batch:
@@ -72,11 +82,19 @@ class Observation:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """What one reconfiguration pass decided, and why."""
+
     outcome: Outcome
     current: int
+    """The batch size the current plan is optimised for."""
     target: int | None
+    """The batch size weighed: the latest observation or the pin, clamped to the policy's
+    range; None before the first observation."""
     expected_gain: float | None
+    """The fraction of the expected latency the target's optimal plan saves over keeping the
+    current plan (see ``Policy.min_gain``); None when it was not weighed."""
     message: str
+    """One sentence for the model's events and status."""
 
     @property
     def switch(self) -> bool:
@@ -328,25 +346,23 @@ class Fast(StrEnum):
 class FastPolicy:
     """When to decide at once rather than after ``Policy.sustain`` observations and
     ``Policy.min_interval_s`` (the Packrat paper reacts on a 1 s timeout and on frequent batch
-    timeouts).
-
-    ``sustain_s``: the pods' estimate must have held its value this long (0 disables the fast
-    trigger); ``near_hold`` times that for a neighbouring batch (within a factor of 2 of the
-    current: the next power of two up or down, which is what noise on a steady load reads
-    as; in the DES's steady 50/s, ``benchmarks/tuner/joint_step.py``, such blips held up to 1.0 s
-    and each one cost a switch there and back). ``min_interval_s``: fast switches at least
-    this far apart. ``timeout_high`` /
-    ``timeout_low``: the batch-timeout fraction that fires the trigger, and the one it must
-    fall below before it can fire again (hysteresis). ``min_batches``: a fraction over fewer
-    batches is no evidence.
-    """
+    timeouts)."""
 
     sustain_s: float = 1.0
+    """Seconds the pods' estimate must have held its value (0 disables the fast trigger)."""
     near_hold: float = 2.0
+    """``sustain_s`` times this for a neighbouring batch (within a factor of 2 of the current:
+    the next power of two up or down, which is what noise on a steady load reads as; in the
+    DES's steady 50/s, ``benchmarks/tuner/joint_step.py``, such blips held up to 1.0 s and each
+    one cost a switch there and back)."""
     min_interval_s: float = 5.0
+    """Seconds at least between two fast switches."""
     timeout_high: float = 0.5
+    """The fraction of batches left on their delay timeout that fires the trigger."""
     timeout_low: float = 0.2
+    """The fraction it must fall below before it can fire again (hysteresis)."""
     min_batches: int = 20
+    """Batches at least behind a timeout fraction: one over fewer is no evidence."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.sustain_s) and self.sustain_s >= 0):

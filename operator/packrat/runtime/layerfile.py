@@ -185,11 +185,18 @@ def group_units(
 
 @dataclass(frozen=True, slots=True)
 class TensorInfo:
+    """One tensor of a layer, as the header lists it (``[key, dtype, shape, offset, nbytes]``):
+    where its bytes lie and how to view them."""
+
     key: str
+    """Its ``state_dict`` key."""
     dtype: str
+    """The torch dtype's name without ``torch.`` (``float32``)."""
     shape: tuple[int, ...]
     offset: int
+    """Bytes from the start of its layer (aligned to :data:`TENSOR_ALIGN`)."""
     nbytes: int
+    """Its size in bytes, stored contiguously in row-major order."""
 
 
 @dataclass(frozen=True, slots=True)

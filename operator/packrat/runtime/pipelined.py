@@ -70,10 +70,18 @@ class RunStats:
     """One request: wall time, what was read, how long compute waited for reads."""
 
     wall_s: float = 0.0
+    """Seconds of the whole request, from the page-cache check to its output, reads
+    included."""
     read_bytes: int = 0
+    """Bytes of whole layers read from the layer file for this request."""
     read_s: float = 0.0
+    """Seconds spent reading layers, summed over the reads (in ``prefetch`` mode on the
+    reader thread, while compute runs)."""
     stall_s: float = 0.0
+    """Seconds compute waited for a layer still being read (``prefetch`` mode only)."""
     missing_layers: int = 0
+    """Layers not entirely in the page cache when the request began (in-place layers never
+    count)."""
     row_bytes: int = 0
     """Bytes of in-place embedding rows asked for ahead of their lookups."""
 

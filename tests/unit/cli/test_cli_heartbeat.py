@@ -12,7 +12,7 @@ import pytest
 from packaging_support import RESNET_PROFILE
 
 from packrat.cli.heartbeat import Counter, heartbeat
-from packrat.plan.provision import provision
+from packrat.plan.provision import Planner, provision
 from packrat.plan.traces import gamma_trace
 
 PROFILE = RESNET_PROFILE
@@ -63,7 +63,9 @@ def test_provision_counts_its_simulations() -> None:
     table = {(1, 1): 5.0, (1, 2): 8.0, (2, 1): 3.0, (2, 2): 5.0}
     done = Counter()
     result = provision(
-        table, gamma_trace(50.0, duration_s=20.0), slo_ms=50.0, max_cores=8, on_simulation=done
+        Planner(
+            table, gamma_trace(50.0, duration_s=20.0), slo_ms=50.0, max_cores=8, on_simulation=done
+        )
     )
     assert done.value >= result.evaluations > 0
 

@@ -73,9 +73,9 @@ def test_a_never_taken_cascade_stage_gets_the_cheapest_config() -> None:
     """With a fraction-0 cascade edge, the other stage is planned as if alone and the
     cascade stage gets one 1-core replica."""
     trace = gamma_trace(150.0, cv=1.0, duration_s=8.0, seed=2)
-    alone = provision_pipeline(Pipeline([Stage("pre", PRE)]), trace, slo_ms=150.0)
+    alone = provision_pipeline(PipelinePlanner(Pipeline([Stage("pre", PRE)]), trace, slo_ms=150.0))
     p = Pipeline([Stage("pre", PRE), Stage("big", BIG)], [Edge("pre", "big", 0.0)])
-    both = provision_pipeline(p, trace, slo_ms=150.0)
+    both = provision_pipeline(PipelinePlanner(p, trace, slo_ms=150.0))
     a, b = alone.to_dict(), both.to_dict()
     assert a["feasible"] and b["feasible"]
     assert b["stages"][0] | {"plan": None} == a["stages"][0] | {"plan": None}
@@ -88,7 +88,7 @@ def test_a_never_taken_cascade_stage_gets_the_cheapest_config() -> None:
 def test_the_answer_has_per_stage_configs_and_beats_the_coarse_baselines() -> None:
     trace = gamma_trace(120.0, cv=2.0, duration_s=10.0, seed=4)
     p = Pipeline([Stage("pre", PRE), Stage("big", BIG)], [Edge("pre", "big", 0.5)])
-    doc = provision_pipeline(p, trace, slo_ms=250.0).to_dict()
+    doc = provision_pipeline(PipelinePlanner(p, trace, slo_ms=250.0)).to_dict()
     assert doc["feasible"] and doc["simulated_p99_ms"] <= 250.0
     assert [s["name"] for s in doc["stages"]] == ["pre", "big"]
     for s in doc["stages"]:
@@ -107,7 +107,7 @@ def test_an_slo_below_the_fastest_path_is_infeasible() -> None:
     trace = gamma_trace(20.0, cv=1.0, duration_s=5.0, seed=1)
     p = Pipeline([Stage("pre", PRE), Stage("big", BIG)], [Edge("pre", "big")])
     fastest = PRE[(4, 1)] + BIG[(4, 1)]
-    result = provision_pipeline(p, trace, slo_ms=fastest * 0.9)
+    result = provision_pipeline(PipelinePlanner(p, trace, slo_ms=fastest * 0.9))
     assert not result.feasible
     assert "infeasible" in result.steps[0]
     assert result.best.p99_ms > fastest * 0.9
@@ -132,8 +132,10 @@ def test_hop_overhead_raises_the_simulated_p99_and_changes_the_plan() -> None:
     trace = gamma_trace(60.0, cv=1.0, duration_s=10.0, seed=3)
     p = Pipeline([Stage("pre", PRE), Stage("big", BIG)], [Edge("pre", "big")])
     slo = 120.0
-    free = provision_pipeline(p, trace, slo_ms=slo)
-    hops = provision_pipeline(p, trace, slo_ms=slo, sim=SimSettings(overhead_ms=15.0))
+    free = provision_pipeline(PipelinePlanner(p, trace, slo_ms=slo))
+    hops = provision_pipeline(
+        PipelinePlanner(p, trace, slo_ms=slo, sim=SimSettings(overhead_ms=15.0))
+    )
     assert free.feasible and hops.feasible
     assert hops.best.p99_ms <= slo
     # the free plan, judged with the hops, is 3 x 15 ms slower end to end
@@ -142,5 +144,7 @@ def test_hop_overhead_raises_the_simulated_p99_and_changes_the_plan() -> None:
     assert judged.p99_ms == pytest.approx(free.best.p99_ms + 45.0, abs=1e-6)
     assert not judged.feasible  # the free plan misses the SLO once hops count
     assert hops.best.configs != free.best.configs and hops.best.cores > free.best.cores
-    floor = provision_pipeline(p, trace, slo_ms=40.0, sim=SimSettings(overhead_ms=15.0))
+    floor = provision_pipeline(
+        PipelinePlanner(p, trace, slo_ms=40.0, sim=SimSettings(overhead_ms=15.0))
+    )
     assert not floor.feasible and "fastest path" in floor.steps[0]

@@ -71,7 +71,7 @@ def test_provision_on_the_resnet_profile_beats_the_baselines() -> None:
 
     profile = load_profile(PROFILE)
     trace = gamma_trace(100.0, cv=1.0, duration_s=40.0, seed=1)
-    result = provision(profile.table(), trace, slo_ms=500.0, max_cores=128)
+    result = provision(Planner(profile.table(), trace, slo_ms=500.0, max_cores=128))
     doc = result.to_dict()
     assert doc["feasible"] and doc["simulated_p99_ms"] <= 500.0
     assert doc["cores"] == doc["replicas"] * doc["cpus_per_replica"]
@@ -85,7 +85,7 @@ def test_provision_on_the_resnet_profile_beats_the_baselines() -> None:
 def test_infeasible_slo_reports_the_best_p99() -> None:
     table = {(1, 1): 50.0, (2, 1): 30.0}
     trace = gamma_trace(10.0, duration_s=20.0)
-    result = provision(table, trace, slo_ms=20.0, max_cores=8)
+    result = provision(Planner(table, trace, slo_ms=20.0, max_cores=8))
     assert not result.feasible
     assert result.best.p99_ms >= 30.0
     assert result.to_dict()["simulated_p99_ms"] == pytest.approx(result.best.p99_ms)
@@ -94,7 +94,7 @@ def test_infeasible_slo_reports_the_best_p99() -> None:
 def test_too_few_cores_is_infeasible_not_an_error() -> None:
     table = {(1, 1): 10.0, (2, 1): 6.0}
     trace = gamma_trace(1000.0, duration_s=5.0)
-    result = provision(table, trace, slo_ms=100.0, max_cores=2)
+    result = provision(Planner(table, trace, slo_ms=100.0, max_cores=2))
     assert not result.feasible
     assert result.best.config.cores <= 2
 
@@ -122,6 +122,8 @@ def test_a_partial_profile_without_t_max_points_still_provisions() -> None:
     """A profile whose T-thread points are missing (a profiling budget ran out): the fat
     baseline uses the largest profiled thread count, and the search still answers."""
     table = {(1, 1): 1.0, (1, 2): 1.5, (1, 4): 2.5}
-    result = provision(table, gamma_trace(2.0, duration_s=60.0, seed=12), slo_ms=500, max_cpus=2)
+    result = provision(
+        Planner(table, gamma_trace(2.0, duration_s=60.0, seed=12), slo_ms=500, max_cpus=2)
+    )
     assert result.feasible and result.best.config.cpus == 1
     assert result.baselines["mean"].config.cpus == 1

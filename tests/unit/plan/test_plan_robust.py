@@ -172,7 +172,9 @@ def test_validation_adds_replicas_until_every_resample_meets_the_slo() -> None:
     replicas, ten-minute resamples of it need more."""
     table = {(1, 1): 10.0}
     trace = gamma_trace(170.0, cv=1.0, duration_s=20.0, seed=4)
-    result = provision(table, trace, slo_ms=60.0, max_cores=8, robust=Robustness(resamples=3))
+    result = provision(
+        Planner(table, trace, slo_ms=60.0, max_cores=8, robust=Robustness(resamples=3))
+    )
     assert result.feasible and result.validation is not None
     assert result.validation.passed and max(result.validation.p99_ms) <= 60.0
     assert len(result.validation.p99_ms) == 3
@@ -185,19 +187,19 @@ def test_tail_warning_says_how_long_a_trace_is_enough() -> None:
     warning = tail_warning(short)
     assert warning is not None and "5000 arrivals" in warning and f"{short.size}" in warning
     assert tail_warning(gamma_trace(100.0, duration_s=60.0, seed=1)) is None
-    result = provision({(1, 1): 10.0}, short, slo_ms=100.0, max_cores=4)
+    result = provision(Planner({(1, 1): 10.0}, short, slo_ms=100.0, max_cores=4))
     assert result.warnings and result.to_dict()["warnings"] == result.warnings
 
 
 def test_infeasible_below_the_latency_floor_names_the_tightest_slo() -> None:
     table = {(1, 1): 50.0, (2, 1): 30.0}
     trace = gamma_trace(10.0, duration_s=30.0, seed=2)
-    result = provision(table, trace, slo_ms=20.0)
+    result = provision(Planner(table, trace, slo_ms=20.0))
     assert not result.feasible and result.infeasible is not None
     why = result.infeasible
     assert "a query alone takes at least 30.0 ms" in why.reason
     assert why.tightest_slo_ms is not None and why.tightest_slo_ms >= 30.0
-    assert provision(table, trace, slo_ms=why.tightest_slo_ms).feasible
+    assert provision(Planner(table, trace, slo_ms=why.tightest_slo_ms)).feasible
     # served meanwhile: the cheapest configuration near the tightest SLO, not all 64 x T cores
     assert result.best.config.cores < 64 * 2
     assert result.best.p99_ms <= 1.25 * why.tightest_slo_ms
@@ -207,11 +209,11 @@ def test_infeasible_below_the_latency_floor_names_the_tightest_slo() -> None:
 def test_infeasible_within_the_budget_names_the_cores_needed() -> None:
     table = {(1, 1): 10.0, (2, 1): 6.0}
     trace = gamma_trace(300.0, duration_s=2.0, seed=3)
-    result = provision(table, trace, slo_ms=100.0, max_cores=2)
+    result = provision(Planner(table, trace, slo_ms=100.0, max_cores=2))
     assert not result.feasible and result.infeasible is not None
     needed = result.infeasible.cores_needed
     assert needed is not None and needed > 2 and "the budget is 2" in result.infeasible.reason
-    assert provision(table, trace, slo_ms=100.0, max_cores=needed).feasible
+    assert provision(Planner(table, trace, slo_ms=100.0, max_cores=needed)).feasible
 
 
 def test_robustness_is_checked() -> None:

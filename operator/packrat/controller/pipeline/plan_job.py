@@ -186,6 +186,7 @@ def _plan(job: Mapping[str, Any]) -> PlannedPipeline:  # pragma: no cover - in t
 
     from packrat.controller.pipeline.planning import baselines, stage_configs
     from packrat.plan.pipeline.provision import provision_pipeline
+    from packrat.plan.pipeline.search import PipelinePlanner
     from packrat.plan.pipeline.simulate import Edge, Pipeline, Stage
     from packrat.plan.profile import parse_profile
     from packrat.plan.provision import SimSettings
@@ -198,11 +199,15 @@ def _plan(job: Mapping[str, Any]) -> PlannedPipeline:  # pragma: no cover - in t
         [Edge(str(a), str(b), float(f)) for a, b, f in job["edges"]],
     )
     prov = provision_pipeline(
-        pipeline,
-        np.asarray(job["trace"], dtype=float),
-        slo_ms=float(job["sloMs"]),
-        max_cores=job["maxCores"],
-        sim=SimSettings(max_batch_delay_ms=float(job["delayMs"]), overhead_ms=float(job["hopMs"])),
+        PipelinePlanner(
+            pipeline,
+            np.asarray(job["trace"], dtype=float),
+            slo_ms=float(job["sloMs"]),
+            max_cores=job["maxCores"],
+            sim=SimSettings(
+                max_batch_delay_ms=float(job["delayMs"]), overhead_ms=float(job["hopMs"])
+            ),
+        )
     )
     p99 = float(prov.best.p99_ms)
     return PlannedPipeline(

@@ -154,7 +154,9 @@ def plan_for_slo(
 ) -> Provisioned:
     """Run the planner on ``trace`` and derive the tuner's parameters (pure)."""
     sim = SimSettings(max_batch_delay_ms=max_batch_delay_ms)
-    result = provision(table, trace, slo_ms=slo_ms, max_cores=max_cores, max_cpus=max_cpus, sim=sim)
+    result = provision(
+        Planner(table, trace, slo_ms=slo_ms, max_cores=max_cores, max_cpus=max_cpus, sim=sim)
+    )
     best = result.best
     planner = Planner(table, trace, slo_ms=slo_ms, max_cpus=max_cpus, sim=sim)
     capacity = planner.capacity(best.instances)

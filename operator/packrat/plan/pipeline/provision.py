@@ -21,7 +21,7 @@ from packrat.plan.optimizer import Optimizer
 from packrat.plan.pipeline.baselines import coarse_baselines
 from packrat.plan.pipeline.search import PipelineEvaluation, PipelinePlanner
 from packrat.plan.pipeline.simulate import Pipeline
-from packrat.plan.provision import SimSettings, trace_summary
+from packrat.plan.provision import trace_summary
 from packrat.plan.search import finite
 
 
@@ -78,17 +78,12 @@ class PipelineProvision:
 
 
 def provision_pipeline(
-    pipeline: Pipeline,
-    trace_s: np.ndarray,
-    *,
-    slo_ms: float,
-    max_cores: int | None = None,
-    sim: SimSettings | None = None,
-    models: Mapping[str, str | None] | None = None,
+    planner: PipelinePlanner, *, models: Mapping[str, str | None] | None = None
 ) -> PipelineProvision:
-    """Plan every stage of ``pipeline`` for ``slo_ms`` end to end on ``trace_s``."""
+    """Plan every stage of the planner's pipeline for its SLO end to end on its trace;
+    ``models`` names each stage's model."""
     start = time.perf_counter()
-    planner = PipelinePlanner(pipeline, trace_s, slo_ms=slo_ms, max_cores=max_cores, sim=sim)
+    pipeline = planner.pipeline
     best, steps = planner.greedy()
     baselines = coarse_baselines(planner)
     plans = {}
@@ -107,11 +102,11 @@ def provision_pipeline(
         best=best,
         plans=plans,
         scale=planner.scale,
-        slo_ms=slo_ms,
+        slo_ms=planner.slo_ms,
         baselines=baselines,
         evaluations=planner.evaluations,
         wall_s=time.perf_counter() - start,
-        trace=trace_summary(trace_s, planner.rate),
+        trace=trace_summary(planner.trace, planner.rate),
         steps=steps,
         stage_arrivals=arrivals,
         capacity=capacity,

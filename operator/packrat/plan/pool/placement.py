@@ -119,94 +119,104 @@ def load_of(
     return worst
 
 
-@dataclass(slots=True)
-class _State:
-    cores: list[float]
-    memory: list[int]
-
-
-def _fits(m: ModelDemand, pod: PodCapacity, used_cores: float, cap: float) -> bool:
-    return m.weight_bytes <= pod.budget_bytes and used_cores + m.cores <= cap * pod.cores + 1e-9
-
-
 def _key(placed: int, load: float, moves: int) -> tuple[int, float, int]:
     return (-placed, round(load, 9), moves)
 
 
-def _exact(
-    models: Sequence[ModelDemand],
-    pods: Sequence[PodCapacity],
-    previous: Mapping[str, str],
-    cap: float,
-) -> dict[str, str]:
-    """Depth-first over every model's pod (or none), pruned by the best key found so far."""
-    order = sorted(models, key=lambda m: (-m.cores, -m.weight_bytes, m.name))
-    state = _State([0.0] * len(pods), [0] * len(pods))
-    best: list[tuple[tuple[int, float, int], dict[str, str]]] = []
-    current: dict[str, str] = {}
+@dataclass(slots=True)
+class _Search:
+    """One placement problem (the models largest demand first, the pods, each model's previous
+    pod, the usable fraction ``cap`` of a pod's cores) and what is placed on each pod so far;
+    :meth:`exact` and :meth:`greedy` solve it."""
 
-    def bound_load() -> float:
-        return max(
-            [0.0]
-            + [
-                max(state.cores[i] / p.cores, state.memory[i] / p.budget_bytes)
-                for i, p in enumerate(pods)
-            ]
+    order: list[ModelDemand]
+    pods: Sequence[PodCapacity]
+    previous: Mapping[str, str]
+    cap: float
+    cores: list[float]
+    memory: list[int]
+
+    @classmethod
+    def of(
+        cls,
+        models: Sequence[ModelDemand],
+        pods: Sequence[PodCapacity],
+        previous: Mapping[str, str],
+        cap: float,
+    ) -> _Search:
+        order = sorted(models, key=lambda m: (-m.cores, -m.weight_bytes, m.name))
+        return cls(order, pods, previous, cap, [0.0] * len(pods), [0] * len(pods))
+
+    def fits(self, m: ModelDemand, i: int) -> bool:
+        pod = self.pods[i]
+        return (
+            m.weight_bytes <= pod.budget_bytes
+            and self.cores[i] + m.cores <= self.cap * pod.cores + 1e-9
         )
 
-    def rec(k: int, moves: int) -> None:
-        placed = len(current)
-        optimistic = _key(placed + len(order) - k, bound_load(), moves)
-        if best and optimistic >= best[0][0]:
-            return
-        if k == len(order):
-            best[:] = [(_key(placed, bound_load(), moves), dict(current))]
-            return
-        m = order[k]
-        for i, pod in enumerate(pods):
-            if not _fits(m, pod, state.cores[i], cap):
-                continue
-            state.cores[i] += m.cores
-            state.memory[i] += m.weight_bytes
-            current[m.name] = pod.name
-            moved = int(m.name in previous and previous[m.name] != pod.name)
-            rec(k + 1, moves + moved)
-            del current[m.name]
-            state.cores[i] -= m.cores
-            state.memory[i] -= m.weight_bytes
-        rec(k + 1, moves)  # leave it out
+    def put(self, m: ModelDemand, i: int) -> None:
+        self.cores[i] += m.cores
+        self.memory[i] += m.weight_bytes
 
-    rec(0, 0)
-    return best[0][1] if best else {}
+    def take(self, m: ModelDemand, i: int) -> None:
+        self.cores[i] -= m.cores
+        self.memory[i] -= m.weight_bytes
 
+    def load(self, i: int, m: ModelDemand | None = None) -> float:
+        """Pod ``i``'s normalised load, with ``m`` added when given."""
+        cores, memory = self.cores[i], self.memory[i]
+        if m is not None:
+            cores, memory = cores + m.cores, memory + m.weight_bytes
+        pod = self.pods[i]
+        return max(cores / pod.cores, memory / pod.budget_bytes)
 
-def _greedy(
-    models: Sequence[ModelDemand],
-    pods: Sequence[PodCapacity],
-    previous: Mapping[str, str],
-    cap: float,
-) -> dict[str, str]:
-    """Largest demand first, each onto the pod whose load stays lowest (its previous pod on
-    a tie), so the busiest pod ends as light as this order allows."""
-    order = sorted(models, key=lambda m: (-m.cores, -m.weight_bytes, m.name))
-    state = _State([0.0] * len(pods), [0] * len(pods))
-    out: dict[str, str] = {}
-    for m in order:
-        choices = []
-        for i, pod in enumerate(pods):
-            if not _fits(m, pod, state.cores[i], cap):
-                continue
-            after = max(
-                (state.cores[i] + m.cores) / pod.cores,
-                (state.memory[i] + m.weight_bytes) / pod.budget_bytes,
-            )
-            choices.append((round(after, 9), previous.get(m.name) != pod.name, i))
-        if choices:
-            _, _, i = min(choices)
-            state.cores[i] += m.cores
-            state.memory[i] += m.weight_bytes
-            out[m.name] = pods[i].name
-    return out
+    def exact(self) -> dict[str, str]:
+        """Depth-first over every model's pod (or none), pruned by the best key found so far."""
+        order, pods = self.order, self.pods
+        best: list[tuple[tuple[int, float, int], dict[str, str]]] = []
+        current: dict[str, str] = {}
+
+        def bound_load() -> float:
+            return max([0.0] + [self.load(i) for i in range(len(pods))])
+
+        def rec(k: int, moves: int) -> None:
+            placed = len(current)
+            optimistic = _key(placed + len(order) - k, bound_load(), moves)
+            if best and optimistic >= best[0][0]:
+                return
+            if k == len(order):
+                best[:] = [(_key(placed, bound_load(), moves), dict(current))]
+                return
+            m = order[k]
+            for i, pod in enumerate(pods):
+                if not self.fits(m, i):
+                    continue
+                self.put(m, i)
+                current[m.name] = pod.name
+                moved = int(m.name in self.previous and self.previous[m.name] != pod.name)
+                rec(k + 1, moves + moved)
+                del current[m.name]
+                self.take(m, i)
+            rec(k + 1, moves)  # leave it out
+
+        rec(0, 0)
+        return best[0][1] if best else {}
+
+    def greedy(self) -> dict[str, str]:
+        """Largest demand first, each onto the pod whose load stays lowest (its previous pod on
+        a tie), so the busiest pod ends as light as this order allows."""
+        out: dict[str, str] = {}
+        for m in self.order:
+            choices = [
+                (round(self.load(i, m), 9), self.previous.get(m.name) != pod.name, i)
+                for i, pod in enumerate(self.pods)
+                if self.fits(m, i)
+            ]
+            if choices:
+                _, _, i = min(choices)
+                self.put(m, i)
+                out[m.name] = self.pods[i].name
+        return out
 
 
 def _reason(m: ModelDemand, pods: Sequence[PodCapacity], cap: float) -> str:
@@ -242,8 +252,9 @@ def place(
     if not 0 < max_utilisation <= 1:
         raise PlacementError("max_utilisation must be in (0, 1]")
     prev = dict(previous or {})  # a model whose pod is gone moves too (a cold start elsewhere)
-    search = _exact if len(models) <= EXACT_LIMIT else _greedy
-    assignment = search(models, pods, prev, max_utilisation) if pods else {}
+    search = _Search.of(models, pods, prev, max_utilisation)
+    exact = len(models) <= EXACT_LIMIT
+    assignment = (search.exact() if exact else search.greedy()) if pods else {}
     unplaced = {
         m.name: _reason(m, pods, max_utilisation) for m in models if m.name not in assignment
     }

@@ -59,7 +59,10 @@ class Item:
     """One request of a batch."""
 
     content_type: str
+    """The request's Content-Type; a frame carries at most 65535 bytes of it (UTF-8), the
+    rest is cut."""
     body: bytes
+    """The request's body, as the client sent it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +70,11 @@ class Result:
     """One request's answer."""
 
     status: int
+    """The HTTP status code the pod answers the request with."""
     content_type: str
+    """The answer's Content-Type, cut like :attr:`Item.content_type`."""
     body: bytes
+    """The answer's body."""
 
 
 def _framed(payload: bytes) -> bytes:
