@@ -42,9 +42,13 @@ class ModelArchive:
     """A servable archive and what Packrat knows about its inputs."""
 
     path: Path
+    """The ``.mar`` file written: ``<workdir>/<name>.mar``."""
     name: str
-    inputs: list[dict[str, object]] | None  # None for a user's .mar (its handler decides)
+    """The model's URL name, which the archive registers it under (its ``modelName``)."""
+    inputs: list[dict[str, object]] | None
+    """The inputs Packrat's entry point declares; None for a user's .mar (its handler decides)."""
     wrapped_handler: str | None = None
+    """A user's wrapped .mar: the handler its manifest named, run after Packrat's pinning."""
 
 
 def default_model_name(spec: str) -> str:
