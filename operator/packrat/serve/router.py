@@ -50,7 +50,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from packrat.plan.pipeline.branch import Condition, parse_condition
+from packrat.plan.pipeline.branch import Condition, known_mapping, parse_condition
 from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
 from packrat.serve.auth import AdminToken, bearer_accepted
@@ -531,11 +531,7 @@ def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterC
     deadlineMs: 4000        # optional (default 10000)
     maxDeadlineMs: 60000    # optional (default 60000)
     """
-    if not isinstance(doc, Mapping):
-        raise PipelineError(f"{origin}: expected a mapping with pipeline, stages and edges")
-    extra = sorted(set(doc) - ROUTER_KEYS)
-    if extra:
-        raise PipelineError(f"{origin}: unknown field(s) {', '.join(extra)}")
+    doc = known_mapping(doc, ROUTER_KEYS, where=origin, holding="pipeline, stages and edges")
     name = doc.get("pipeline")
     if not isinstance(name, str) or not name:
         raise PipelineError(f"{origin}: pipeline: expected a non-empty name")
