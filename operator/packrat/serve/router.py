@@ -125,7 +125,10 @@ class Answer:
 
 
 class RouterMetrics(MetricSet):
-    """Every metric the pipeline router exports, by pipeline."""
+    """Every metric the pipeline router exports, by pipeline. The operator reads three of them
+    from each router pod (:mod:`packrat.controller.pipeline.latency`): :attr:`duration` for the
+    pipeline's measured P99, :attr:`stage_answers` and :attr:`edges_taken` for the measured
+    scale factors; their names are part of that contract."""
 
     shared_labels = ("pipeline",)
 
