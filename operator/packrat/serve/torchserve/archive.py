@@ -39,7 +39,8 @@ class ArchiveError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ModelArchive:
-    """A servable archive and what Packrat knows about its inputs."""
+    """A servable archive, made by :func:`build_archive` (a zoo model or TorchScript file) or
+    :func:`wrap_mar` (a user's .mar), and what Packrat knows about its inputs."""
 
     path: Path
     """The ``.mar`` file written: ``<workdir>/<name>.mar``."""
