@@ -45,7 +45,8 @@ LATENCY_BUCKETS = (
 class Declared(Generic[_M]):
     """One metric of a :class:`MetricSet`, declared on its class by :func:`histogram`,
     :func:`counter` or :func:`gauge`: read on an instance, it is that instance's metric, made
-    in the instance's registry when the instance was."""
+    in the instance's registry when the instance was (an instance attribute of the same name,
+    which hides this descriptor: it has no ``__set__``, so reading a metric costs no call)."""
 
     def __init__(
         self, make: Callable[..., _M], name: str, doc: str, labels: tuple[str, ...], shared: bool
@@ -66,7 +67,7 @@ class Declared(Generic[_M]):
     def __get__(self, obj: MetricSet | None, owner: type[MetricSet]) -> Declared[_M] | _M:
         if obj is None:
             return self
-        return cast(_M, obj._made[self.attr])
+        return cast(_M, obj.__dict__[self.attr])  # not reached once MetricSet.__init__ ran
 
     def register(self, metric_set: MetricSet) -> _M:
         """This metric, in the set's registry, its labels after the set's shared ones."""
@@ -108,11 +109,9 @@ class MetricSet:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        self._made: dict[str, Counter | Gauge | Histogram] = {
-            attr: declared.register(self)
-            for attr, declared in vars(type(self)).items()
-            if isinstance(declared, Declared)
-        }
+        for attr, declared in vars(type(self)).items():
+            if isinstance(declared, Declared):
+                self.__dict__[attr] = declared.register(self)
 
 
 class ServeMetrics(MetricSet):
