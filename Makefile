@@ -72,7 +72,8 @@ suite: suite-unit suite-integration
 kserve-tools:
 	@test -x $(VENV)/kserve/bin/python -a -f $(VENV)/kserve/.installed || { $(PYTHON) -m venv $(VENV)/kserve && $(VENV)/kserve/bin/python -m pip --disable-pip-version-check -q install --no-compile -r tests/integration/requirements-kserve.txt && touch $(VENV)/kserve/.installed; } || echo "make kserve-tools: the KServe SDK not installed; its conformance tests will skip" >&2
 
-# The Open Inference Protocol's gRPC descriptor, from its .proto (grpcio-tools, a dev tool).
+# The Open Inference Protocol's gRPC descriptor, from third_party/kserve/grpc_predict_v2.proto
+# (grpcio-tools, a dev tool).
 oip-descriptor: venv
 	$(PY) scripts/gen_oip_descriptor.py
 

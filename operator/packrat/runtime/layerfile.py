@@ -204,8 +204,11 @@ class LayerInfo:
     name: str
     """The layer's first module in forward order: a forward pre-hook on it gates the layer."""
     offset: int
+    """Where the layer starts in the file, in bytes (a multiple of :data:`LAYER_ALIGN`)."""
     length: int
+    """The layer's bytes: its tensors, rounded up to whole pages (one read, one eviction)."""
     tensors: tuple[TensorInfo, ...]
+    """Its tensors, in the order they lie in it."""
     modules: tuple[str, ...] = ()
     """Every module whose tensors the layer holds (layout 1: just ``name``)."""
 

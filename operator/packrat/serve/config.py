@@ -28,11 +28,18 @@ class InstanceSpec:
     """One thin instance: a TorchServe model registration with one pinned worker."""
 
     index: int
+    """Its place among the plan's instances (``plan.expand()`` order), from 0."""
     name: str
+    """Its registration name (:func:`instance_name`): ``<model>_i<index>``, or
+    ``<model>_g<generation>_i<index>`` for a plan switched in the pod, beside the old one's."""
     threads: int
+    """Its worker's threads, one per core of :attr:`cpus`."""
     batch: int
+    """The batch size the plan chose for it: the most requests its worker runs at once."""
     cpus: tuple[int, ...]
-    engine: str = "eager"  # what the worker runs (packrat.runtime.engines; native runtime only)
+    """The CPU ids its worker is pinned to, disjoint from every other instance's."""
+    engine: str = "eager"
+    """What the worker runs (packrat.runtime.engines; native runtime only)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Every field (the cpus as a list), the engine only where it is not eager."""
@@ -64,11 +71,18 @@ class Ports:
     """TorchServe's loopback ports."""
 
     inference: int
+    """The inference API (predictions, ``/ping``): the block's base port."""
     management: int
+    """The management API (model registration and scaling): base + 1."""
     metrics: int
+    """TorchServe's own Prometheus metrics: base + 2."""
     grpc_inference: int
+    """The gRPC inference API: base + 3."""
     grpc_management: int
+    """The gRPC management API: base + 4."""
     worker_base: int
+    """TorchServe's ``initial_worker_port`` (base + 20): it names the workers' sockets, which
+    are Unix sockets in its own tmpdir, so nothing binds it (it is not in :attr:`listening`)."""
 
     @property
     def listening(self) -> tuple[int, ...]:

@@ -48,9 +48,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from packrat.plan.pipeline.branch import Condition, parse_condition
+from packrat.plan.pipeline.branch import Condition, known_mapping, parse_condition
 from packrat.plan.pipeline.branch import taken as condition_taken
 from packrat.plan.pipeline.simulate import Edge, PipelineError, topological_order
 from packrat.serve.auth import AdminToken, bearer_accepted
@@ -63,7 +63,13 @@ from packrat.serve.dispatcher.connections import (
     receive_body,
     refuse_body,
 )
-from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, MetricSet, Snapshot
+from packrat.serve.dispatcher.metrics import (
+    METRICS_INTERVAL_S,
+    MetricSet,
+    Snapshot,
+    counter,
+    histogram,
+)
 
 DEADLINE_HEADER = "X-Packrat-Deadline-Ms"
 PATH_HEADER = "X-Packrat-Path"
@@ -119,38 +125,44 @@ class Answer:
 
 
 class RouterMetrics(MetricSet):
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(registry)
-        self.duration = self._histogram(
-            "packrat_pipeline_request_duration_seconds",
-            "End-to-end time of a pipeline query, from receiving it to answering it.",
-            ["pipeline"],
-        )
-        self.stage_duration = self._histogram(
-            "packrat_pipeline_stage_duration_seconds",
-            "Time a stage's Service took to answer the router, per stage.",
-            ["pipeline", "stage"],
-        )
-        self.requests = self._counter(
-            "packrat_pipeline_requests",
-            "Pipeline queries answered, by HTTP status code.",
-            ["pipeline", "code"],
-        )
-        self.stage_failures = self._counter(
-            "packrat_pipeline_stage_failures",
-            "Queries failed at a stage, by reason (status, unreachable, deadline).",
-            ["pipeline", "stage", "reason"],
-        )
-        self.stage_answers = self._counter(
-            "packrat_pipeline_stage_answers",
-            "Answers a stage gave the router (queries that visited it and got through).",
-            ["pipeline", "stage"],
-        )
-        self.edges_taken = self._counter(
-            "packrat_pipeline_edges_taken",
-            "Queries that took an edge after its source stage answered (by condition or draw).",
-            ["pipeline", "src", "dst"],
-        )
+    """Every metric the pipeline router exports, by pipeline. The operator reads three of them
+    from each router pod (:mod:`packrat.controller.pipeline.latency`): :attr:`duration` for the
+    pipeline's measured P99, :attr:`stage_answers` and :attr:`edges_taken` for the measured
+    scale factors; their names are part of that contract."""
+
+    shared_labels = ("pipeline",)
+
+    duration = histogram(
+        "packrat_pipeline_request_duration_seconds",
+        "End-to-end time of a pipeline query, from receiving it to answering it.",
+    )
+    stage_duration = histogram(
+        "packrat_pipeline_stage_duration_seconds",
+        "Time a stage's Service took to answer the router, per stage.",
+        "stage",
+    )
+    requests = counter(
+        "packrat_pipeline_requests",
+        "Pipeline queries answered, by HTTP status code.",
+        "code",
+    )
+    stage_failures = counter(
+        "packrat_pipeline_stage_failures",
+        "Queries failed at a stage, by reason (status, unreachable, deadline).",
+        "stage",
+        "reason",
+    )
+    stage_answers = counter(
+        "packrat_pipeline_stage_answers",
+        "Answers a stage gave the router (queries that visited it and got through).",
+        "stage",
+    )
+    edges_taken = counter(
+        "packrat_pipeline_edges_taken",
+        "Queries that took an edge after its source stage answered (by condition or draw).",
+        "src",
+        "dst",
+    )
 
 
 class Router:
@@ -254,11 +266,11 @@ class Router:
         start = time.monotonic()
         name = self.config.pipeline
         if request.match_info["name"] != name:
-            return self._answer(404, {"error": f"no pipeline {request.match_info['name']!r}"})
+            return self.answer(404, {"error": f"no pipeline {request.match_info['name']!r}"})
         try:
             budget_ms = self._budget(request.headers.get(DEADLINE_HEADER))
         except ValueError as exc:
-            return self._answer(400, {"error": str(exc)})
+            return self.answer(400, {"error": str(exc)})
         length = request.content_length
         if length is not None and length > self.config.max_body_bytes:
             return self._refuse(request, 413, "request body too large")
@@ -268,7 +280,7 @@ class Router:
         # admitted when the budget is nearly full can still take its answers
         prepaid = min(self.config.max_answer_bytes, max(size, PREPAID_ANSWER_BYTES))
         if not held.take(size + prepaid):
-            return self._answer(503, {"error": "too many bodies buffered"}, retry=True)
+            return self.answer(503, {"error": "too many bodies buffered"}, retry=True)
         held.prepaid = prepaid
         try:
             try:
@@ -291,7 +303,7 @@ class Router:
         except StageFailedError as exc:
             self.metrics.stage_failures.labels(self.config.pipeline, exc.stage, exc.reason).inc()
             doc = {"error": exc.detail, "stage": exc.stage, "reason": exc.reason}
-            return self._answer(exc.status, doc, path, retry=exc.status == 503)
+            return self.answer(exc.status, doc, path, retry=exc.status == 503)
         self.metrics.requests.labels(self.config.pipeline, "200").inc()
         return web.Response(
             body=answer.body,
@@ -300,7 +312,7 @@ class Router:
 
     def _refuse(self, request: web.Request, status: int, text: str) -> web.Response:
         """An answer without reading (the rest of) the body; the connection then closes."""
-        resp = self._answer(status, {"error": text})
+        resp = self.answer(status, {"error": text})
         resp.force_close()
         refuse_body(request)
         return resp
@@ -314,16 +326,6 @@ class Router:
         retry: bool = False,
     ) -> web.Response:
         """An answer in JSON, counted (``retry``: with ``Retry-After``)."""
-        return self._answer(status, doc, path, retry=retry)
-
-    def _answer(
-        self,
-        status: int,
-        doc: dict[str, Any],
-        path: Sequence[str] | None = None,
-        *,
-        retry: bool = False,
-    ) -> web.Response:
         self.metrics.requests.labels(self.config.pipeline, str(status)).inc()
         headers = {PATH_HEADER: ",".join(path)} if path else {}
         if retry:
@@ -532,11 +534,7 @@ def parse_router_config(doc: Any, *, origin: str = "<router config>") -> RouterC
     deadlineMs: 4000        # optional (default 10000)
     maxDeadlineMs: 60000    # optional (default 60000)
     """
-    if not isinstance(doc, Mapping):
-        raise PipelineError(f"{origin}: expected a mapping with pipeline, stages and edges")
-    extra = sorted(set(doc) - ROUTER_KEYS)
-    if extra:
-        raise PipelineError(f"{origin}: unknown field(s) {', '.join(extra)}")
+    doc = known_mapping(doc, ROUTER_KEYS, where=origin, holding="pipeline, stages and edges")
     name = doc.get("pipeline")
     if not isinstance(name, str) or not name:
         raise PipelineError(f"{origin}: pipeline: expected a non-empty name")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,13 +62,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def parse_condition(doc: Any, *, where: str = "when") -> Condition:
-    """A condition from its document (a spec's or the router config's ``when``)."""
+def known_mapping(doc: Any, known: Set[str], *, where: str, holding: str) -> Mapping[str, Any]:
+    """``doc`` as a mapping of ``known`` fields only, else the error naming ``where`` and what
+    it should hold (``holding``): a condition's check, and the router config's."""
     if not isinstance(doc, Mapping):
-        raise PipelineError(f"{where}: expected a mapping with header or json and a comparison")
-    extra = sorted(set(doc) - CONDITION_KEYS)
+        raise PipelineError(f"{where}: expected a mapping with {holding}")
+    extra = sorted(set(doc) - known)
     if extra:
         raise PipelineError(f"{where}: unknown field(s) {', '.join(extra)}")
+    return doc
+
+
+def parse_condition(doc: Any, *, where: str = "when") -> Condition:
+    """A condition from its document (a spec's or the router config's ``when``)."""
+    doc = known_mapping(doc, CONDITION_KEYS, where=where, holding="header or json and a comparison")
     header, path = doc.get("header"), doc.get("json")
     if (header is None) == (path is None):
         raise PipelineError(f"{where}: exactly one of header and json")

@@ -37,13 +37,25 @@ class Artefact:
     """A converted model: its engine, its file (None for eager) and how it was made."""
 
     engine: str
+    """The engine's name (``eager``, ``onnxruntime``, ``openvino``, ``inductor``)."""
     version: str
+    """The version of the engine's library that converted it. Part of the cache key: where
+    another version runs, the profiling Job converts again and a pod finds nothing to load."""
     model_digest: str
+    """The digest of the model it was converted from (``sha256:<hex>``)."""
     inputs: tuple[InputSpec, ...]
+    """The input specs it was converted for (:func:`specs_digest` of them ends its folder's
+    name: the same model with other input shapes is converted again)."""
     path: Path | None
+    """The file the engine loads, in :attr:`folder`; None for an engine that converts nothing
+    (eager)."""
     folder: Path | None
+    """Its folder, ``<root>/<model>-<digest16>/<engine>-<version>-<specs12>/``
+    (:func:`artefact_folder`): the manifest (``artefact.json``) and the engine's files."""
     conversion_s: float = 0.0
-    converted_now: bool = False  # False: found in the cache
+    """Seconds the conversion took, when it was made (the manifest keeps it for later finds)."""
+    converted_now: bool = False
+    """True: converted by this call; False: found in the cache."""
 
     def to_record(self) -> dict[str, Any]:
         """As the profile records it (``meta.extra.engines.<name>.artefact``)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import warnings
 from collections.abc import Sequence
@@ -11,9 +12,35 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from packrat.runtime.engines.base import EngineError, EngineMissingError, InputSpec
+from packrat.runtime.engines.base import (
+    EngineError,
+    EngineMissingError,
+    InputSpec,
+    missing_packages,
+)
 
 OPSET = 17
+
+
+class OnnxEngine:
+    """What ONNX Runtime and OpenVINO share as engines: both convert from :func:`export_onnx`
+    (so each needs the ``onnx`` package besides its own library), both take their version from
+    that library, and both load nothing but an artefact."""
+
+    name: str
+    package: str  # the engine's own library: its distribution's and its module's name
+
+    def missing(self) -> str | None:
+        return missing_packages(self.name, (self.package, "onnx"))
+
+    def version(self) -> str:
+        return importlib.metadata.version(self.package)
+
+    def to_load(self, artefact: Path | None) -> Path:
+        """The artefact :meth:`load` was given (there must be one)."""
+        if artefact is None:
+            raise EngineError(f"{self.name}: no artefact to load")
+        return artefact
 
 
 def sample(inputs: Sequence[InputSpec], batch: int, *, seed: int = 0) -> tuple[torch.Tensor, ...]:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,13 +13,11 @@ from torch import Tensor, nn
 from packrat.runtime.engines.base import (
     ONNXRUNTIME,
     ArtefactRunner,
-    EngineError,
     InputSpec,
     import_engine,
-    missing_packages,
     one_or_tuple,
 )
-from packrat.runtime.engines.onnx_export import export_onnx
+from packrat.runtime.engines.onnx_export import OnnxEngine, export_onnx
 
 
 class OrtRunner(ArtefactRunner):
@@ -35,23 +32,17 @@ class OrtRunner(ArtefactRunner):
         return one_or_tuple(outs)
 
 
-class OnnxRuntime:
+class OnnxRuntime(OnnxEngine):
     name = ONNXRUNTIME
+    package = "onnxruntime"
     fork_safe = False  # its thread pool is created with the session: load after the fork
-
-    def missing(self) -> str | None:
-        return missing_packages(ONNXRUNTIME, ("onnxruntime", "onnx"))
-
-    def version(self) -> str:
-        return importlib.metadata.version("onnxruntime")
 
     def convert(self, model: nn.Module, inputs: Sequence[InputSpec], folder: Path) -> Path:
         return export_onnx(model, inputs, folder / "model.onnx")
 
     def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> OrtRunner:
-        if artefact is None:
-            raise EngineError("onnxruntime: no artefact to load")
-        ort = import_engine("onnxruntime", self)
+        artefact = self.to_load(artefact)
+        ort = import_engine(self.package, self)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1

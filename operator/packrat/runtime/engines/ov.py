@@ -10,7 +10,6 @@ keep their default).
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,9 @@ from packrat.runtime.engines.base import (
     EngineError,
     InputSpec,
     import_engine,
-    missing_packages,
     one_or_tuple,
 )
-from packrat.runtime.engines.onnx_export import export_onnx
+from packrat.runtime.engines.onnx_export import OnnxEngine, export_onnx
 
 
 def instance_config(threads: int) -> dict[str, Any]:
@@ -54,18 +52,13 @@ class OvRunner(ArtefactRunner):
         return one_or_tuple(outs)
 
 
-class OpenVino:
+class OpenVino(OnnxEngine):
     name = OPENVINO
+    package = "openvino"
     fork_safe = False  # TBB's pool is created at compile: load after the fork
 
-    def missing(self) -> str | None:
-        return missing_packages(OPENVINO, ("openvino", "onnx"))
-
-    def version(self) -> str:
-        return importlib.metadata.version("openvino")
-
     def convert(self, model: nn.Module, inputs: Sequence[InputSpec], folder: Path) -> Path:
-        ov = import_engine("openvino", self)
+        ov = import_engine(self.package, self)
         onnx_path = export_onnx(model, inputs, folder / "model.onnx")
         try:
             converted = ov.Core().read_model(str(onnx_path))
@@ -78,8 +71,7 @@ class OpenVino:
         return xml
 
     def load(self, artefact: Path | None, *, model: nn.Module | None, threads: int) -> OvRunner:
-        if artefact is None:
-            raise EngineError("openvino: no artefact to load")
-        ov = import_engine("openvino", self)
+        artefact = self.to_load(artefact)
+        ov = import_engine(self.package, self)
         compiled = ov.Core().compile_model(str(artefact), "CPU", instance_config(threads))
         return OvRunner(compiled, artefact)

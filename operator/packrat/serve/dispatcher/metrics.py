@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar, cast, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_M = TypeVar("_M", Counter, Gauge, Histogram)
 
 # Prometheus scrapes every 15-60 s; the shortest window the dashboards and alerts rate() over
 # is 10 s, which a 2 s snapshot (:class:`Snapshot`) still fills with several points
@@ -39,170 +42,204 @@ LATENCY_BUCKETS = (
 )
 
 
-class MetricSet:
-    """One registry (a fresh one unless given) and the constructors of the metrics in it.
+class Declared(Generic[_M]):
+    """One metric of a :class:`MetricSet`, declared on its class by :func:`histogram`,
+    :func:`counter` or :func:`gauge`: read on an instance, it is that instance's metric, made
+    in the instance's registry when the instance was (an instance attribute of the same name,
+    which hides this descriptor: it has no ``__set__``, so reading a metric costs no call)."""
 
-    Shared by the dispatcher's and the pipeline router's metrics: every metric registers in
-    ``self.registry``, and every histogram (all are latencies) uses :data:`LATENCY_BUCKETS`.
+    def __init__(
+        self, make: Callable[..., _M], name: str, doc: str, labels: tuple[str, ...], shared: bool
+    ) -> None:
+        self.make: Callable[..., _M] = make
+        self.name, self.doc, self.labels, self.shared = name, doc, labels, shared
+        self.attr = ""  # the attribute it is declared as (set by Python with the class)
+
+    def __set_name__(self, owner: type[MetricSet], attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type[MetricSet]) -> Declared[_M]: ...
+
+    @overload
+    def __get__(self, obj: MetricSet, owner: type[MetricSet]) -> _M: ...
+
+    def __get__(self, obj: MetricSet | None, owner: type[MetricSet]) -> Declared[_M] | _M:
+        if obj is None:
+            return self
+        return cast(_M, obj.__dict__[self.attr])  # not reached once MetricSet.__init__ ran
+
+    def register(self, metric_set: MetricSet) -> _M:
+        """This metric, in the set's registry, its labels after the set's shared ones."""
+        labels = (*metric_set.shared_labels, *self.labels) if self.shared else self.labels
+        return self.make(self.name, self.doc, labels, registry=metric_set.registry)
+
+
+def _latency_histogram(name: str, doc: str, labels: Sequence[str], **kw: Any) -> Histogram:
+    return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, **kw)
+
+
+def histogram(name: str, doc: str, *labels: str, shared_labels: bool = True) -> Declared[Histogram]:
+    """A latency histogram (every histogram here is one), on :data:`LATENCY_BUCKETS`;
+    labelled by the set's shared labels (unless ``shared_labels`` is false), then ``labels``."""
+    return Declared(_latency_histogram, name, doc, labels, shared_labels)
+
+
+def counter(name: str, doc: str, *labels: str, shared_labels: bool = True) -> Declared[Counter]:
+    """A counter, labelled as :func:`histogram`'s are."""
+    return Declared(Counter, name, doc, labels, shared_labels)
+
+
+def gauge(name: str, doc: str, *labels: str, shared_labels: bool = True) -> Declared[Gauge]:
+    """A gauge, labelled as :func:`histogram`'s are."""
+    return Declared(Gauge, name, doc, labels, shared_labels)
+
+
+class MetricSet:
+    """One registry (a fresh one unless given) and the metrics its class declares in it.
+
+    Shared by the dispatcher's and the pipeline router's metrics: a subclass names the labels
+    its metrics start with (``shared_labels``: the model, the pipeline) and declares each
+    metric once, as a class attribute (``requests = counter(name, doc, "code")``); every
+    instance registers its own of each in ``self.registry``, in the order declared (the order
+    ``/metrics`` lists them in).
     """
+
+    shared_labels: tuple[str, ...] = ()
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-
-    def _histogram(self, name: str, doc: str, labels: Sequence[str]) -> Histogram:
-        return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=self.registry)
-
-    def _counter(self, name: str, doc: str, labels: Sequence[str]) -> Counter:
-        return Counter(name, doc, labels, registry=self.registry)
-
-    def _gauge(self, name: str, doc: str, labels: Sequence[str]) -> Gauge:
-        return Gauge(name, doc, labels, registry=self.registry)
+        for attr, declared in vars(type(self)).items():
+            if isinstance(declared, Declared):
+                self.__dict__[attr] = declared.register(self)
 
 
 class ServeMetrics(MetricSet):
-    """Every metric the dispatcher exports."""
+    """Every metric the dispatcher exports, by model but for the pod's connections."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(registry)
-        self._add_request_metrics()
-        self._add_instance_traffic_metrics()
-        self._add_queue_metrics()
-        self._add_health_metrics()
-        self._add_robustness_metrics()
+    shared_labels = ("model",)
 
-    def _add_request_metrics(self) -> None:
-        """Predictions answered: their duration, status codes and errors."""
-        self.request_duration = self._histogram(
-            "packrat_request_duration_seconds",
-            "Time from receiving a prediction request to sending its answer (dispatcher view).",
-            ["model"],
-        )
-        self.requests = self._counter(
-            "packrat_requests",
-            "Prediction requests answered, by HTTP status code.",
-            ["model", "code"],
-        )
-        self.errors = self._counter(
-            "packrat_request_errors",
-            "Prediction requests answered with an error status, by code and by who answered "
-            "(native or torchserve: the runtime's answer passed through; dispatcher: shed, "
-            "draining, backend unreachable, a malformed v2 request).",
-            ["model", "code", "source"],
-        )
+    # Predictions answered: their duration, status codes and errors.
+    request_duration = histogram(
+        "packrat_request_duration_seconds",
+        "Time from receiving a prediction request to sending its answer (dispatcher view).",
+    )
+    requests = counter(
+        "packrat_requests",
+        "Prediction requests answered, by HTTP status code.",
+        "code",
+    )
+    errors = counter(
+        "packrat_request_errors",
+        "Prediction requests answered with an error status, by code and by who answered "
+        "(native or torchserve: the runtime's answer passed through; dispatcher: shed, "
+        "draining, backend unreachable, a malformed v2 request).",
+        "code",
+        "source",
+    )
 
-    def _add_instance_traffic_metrics(self) -> None:
-        """What each plan instance was sent, and how long it took."""
-        self.instance_requests = self._counter(
-            "packrat_instance_requests",
-            "Prediction requests forwarded to each instance.",
-            ["model", "plan_instance"],
-        )
-        self.instance_duration = self._histogram(
-            "packrat_instance_request_duration_seconds",
-            "Time the runtime took to answer a forwarded request, per plan instance: the "
-            "instance's batch latency plus its batching delay (compare with the plan's "
-            "expected batch latency).",
-            ["model", "plan_instance"],
-        )
+    # What each plan instance was sent, and how long it took.
+    instance_requests = counter(
+        "packrat_instance_requests",
+        "Prediction requests forwarded to each instance.",
+        "plan_instance",
+    )
+    instance_duration = histogram(
+        "packrat_instance_request_duration_seconds",
+        "Time the runtime took to answer a forwarded request, per plan instance: the "
+        "instance's batch latency plus its batching delay (compare with the plan's "
+        "expected batch latency).",
+        "plan_instance",
+    )
 
-    def _add_queue_metrics(self) -> None:
-        """Requests in flight and queued, and the batch-size estimator's readings."""
-        self.in_flight = self._gauge(
-            "packrat_requests_in_flight",
-            "Requests forwarded to TorchServe and not answered yet.",
-            ["model"],
-        )
-        self.queue_depth = self._gauge(
-            "packrat_queue_depth",
-            "Requests waiting in the dispatcher for an instance to take them.",
-            ["model"],
-        )
-        self.queue_limit = self._gauge(
-            "packrat_queue_limit",
-            "Requests the dispatcher queues before it answers 503.",
-            ["model"],
-        )
-        self.batch_size_estimate = self._gauge(
-            "packrat_batch_size_estimate",
-            "Packrat's batch-size estimate: EWMA of outstanding requests, floored to a power "
-            "of two, mode over the recent window.",
-            ["model"],
-        )
-        self.batches = self._counter(
-            "packrat_batches",
-            "Batches the native runtime sent to an instance's worker, by why they left: full "
-            "(the instance's batch size reached) or timeout (the batch delay ran out first). "
-            "Frequent timeouts mean the plan's batch is larger than the load forms.",
-            ["model", "plan_instance", "reason"],
-        )
-        self.outstanding_ewma = self._gauge(
-            "packrat_outstanding_requests_ewma",
-            "The estimator's moving average of outstanding requests (queued + in flight).",
-            ["model"],
-        )
+    # Requests in flight and queued, and the batch-size estimator's readings.
+    in_flight = gauge(
+        "packrat_requests_in_flight",
+        "Requests forwarded to TorchServe and not answered yet.",
+    )
+    queue_depth = gauge(
+        "packrat_queue_depth",
+        "Requests waiting in the dispatcher for an instance to take them.",
+    )
+    queue_limit = gauge(
+        "packrat_queue_limit",
+        "Requests the dispatcher queues before it answers 503.",
+    )
+    batch_size_estimate = gauge(
+        "packrat_batch_size_estimate",
+        "Packrat's batch-size estimate: EWMA of outstanding requests, floored to a power "
+        "of two, mode over the recent window.",
+    )
+    batches = counter(
+        "packrat_batches",
+        "Batches the native runtime sent to an instance's worker, by why they left: full "
+        "(the instance's batch size reached) or timeout (the batch delay ran out first). "
+        "Frequent timeouts mean the plan's batch is larger than the load forms.",
+        "plan_instance",
+        "reason",
+    )
+    outstanding_ewma = gauge(
+        "packrat_outstanding_requests_ewma",
+        "The estimator's moving average of outstanding requests (queued + in flight).",
+    )
 
-    def _add_health_metrics(self) -> None:
-        """Instances up and restarted, the pod's readiness and the plan's batch size."""
-        self.instance_up = self._gauge(
-            "packrat_instance_up",
-            "1 when the instance's worker is loaded, warmed and ready.",
-            ["model", "plan_instance"],
-        )
-        self.instance_restarts = self._counter(
-            "packrat_instance_restarts",
-            "Worker restarts observed per instance (a new worker process id).",
-            ["model", "plan_instance"],
-        )
-        self.ready = self._gauge(
-            "packrat_ready",
-            "1 when every instance is ready and the pod is not draining.",
-            ["model"],
-        )
-        self.startup_seconds = self._gauge(
-            "packrat_startup_seconds",
-            "The pod's start-up timeline: seconds from its process's start to the end of each "
-            "step (zygote_spawned, torch_imported, model_built, workers_forked, workers_warmed, "
-            "ready, ...: packrat.serve.pod.timeline), set once, when it first became ready.",
-            ["model", "step"],
-        )
-        self.planned_batch = self._gauge(
-            "packrat_plan_batch_size",
-            "The batch size B the running plan was computed for.",
-            ["model"],
-        )
-        self.plan_engine = self._gauge(
-            "packrat_plan_engine",
-            "1 for the engine the running plan's instances run (eager, onnxruntime, openvino, "
-            "inductor), 0 for an engine an earlier plan ran.",
-            ["model", "engine"],
-        )
+    # Instances up and restarted, the pod's readiness and the plan's batch size.
+    instance_up = gauge(
+        "packrat_instance_up",
+        "1 when the instance's worker is loaded, warmed and ready.",
+        "plan_instance",
+    )
+    instance_restarts = counter(
+        "packrat_instance_restarts",
+        "Worker restarts observed per instance (a new worker process id).",
+        "plan_instance",
+    )
+    ready = gauge(
+        "packrat_ready",
+        "1 when every instance is ready and the pod is not draining.",
+    )
+    startup_seconds = gauge(
+        "packrat_startup_seconds",
+        "The pod's start-up timeline: seconds from its process's start to the end of each "
+        "step (zygote_spawned, torch_imported, model_built, workers_forked, workers_warmed, "
+        "ready, ...: packrat.serve.pod.timeline), set once, when it first became ready.",
+        "step",
+    )
+    planned_batch = gauge(
+        "packrat_plan_batch_size",
+        "The batch size B the running plan was computed for.",
+    )
+    plan_engine = gauge(
+        "packrat_plan_engine",
+        "1 for the engine the running plan's instances run (eager, onnxruntime, openvino, "
+        "inductor), 0 for an engine an earlier plan ran.",
+        "engine",
+    )
 
-    def _add_robustness_metrics(self) -> None:
-        """Robustness (issue 10): what the dispatcher refused, dropped or is holding."""
-        self.cancelled = self._counter(
-            "packrat_requests_cancelled",
-            "Prediction requests whose client disconnected before the answer, by the stage "
-            "they were in (reading: body; queued: dropped before any worker saw it; in_flight: "
-            "already forwarded, ran to completion unanswered). Not counted in packrat_requests.",
-            ["model", "stage"],
-        )
-        self.buffered_bytes = self._gauge(
-            "packrat_request_buffered_bytes",
-            "Request body bytes the dispatcher has reserved for requests being read, queued "
-            "or forwarded.",
-            ["model"],
-        )
-        self.max_buffered_bytes = self._gauge(
-            "packrat_request_buffered_bytes_limit",
-            "Body bytes the dispatcher buffers across all requests before it answers 503.",
-            ["model"],
-        )
-        self.connections_closed = self._counter(
-            "packrat_connections_closed",
-            "Client connections the dispatcher closed itself, by reason (refused: over the "
-            "connection cap; header_timeout: the request head did not arrive in time).",
-            ["reason"],
-        )
+    # Robustness (issue 10): what the dispatcher refused, dropped or is holding.
+    cancelled = counter(
+        "packrat_requests_cancelled",
+        "Prediction requests whose client disconnected before the answer, by the stage "
+        "they were in (reading: body; queued: dropped before any worker saw it; in_flight: "
+        "already forwarded, ran to completion unanswered). Not counted in packrat_requests.",
+        "stage",
+    )
+    buffered_bytes = gauge(
+        "packrat_request_buffered_bytes",
+        "Request body bytes the dispatcher has reserved for requests being read, queued "
+        "or forwarded.",
+    )
+    max_buffered_bytes = gauge(
+        "packrat_request_buffered_bytes_limit",
+        "Body bytes the dispatcher buffers across all requests before it answers 503.",
+    )
+    connections_closed = counter(
+        "packrat_connections_closed",
+        "Client connections the dispatcher closed itself, by reason (refused: over the "
+        "connection cap; header_timeout: the request head did not arrive in time).",
+        "reason",
+        shared_labels=False,
+    )
 
 
 class Snapshot:

@@ -39,12 +39,17 @@ class ArchiveError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ModelArchive:
-    """A servable archive and what Packrat knows about its inputs."""
+    """A servable archive, made by :func:`build_archive` (a zoo model or TorchScript file) or
+    :func:`wrap_mar` (a user's .mar), and what Packrat knows about its inputs."""
 
     path: Path
+    """The ``.mar`` file written: ``<workdir>/<name>.mar``."""
     name: str
-    inputs: list[dict[str, object]] | None  # None for a user's .mar (its handler decides)
+    """The model's URL name, which the archive registers it under (its ``modelName``)."""
+    inputs: list[dict[str, object]] | None
+    """The inputs Packrat's entry point declares; None for a user's .mar (its handler decides)."""
     wrapped_handler: str | None = None
+    """A user's wrapped .mar: the handler its manifest named, run after Packrat's pinning."""
 
 
 def default_model_name(spec: str) -> str:

@@ -1,6 +1,6 @@
 """The Open Inference Protocol's gRPC messages (package ``inference``), built at import from
-the serialized descriptor of ``grpc_predict_v2.proto`` beside this file, in a private
-descriptor pool.
+the serialized descriptor of the protocol's ``grpc_predict_v2.proto`` (vendored in
+``third_party/kserve/``), in a private descriptor pool.
 
 Why not protoc's ``_pb2`` modules: they register ``inference.*`` in protobuf's process-wide
 pool, where a client library in the same process (tritonclient's ``service_pb2``, Triton's
