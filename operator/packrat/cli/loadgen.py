@@ -12,12 +12,14 @@ import json
 from pathlib import Path
 from typing import Any, TypedDict
 
-from packrat.cli import CliError, check_numbers
+from packrat.cli import CliError, add_command, check_numbers
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "loadgen",
+        run,
         help="send bursts or Poisson load to a serving endpoint and report latency",
         description=(
             "Closed-loop bursts of B concurrent requests (batch latency = time until the last "
@@ -49,7 +51,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--records", action="store_true", help="with --format json: every request")
-    parser.set_defaults(func=run)
 
 
 def request_body(args: argparse.Namespace) -> tuple[bytes, str]:
