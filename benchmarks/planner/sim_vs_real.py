@@ -31,7 +31,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from packrat.bench.replay import run_trace
-from packrat.bench.servers import PackratServe
+from packrat.bench.servers import Launch, PackratServe
 from packrat.plan.des import nearest_rank, simulate
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
@@ -78,14 +78,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     body = example_body(args.model)
     rows = []
     with tempfile.TemporaryDirectory(prefix="packrat-simreal-") as tmp:
-        pod = PackratServe(
+        launch = Launch(
             model=args.model,
-            plan=plan,
             cpus=list(range(args.cpus)),
             workdir=Path(tmp),
             max_batch_delay_ms=5,
             startup_timeout_s=600,
         )
+        pod = PackratServe(launch, plan=plan)
         await pod.start()
         try:
             table = profile.table()

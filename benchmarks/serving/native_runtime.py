@@ -50,7 +50,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cold_start"))
 from cold_start import _children, pod_memory
 from packrat.bench.loadgen import percentile, run_bursts
-from packrat.bench.servers import PackratServe
+from packrat.bench.servers import Launch, PackratServe
 from packrat.plan.optimizer import Plan
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
@@ -98,10 +98,10 @@ def loadavg() -> list[float]:
 
 
 def pod(model: str, p: Plan, runtime: str, workdir: Path, cpus: list[int]) -> PackratServe:
-    return PackratServe(
-        model=model, plan=p, cpus=cpus, workdir=workdir, max_batch_delay_ms=5,
-        startup_timeout_s=600, runtime=runtime,
-    )  # fmt: skip
+    launch = Launch(
+        model=model, cpus=cpus, workdir=workdir, max_batch_delay_ms=5, startup_timeout_s=600
+    )
+    return PackratServe(launch, plan=p, runtime=runtime)
 
 
 # -- cpu ------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from packrat.bench.loadgen import BurstResult, run_bursts
-from packrat.bench.servers import BenchError, PackratServe, PlainTorchServe
+from packrat.bench.servers import BenchError, Launch, PackratServe, PlainTorchServe
 from packrat.bench.serving_report import (
     CONFIGS,
     MIN_BURSTS,
@@ -174,27 +174,18 @@ async def _measure(
     body: bytes,
 ) -> tuple[list[float], int]:
     server: PackratServe | PlainTorchServe
-    delay, startup = settings.max_batch_delay_ms, settings.startup_timeout_s
+    launch = Launch(
+        model=settings.model,
+        cpus=cpus,
+        workdir=workdir,
+        max_batch_delay_ms=settings.max_batch_delay_ms,
+        startup_timeout_s=settings.startup_timeout_s,
+    )
     if config == TORCHSERVE:
-        server = PlainTorchServe(
-            model=settings.model,
-            batch=batch,
-            cpus=cpus,
-            workdir=workdir,
-            max_batch_delay_ms=delay,
-            startup_timeout_s=startup,
-        )
+        server = PlainTorchServe(launch, batch=batch)
     else:
         assert plan is not None
-        server = PackratServe(
-            model=settings.model,
-            plan=plan,
-            cpus=cpus,
-            workdir=workdir,
-            max_batch_delay_ms=delay,
-            startup_timeout_s=startup,
-            runtime=settings.runtime,
-        )
+        server = PackratServe(launch, plan=plan, runtime=settings.runtime)
     result = await served_bursts(server, body=body, batch=batch, bursts=settings.bursts(batch))
     return [v * 1000 for v in result.batch_latencies_s], result.errors
 
