@@ -49,7 +49,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cold_start"))
 from cold_start import _children, pod_memory
-from packrat.bench.loadgen import percentile, run_bursts
+from packrat.bench.loadgen import Target, percentile, run_bursts
 from packrat.bench.servers import Launch, PackratServe
 from packrat.plan.optimizer import Plan
 from packrat.runtime.cpus import allowed_cpus
@@ -268,7 +268,7 @@ async def start(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- latency --------------------------------------------------------------------------------------
 async def one_burst(url: str, model: str, body: bytes, batch: int) -> float:
-    result = await run_bursts(url=url, model=model, body=body, burst=batch, bursts=1)
+    result = await run_bursts(Target(url, model, body), burst=batch, bursts=1)
     if result.errors:
         raise RuntimeError(f"{url}: {result.errors} failed requests")
     return 1000 * result.batch_latencies_s[0]

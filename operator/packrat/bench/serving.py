@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat.bench.loadgen import BurstResult, run_bursts
+from packrat.bench.loadgen import BurstResult, Target, run_bursts
 from packrat.bench.servers import BenchError, Launch, PackratServe, PlainTorchServe
 from packrat.bench.serving_report import (
     CONFIGS,
@@ -150,15 +150,8 @@ async def served_bursts(
     warm-up burst), stop it."""
     try:
         await server.start()
-        return await run_bursts(
-            url=server.url,
-            model=server.model,
-            body=body,
-            burst=batch,
-            bursts=bursts,
-            warmup_bursts=1,
-            timeout_s=600,
-        )
+        target = Target(url=server.url, model=server.model, body=body, timeout_s=600)
+        return await run_bursts(target, burst=batch, bursts=bursts, warmup_bursts=1)
     finally:
         await server.stop()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from packrat.cli import CliError, add_command, check_numbers
 
@@ -92,31 +92,21 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
-class _Target(TypedDict):
-    """What every kind of run (bursts, trace, Poisson) sends, and where."""
-
-    url: str
-    model: str
-    body: bytes
-    content_type: str
-    timeout_s: float
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from packrat.bench.loadgen import format_summary, run_bursts, run_poisson
+    from packrat.bench.loadgen import Target, format_summary, run_bursts, run_poisson
 
     _check(args)
     body, content_type = request_body(args)
-    target = _Target(
+    target = Target(
         url=args.url, model=args.model, body=body, content_type=content_type, timeout_s=args.timeout
     )
     result: Any
     if args.burst is not None:
         result = asyncio.run(
             run_bursts(
-                **target,
+                target,
                 burst=args.burst,
                 bursts=args.bursts,
                 warmup_bursts=max(args.warmup_bursts, 0),
@@ -130,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
             arrivals = load_trace(args.trace)
         except TraceError as exc:
             raise CliError(str(exc)) from None
-        result = asyncio.run(run_trace(**target, arrivals_s=arrivals.tolist()))
+        result = asyncio.run(run_trace(target, arrivals_s=arrivals.tolist()))
     else:
         result = asyncio.run(
-            run_poisson(**target, rate=args.rate, duration_s=args.duration, seed=args.seed)
+            run_poisson(target, rate=args.rate, duration_s=args.duration, seed=args.seed)
         )
     if args.format == "json":
         print(json.dumps(result.to_dict() if args.records else result.summary(), indent=2))
