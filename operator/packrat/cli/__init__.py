@@ -1,6 +1,7 @@
 """The one ``packrat`` command over every layer.
 
-Each subcommand lives in its own module of this package and exposes ``register(subparsers)``.
+Each subcommand lives in its own module of this package and exposes ``register(subparsers)``,
+which declares it with :func:`add_command`.
 Modules import heavy dependencies (torch, kopf) only inside their run functions, so
 ``packrat plan`` answers without loading torch.
 """
