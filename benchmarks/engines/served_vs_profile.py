@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from packrat.bench.servers import PackratServe
+from packrat.bench.servers import Launch, PackratServe
 from packrat.bench.serving import served_bursts
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
@@ -41,15 +41,14 @@ FIGURE = (
 async def _one(args: argparse.Namespace, plan: Any, batch: int, workdir: Path) -> dict[str, Any]:
     from packrat.serve.codec import example_body
 
-    server = PackratServe(
+    launch = Launch(
         model=args.model,
-        plan=plan,
         cpus=list(range(args.cpus)),
         workdir=workdir,
         max_batch_delay_ms=args.max_batch_delay_ms,
         startup_timeout_s=900,
-        artefacts=args.artefacts,
     )
+    server = PackratServe(launch, plan=plan, artefacts=args.artefacts)
     body = await asyncio.to_thread(example_body, args.model)
     result = await served_bursts(server, body=body, batch=batch, bursts=args.bursts)
     ms = [v * 1000 for v in result.batch_latencies_s]

@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 from harness import OperatorCluster, wait_for  # noqa: E402
 from seeding import MeasuredProfiles, seed_profile  # noqa: E402
 
+from packrat.bench.loadgen import Target  # noqa: E402
 from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
 from packrat.plan.pipeline.search import PipelinePlanner  # noqa: E402
@@ -141,12 +142,14 @@ def level(
     body = json.dumps([0.1] * 16).encode()
     result = asyncio.run(
         run_trace(
-            url=cluster.agent.proxy.url(NAME),
-            model=NAME,
-            body=body,
+            Target(
+                url=cluster.agent.proxy.url(NAME),
+                model=NAME,
+                body=body,
+                content_type="application/json",
+                timeout_s=30,
+            ),
             arrivals_s=trace.tolist(),
-            content_type="application/json",
-            timeout_s=30,
         )
     )
     ok = np.array([r.latency_s * 1000.0 for r in result.records if r.ok])

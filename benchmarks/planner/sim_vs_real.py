@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from packrat.bench.loadgen import Target
 from packrat.bench.replay import run_trace
-from packrat.bench.servers import PackratServe
+from packrat.bench.servers import Launch, PackratServe
 from packrat.plan.des import nearest_rank, simulate
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.profile import load_profile
@@ -78,14 +79,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     body = example_body(args.model)
     rows = []
     with tempfile.TemporaryDirectory(prefix="packrat-simreal-") as tmp:
-        pod = PackratServe(
+        launch = Launch(
             model=args.model,
-            plan=plan,
             cpus=list(range(args.cpus)),
             workdir=Path(tmp),
             max_batch_delay_ms=5,
             startup_timeout_s=600,
         )
+        pod = PackratServe(launch, plan=plan)
+        target = Target(url=pod.url, model=pod.model, body=body)
         await pod.start()
         try:
             table = profile.table()
@@ -94,7 +96,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             # at half the profile's capacity before calibrating.
             nominal = sum(1000.0 / table[k] for k in single)
             warm = gamma_trace(0.5 * nominal, duration_s=args.warm_seconds, seed=99)
-            await run_trace(url=pod.url, model=pod.model, body=body, arrivals_s=warm.tolist())
+            await run_trace(target, arrivals_s=warm.tolist())
             alone = max(table[k] for k in single)
             factor = 1.0
             spread: list[float] = [1.0]
@@ -103,9 +105,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 async def client(n: int) -> list[float]:
                     got: list[float] = []
                     for _ in range(n):
-                        one = await run_trace(
-                            url=pod.url, model=pod.model, body=body, arrivals_s=[0.0]
-                        )
+                        one = await run_trace(target, arrivals_s=[0.0])
                         got += [r.latency_s * 1000.0 for r in one.records if r.ok]
                     return got
 
@@ -131,9 +131,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for i, (rep, rate) in enumerate(rates):
                 trace = gamma_trace(rate, cv=args.cv, duration_s=args.duration, seed=i + 1)
                 sums = pod_sums(pod.url)
-                measured = await run_trace(
-                    url=pod.url, model=pod.model, body=body, arrivals_s=trace.tolist()
-                )
+                measured = await run_trace(target, arrivals_s=trace.tolist())
                 after = pod_sums(pod.url)
                 got = np.array([r.latency_s * 1000.0 for r in measured.records if r.ok])
                 sim = simulate(trace, table, plan.expand(), max_batch_delay_ms=5.0)

@@ -49,8 +49,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cold_start"))
 from cold_start import _children, pod_memory
-from packrat.bench.loadgen import percentile, run_bursts
-from packrat.bench.servers import PackratServe
+from packrat.bench.loadgen import Target, percentile, run_bursts
+from packrat.bench.servers import Launch, PackratServe
 from packrat.plan.optimizer import Plan
 from packrat.runtime.cpus import allowed_cpus
 from packrat.serve.codec import example_body
@@ -98,10 +98,10 @@ def loadavg() -> list[float]:
 
 
 def pod(model: str, p: Plan, runtime: str, workdir: Path, cpus: list[int]) -> PackratServe:
-    return PackratServe(
-        model=model, plan=p, cpus=cpus, workdir=workdir, max_batch_delay_ms=5,
-        startup_timeout_s=600, runtime=runtime,
-    )  # fmt: skip
+    launch = Launch(
+        model=model, cpus=cpus, workdir=workdir, max_batch_delay_ms=5, startup_timeout_s=600
+    )
+    return PackratServe(launch, plan=p, runtime=runtime)
 
 
 # -- cpu ------------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ async def start(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- latency --------------------------------------------------------------------------------------
 async def one_burst(url: str, model: str, body: bytes, batch: int) -> float:
-    result = await run_bursts(url=url, model=model, body=body, burst=batch, bursts=1)
+    result = await run_bursts(Target(url, model, body), burst=batch, bursts=1)
     if result.errors:
         raise RuntimeError(f"{url}: {result.errors} failed requests")
     return 1000 * result.batch_latencies_s[0]

@@ -63,6 +63,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 from harness import OperatorCluster, wait_for  # noqa: E402
 from seeding import seed_profile  # noqa: E402
 
+from packrat.bench.loadgen import Target  # noqa: E402
 from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.controller.serving import manifests as m  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
@@ -220,11 +221,8 @@ def _load_only(job: dict[str, Any]) -> None:
     origin = time.monotonic()
     result = asyncio.run(
         run_trace(
-            url=job["url"],
-            model=job["model"],
-            body=example_body(job["zoo"]),
+            Target(url=job["url"], model=job["model"], body=example_body(job["zoo"]), timeout_s=30),
             arrivals_s=np.load(job["trace"]).tolist(),
-            timeout_s=30,
         )
     )
     rows = [[round(r.sent_s, 4), round(r.latency_s * 1000.0, 2), r.status] for r in result.records]

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration" / "operator"))
 
 from harness import OperatorCluster, wait_for  # noqa: E402
 
+from packrat.bench.loadgen import Target  # noqa: E402
 from packrat.bench.replay import run_trace  # noqa: E402
 from packrat.plan.des import nearest_rank  # noqa: E402
 from packrat.plan.traces import step_trace, trace_to_csv  # noqa: E402
@@ -268,11 +269,13 @@ def main() -> None:
             start = time.monotonic() - t0
             result = asyncio.run(
                 run_trace(
-                    url=cluster.agent.proxy.url(NAME),
-                    model=NAME,
-                    body=example_body(args.model),
+                    Target(
+                        url=cluster.agent.proxy.url(NAME),
+                        model=NAME,
+                        body=example_body(args.model),
+                        timeout_s=30,
+                    ),
                     arrivals_s=trace.tolist(),
-                    timeout_s=30,
                 )
             )
             if samples:

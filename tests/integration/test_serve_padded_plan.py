@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from packrat.bench.loadgen import run_bursts
+from packrat.bench.loadgen import Target, run_bursts
 from packrat.plan.optimizer import Optimizer
 from packrat.plan.padding import padded_plan
 from packrat.runtime.cpus import allowed_cpus
@@ -59,7 +59,7 @@ def test_a_padded_plan_serves_its_batch(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log.read_text(errors="replace")
             time.sleep(0.2)
         result = asyncio.run(
-            run_bursts(url=url, model="tiny", body=example_body("tiny"), burst=3, bursts=5)
+            run_bursts(Target(url, "tiny", example_body("tiny")), burst=3, bursts=5)
         )
         summary = result.summary()
         assert summary["requests"] == 15 and summary["errors"] == 0, summary

@@ -29,7 +29,7 @@ import pytest
 import torch
 from mar_support import archive
 
-from packrat.bench.loadgen import run_bursts
+from packrat.bench.loadgen import Target, run_bursts
 from packrat.runtime import zoo
 from packrat.runtime.cpus import allowed_cpus, parse_cpu_list
 from packrat.serve.codec import encode_sample
@@ -481,7 +481,7 @@ def test_a_killed_worker_is_replaced_and_pinned_again(pod: Pod) -> None:
     assert after["restarts"] >= 1
     assert cpus_allowed(new_pid) == before["cpus"]
     good = encode_sample([zoo.example_input("tiny", 1)[0]])
-    result = asyncio.run(run_bursts(url=pod.url, model="tiny", body=good, burst=4, bursts=3))
+    result = asyncio.run(run_bursts(Target(pod.url, "tiny", good), burst=4, bursts=3))
     assert result.errors == 0
 
 

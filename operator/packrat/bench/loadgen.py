@@ -142,46 +142,47 @@ class PoissonResult:
         return {**self.summary(), "records": [r.to_dict() for r in self.records]}
 
 
-def predict_url(url: str, model: str) -> str:
-    return f"{url.rstrip('/')}/predictions/{model}"
+@dataclass(frozen=True)
+class Target:
+    """What every kind of run (bursts, Poisson, trace) sends, and where."""
 
+    url: str
+    """The endpoint's base URL; requests go to ``{url}/predictions/{model}``."""
+    model: str
+    """The model's name in that path."""
+    body: bytes
+    """Every request's body."""
+    content_type: str = "application/octet-stream"
+    """The body's Content-Type."""
+    timeout_s: float = 120.0
+    """How long one request may take, s (then it is recorded as failed, status 0)."""
 
-async def _one(
-    session: aiohttp.ClientSession,
-    target: str,
-    body: bytes,
-    headers: dict[str, str],
-    origin: float,
-) -> RequestRecord:
-    sent = time.perf_counter()
-    try:
-        async with session.post(target, data=body, headers=headers) as resp:
-            await resp.read()
-            status, error = resp.status, None
-    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        status, error = 0, f"{type(exc).__name__}: {exc}"
-    done = time.perf_counter()
-    return RequestRecord(sent_s=sent - origin, latency_s=done - sent, status=status, error=error)
+    def session(self, concurrency: int) -> aiohttp.ClientSession:
+        """A client session for up to ``concurrency`` requests at once."""
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max(concurrency, 1) * 2),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        )
 
-
-def _session(timeout_s: float, concurrency: int) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=max(concurrency, 1) * 2),
-        timeout=aiohttp.ClientTimeout(total=timeout_s),
-    )
+    async def send(self, session: aiohttp.ClientSession, origin: float) -> RequestRecord:
+        """One request, recorded with its send time in seconds since ``origin``."""
+        where = f"{self.url.rstrip('/')}/predictions/{self.model}"
+        headers = {"Content-Type": self.content_type}
+        sent = time.perf_counter()
+        try:
+            async with session.post(where, data=self.body, headers=headers) as resp:
+                await resp.read()
+                status, error = resp.status, None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            status, error = 0, f"{type(exc).__name__}: {exc}"
+        done = time.perf_counter()
+        return RequestRecord(
+            sent_s=sent - origin, latency_s=done - sent, status=status, error=error
+        )
 
 
 async def run_bursts(
-    *,
-    url: str,
-    model: str,
-    body: bytes,
-    content_type: str = "application/octet-stream",
-    burst: int,
-    bursts: int,
-    warmup_bursts: int = 0,
-    pause_s: float = 0.0,
-    timeout_s: float = 120.0,
+    target: Target, *, burst: int, bursts: int, warmup_bursts: int = 0, pause_s: float = 0.0
 ) -> BurstResult:
     """``bursts`` times: send ``burst`` requests at once and wait for every answer.
 
@@ -189,16 +190,12 @@ async def run_bursts(
     """
     if burst < 1 or bursts < 1:
         raise ValueError("burst and bursts must be >= 1")
-    target = predict_url(url, model)
-    headers = {"Content-Type": content_type}
     result = BurstResult(burst=burst, bursts=bursts)
-    async with _session(timeout_s, burst) as session:
+    async with target.session(burst) as session:
         origin = time.perf_counter()
         for i in range(warmup_bursts + bursts):
             start = time.perf_counter()
-            records = await asyncio.gather(
-                *(_one(session, target, body, headers, origin) for _ in range(burst))
-            )
+            records = await asyncio.gather(*(target.send(session, origin) for _ in range(burst)))
             elapsed = time.perf_counter() - start
             if i >= warmup_bursts:
                 result.batch_latencies_s.append(elapsed)
@@ -209,16 +206,7 @@ async def run_bursts(
 
 
 async def run_poisson(
-    *,
-    url: str,
-    model: str,
-    body: bytes,
-    content_type: str = "application/octet-stream",
-    rate: float,
-    duration_s: float,
-    seed: int = 0,
-    timeout_s: float = 120.0,
-    max_outstanding: int = 10_000,
+    target: Target, *, rate: float, duration_s: float, seed: int = 0, max_outstanding: int = 10_000
 ) -> PoissonResult:
     """Send requests with exponential inter-arrival times (mean ``1/rate``) for ``duration_s``.
 
@@ -228,12 +216,10 @@ async def run_poisson(
     if rate <= 0 or duration_s <= 0:
         raise ValueError("rate and duration must be > 0")
     rng = random.Random(seed)
-    target = predict_url(url, model)
-    headers = {"Content-Type": content_type}
     result = PoissonResult(rate=rate, duration_s=duration_s)
     tasks: list[asyncio.Task[RequestRecord]] = []
     outstanding = {"n": 0}
-    async with _session(timeout_s, min(max_outstanding, 1000)) as session:
+    async with target.session(min(max_outstanding, 1000)) as session:
         origin = time.perf_counter()
         next_at = 0.0
         while True:
@@ -245,7 +231,7 @@ async def run_poisson(
                 await asyncio.sleep(delay)
             while outstanding["n"] >= max_outstanding:
                 await asyncio.sleep(0.001)
-            task = asyncio.create_task(_one(session, target, body, headers, origin))
+            task = asyncio.create_task(target.send(session, origin))
             outstanding["n"] += 1
             task.add_done_callback(lambda _t: outstanding.__setitem__("n", outstanding["n"] - 1))
             tasks.append(task)

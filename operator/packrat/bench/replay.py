@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.bench.loadgen import PoissonResult, RequestRecord, _one, _session, predict_url
+from packrat.bench.loadgen import PoissonResult, RequestRecord, Target
 
 
 @dataclass
@@ -29,14 +29,7 @@ class TraceResult(PoissonResult):
 
 
 async def run_trace(
-    *,
-    url: str,
-    model: str,
-    body: bytes,
-    arrivals_s: Sequence[float],
-    content_type: str = "application/octet-stream",
-    timeout_s: float = 120.0,
-    max_outstanding: int = 10_000,
+    target: Target, *, arrivals_s: Sequence[float], max_outstanding: int = 10_000
 ) -> TraceResult:
     """Send one request at each of ``arrivals_s`` (sorted seconds, shifted to start at 0)."""
     times = [float(t) for t in arrivals_s]
@@ -48,15 +41,13 @@ async def run_trace(
     offsets = [t - first for t in times]
     span = offsets[-1]
     result = TraceResult(rate=(len(offsets) - 1) / span if span > 0 else 0.0, duration_s=span)
-    target = predict_url(url, model)
-    headers = {"Content-Type": content_type}
     tasks: list[asyncio.Task[RequestRecord]] = []
     outstanding = {"n": 0}
 
     def finished(_task: asyncio.Task[RequestRecord]) -> None:
         outstanding["n"] -= 1
 
-    async with _session(timeout_s, min(max_outstanding, 1000)) as session:
+    async with target.session(min(max_outstanding, 1000)) as session:
         origin = time.perf_counter()
         for at in offsets:
             delay = origin + at - time.perf_counter()
@@ -66,7 +57,7 @@ async def run_trace(
                 result.late_s = max(result.late_s, -delay)
             while outstanding["n"] >= max_outstanding:
                 await asyncio.sleep(0.001)
-            task = asyncio.create_task(_one(session, target, body, headers, origin))
+            task = asyncio.create_task(target.send(session, origin))
             outstanding["n"] += 1
             task.add_done_callback(finished)
             tasks.append(task)

@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packrat.bench.loadgen import BurstResult, run_bursts
-from packrat.bench.servers import BenchError, PackratServe, PlainTorchServe
+from packrat.bench.loadgen import BurstResult, Target, run_bursts
+from packrat.bench.servers import BenchError, Launch, PackratServe, PlainTorchServe
 from packrat.bench.serving_report import (
     CONFIGS,
     MIN_BURSTS,
@@ -150,15 +150,8 @@ async def served_bursts(
     warm-up burst), stop it."""
     try:
         await server.start()
-        return await run_bursts(
-            url=server.url,
-            model=server.model,
-            body=body,
-            burst=batch,
-            bursts=bursts,
-            warmup_bursts=1,
-            timeout_s=600,
-        )
+        target = Target(url=server.url, model=server.model, body=body, timeout_s=600)
+        return await run_bursts(target, burst=batch, bursts=bursts, warmup_bursts=1)
     finally:
         await server.stop()
 
@@ -174,27 +167,18 @@ async def _measure(
     body: bytes,
 ) -> tuple[list[float], int]:
     server: PackratServe | PlainTorchServe
-    delay, startup = settings.max_batch_delay_ms, settings.startup_timeout_s
+    launch = Launch(
+        model=settings.model,
+        cpus=cpus,
+        workdir=workdir,
+        max_batch_delay_ms=settings.max_batch_delay_ms,
+        startup_timeout_s=settings.startup_timeout_s,
+    )
     if config == TORCHSERVE:
-        server = PlainTorchServe(
-            model=settings.model,
-            batch=batch,
-            cpus=cpus,
-            workdir=workdir,
-            max_batch_delay_ms=delay,
-            startup_timeout_s=startup,
-        )
+        server = PlainTorchServe(launch, batch=batch)
     else:
         assert plan is not None
-        server = PackratServe(
-            model=settings.model,
-            plan=plan,
-            cpus=cpus,
-            workdir=workdir,
-            max_batch_delay_ms=delay,
-            startup_timeout_s=startup,
-            runtime=settings.runtime,
-        )
+        server = PackratServe(launch, plan=plan, runtime=settings.runtime)
     result = await served_bursts(server, body=body, batch=batch, bursts=settings.bursts(batch))
     return [v * 1000 for v in result.batch_latencies_s], result.errors
 

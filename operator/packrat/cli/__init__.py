@@ -1,6 +1,7 @@
 """The one ``packrat`` command over every layer.
 
-Each subcommand lives in its own module of this package and exposes ``register(subparsers)``.
+Each subcommand lives in its own module of this package and exposes ``register(subparsers)``,
+which declares it with :func:`add_command`.
 Modules import heavy dependencies (torch, kopf) only inside their run functions, so
 ``packrat plan`` answers without loading torch.
 """
@@ -12,8 +13,9 @@ import importlib
 import logging
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from packrat import __version__
 
@@ -83,6 +85,27 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def add_command(
+    subparsers: Any,
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    *,
+    help: str,
+    description: str,
+    groups: Sequence[Callable[[argparse.ArgumentParser], None]] = (),
+) -> argparse.ArgumentParser:
+    """Declare subcommand ``name``, which ``run`` runs: its parser, with each of ``groups`` (a
+    function that adds one group of flags) added in order, as ``--help`` lists them; a
+    command with few flags adds them to the parser returned."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=description
+    )
+    for add_group in groups:
+        add_group(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
 def _named_command(argv: Sequence[str]) -> str | None:
     """The subcommand the command line names (its first word that is not an option), if it
     is one; else None (``--help``, a typo: the full parser answers)."""
@@ -114,6 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 # traceback after the pod listens. (Here, not in a module of its own: ``packrat serve``
 # imports no command module but its own.)
 MODEL_FILES = (".pt", ".pth", ".ts", ".pt2", ".onnx")
+
+
+def add_model_arg(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """``--model`` (required; what it may name is ``help``) and the ``--inputs`` of a model
+    file, which :func:`check_model_file` checks together."""
+    parser.add_argument("--model", required=True, help=help)
+    add_inputs_arg(parser)
 
 
 def add_inputs_arg(parser: argparse.ArgumentParser) -> None:

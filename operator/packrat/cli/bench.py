@@ -17,13 +17,15 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 from packrat.cli.plan import parse_int_list
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "bench",
+        run,
         help="measure the plan against the fat instance and one instance per core",
         description=(
             "For each batch size, run the optimizer's plan (its instances concurrently, pinned "
@@ -78,7 +80,6 @@ def register(subparsers: Any) -> None:
         choices=("native", "torchserve"),
         help="the runtime packrat serve runs the plans on (default: packrat serve's, native)",
     )
-    parser.set_defaults(func=run)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

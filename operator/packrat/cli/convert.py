@@ -20,12 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, add_inputs_arg, check_model_file
+from packrat.cli import CliError, add_command, add_inputs_arg, check_model_file
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "convert",
+        run,
         help="convert a model for engines (or find it converted) and check it against eager",
         description=(
             "Give each engine's converted artefact in --artefacts (found by the cache key or "
@@ -43,7 +45,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--artefacts", type=Path, required=True, help="the artefact cache folder")
     parser.add_argument("--threads", type=int, default=1, help="threads for the check (default 1)")
     add_inputs_arg(parser)
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,14 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 
 BANNER_WIDTH = 78
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "demo",
+        run,
         help="profile, plan and benchmark the default model on this machine",
         description=(
             "Profile a model on this machine's cores, plan a few batch sizes (table and plot), "
@@ -34,7 +36,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", type=Path, default=Path("out/demo"), help="output folder")
     parser.add_argument("--point-budget", type=float, default=4.0, metavar="S")
     parser.add_argument("--repeats", type=int, default=5, help="bench repetitions")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,13 +15,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 from packrat.runtime.fetch import CLOUD_IDENTITIES, DEFAULT_MAX_BYTES
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "fetch",
+        run,
         help="download a model file from object storage, verified (the init container)",
         description=(
             "Download URI (s3://, gs://, http(s)://) to --output through obstore, "
@@ -56,7 +58,6 @@ def register(subparsers: Any) -> None:
         help="the whole download's deadline in seconds, retries included (default 1800)",
     )
     add_limit_flags(parser)
-    parser.set_defaults(func=run)
 
 
 def add_limit_flags(parser: Any) -> None:

@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from packrat.cli import CliError, check_numbers
+from packrat.cli import CliError, add_command, check_numbers
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "loadgen",
+        run,
         help="send bursts or Poisson load to a serving endpoint and report latency",
         description=(
             "Closed-loop bursts of B concurrent requests (batch latency = time until the last "
@@ -49,7 +51,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
     parser.add_argument("--records", action="store_true", help="with --format json: every request")
-    parser.set_defaults(func=run)
 
 
 def request_body(args: argparse.Namespace) -> tuple[bytes, str]:
@@ -91,31 +92,21 @@ def _check(args: argparse.Namespace) -> None:
         )
 
 
-class _Target(TypedDict):
-    """What every kind of run (bursts, trace, Poisson) sends, and where."""
-
-    url: str
-    model: str
-    body: bytes
-    content_type: str
-    timeout_s: float
-
-
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from packrat.bench.loadgen import format_summary, run_bursts, run_poisson
+    from packrat.bench.loadgen import Target, format_summary, run_bursts, run_poisson
 
     _check(args)
     body, content_type = request_body(args)
-    target = _Target(
+    target = Target(
         url=args.url, model=args.model, body=body, content_type=content_type, timeout_s=args.timeout
     )
     result: Any
     if args.burst is not None:
         result = asyncio.run(
             run_bursts(
-                **target,
+                target,
                 burst=args.burst,
                 bursts=args.bursts,
                 warmup_bursts=max(args.warmup_bursts, 0),
@@ -129,10 +120,10 @@ def run(args: argparse.Namespace) -> int:
             arrivals = load_trace(args.trace)
         except TraceError as exc:
             raise CliError(str(exc)) from None
-        result = asyncio.run(run_trace(**target, arrivals_s=arrivals.tolist()))
+        result = asyncio.run(run_trace(target, arrivals_s=arrivals.tolist()))
     else:
         result = asyncio.run(
-            run_poisson(**target, rate=args.rate, duration_s=args.duration, seed=args.seed)
+            run_poisson(target, rate=args.rate, duration_s=args.duration, seed=args.seed)
         )
     if args.format == "json":
         print(json.dumps(result.to_dict() if args.records else result.summary(), indent=2))

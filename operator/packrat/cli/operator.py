@@ -8,7 +8,7 @@ import os
 import threading
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 from packrat.cli.fetch import add_limit_flags, limits_from
 
 logger = logging.getLogger(__name__)
@@ -17,23 +17,26 @@ PEERING_CHECK_SECONDS = 60.0  # how often a deleted peering object is noticed an
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "operator",
+        run,
         help="run the Kubernetes operator for PackratModel resources",
         description=(
             "Run the PackratModel operator: profile models in Jobs, plan, deploy Guaranteed "
             "serving pods and switch plans without downtime. Uses the in-cluster service "
             "account, else the current kubeconfig."
         ),
+        groups=(
+            _add_scope_args,
+            _add_endpoint_args,
+            _add_timing_args,
+            _add_pod_args,
+            add_limit_flags,
+            _add_planner_args,
+            _add_policy_args,
+        ),
     )
-    _add_scope_args(parser)
-    _add_endpoint_args(parser)
-    _add_timing_args(parser)
-    _add_pod_args(parser)
-    add_limit_flags(parser)
-    _add_planner_args(parser)
-    _add_policy_args(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_scope_args(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.padding import PaddedPlans, padding_horizon
 from packrat.plan.profile import ENGINES_KEY, MAX_BATCH, Profile, ProfileError, load_profile
@@ -48,16 +48,23 @@ def parse_int_list(text: str, *, what: str) -> list[int]:
     return values
 
 
+def add_profile_arg(parser: argparse.ArgumentParser) -> None:
+    """``--profile``, the latency profile a planning command reads (:func:`load_profile`)."""
+    parser.add_argument("--profile", required=True, type=Path, help="profile JSON or CSV")
+
+
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "plan",
+        run,
         help="compute the optimal thin-instance plan from a profile",
         description=(
             "Compute Packrat's optimal mix of instances <count, threads, batch> for T cores "
             "and batch B from a latency profile (JSON or threads,batch,latency_ms CSV)."
         ),
     )
-    parser.add_argument("--profile", required=True, type=Path, help="profile JSON or CSV")
+    add_profile_arg(parser)
     parser.add_argument("--cpus", type=int, help="cores per replica T (default: the profile's)")
     parser.add_argument("--batch", required=True, help="batch size(s): 8 or 4,8,16 or 1-32")
     parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -70,7 +77,6 @@ def register(subparsers: Any) -> None:
             "faster plan with slots left idle, as the operator serves it)"
         ),
     )
-    parser.set_defaults(func=run)
 
 
 def measured_cpus(profile: Profile) -> int:

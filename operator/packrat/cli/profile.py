@@ -20,14 +20,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError, add_inputs_arg, check_model_file
+from packrat.cli import CliError, add_command, add_model_arg, check_model_file
 from packrat.cli.plan import parse_int_list
 from packrat.plan.profile import COLOCATED, MODES
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "profile",
+        run,
         help="measure a model's latency profile on pinned cores",
         description=(
             "Measure L(t, b), the mean latency of one batch b by one instance with t threads "
@@ -37,24 +39,22 @@ def register(subparsers: Any) -> None:
             "process that built the model; the output file is checkpointed after every point "
             "and a rerun resumes."
         ),
+        groups=(
+            _add_model_args,
+            _add_grid_args,
+            _add_budget_args,
+            _add_instance_args,
+            _add_sampling_args,
+            _add_verify_args,
+        ),
     )
-    _add_model_args(parser)
-    _add_grid_args(parser)
-    _add_budget_args(parser)
-    _add_instance_args(parser)
-    _add_sampling_args(parser)
-    _add_verify_args(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model and the sample request its handler is profiled with."""
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="zoo name, model file (TorchScript, .pt2, .onnx) or TorchServe .mar archive",
+    add_model_arg(
+        parser, help="zoo name, model file (TorchScript, .pt2, .onnx) or TorchServe .mar archive"
     )
-    add_inputs_arg(parser)
     parser.add_argument(
         "--sample-request",
         type=Path,

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from packrat.cli import CliError, check_numbers
+from packrat.cli import CliError, add_command, check_numbers
 from packrat.cli.heartbeat import Counter, heartbeat
 from packrat.plan.des import SPREADS
 from packrat.plan.profile import Profile, ProfileError, load_profile
@@ -42,8 +42,10 @@ from packrat.plan.traces import (
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "provision",
+        run,
         help="plan replicas, cores per replica and batch for a P99 latency SLO",
         description=(
             "Find the fewest total cores (replicas x cores per replica, each replica running "
@@ -78,7 +80,6 @@ def register(subparsers: Any) -> None:
         help="held-out resamples of the trace the answer must also meet the SLO on (default 4)",
     )
     parser.add_argument("--format", choices=("table", "json"), default="table")
-    parser.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -15,14 +15,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError
+from packrat.cli import CliError, add_command
 
 MAX_CONFIG_BYTES = 1024 * 1024  # a ConfigMap's limit: the operator renders it into one
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "route",
+        run,
         help="run a pipeline's router: the DAG of stages over their Services",
         description=(
             "Serve a pipeline on one port: each query goes through the stages its path takes "
@@ -40,7 +42,6 @@ def register(subparsers: Any) -> None:
         "changes; a file 'previous' beside it holds a second accepted token); enables GET "
         "/arrivals (without it that route does not exist)",
     )
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

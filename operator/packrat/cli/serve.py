@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, add_inputs_arg, check_model_file, check_numbers
+from packrat.cli import CliError, add_command, add_model_arg, check_model_file, check_numbers
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
@@ -41,32 +41,32 @@ PASSED_AS_GIVEN = (
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    add_command(
+        subparsers,
         "serve",
+        run,
         help="serve a model with a Packrat plan behind one dispatcher port",
         description=(
             "Start one pinned worker per plan instance (native workers, or TorchServe on "
             "loopback) behind a dispatcher on the public port that speaks TorchServe's "
             "inference API and the Open Inference Protocol (v2)."
         ),
+        groups=(
+            _add_model_args,
+            _add_dispatcher_args,
+            _add_worker_args,
+            _add_admin_token_args,
+            _add_limit_args,
+            _add_request_log_args,
+        ),
     )
-    _add_model_args(parser)
-    _add_dispatcher_args(parser)
-    _add_worker_args(parser)
-    _add_admin_token_args(parser)
-    _add_limit_args(parser)
-    _add_request_log_args(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """What to serve: the model, its plan and the runtime that runs the plan's instances."""
-    parser.add_argument(
-        "--model",
-        required=True,
-        help="zoo name, model file (TorchScript .pt, .pt2, .onnx) or model archive (.mar)",
+    add_model_arg(
+        parser, help="zoo name, model file (TorchScript .pt, .pt2, .onnx) or model archive (.mar)"
     )
-    add_inputs_arg(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", type=Path, help="plan JSON file (packrat plan --format json)")
     source.add_argument("--plan-env", metavar="VAR", help="environment variable holding the plan")

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from packrat.cli import CliError, check_numbers
+from packrat.cli import CliError, add_command, check_numbers
 from packrat.cli.heartbeat import heartbeat
+from packrat.cli.plan import add_profile_arg
 from packrat.cli.provision import add_trace_args, check_common_numbers, load_inputs
 from packrat.plan.des import SPREADS, SimulationError
 from packrat.plan.optimizer import MAX_PLAN_BATCH, Optimizer, Plan, PlanError
@@ -38,8 +39,10 @@ MAX_SIM_REPLICAS = 10_000
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "simulate",
+        run,
         help="simulate one configuration on a trace (P50, P99, utilisation, sheds)",
         description=(
             "Replay a trace (or a synthetic gamma process) against replicas x cores per "
@@ -47,7 +50,7 @@ def register(subparsers: Any) -> None:
             "configuration on traffic it was not planned on."
         ),
     )
-    parser.add_argument("--profile", type=Path, required=True, help="profile JSON or CSV")
+    add_profile_arg(parser)
     parser.add_argument("--replicas", type=int, required=True)
     parser.add_argument("--cpus-per-replica", type=int, help="cores per replica")
     parser.add_argument("--batch", type=int, help="serving batch per replica")
@@ -63,7 +66,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--service-cv", type=float, default=0.0, help="per-batch time spread")
     parser.add_argument("--slo-p99-ms", type=float, help="report misses (exit 1 when missed)")
     parser.add_argument("--format", choices=("table", "json"), default="table")
-    parser.set_defaults(func=run)
 
 
 def _check(args: argparse.Namespace) -> None:

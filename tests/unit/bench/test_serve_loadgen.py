@@ -13,6 +13,7 @@ from aiohttp import web
 from packrat.bench.loadgen import (
     BurstResult,
     RequestRecord,
+    Target,
     format_summary,
     percentile,
     run_bursts,
@@ -83,7 +84,7 @@ def test_bursts_measure_until_the_last_answer() -> None:
     result = _against(
         0.02,
         [200],
-        lambda url: run_bursts(url=url, model="m", body=b"x", burst=4, bursts=3, warmup_bursts=1),
+        lambda url: run_bursts(Target(url, "m", b"x"), burst=4, bursts=3, warmup_bursts=1),
     )
     assert len(result.batch_latencies_s) == 3
     assert len(result.records) == 12
@@ -98,7 +99,7 @@ def test_poisson_records_every_request_and_errors() -> None:
     result = _against(
         0.0,
         [200, 500],
-        lambda url: run_poisson(url=url, model="m", body=b"x", rate=200, duration_s=0.5, seed=1),
+        lambda url: run_poisson(Target(url, "m", b"x"), rate=200, duration_s=0.5, seed=1),
     )
     s = result.summary()  # type: ignore[attr-defined]
     assert 40 <= s["requests"] <= 200  # ~100 expected
@@ -111,7 +112,7 @@ def test_poisson_records_every_request_and_errors() -> None:
 
 def test_connection_errors_are_records_not_exceptions() -> None:
     result = asyncio.run(
-        run_bursts(url="http://127.0.0.1:9", model="m", body=b"x", burst=2, bursts=1, timeout_s=2)
+        run_bursts(Target("http://127.0.0.1:9", "m", b"x", timeout_s=2), burst=2, bursts=1)
     )
     assert result.errors == 2
     assert all(r.status == 0 and r.error for r in result.records)
@@ -119,9 +120,9 @@ def test_connection_errors_are_records_not_exceptions() -> None:
 
 def test_invalid_arguments() -> None:
     with pytest.raises(ValueError):
-        asyncio.run(run_bursts(url="http://x", model="m", body=b"", burst=0, bursts=1))
+        asyncio.run(run_bursts(Target("http://x", "m", b""), burst=0, bursts=1))
     with pytest.raises(ValueError):
-        asyncio.run(run_poisson(url="http://x", model="m", body=b"", rate=0, duration_s=1))
+        asyncio.run(run_poisson(Target("http://x", "m", b""), rate=0, duration_s=1))
 
 
 def test_trace_replay_sends_at_the_trace_times() -> None:
@@ -130,7 +131,7 @@ def test_trace_replay_sends_at_the_trace_times() -> None:
     arrivals = [10.0, 10.05, 10.1, 10.3, 10.3]
 
     result = _against(
-        0.0, [200], lambda url: run_trace(url=url, model="m", body=b"x", arrivals_s=arrivals)
+        0.0, [200], lambda url: run_trace(Target(url, "m", b"x"), arrivals_s=arrivals)
     )
     s = result.summary()  # type: ignore[attr-defined]
     assert s["mode"] == "trace" and s["requests"] == 5 and s["errors"] == 0
@@ -139,6 +140,6 @@ def test_trace_replay_sends_at_the_trace_times() -> None:
     # never early; lateness is the event loop's, bounded loosely on a busy machine
     assert all(s_ >= a - 10.0 - 1e-3 for s_, a in zip(sent, arrivals, strict=True))
     with pytest.raises(ValueError, match="sorted"):
-        asyncio.run(run_trace(url="http://x", model="m", body=b"", arrivals_s=[1.0, 0.0]))
+        asyncio.run(run_trace(Target("http://x", "m", b""), arrivals_s=[1.0, 0.0]))
     with pytest.raises(ValueError, match="no arrivals"):
-        asyncio.run(run_trace(url="http://x", model="m", body=b"", arrivals_s=[]))
+        asyncio.run(run_trace(Target("http://x", "m", b""), arrivals_s=[]))
