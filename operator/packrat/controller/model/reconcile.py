@@ -389,21 +389,19 @@ class Reconciler:
         status = p.status
         switch = status.switch
         stage = switch.stage if switch is not None else None
-        kwargs: dict[str, Any] = {
-            "replicas": replicas,
-            "ready_timeout": model.switch.ready_timeout_seconds,
-            "drain": model.switch.drain_seconds,
-        }
+        deployments, service, timing = children.deployments, children.service, model.switch
         if stage is Stage.DRAINING:
             good = last_good(p, fallback=None)
             assert good is not None
-            ended = advance_switch(p, children.deployments, children.service, target=good, **kwargs)
+            ended = advance_switch(
+                p, deployments, service, target=good, replicas=replicas, timing=timing
+            )
             return not ended
         if stage is Stage.ROLLOUT:
             assert switch is not None
             if switch.hash == desired.serving_hash:
                 ended = advance_switch(
-                    p, children.deployments, children.service, target=desired, **kwargs
+                    p, deployments, service, target=desired, replicas=replicas, timing=timing
                 )
                 return not ended
             if desired.serving_hash == status.get("servingHash"):
