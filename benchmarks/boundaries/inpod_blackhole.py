@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = 8
 
 CHILD = r"""
-import datetime, json, socket, statistics, sys, threading, time
+import dataclasses, datetime, json, socket, statistics, sys, threading, time
 from concurrent.futures import ThreadPoolExecutor
 try:  # the unit tests' fakes: tests/support since issue 36, tests/unit/conftest.py before
     from kube_support import NS, T0, ready_model, set_spec
@@ -52,6 +52,10 @@ from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.serving import manifests as m
 from packrat.controller.switch.inpod import PodClient
 from packrat.controller.switch.plan_poster import PlanPoster
+try:  # the plan post is one value (PlanPost) since issue 36
+    from packrat.controller.switch.plan_poster import PlanPost
+except ImportError:
+    PlanPost = None
 
 stop = threading.Event()
 
@@ -85,8 +89,11 @@ def model(port, poster, name):
                    "conditions": [{"type": "Ready", "status": "True"}]},
     })
     set_spec(kube, batchSize=8)
-    def post(urls, plan, *, token, timeout, owner=""):
-        return poster(urls, plan, token=token, timeout=timeout, owner=f"{name}/{owner}")
+    def post(*args, **kwargs):
+        if PlanPost is None:  # a tree from before the post was one value
+            return poster(*args, **{**kwargs, "owner": f"{name}/{kwargs.get('owner', '')}"})
+        (request,) = args
+        return poster(dataclasses.replace(request, owner=f"{name}/{request.owner}"))
     return Reconciler(kube, config=rec.config, pods=PodClient("http://{ip}:{pod}", post))
 
 models = int(sys.argv[1])

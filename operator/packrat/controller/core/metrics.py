@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -20,103 +21,101 @@ from packrat.controller.core.status import PHASES
 REGISTRY = CollectorRegistry(auto_describe=True)
 MODEL = ["namespace", "model"]
 
-RECONCILES = Counter(
-    "packrat_operator_reconciles",
-    "Reconcile passes by result.",
-    [*MODEL, "result"],
-    registry=REGISTRY,
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+
+
+def per_model(
+    kind: type[_Metric], name: str, documentation: str, *labels: str, **options: Any
+) -> _Metric:
+    """A ``kind`` metric on the operator's registry, labelled by the model's ``namespace`` and
+    ``model`` and then by ``labels``; ``options`` go to ``kind`` (a Histogram's buckets)."""
+    return kind(name, documentation, [*MODEL, *labels], registry=REGISTRY, **options)
+
+
+RECONCILES = per_model(
+    Counter, "packrat_operator_reconciles", "Reconcile passes by result.", "result"
 )
-ERRORS = Counter(
+ERRORS = per_model(
+    Counter,
     "packrat_operator_reconcile_errors",
     "Reconcile passes that raised, by exception type.",
-    [*MODEL, "error"],
-    registry=REGISTRY,
+    "error",
 )
-EVENTS = Counter(
+EVENTS = per_model(
+    Counter,
     "packrat_operator_events",
     "Kubernetes Events the operator posted about a model, by type and reason "
     "(ProfilingFailed, SwitchAborted, PlanFailed, ...).",
-    [*MODEL, "type", "reason"],
-    registry=REGISTRY,
+    "type",
+    "reason",
 )
-PHASE = Gauge(
+PHASE = per_model(
+    Gauge,
     "packrat_model_phase",
     "1 for the model's current phase (status.phase), 0 for the others.",
-    [*MODEL, "phase"],
-    registry=REGISTRY,
+    "phase",
 )
-PROFILING_SECONDS = Histogram(
+PROFILING_SECONDS = per_model(
+    Histogram,
     "packrat_operator_profiling_duration_seconds",
     "Wall time of successful profiling Jobs.",
-    MODEL,
     buckets=(10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200),
-    registry=REGISTRY,
 )
-PROFILING_POINTS_DONE = Gauge(
+PROFILING_POINTS_DONE = per_model(
+    Gauge,
     "packrat_model_profiling_points_done",
     "Profile points (threads, batch) measured so far by the running profiling Job.",
-    MODEL,
-    registry=REGISTRY,
 )
-PROFILING_POINTS = Gauge(
+PROFILING_POINTS = per_model(
+    Gauge,
     "packrat_model_profiling_points",
     "Profile points the running profiling Job measures in all.",
-    MODEL,
-    registry=REGISTRY,
 )
-PROFILING_ETA = Gauge(
+PROFILING_ETA = per_model(
+    Gauge,
     "packrat_model_profiling_eta_seconds",
     "The profiler's estimate of the seconds left in the running profiling Job.",
-    MODEL,
-    registry=REGISTRY,
 )
-SWITCHES = Counter(
+SWITCHES = per_model(
+    Counter,
     "packrat_operator_switches",
     "Active-passive slot switches by result (succeeded, aborted).",
-    [*MODEL, "result"],
-    registry=REGISTRY,
+    "result",
 )
-EXPECTED_SPEEDUP = Gauge(
+EXPECTED_SPEEDUP = per_model(
+    Gauge,
     "packrat_model_expected_speedup",
     "Expected speedup of the active plan over one fat instance.",
-    MODEL,
-    registry=REGISTRY,
 )
-EXPECTED_LATENCY = Gauge(
-    "packrat_model_expected_latency_seconds",
-    "Expected batch latency of the active plan.",
-    MODEL,
-    registry=REGISTRY,
+EXPECTED_LATENCY = per_model(
+    Gauge, "packrat_model_expected_latency_seconds", "Expected batch latency of the active plan."
 )
-CORES_EXCLUSIVE = Gauge(
+CORES_EXCLUSIVE = per_model(
+    Gauge,
     "packrat_cores_exclusive",
     "The CoresExclusive condition as a number: 1 when the isolation check of the model's "
     "profiling pod (on the serving nodes) found an exact, quiet cpuset, 0 when it found shared "
     "or busy cores; absent while no stored profile records the check.",
-    MODEL,
-    registry=REGISTRY,
 )
 
 # -- autoBatch (online reconfiguration) -----------------------------------------------------------
-OBSERVED_BATCH = Gauge(
+OBSERVED_BATCH = per_model(
+    Gauge,
     "packrat_model_observed_batch_size",
     "autoBatch: the serving pods' combined batch-size estimate (mode over ready pods).",
-    MODEL,
-    registry=REGISTRY,
 )
-DECISIONS = Counter(
+DECISIONS = per_model(
+    Counter,
     "packrat_operator_autobatch_decisions",
     "autoBatch decisions by outcome (switch, hold_not_sustained, hold_too_soon, "
     "hold_gain_too_small, hold_same, hold_pinned, hold_infeasible, hold_no_data).",
-    [*MODEL, "outcome"],
-    registry=REGISTRY,
+    "outcome",
 )
-SWITCH_SECONDS = Histogram(
+SWITCH_SECONDS = per_model(
+    Histogram,
     "packrat_operator_switch_duration_seconds",
     "Completed plan switches: seconds from the start to the Service selecting the new slot.",
-    MODEL,
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
-    registry=REGISTRY,
 )
 
 _PER_MODEL: tuple[MetricWrapperBase, ...] = (
@@ -130,6 +129,16 @@ _PER_MODEL: tuple[MetricWrapperBase, ...] = (
     OBSERVED_BATCH,
     SWITCH_SECONDS,
 )
+
+_PROGRESS = (PROFILING_POINTS_DONE, PROFILING_POINTS, PROFILING_ETA)
+
+
+def _remove(metrics: Iterable[MetricWrapperBase], namespace: str, model: str) -> None:
+    """Drop the model's series of each of ``metrics`` (labelled by namespace and model only)."""
+    for metric in metrics:
+        with contextlib.suppress(KeyError):
+            metric.remove(namespace, model)
+
 
 # Label values used per model, so that forget_model can drop exactly those series.
 _seen: dict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = {}
@@ -209,17 +218,13 @@ def record_phase(namespace: str, model: str, phase: str, phases: Iterable[str] =
     for reason in ALERTED_WARNINGS:
         _counter(EVENTS, namespace, model, "Warning", reason)
     if phase != "Profiling":  # progress is only shown while a profiling Job runs
-        for gauge in (PROFILING_POINTS_DONE, PROFILING_POINTS, PROFILING_ETA):
-            with contextlib.suppress(KeyError):
-                gauge.remove(namespace, model)
+        _remove(_PROGRESS, namespace, model)
 
 
 def record_profiling(namespace: str, model: str, seconds: float) -> None:
     """A profiling Job succeeded after ``seconds``; the progress gauges are dropped."""
     _histogram(PROFILING_SECONDS, namespace, model).observe(seconds)
-    for gauge in (PROFILING_POINTS_DONE, PROFILING_POINTS, PROFILING_ETA):
-        with contextlib.suppress(KeyError):
-            gauge.remove(namespace, model)
+    _remove(_PROGRESS, namespace, model)
 
 
 def record_profiling_progress(
@@ -276,6 +281,4 @@ def forget_model(namespace: str, model: str) -> None:
     for metric, values in children:
         with contextlib.suppress(KeyError):
             metric.remove(*values)
-    for gauge in _PER_MODEL:  # also series set through .labels() directly
-        with contextlib.suppress(KeyError):
-            gauge.remove(namespace, model)
+    _remove(_PER_MODEL, namespace, model)  # also series set through .labels() directly

@@ -149,10 +149,18 @@ class ModelPolicy:
     """What model authors may choose; None: not restricted."""
 
     images: Allowed = None
+    """Images ``spec.image`` may name (``--allow-image``): exact names, or prefixes ending in
+    ``*``; a name without tag or digest allows every tag and digest of it. The operator's
+    default image is always allowed."""
     service_accounts: Allowed = None
+    """Names ``spec.pod.serviceAccountName`` may take (``--allow-service-account``)."""
     priority_classes: Allowed = None
+    """Names ``spec.pod.priorityClassName`` may take (``--allow-priority-class``); unset, every
+    class but Kubernetes' own ``system-*`` ones."""
     env_secrets: Allowed = None
+    """Secrets ``spec.pod.env`` may read through ``secretKeyRef`` (``--allow-env-secret``)."""
     image_pull_secrets: Allowed = None
+    """Secrets ``spec.pod.imagePullSecrets`` may name (``--allow-image-pull-secret``)."""
 
     @classmethod
     def parse(cls, **lists: Sequence[str] | None) -> ModelPolicy:

@@ -40,13 +40,18 @@ _PVC_PATH_RE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*$")
 
 @dataclass(frozen=True)
 class StorageLimits:
-    """The operator's limits on what it and its init containers fetch for model authors:
-    the egress policy (internal ranges allowed, storage-host allow-list), the largest model
-    file (also the model emptyDir's ``sizeLimit``) and the cloud identity mode."""
+    """The operator's limits on what it and its init containers fetch for model authors
+    (the ``packrat fetch`` flags it shares with the operator)."""
 
     policy: EgressPolicy = field(default_factory=EgressPolicy)
+    """Where a fetch may go: the internal ranges allowed (``--egress-allow``) and the
+    storage-host allow-list (``--storage-host``)."""
     max_model_bytes: int = DEFAULT_MAX_BYTES
+    """The largest model file, in bytes (``--max-model-bytes``); also the ``sizeLimit`` of the
+    model's emptyDir."""
     cloud_identity: str = "auto"
+    """Whether s3 and gs use the provider's credential chain when the Secret has no keys
+    (``--cloud-identity``: auto, metadata or none, as :mod:`packrat.runtime.fetch` says)."""
 
     def fetch_flags(self) -> list[str]:
         """``packrat fetch`` arguments carrying these limits into the init container."""

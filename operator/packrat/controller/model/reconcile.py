@@ -16,7 +16,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.context import Config, Result, run_pass
@@ -24,7 +23,6 @@ from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed, parse_again
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
-from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.slo_spec import TunerReference
 from packrat.controller.core.status import ModelStatus, Stage, get_condition
 from packrat.controller.planning import autobatch as ab
@@ -55,7 +53,7 @@ from packrat.plan.optimizer import Optimizer, Plan, PlanError
 from packrat.plan.padding import padded_plan, padding_horizon
 from packrat.plan.profile import Profile
 
-__all__ = ["Config", "Reconciler", "Result", "merge_patch", "pod_failure"]
+__all__ = ["Config", "Reconciler", "Result"]
 
 logger = logging.getLogger(__name__)
 
@@ -391,21 +389,19 @@ class Reconciler:
         status = p.status
         switch = status.switch
         stage = switch.stage if switch is not None else None
-        kwargs: dict[str, Any] = {
-            "replicas": replicas,
-            "ready_timeout": model.switch.ready_timeout_seconds,
-            "drain": model.switch.drain_seconds,
-        }
+        deployments, service, timing = children.deployments, children.service, model.switch
         if stage is Stage.DRAINING:
             good = last_good(p, fallback=None)
             assert good is not None
-            ended = advance_switch(p, children.deployments, children.service, target=good, **kwargs)
+            ended = advance_switch(
+                p, deployments, service, target=good, replicas=replicas, timing=timing
+            )
             return not ended
         if stage is Stage.ROLLOUT:
             assert switch is not None
             if switch.hash == desired.serving_hash:
                 ended = advance_switch(
-                    p, children.deployments, children.service, target=desired, **kwargs
+                    p, deployments, service, target=desired, replicas=replicas, timing=timing
                 )
                 return not ended
             if desired.serving_hash == status.get("servingHash"):

@@ -13,32 +13,30 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from packrat.controller.core import metrics
-from packrat.controller.core.metrics import MODEL, REGISTRY
+from packrat.controller.core.metrics import per_model
 
-ENVELOPE_RATE = Gauge(
+ENVELOPE_RATE = per_model(
+    Gauge,
     "packrat_tuner_envelope_rate",
     "Tuner: the largest arrival rate (requests/s) seen in any window of this length, over the "
     "last 60 s of the arrivals the ready pods saw.",
-    [*MODEL, "window_seconds"],
-    registry=REGISTRY,
+    "window_seconds",
 )
-PLANNED_CAPACITY = Gauge(
+PLANNED_CAPACITY = per_model(
+    Gauge,
     "packrat_tuner_capacity",
     "Tuner: requests/s the wanted replicas sustain at best (replicas x one replica's capacity).",
-    MODEL,
-    registry=REGISTRY,
 )
-WANTED_REPLICAS = Gauge(
+WANTED_REPLICAS = per_model(
+    Gauge,
     "packrat_tuner_replicas",
     "Tuner: the replica count it decided on (status.autoscaling.replicas).",
-    MODEL,
-    registry=REGISTRY,
 )
-TUNER_DECISIONS = Counter(
+TUNER_DECISIONS = per_model(
+    Counter,
     "packrat_tuner_decisions",
     "Tuner decisions by action (scale_up, scale_down, hold).",
-    [*MODEL, "action"],
-    registry=REGISTRY,
+    "action",
 )
 
 

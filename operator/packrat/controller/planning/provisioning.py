@@ -50,45 +50,30 @@ class TraceUnavailable(Exception):  # noqa: N818 (the condition reason users see
 
 @dataclass(frozen=True, slots=True)
 class Provisioned:
-    """The planner's choice for one model, with what the tuner needs."""
+    """The planner's choice for one model, with what the tuner scales from (``reference``:
+    the signature, the replicas, one replica's capacity and the sample's envelope)."""
 
-    signature: str
+    reference: TunerReference
     cpus: int
     batch: int
-    replicas: int
     plan: Plan
     slo_ms: float
     p99_ms: float | None
     miss_rate: float
     feasible: bool
     baselines: Mapping[str, Mapping[str, Any]]
-    capacity: float  # queries per second one replica sustains at best
-    windows: tuple[float, ...]
-    planned_rates: tuple[float, ...]  # the sample trace's envelope (per second)
-    growth: tuple[tuple[float, float], ...]  # the sample's growth within each horizon
     arrivals: int
     evaluations: int
 
     @property
     def cores(self) -> int:
-        return self.cpus * self.replicas
-
-    @property
-    def reference(self) -> TunerReference:
-        """What the tuner scales from."""
-        return TunerReference(
-            signature=self.signature,
-            replicas=self.replicas,
-            capacity=self.capacity,
-            windows=self.windows,
-            planned_rates=self.planned_rates,
-            growth=self.growth,
-        )
+        return self.cpus * self.reference.replicas
 
     def record(self) -> ProvisioningRecord:
         """This answer as ``status.provisioning`` holds it."""
+        ref = self.reference
         return ProvisioningRecord(
-            signature=self.signature, replicas=self.replicas, figures=self._figures()
+            signature=ref.signature, replicas=ref.replicas, figures=self._figures()
         )
 
     def _figures(self) -> dict[str, Any]:
@@ -101,7 +86,7 @@ class Provisioned:
             "simulatedP99Ms": _round(self.p99_ms),
             "simulatedMissRate": round(self.miss_rate, 6),
             "feasible": self.feasible,
-            "capacityPerReplica": round(self.capacity, 3),
+            "capacityPerReplica": round(self.reference.capacity, 3),
             "sampleArrivals": self.arrivals,
             "evaluations": self.evaluations,
             "baselines": {k: dict(v) for k, v in self.baselines.items()},
@@ -159,9 +144,15 @@ def plan_for_slo(
     )
     best = result.best
     planner = Planner(table, trace, slo_ms=slo_ms, max_cpus=max_cpus, sim=sim)
-    capacity = planner.capacity(best.instances)
     windows = window_sizes(result.plan.expected_latency_ms / 1000.0, min_window_s=MIN_WINDOW_S)
-    planned = planned_envelope(trace, windows)
+    reference = TunerReference(
+        signature=signature,
+        replicas=best.config.replicas,
+        capacity=planner.capacity(best.instances),
+        windows=tuple(windows),
+        planned_rates=tuple(float(r) for r in planned_envelope(trace, windows)),
+        growth=growth_curve(trace),
+    )
     baselines = {
         name: {
             "replicas": ev.config.replicas,
@@ -172,20 +163,15 @@ def plan_for_slo(
         for name, ev in result.baselines.items()
     }
     return Provisioned(
-        signature=signature,
+        reference=reference,
         cpus=best.config.cpus,
         batch=best.config.batch,
-        replicas=best.config.replicas,
         plan=result.plan,
         slo_ms=slo_ms,
         p99_ms=best.p99_ms if math.isfinite(best.p99_ms) else None,
         miss_rate=best.miss_rate,
         feasible=best.feasible,
         baselines=baselines,
-        capacity=capacity,
-        windows=tuple(windows),
-        planned_rates=tuple(float(r) for r in planned),
-        growth=growth_curve(trace),
         arrivals=int(trace.size),
         evaluations=result.evaluations,
     )
@@ -269,9 +255,9 @@ def _record(p: Pass, prov: Provisioned) -> None:
     previous = p.status.provisioning
     p.status.set_provisioning(previous.replanned(prov.record()))
     summary = (
-        f"{prov.replicas} x {prov.cpus} CPUs, batch {prov.batch} ({prov.plan.label}): "
+        f"{prov.reference.replicas} x {prov.cpus} CPUs, batch {prov.batch} ({prov.plan.label}): "
         f"simulated P99 {_round(prov.p99_ms)} ms for SLO {prov.slo_ms:g} ms, "
         f"{prov.cores} cores"
     )
-    changed = previous.signature != prov.signature
+    changed = previous.signature != prov.reference.signature
     report_provisioned(p, feasible=prov.feasible, changed=changed, summary=summary)

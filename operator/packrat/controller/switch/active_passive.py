@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
+from packrat.controller.core.model import SwitchTiming
 from packrat.controller.core.status import Stage, Switch, now_iso, parse_time
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.serving import manifests as m
@@ -92,10 +93,11 @@ def advance_switch(
     *,
     target: Rendering,
     replicas: int,
-    ready_timeout: float,
-    drain: float,
+    timing: SwitchTiming,
 ) -> bool:
-    """One step of a switch under way; True when it ended (done or aborted)."""
+    """One step of a switch under way (``timing``: the spec's readiness timeout and drain);
+    True when it ended (done or aborted)."""
+    ready_timeout, drain = timing.ready_timeout_seconds, timing.drain_seconds
     status = p.status
     switch = status.switch
     assert switch is not None and switch.from_slot is not None

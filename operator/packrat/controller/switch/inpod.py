@@ -29,9 +29,9 @@ retired by that switch (both plans are valid for the same cores).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.status import now_iso
@@ -41,26 +41,15 @@ from packrat.controller.serving import manifests as m
 from packrat.controller.serving.admin_token import ensure_token
 from packrat.controller.serving.pod_config import ensure_plan
 from packrat.controller.serving.slots import Rendering, deployment_ready
-from packrat.controller.switch.plan_poster import PodAnswer
-from packrat.plan.optimizer import Plan
+from packrat.controller.switch.plan_poster import PlanPost, PodAnswer
 
 MODE_INPOD = "InPod"
 MODE_DEPLOYMENT = "Deployment"
 
 
-class Poster(Protocol):
-    """Posts ``plan`` to every URL: the answers, or None while the post is outstanding (a
-    later call with the same arguments picks it up)."""
-
-    def __call__(
-        self,
-        urls: Sequence[str],
-        plan: Plan,
-        *,
-        token: str,
-        timeout: float,
-        owner: str = "",
-    ) -> list[PodAnswer] | None: ...
+Poster = Callable[[PlanPost], list[PodAnswer] | None]
+"""Posts a plan to every URL: the answers, or None while the post is outstanding (a later call
+with the same post picks it up); :class:`~packrat.controller.switch.plan_poster.PlanPoster`."""
 
 
 class Pending:
@@ -139,7 +128,7 @@ def switch_in_pod(
         names = [str(pod["metadata"]["name"]) for pod in ready]
         start = time.monotonic()
         owner = f"{p.namespace}/{p.name}"
-        answers = client.post(urls, desired.plan, token=token, timeout=timeout, owner=owner)
+        answers = client.post(PlanPost(urls, desired.plan, token, timeout, owner))
         if answers is None:
             return pending(p, desired=desired, pods=len(names))
         failed = failures(names, answers)

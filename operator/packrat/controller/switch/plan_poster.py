@@ -90,6 +90,19 @@ def pod_answer(answer: Answer, *, seconds: float = 0.0) -> PodAnswer:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PlanPost:
+    """One post of ``plan`` to the pods at ``urls``, with the bearer ``token`` they were
+    started with, bounded by ``timeout`` seconds in all; ``owner`` names the model it is for
+    (a later post for the same owner supersedes it)."""
+
+    urls: Sequence[str]
+    plan: Plan
+    token: str
+    timeout: float
+    owner: str = ""
+
+
 Key = tuple[str, tuple[str, ...], bytes, str]
 
 
@@ -127,19 +140,13 @@ class PlanPoster:
         self._pending: dict[str, _Post] = {}
         self._lock = threading.Lock()
 
-    def __call__(
-        self,
-        urls: Sequence[str],
-        plan: Plan,
-        *,
-        token: str,
-        timeout: float,
-        owner: str = "",
-    ) -> list[PodAnswer] | None:
-        """Every pod's answer, in the order of ``urls``; None while the post is outstanding."""
-        body, headers = plan_request(plan, token=token)
-        targets = tuple(url.rstrip("/") + PATH for url in urls)
-        key: Key = (owner, targets, body, token)
+    def __call__(self, request: PlanPost) -> list[PodAnswer] | None:
+        """Every pod's answer, in the order of its ``urls``; None while the post is
+        outstanding."""
+        owner = request.owner
+        body, headers = plan_request(request.plan, token=request.token)
+        targets = tuple(url.rstrip("/") + PATH for url in request.urls)
+        key: Key = (owner, targets, body, request.token)
         with self._lock:
             self._forget_stale()
             post = self._pending.pop(owner, None)
@@ -153,7 +160,7 @@ class PlanPoster:
                     targets,
                     body,
                     headers,
-                    deadline=min(timeout, MAX_DEADLINE_SECONDS),
+                    deadline=min(request.timeout, MAX_DEADLINE_SECONDS),
                     max_bytes=MAX_BYTES,
                 )
                 post = _Post(key, future, time.monotonic())
@@ -186,6 +193,7 @@ class PlanPoster:
 def post_plan(url: str, plan: Plan, *, token: str, timeout: float) -> PodAnswer:
     """Ask the pod at ``url`` (``http://IP:PORT``, maybe with a path prefix) to switch to
     ``plan`` in place, waiting for its answer (at most ``timeout``); never raises."""
-    answers = PlanPoster(inline_wait=timeout + 5.0)([url], plan, token=token, timeout=timeout)
+    request = PlanPost([url], plan, token=token, timeout=timeout)
+    answers = PlanPoster(inline_wait=timeout + 5.0)(request)
     assert answers is not None  # done within its deadline, before the wait is over
     return answers[0]

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -27,7 +28,7 @@ from packrat.controller.planning.arrivals import ArrivalReader, parse_arrivals
 from packrat.controller.planning.estimates import EstimateReader
 from packrat.controller.serving import manifests as m
 from packrat.controller.switch.inpod import PodClient, Poster
-from packrat.controller.switch.plan_poster import PlanPoster
+from packrat.controller.switch.plan_poster import PlanPost, PlanPoster
 
 Behaviour = Callable[[socket.socket], None]
 GOOD_STATUS = json.dumps({"batch_size_estimate": {"estimate": 4}}).encode()
@@ -254,7 +255,7 @@ def test_the_plan_post_reads_a_hostile_answer_and_gives_up_at_its_deadline(
     fanout = PodFanout()
     try:
         poster = PlanPoster(fanout, inline_wait=30.0)  # the answers in this call
-        answers = poster(urls, plan, token="t" * 20, timeout=1.0, owner="ns/m")
+        answers = poster(PlanPost(urls, plan, token="t" * 20, timeout=1.0, owner="ns/m"))
         assert answers is not None and not hostile.stop.is_set()
     finally:
         fanout.close()
@@ -309,10 +310,7 @@ def _as_model(poster: PlanPoster, model: str) -> Poster:
     """The shared poster, for one of several models (the fake API holds one model, "tiny",
     per instance: each gets its own owner, as distinct models have)."""
 
-    def post(urls: Any, plan: Any, *, token: str, timeout: float, owner: str = "") -> Any:
-        return poster(urls, plan, token=token, timeout=timeout, owner=f"{model}/{owner}")
-
-    return post
+    return lambda post: poster(replace(post, owner=f"{model}/{post.owner}"))
 
 
 def test_blackholed_plan_posts_hold_no_reconcile_thread(hostile: Hostile) -> None:

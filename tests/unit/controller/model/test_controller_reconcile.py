@@ -11,8 +11,10 @@ from kube_support import NS, T0, ModelSetUp, merge, profile_json, set_spec, setu
 from openapi_schema_validator import OAS30Validator
 from packaging_support import ROOT, strict_schema
 
+from packrat.controller.api.drift import merge_patch
+from packrat.controller.core.pods import pod_failure
 from packrat.controller.core.status import get_condition
-from packrat.controller.model.reconcile import Config, Reconciler, merge_patch, pod_failure
+from packrat.controller.model.reconcile import Config, Reconciler
 
 
 def test_merge_patch_removes_nested_keys() -> None:

@@ -16,7 +16,13 @@ from packrat.controller.core.fanout import Answer
 from packrat.controller.core.model import model_spec
 from packrat.controller.core.plans import from_status
 from packrat.controller.switch import plan_poster
-from packrat.controller.switch.plan_poster import PlanPoster, PodAnswer, plan_request, post_plan
+from packrat.controller.switch.plan_poster import (
+    PlanPost,
+    PlanPoster,
+    PodAnswer,
+    plan_request,
+    post_plan,
+)
 from packrat.controller.switch.plan_poster import switchable as _switchable
 from packrat.plan.optimizer import Plan
 from packrat.serve.config import parse_plan
@@ -158,7 +164,7 @@ def test_a_pending_post_is_picked_up_superseded_or_forgotten(
     plan, token = _plan(2, 2, 4), "t" * 20
 
     def ask(owner: str = "ns/m", token: str = token) -> list[PodAnswer] | None:
-        return poster(["http://a:8080"], plan, token=token, timeout=5.0, owner=owner)
+        return poster(PlanPost(["http://a:8080"], plan, token=token, timeout=5.0, owner=owner))
 
     assert ask() is None and ask() is None  # pending: the second pass asks the same post
     assert len(fanout.futures) == 1 and poster.outstanding() == 1

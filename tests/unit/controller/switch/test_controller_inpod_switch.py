@@ -9,7 +9,7 @@ import base64
 import copy
 import datetime
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -21,7 +21,7 @@ from packrat.controller.serving import manifests as m
 from packrat.controller.serving.admin_token import admin_token_secret, secret_token
 from packrat.controller.serving.pod_config import plan_configmap
 from packrat.controller.switch.inpod import PodClient, failures, slot_pods
-from packrat.controller.switch.plan_poster import PodAnswer
+from packrat.controller.switch.plan_poster import PlanPost, PodAnswer
 
 OWNER = {"metadata": {"name": "tiny", "namespace": NS, "uid": "u1"}, "spec": {}}
 PLAN = from_status(
@@ -93,20 +93,12 @@ class FakePods:
 
     def __init__(self, answers: Mapping[str, int] | None = None) -> None:
         self.answers = dict(answers or {})
-        self.calls: list[tuple[list[str], dict[str, Any], str, float]] = []
+        self.calls: list[tuple[list[str], Any, str, float]] = []
 
-    def __call__(
-        self,
-        urls: Sequence[str],
-        plan: Mapping[str, Any],
-        *,
-        token: str,
-        timeout: float,
-        owner: str = "",
-    ) -> list[PodAnswer]:
-        self.calls.append((list(urls), plan, token, timeout))
+    def __call__(self, post: PlanPost) -> list[PodAnswer]:
+        self.calls.append((list(post.urls), post.plan, post.token, post.timeout))
         out = []
-        for url in urls:
+        for url in post.urls:
             code = self.answers.get(url, 200)
             out.append(PodAnswer(ok=code == 200, status=code, message="" if code == 200 else "x"))
         return out
