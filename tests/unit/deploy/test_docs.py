@@ -54,9 +54,11 @@ def test_crd_reference_check_mode_detects_drift(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------- metrics reference
 
-# prometheus_client's constructors, or serve.metrics.MetricSet's (self._counter(...), ...)
+# prometheus_client's constructors, the serving metric sets' factories (counter(...), ...) or
+# the operator's (per_model(Counter, ...))
 _METRIC_DEF = re.compile(
-    r"\b(?:self\._)?(Counter|Gauge|Histogram|Summary|counter|gauge|histogram)\(\s*\"(packrat_[a-z0-9_]+)\"",
+    r"\b(?:self\._|per_model\(\s*)?(Counter|Gauge|Histogram|Summary|counter|gauge|histogram)"
+    r"(?:\(|\s*,)\s*\"(packrat_[a-z0-9_]+)\"",
     re.S,
 )
 
