@@ -8,7 +8,9 @@ with no module is profiled eager, the engines left out in one line."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +124,48 @@ def test_a_second_profile_finds_the_conversion(
     done = _profile(mars["linear"], mars["tmp"] / "again.json", artefacts)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "engine onnxruntime: found converted" in done.stderr, done.stderr
+
+
+def _convert(
+    mar: Path, artefacts: Path, *sample: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "packrat", "convert", "--model", str(mar), *sample]
+    cmd += ["--engines", "eager,onnxruntime", "--artefacts", str(artefacts)]
+    return subprocess.run(
+        ["nice", "-n", "5", *cmd], capture_output=True, text=True, timeout=300, check=False, env=env
+    )
+
+
+def test_a_pods_convert_finds_the_jobs_conversion_and_converts_its_own_from_the_request(
+    profiled: tuple[Path, Path, str], mars: dict[str, Path], tmp_path: Path
+) -> None:
+    """What a serving pod's init container runs: with the profile's artefacts (a shared
+    claim) it finds the Job's conversion under the same key; in a pod's own empty volume it
+    converts the module from the sample request (base64 in a variable, as the pod gets it)."""
+    _, artefacts, _ = profiled
+    env_sample = ["--sample-request-env", "SAMPLE", "--sample-content-type", "application/json"]
+    body = (mars["tmp"] / "sample.json").read_bytes()
+    env = {**os.environ, "SAMPLE": base64.b64encode(body).decode()}
+    found = _convert(mars["linear"], artefacts, *env_sample, env=env)
+    own = _convert(mars["linear"], tmp_path / "pod-artefacts", *env_sample, env=env)
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert "engine onnxruntime: found converted, matches eager" in found.stderr, found.stderr
+    assert own.returncode == 0, own.stderr[-3000:]
+    assert "engine onnxruntime: converted, matches eager" in own.stderr, own.stderr
+    (record,) = [json.loads(line) for line in own.stdout.splitlines()]
+    assert record["status"] == "ok" and Path(record["artefact"]["path"]).is_file()
+    # the pod's own conversion sits under the key the profile's does
+    key = Path(json.loads(found.stdout)["artefact"]["path"]).relative_to(artefacts)
+    assert Path(record["artefact"]["path"]).relative_to(tmp_path / "pod-artefacts") == key
+
+
+def test_a_mars_convert_without_its_sample_request_is_one_line(
+    mars: dict[str, Path], tmp_path: Path
+) -> None:
+    done = _convert(mars["linear"], tmp_path / "artefacts")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "give --sample-request FILE" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 async def _predict(url: str, rows: list[list[float]]) -> list[tuple[int, Any]]:

@@ -159,6 +159,50 @@ def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sample_request_args(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """A ``.mar`` handler's sample request: ``--sample-request FILE`` (what it is for is
+    ``help``), ``--sample-request-env VAR`` (the base64 body in VAR, as the operator's Jobs and
+    init containers pass it) and ``--sample-content-type``; read by :func:`sample_request_file`."""
+    parser.add_argument("--sample-request", type=Path, metavar="FILE", help=help)
+    parser.add_argument(
+        "--sample-request-env",
+        metavar="VAR",
+        help="like --sample-request, from the base64 text in environment variable VAR",
+    )
+    parser.add_argument(
+        "--sample-content-type",
+        default="application/octet-stream",
+        help="the sample request's Content-Type (default application/octet-stream)",
+    )
+
+
+def sample_request_file(args: argparse.Namespace, workdir: Path) -> Path | None:
+    """The sample request's file (an environment variable's body written under ``workdir``),
+    None when neither flag was given; a bad flag is one line (:class:`CliError`)."""
+    import base64
+    import binascii
+    import os
+
+    if args.sample_request is not None and args.sample_request_env:
+        raise CliError("give --sample-request or --sample-request-env, not both")
+    if args.sample_request is not None:
+        if not args.sample_request.is_file():
+            raise CliError(f"--sample-request {args.sample_request}: no such file")
+        return Path(args.sample_request)
+    if not args.sample_request_env:
+        return None
+    text = os.environ.get(args.sample_request_env)
+    if not text:
+        raise CliError(f"--sample-request-env {args.sample_request_env}: variable is unset")
+    try:
+        body = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise CliError(f"--sample-request-env {args.sample_request_env}: not base64 text") from None
+    path = workdir / "sample-request.bin"
+    path.write_bytes(body)
+    return path
+
+
 def check_model_file(model: str, inputs: str | None) -> None:
     """Declare ``inputs`` for every process this one starts and check the model file with
     them; a zoo name or ``.mar`` passes untouched (and takes no ``--inputs``)."""

@@ -17,10 +17,18 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, add_command, add_inputs_arg, check_model_file
+from packrat.cli import (
+    CliError,
+    add_command,
+    add_inputs_arg,
+    add_sample_request_args,
+    check_model_file,
+    sample_request_file,
+)
 
 
 def register(subparsers: Any) -> None:
@@ -35,7 +43,7 @@ def register(subparsers: Any) -> None:
             "disagrees has its artefact removed. The serving pod's init container."
         ),
     )
-    parser.add_argument("--model", required=True, help="zoo name or model file")
+    parser.add_argument("--model", required=True, help="zoo name, model file or .mar archive")
     parser.add_argument(
         "--engines",
         required=True,
@@ -45,10 +53,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--artefacts", type=Path, required=True, help="the artefact cache folder")
     parser.add_argument("--threads", type=int, default=1, help="threads for the check (default 1)")
     add_inputs_arg(parser)
+    add_sample_request_args(
+        parser,
+        help="a request body a .mar's handler accepts (required for a .mar): its module's "
+        "inputs are captured from it, as the profile captured them",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from packrat.profiler.engines import prepare_engine
     from packrat.runtime.engines import EAGER, EngineError, parse_engines
 
     if args.threads < 1:
@@ -59,17 +71,45 @@ def run(args: argparse.Namespace) -> int:
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
     args.artefacts.mkdir(parents=True, exist_ok=True)
-    for name in wanted:
-        if name == EAGER:
-            continue
-        record = prepare_engine(args.model, name, args.artefacts, threads=args.threads)
-        path = (record.get("artefact") or {}).get("path")
-        if record["status"] != "ok" and path:  # converted but wrong: never servable
-            shutil.rmtree(Path(path).parent, ignore_errors=True)
-        if record["status"] == "ok":
-            how = "found converted" if not record.get("converted_now") else "converted"
-            print(f"engine {name}: {how}, matches eager", file=sys.stderr, flush=True)
-        else:
-            print(f"engine {name} left out: {record['reason']}", file=sys.stderr, flush=True)
-        print(json.dumps(record), flush=True)
+    with tempfile.TemporaryDirectory(prefix="packrat-convert-") as tmp:
+        handler = _handler(args, Path(tmp))
+        for name in wanted:
+            if name != EAGER:
+                _convert(args, name, handler)
     return 0
+
+
+def _handler(args: argparse.Namespace, workdir: Path) -> Any:
+    """A ``.mar``'s sample request as the profiler takes it; None for anything else."""
+    from packrat.profiler.client import HandlerTarget
+    from packrat.runtime.mar import is_archive
+
+    sample = sample_request_file(args, workdir)
+    if not is_archive(args.model):
+        if sample is not None:
+            raise CliError("--sample-request applies to a .mar, not " + args.model)
+        return None
+    if sample is None:
+        raise CliError(
+            f"{args.model}: a .mar's engines convert its handler's module from a request it "
+            "accepts; give --sample-request FILE (or --sample-request-env VAR)"
+        )
+    return HandlerTarget(
+        archive=Path(args.model), sample_request=sample, content_type=args.sample_content_type
+    )
+
+
+def _convert(args: argparse.Namespace, name: str, handler: Any) -> None:
+    """One engine's verdict: said in a line on stderr, its record a JSON line on stdout."""
+    from packrat.profiler.engines import prepare_engine
+
+    record = prepare_engine(args.model, name, args.artefacts, threads=args.threads, handler=handler)
+    path = (record.get("artefact") or {}).get("path")
+    if record["status"] != "ok" and path:  # converted but wrong: never servable
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
+    if record["status"] == "ok":
+        how = "found converted" if not record.get("converted_now") else "converted"
+        print(f"engine {name}: {how}, matches eager", file=sys.stderr, flush=True)
+    else:
+        print(f"engine {name} left out: {record['reason']}", file=sys.stderr, flush=True)
+    print(json.dumps(record), flush=True)

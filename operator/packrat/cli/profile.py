@@ -10,9 +10,6 @@ prints the table.
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
-import os
 import signal
 import sys
 import tempfile
@@ -20,7 +17,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError, add_command, add_model_arg, check_model_file
+from packrat.cli import (
+    CliError,
+    add_command,
+    add_model_arg,
+    add_sample_request_args,
+    check_model_file,
+    sample_request_file,
+)
 from packrat.cli.plan import parse_int_list
 from packrat.plan.profile import COLOCATED, MODES
 
@@ -55,25 +59,13 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     add_model_arg(
         parser, help="zoo name, model file (TorchScript, .pt2, .onnx) or TorchServe .mar archive"
     )
-    parser.add_argument(
-        "--sample-request",
-        type=Path,
-        metavar="FILE",
+    add_sample_request_args(
+        parser,
         help=(
             "a request body the model's handler accepts; batch b runs b copies of it through "
             "the handler the serving pod runs (required for a .mar; for a zoo model or "
             "TorchScript file it profiles through Packrat's native handler)"
         ),
-    )
-    parser.add_argument(
-        "--sample-request-env",
-        metavar="VAR",
-        help="like --sample-request, from the base64 text in environment variable VAR",
-    )
-    parser.add_argument(
-        "--sample-content-type",
-        default="application/octet-stream",
-        help="the sample request's Content-Type (default application/octet-stream)",
     )
 
 
@@ -236,35 +228,12 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds: the running worker is killed, checkpoint kept
 
 
-def _sample_request(args: argparse.Namespace, workdir: Path) -> Path | None:
-    if args.sample_request is not None and args.sample_request_env:
-        raise CliError("give --sample-request or --sample-request-env, not both")
-    if args.sample_request is not None:
-        if not args.sample_request.is_file():
-            raise CliError(f"--sample-request {args.sample_request}: no such file")
-        return Path(args.sample_request)
-    if args.sample_request_env:
-        text = os.environ.get(args.sample_request_env)
-        if not text:
-            raise CliError(f"--sample-request-env {args.sample_request_env}: variable is unset")
-        try:
-            body = base64.b64decode(text, validate=True)
-        except binascii.Error:
-            raise CliError(
-                f"--sample-request-env {args.sample_request_env}: not base64 text"
-            ) from None
-        path = workdir / "sample-request.bin"
-        path.write_bytes(body)
-        return path
-    return None
-
-
 def handler_target(args: argparse.Namespace, workdir: Path) -> Any:
     """What to run per batch: None (the bare model) or an archive's handler + sample request."""
     from packrat.profiler.client import HandlerTarget
     from packrat.serve.torchserve.archive import ArchiveError, build_archive, is_mar
 
-    sample = _sample_request(args, workdir)
+    sample = sample_request_file(args, workdir)
     if sample is None:
         if is_mar(args.model):
             raise CliError(

@@ -298,6 +298,14 @@ def convert_init_container(
     if not spec.engines:
         return None
     target, _, _ = model_source(spec)
+    sample: list[str] = []
+    env = base_env()
+    if spec.source.format == "mar" and spec.source.sample_request is not None:
+        # a .mar's module is converted from the inputs its sample request gives it, as the
+        # profiling Job converted it: without the request no pod could convert it itself
+        sample = ["--sample-request-env", SAMPLE_REQUEST_ENV, "--sample-content-type"]
+        sample.append(spec.source.sample_content_type or "application/octet-stream")
+        env.append({"name": SAMPLE_REQUEST_ENV, "value": spec.source.sample_request})
     return {
         "name": "convert-engines",
         "image": spec.image,
@@ -313,10 +321,11 @@ def convert_init_container(
             "--threads",
             str(spec.cpus),
             *inputs_args(spec),
+            *sample,
         ],
         "resources": guaranteed_resources(spec),
         "securityContext": container_security(),
-        "env": base_env(),
+        "env": env,
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             *model_mounts,

@@ -81,6 +81,28 @@ def test_the_pods_convert_in_an_init_container_and_serve_from_the_artefacts() ->
     assert [v["name"] for v in pod["volumes"]].count(m.ARTEFACTS_VOLUME) == 1
 
 
+def test_a_mars_pods_convert_its_module_from_the_sample_request_the_job_used() -> None:
+    mar = {
+        "uri": "https://host/m.mar",
+        "format": "mar",
+        "sampleRequest": "WzAuNV0=",
+        "sampleContentType": "application/json",
+    }
+    owner = _owner(model=mar, engines=["eager", "onnxruntime"], runtime="native")
+    (convert,) = [c for c in _pod(owner)["initContainers"] if c["name"] == "convert-engines"]
+    args = build_parser("convert").parse_args(convert["command"][1:])
+    assert args.sample_request_env == m.SAMPLE_REQUEST_ENV
+    assert args.sample_content_type == "application/json"
+    (job,) = [c for c in _job_pod(owner)["initContainers"] if c["name"] == "profile"]
+    sample = {"name": m.SAMPLE_REQUEST_ENV, "value": "WzAuNV0="}
+    assert sample in convert["env"] and sample in job["env"]  # the same body as the profile's
+    # a zoo model's request only chooses the handler it is profiled through: nothing to pass
+    zoo = _owner(model={"zoo": "tiny", "sampleRequest": "WzAuNV0="}, engines=["onnxruntime"])
+    (plain,) = [c for c in _pod(zoo)["initContainers"] if c["name"] == "convert-engines"]
+    assert "--sample-request-env" not in plain["command"]
+    assert all(e["name"] != m.SAMPLE_REQUEST_ENV for e in plain["env"])
+
+
 def test_eager_only_keeps_the_objects_and_hashes_of_before() -> None:
     plain, eager = parse(OWNER), parse(_owner(engines=["eager"]))
     assert plain.engines is None and eager.engines is None
