@@ -125,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"packrat {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a path the user named that cannot be read or written, a port taken
+        if args.verbose:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"packrat {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return result

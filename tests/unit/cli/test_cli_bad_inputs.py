@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,17 @@ def test_plot_into_a_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["plan", "--profile", str(path), "--batch", "2", "--plot", str(target)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(target) in err and "does not exist" in err
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(
+    tmp_path: Path, refused: Callable[[list[str], str], str]
+) -> None:
+    # under a plain file: no command gets as far as torch or a conversion, nor a traceback
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    argv = ["convert", "--model", "tiny", "--engines", "onnxruntime"]
+    err = refused([*argv, "--artefacts", str(blocked / "artefacts")], str(blocked))
+    assert "Not a directory" in err
 
 
 PLAN_CASES: dict[str, Any] = {
