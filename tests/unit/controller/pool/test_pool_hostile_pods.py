@@ -1,0 +1,135 @@
+"""A PackratPool's pods as an unfriendly cluster runs them: what a pod answers on
+``/pool/status`` never fails the pool's pass, and how long it takes to answer holds the pass
+for at most one deadline, however many of the pool's pods are slow."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from hostile_support import Listener, answer
+from kube_support import FakeKube
+
+from packrat.controller.core.fanout import Answer, PodFanout, _Call
+from packrat.controller.pool import manifests as pm
+from packrat.controller.pool import readings
+from packrat.controller.pool.readings import PoolReader, parse_status
+from packrat.controller.pool.reconcile import PoolReconciler
+
+NS = "ns"
+GOOD = {"resident_bytes": 1, "file_bytes": 2, "requests": 3, "cold_starts": 1,
+        "read_bytes": 5, "last_use": 1.7e9}  # fmt: skip
+
+
+def _pod(pool: str, key: str, ip: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{key}-x", "namespace": NS, "labels": pm.pod_labels(pool, key)},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+class TableFanout(PodFanout):
+    """The operator's pod client answering every URL with one document, at once."""
+
+    def __init__(self, doc: Any) -> None:
+        super().__init__()
+        self.doc = doc
+
+    def _start(self, call: _Call, urls: Sequence[str]) -> concurrent.futures.Future[list[Answer]]:
+        done: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
+        done.set_result([Answer(200, json.dumps(self.doc).encode()) for _ in urls])
+        return done
+
+
+class MappedFanout(PodFanout):
+    """The real pod client, each pod's address mapped to a loopback listener."""
+
+    def __init__(self, to: dict[str, str]) -> None:
+        super().__init__()
+        self.to = to
+
+    def _start(self, call: _Call, urls: Sequence[str]) -> concurrent.futures.Future[list[Answer]]:
+        mapped = [self._target(url) for url in urls]
+        return super()._start(call, mapped)
+
+    def _target(self, url: str) -> str:
+        for ip, target in self.to.items():
+            if url.startswith(f"http://{ip}:8080/"):
+                return target + url.removeprefix(f"http://{ip}:8080")
+        return url
+
+
+@pytest.mark.parametrize("last_use", [1e20, 10**25, 253_402_300_800])
+def test_a_last_use_no_date_can_name_is_dropped_and_the_pass_goes_on(
+    kube: FakeKube, last_use: float
+) -> None:
+    """A pod reporting ``last_use`` past year 9999 made every pass of its pool raise
+    (OverflowError writing it as a date): no model of the pool was ever placed ready."""
+    assert parse_status("p-0", {"models": {"a": {**GOOD, "last_use": last_use}}}, {"a"}) == {}
+    spec = {"weightBudget": "64Mi", "memory": "1Gi", "replicas": 1}
+    kube.create("packratpools", NS, {"metadata": {"name": "p", "namespace": NS}, "spec": spec})
+    for name in ("a", "b"):
+        model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+        kube.create("packratmodels", NS, {"metadata": {"name": name}, "spec": model})
+    kube.create("pods", NS, _pod("p", "p-0", "10.0.0.1"))
+    doc = {"models": {"a": {**GOOD, "last_use": last_use}, "b": GOOD}}
+    fanout = TableFanout(doc)
+    try:
+        reader = PoolReader(kube, pod_url="http://{ip}:8080", fanout=fanout)
+        PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    finally:
+        fanout.close()
+    models = ((kube.get("packratpools", NS, "p") or {}).get("status") or {})["models"]
+    assert models["a"]["ready"] is False and "lastUse" not in models["a"]
+    assert models["b"]["ready"] is True and models["b"]["lastUse"].startswith("2023-")
+
+
+@pytest.fixture
+def stop() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_every_pool_pod_is_read_at_once_under_one_deadline(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch, stop: threading.Event
+) -> None:
+    """Each pod answers only once all three have been asked: a reader that asks them one
+    after the other (as it did: a pass waited a deadline per slow pod, 64 pods x 2 s) reads
+    at most one of them; one that asks them all at once, under one deadline, reads all."""
+    monkeypatch.setattr(readings, "DEADLINE_SECONDS", 1.0)
+    everyone = threading.Barrier(3, timeout=1.5)
+    body = json.dumps({"models": {"a": GOOD}}).encode()
+    ok = answer("200 OK", {"Content-Type": "application/json", "Content-Length": str(len(body))})
+
+    def when_all_asked(conn: Any, head: bytes) -> None:
+        try:
+            everyone.wait()
+        except threading.BrokenBarrierError:
+            return
+        ok(conn, head)
+        conn.sendall(body)
+
+    listeners = [Listener(when_all_asked) for _ in range(3)]
+    keys = [f"p-{i}" for i in range(3)]
+    for i, key in enumerate(keys):
+        kube.create("pods", NS, _pod("p", key, f"10.0.0.{i + 1}"))
+    fanout = MappedFanout({f"10.0.0.{i + 1}": lst.url for i, lst in enumerate(listeners)})
+    try:
+        reader = PoolReader(kube, pod_url="http://{ip}:8080", fanout=fanout)
+        got = reader(NS, "p", {key: {"a"} for key in keys}, token="t")
+    finally:
+        stop.set()
+        fanout.close()
+        for lst in listeners:
+            lst.close()
+    assert {key: sorted(hosted) for key, hosted in got.items()} == {k: ["a"] for k in keys}
+    assert all(b"Authorization: Bearer t" in lst.heads[0] for lst in listeners)
