@@ -30,7 +30,7 @@ from packrat.controller.api import crd
 from packrat.controller.api.children import keep, labels_drift, service_drift
 from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.kube import KubeApi
-from packrat.controller.api.ownership import conflict_message, owned_by
+from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Config, Pass, Result, run_pass
 from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.status import Status, now_iso, parse_time
@@ -257,11 +257,7 @@ class PoolReconciler:
         reader, ok = self.reader, token is not None
         readings = reader(p.namespace, spec.name, expected, token=token) if reader and ok else {}
         self._write_status(p, spec, plan, readings, digests)
-        if p.conflicts:
-            message = conflict_message(p.conflicts, owner=crd.POOL_KIND)
-            p.cond("OwnershipConflict", True, "NotOwned", message)
-        else:
-            p.status.drop_condition("OwnershipConflict")
+        p.report_conflicts(crd.POOL_KIND)
 
     def _ours(self, p: PoolPass, obj: Mapping[str, Any]) -> bool:
         uid = p.obj["metadata"].get("uid")

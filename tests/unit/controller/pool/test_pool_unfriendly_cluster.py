@@ -1,0 +1,69 @@
+"""A PackratPool in a cluster that does not play along: objects under its children's names
+that it does not own (never adopted, edited or deleted: a condition that names them and the
+pool, and one Warning event, not one per pass), its ConfigMap edited by hand or deleted
+(converges back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kube_support import FakeKube
+
+from packrat.controller.core.context import Result
+from packrat.controller.pool import manifests as pm
+from packrat.controller.pool.reconcile import PoolReconciler
+
+NS = "ns"
+
+
+def _setup(kube: FakeKube) -> None:
+    spec = {"weightBudget": "64Mi", "memory": "1Gi", "replicas": 1}
+    meta = {"name": "p", "namespace": NS, "uid": "pool-uid"}
+    kube.create("packratpools", NS, {"metadata": meta, "spec": spec})
+    model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+    kube.create("packratmodels", NS, {"metadata": {"name": "a", "uid": "a-uid"}, "spec": model})
+
+
+def _conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    status = (kube.get("packratpools", NS, "p") or {}).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+def _warnings(result: Result) -> list[str]:
+    return [message for kind, reason, message in result.events if reason == "OwnershipConflict"]
+
+
+def test_a_foreign_object_under_a_childs_name_is_a_condition_and_one_warning(
+    kube: FakeKube,
+) -> None:
+    _setup(kube)
+    foreign = {"metadata": {"name": "p"}, "spec": {"selector": {"app": "mine"}}}
+    kube.create("services", NS, foreign)
+    pools = PoolReconciler(kube)
+    first = pools.reconcile(NS, "p")
+    conflict = _conditions(kube)["OwnershipConflict"]
+    assert conflict["status"] == "True" and "Service p" in conflict["message"]
+    assert conflict["message"].endswith("or rename the pool")  # it said "the pipeline"
+    assert _warnings(first) == [conflict["message"]]
+    assert _warnings(pools.reconcile(NS, "p")) == []  # once, not every pass
+    assert (kube.get("services", NS, "p") or {})["spec"] == foreign["spec"]  # untouched
+    kube.delete("services", NS, "p")
+    pools.reconcile(NS, "p")
+    resolved = _conditions(kube)["OwnershipConflict"]
+    assert resolved["status"] == "False" and resolved["reason"] == "Resolved"
+    svc = kube.get("services", NS, "p") or {}
+    assert svc["metadata"]["ownerReferences"][0]["uid"] == "pool-uid"
+
+
+def test_the_pods_configmap_edited_by_hand_or_deleted_converges_back(kube: FakeKube) -> None:
+    _setup(kube)
+    pools = PoolReconciler(kube)
+    pools.reconcile(NS, "p")
+    written = (kube.get("configmaps", NS, "p-0") or {})["data"]
+    kube.patch("configmaps", NS, "p-0", {"data": {pm.CONFIG_KEY: '{"models": []}'}})
+    pools.reconcile(NS, "p")
+    assert (kube.get("configmaps", NS, "p-0") or {})["data"] == written
+    kube.delete("configmaps", NS, "p-0")
+    pools.reconcile(NS, "p")
+    assert (kube.get("configmaps", NS, "p-0") or {})["data"] == written
+    assert "OwnershipConflict" not in _conditions(kube)
