@@ -49,7 +49,11 @@ def _placed(p: Pass, pool: str, obj: Mapping[str, Any] | None) -> Mapping[str, A
     elif isinstance(why, str):
         p.cond("Placed", False, "NotPlaced", f"pool {pool}: {why}")
     elif not isinstance(record, Mapping) or not isinstance(record.get("pod"), str):
-        p.cond("Placed", False, "Placing", f"pool {pool} has not placed the model yet")
+        if status.get("phase") == "Failed":  # its spec or name is invalid: it places nothing
+            why = status.get("message") or "its spec is invalid"
+            p.cond("Placed", False, "PoolInvalid", f"pool {pool} is invalid: {why}")
+        else:
+            p.cond("Placed", False, "Placing", f"pool {pool} has not placed the model yet")
         return None
     elif isinstance(over := record.get("overCapacity"), str):  # hosted, by memory only
         p.cond("Placed", False, "OverCapacity", f"pool {pool} pod {record['pod']}: {over}")

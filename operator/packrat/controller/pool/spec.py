@@ -20,6 +20,10 @@ from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.spec import validate_spec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A pool's name is its Service's (a DNS-1035 label: a letter first, no dots) and the start
+# of its pods' label value ``<pool>-<i>`` (at most 63 characters, i up to 63): 60 at most.
+POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,58}[a-z0-9])?$")
+MAX_POOL_NAME = 60
 ENGINES = ("eager", "onnxruntime", "openvino", "inductor")
 POLICIES = ("lcache", "lru")
 MODES = ("prefetch", "load", "demand")
@@ -146,6 +150,12 @@ def parse_pool(obj: Mapping[str, Any]) -> PoolSpec:
     if not isinstance(spec, Mapping):
         raise InvalidSpec(["spec: an object is required"])
     errors = [f"spec.{k}: unknown field" for k in sorted(set(spec) - _FIELDS)]
+    name = meta.get("name")
+    if not (isinstance(name, str) and POOL_NAME.fullmatch(name)):
+        errors.append(
+            f"metadata.name must be a DNS label of at most {MAX_POOL_NAME} characters starting "
+            f"with a letter (the pool's Service and its pods' <pool>-<i> labels), got {name!r}"
+        )
     cpus = _int(spec, "cpus", 1, 256, errors)
     replicas = _int({"replicas": 1, **spec}, "replicas", 0, MAX_REPLICAS, errors)
     memory = spec.get("memory", "2Gi")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kube_support import FakeKube
 
 from packrat.controller.core.context import Result
+from packrat.controller.core.spec import validate_spec
+from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.reconcile import PoolReconciler
 
@@ -21,7 +24,11 @@ def _setup(kube: FakeKube) -> None:
     meta = {"name": "p", "namespace": NS, "uid": "pool-uid"}
     kube.create("packratpools", NS, {"metadata": meta, "spec": spec})
     model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
-    kube.create("packratmodels", NS, {"metadata": {"name": "a", "uid": "a-uid"}, "spec": model})
+    kube.create(
+        "packratmodels",
+        NS,
+        {"metadata": {"name": "a", "namespace": NS, "uid": "a-uid"}, "spec": model},
+    )
 
 
 def _conditions(kube: FakeKube) -> dict[str, dict[str, Any]]:
@@ -67,3 +74,45 @@ def test_the_pods_configmap_edited_by_hand_or_deleted_converges_back(kube: FakeK
     pools.reconcile(NS, "p")
     assert (kube.get("configmaps", NS, "p-0") or {})["data"] == written
     assert "OwnershipConflict" not in _conditions(kube)
+
+
+@pytest.mark.parametrize("name", ["p" * 61, "my.pool", "1pool"])
+def test_a_pool_whose_name_its_children_cannot_carry_is_invalid_and_says_so(
+    kube: FakeKube, name: str
+) -> None:
+    """A PackratPool may be named anything the API server takes (253 characters, dots, a
+    digit first); its Service and its pods' ``<pool>-<i>`` label values may not. Before, its
+    pass wrote them anyway (the API server refuses: the pass failed every time, its status
+    silent); now it is Failed with a condition and creates nothing; a model's ``spec.pool``
+    cannot name it (the CRD's pattern)."""
+    spec = {"weightBudget": "64Mi", "memory": "1Gi", "replicas": 1}
+    kube.create("packratpools", NS, {"metadata": {"name": name, "uid": "u"}, "spec": spec})
+    PoolReconciler(kube).reconcile(NS, name)
+    status = (kube.get("packratpools", NS, name) or {}).get("status") or {}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert status["phase"] == "Failed" and ready["reason"] == "InvalidSpec"
+    assert "metadata.name must be a DNS label of at most 60" in ready["message"]
+    assert kube.of("deployments") == [] and kube.of("services") == []
+    assert kube.of("configmaps") == [] and kube.of("secrets") == []
+    model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": name}
+    assert any("spec.pool" in e for e in validate_spec(model, name="a"))
+
+
+def test_a_model_whose_pool_is_invalid_says_so(kube: FakeKube) -> None:
+    """Its Placed condition said "has not placed the model yet" (as if it would, in time)."""
+    spec = {"weightBudget": "2Gi", "memory": "1Gi", "replicas": 1}  # the budget above memory
+    kube.create(
+        "packratpools", NS, {"metadata": {"name": "p", "namespace": NS, "uid": "u"}, "spec": spec}
+    )
+    model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+    kube.create(
+        "packratmodels",
+        NS,
+        {"metadata": {"name": "a", "namespace": NS, "uid": "a-uid"}, "spec": model},
+    )
+    PoolReconciler(kube).reconcile(NS, "p")
+    Reconciler(kube).reconcile(NS, "a")
+    model_status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+    placed = {c["type"]: c for c in model_status["conditions"]}["Placed"]
+    assert placed["status"] == "False" and placed["reason"] == "PoolInvalid"
+    assert "pool p is invalid: spec.weightBudget must be below spec.memory" in placed["message"]
