@@ -253,7 +253,9 @@ class PoolReconciler:
         # the pods' /pool/status needs the pool's token: no pod mounts a Secret not ours
         token = ensure_token(p, pool_holder(spec.name), ours=lambda obj: self._ours(p, obj))
         digests = self._keep_children(p, spec, plan) if token is not None else {}
-        expected = {pod: set(hosted) for pod, hosted in plan.hosting.items() if hosted}
+        # only the pods this pool runs (its ConfigMap and Deployment): one under a name
+        # that is not ours is a conflict, never read, and no model's Service moves to it
+        expected = {pod: set(h) for pod, h in plan.hosting.items() if h and pod in digests}
         reader, ok = self.reader, token is not None
         readings = reader(p.namespace, spec.name, expected, token=token) if reader and ok else {}
         self._write_status(p, spec, plan, readings, digests)
@@ -265,7 +267,8 @@ class PoolReconciler:
 
     def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> dict[str, str]:
         """Keeps each pool pod's ConfigMap and Deployment and the Service; returns the digest
-        of the config each pod should serve now."""
+        of the config each pod should serve now, for the pods whose ConfigMap and Deployment
+        are this pool's."""
         ours = lambda obj: self._ours(p, obj)  # noqa: E731
         digests: dict[str, str] = {}
         for pod, hosted in sorted(plan.hosting.items()):
@@ -275,12 +278,13 @@ class PoolReconciler:
             if not kept.ours:
                 p.conflict("ConfigMap", pod)
                 continue
-            digests[pod] = pm.config_digest(cm)
             want = pm.deployment(spec, pod, hosting=bool(hosted), image=self.config.image)
             if not keep(
                 self.kube, "deployments", p.namespace, want, ours=ours, drift=_deployment_drift
             ).ours:
                 p.conflict("Deployment", pod)
+                continue  # its pods are not ours: not read, no Service moves to them
+            digests[pod] = pm.config_digest(cm)
         if not keep(
             self.kube, "services", p.namespace, pm.service(spec), ours=ours, drift=service_drift
         ).ours:

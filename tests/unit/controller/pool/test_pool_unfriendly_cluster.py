@@ -14,6 +14,7 @@ from packrat.controller.core.context import Result
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pool import manifests as pm
+from packrat.controller.pool.readings import Hosted
 from packrat.controller.pool.reconcile import PoolReconciler
 
 NS = "ns"
@@ -116,3 +117,30 @@ def test_a_model_whose_pool_is_invalid_says_so(kube: FakeKube) -> None:
     placed = {c["type"]: c for c in model_status["conditions"]}["Placed"]
     assert placed["status"] == "False" and placed["reason"] == "PoolInvalid"
     assert "pool p is invalid: spec.weightBudget must be below spec.memory" in placed["message"]
+
+
+def test_a_foreign_deployment_under_a_pods_name_gets_no_models_traffic(kube: FakeKube) -> None:
+    """A Deployment ``p-0`` that is not the pool's, its pods labelled as pool pod ``p-0`` and
+    serving the pool's own ConfigMap (the digest matches): the pool reported the model ready
+    there and the model's Service moved to those pods. Now a pod whose Deployment is not
+    the pool's is not read: the model waits, the conflict says why."""
+    _setup(kube)
+    labels = pm.pod_labels("p", "p-0")
+    squatter = {"metadata": {"name": "p-0", "labels": labels}, "spec": {"replicas": 1}}
+    kube.create("deployments", NS, squatter)
+    asked: list[str] = []
+
+    def reader(namespace: str, pool: str, expected: Any, *, token: Any = None) -> Any:
+        asked.extend(expected)  # every pod asked serves the config the pool wrote last
+        digest = pm.config_digest(kube.get("configmaps", NS, "p-0") or {})
+        return {pod: {n: Hosted(pod, 1, 2, 3, 1, 0.0, digest) for n in expected[pod]}
+                for pod in expected}  # fmt: skip
+
+    PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+    assert asked == []
+    record = ((kube.get("packratpools", NS, "p") or {}).get("status") or {})["models"]["a"]
+    assert record["ready"] is False
+    assert "Deployment p-0" in _conditions(kube)["OwnershipConflict"]["message"]
+    Reconciler(kube).reconcile(NS, "a")
+    assert kube.get("services", NS, "a") is None
+    assert (kube.get("deployments", NS, "p-0") or {})["spec"] == squatter["spec"]
