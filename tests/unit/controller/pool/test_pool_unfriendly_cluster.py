@@ -5,6 +5,7 @@ pool, and one Warning event, not one per pass), its ConfigMap edited by hand or 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from packrat.controller.core.context import Result
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pool import manifests as pm
+from packrat.controller.pool import spec as spec_module
 from packrat.controller.pool.readings import Hosted
 from packrat.controller.pool.reconcile import PoolReconciler
 
@@ -144,3 +146,24 @@ def test_a_foreign_deployment_under_a_pods_name_gets_no_models_traffic(kube: Fak
     Reconciler(kube).reconcile(NS, "a")
     assert kube.get("services", NS, "a") is None
     assert (kube.get("deployments", NS, "p-0") or {})["spec"] == squatter["spec"]
+
+
+def test_a_flood_of_new_models_never_pushes_out_one_the_pool_serves(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the pool's cap the members were the first by name: models ``a`` and ``b``,
+    created by anyone who may create models in the namespace, took the places and ``z``,
+    served by the pool, was dropped from its pod's config (an outage). Now the models it
+    serves keep their places, then the oldest; the rest are unplaced, saying why."""
+    monkeypatch.setattr(spec_module, "MAX_MODELS", 2)
+    _setup(kube)  # model a asks for p
+    spec = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+    served = {"pool": {"name": "p", "pod": "p-0"}}
+    kube.create("packratmodels", NS, {"metadata": {"name": "z"}, "spec": spec, "status": served})
+    kube.create("packratmodels", NS, {"metadata": {"name": "b"}, "spec": spec})
+    PoolReconciler(kube).reconcile(NS, "p")
+    status = (kube.get("packratpools", NS, "p") or {}).get("status") or {}
+    assert sorted(status["models"]) == ["a", "z"]
+    assert "at most 2 models" in status["unplaced"]["b"]
+    config = (kube.get("configmaps", NS, "p-0") or {})["data"][pm.CONFIG_KEY]
+    assert sorted(m["name"] for m in json.loads(config)["models"]) == ["a", "z"]
