@@ -155,6 +155,8 @@ def serve_in_pool(
             status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
         elif status.pool_pod is not None:  # the pool no longer hosts it (gone, unplaced)
             p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
+        elif record is not None and record.get("ready") is True:  # listed, not current
+            p.cond("Ready", False, "PoolConfigPending", _stale(pool, record))
         else:
             p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
         return True
@@ -178,6 +180,14 @@ def serve_in_pool(
     p.cond("Ready", True, "Pooled", f"served by pool {pool} pod {pod}")
     p.result.again_within(30.0)  # its figures (resident bytes, cold starts) from the pool
     return True
+
+
+def _stale(pool: str, record: Mapping[str, Any]) -> str:
+    return (
+        f"pool {pool} pod {record.get('pod')} lists it under another config than the one "
+        "written last (its config_digest differs); its Service moves once the pod serves "
+        "that one (a mounted ConfigMap is refreshed within about a minute)"
+    )
 
 
 def _drop_own_pods(p: Pass) -> None:

@@ -15,9 +15,10 @@ from hostile_support import Listener, answer
 from kube_support import FakeKube
 
 from packrat.controller.core.fanout import Answer, PodFanout, _Call
+from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool import readings
-from packrat.controller.pool.readings import PoolReader, parse_status
+from packrat.controller.pool.readings import Hosted, PoolReader, parse_status
 from packrat.controller.pool.reconcile import PoolReconciler
 
 NS = "ns"
@@ -133,3 +134,26 @@ def test_every_pool_pod_is_read_at_once_under_one_deadline(
             lst.close()
     assert {key: sorted(hosted) for key, hosted in got.items()} == {k: ["a"] for k in keys}
     assert all(b"Authorization: Bearer t" in lst.heads[0] for lst in listeners)
+
+
+def test_a_digest_that_never_matches_keeps_the_service_and_says_why(kube: FakeKube) -> None:
+    """A pod that lists the model but never under the config written last: the model's
+    Service never moves there, and its Ready condition says which pod and why (it said
+    "waiting for pool p to serve it", as if the pod had not started)."""
+    spec = {"weightBudget": "64Mi", "memory": "1Gi", "replicas": 1}
+    kube.create("packratpools", NS, {"metadata": {"name": "p", "namespace": NS}, "spec": spec})
+    model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+    kube.create("packratmodels", NS, {"metadata": {"name": "a", "namespace": NS}, "spec": model})
+
+    def never_current(namespace: str, pool: str, expected: Any, *, token: Any = None) -> Any:
+        return {pod: {n: Hosted(pod, 1, 2, 3, 1, 0.0, "0" * 64) for n in names}
+                for pod, names in expected.items()}  # fmt: skip
+
+    for _ in range(3):
+        PoolReconciler(kube, reader=never_current).reconcile(NS, "p")
+        Reconciler(kube).reconcile(NS, "a")
+    assert kube.get("services", NS, "a") is None
+    status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "PoolConfigPending"
+    assert "pod p-0 lists it under another config" in ready["message"]
