@@ -151,14 +151,7 @@ def serve_in_pool(
         plan_on_pool(p, model, pool_obj, optimizers)
     if not ready:
         p.result.in_progress()
-        if status.pool_pod is not None and record is not None:
-            status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
-        elif status.pool_pod is not None:  # the pool no longer hosts it (gone, unplaced)
-            p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
-        elif record is not None and record.get("ready") is True:  # listed, not current
-            p.cond("Ready", False, "PoolConfigPending", _stale(pool, record))
-        else:
-            p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+        _waiting(p, pool, gone=pool_obj is None, record=record)
         return True
     assert record is not None
     pod = str(record["pod"])
@@ -180,6 +173,29 @@ def serve_in_pool(
     p.cond("Ready", True, "Pooled", f"served by pool {pool} pod {pod}")
     p.result.again_within(30.0)  # its figures (resident bytes, cold starts) from the pool
     return True
+
+
+def _waiting(p: Pass, pool: str, *, gone: bool, record: Mapping[str, Any] | None) -> None:
+    """Status while the pool does not serve the model where its Service points (or nowhere
+    yet): the old pod while it moves between pods, else Ready False with why."""
+    served, status = p.status.pool_pod, p.status
+    if served is not None and record is not None and record.get("pod") != served:
+        status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
+    elif served is not None and record is not None:  # its pod stopped answering for it
+        status.serving(ready_replicas=0, replicas=1)
+        why = "is not ready, does not answer in time or does not list it"
+        p.cond("Ready", False, "PoolPodNotReady", f"pool {pool} pod {served} {why}")
+    elif served is not None and gone:
+        p.cond("Ready", False, "NotPlaced", f"pool {pool} was deleted: {_GONE}")
+    elif served is not None:  # the pool no longer hosts it (unplaced)
+        p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
+    elif record is not None and record.get("ready") is True:  # listed, not current
+        p.cond("Ready", False, "PoolConfigPending", _stale(pool, record))
+    else:
+        p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+
+
+_GONE = "recreate it, or remove spec.pool to serve the model from its own pods"
 
 
 def _stale(pool: str, record: Mapping[str, Any]) -> str:

@@ -157,3 +157,43 @@ def test_a_digest_that_never_matches_keeps_the_service_and_says_why(kube: FakeKu
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert ready["status"] == "False" and ready["reason"] == "PoolConfigPending"
     assert "pod p-0 lists it under another config" in ready["message"]
+
+
+def test_a_model_whose_pool_pod_stops_answering_is_not_ready_until_it_answers_again(
+    kube: FakeKube,
+) -> None:
+    """The pool pod serving a model stops answering (OOMKilled, blackholed, or it drops the
+    model from its /pool/status): the model said Ready ("served by pool p pod p-0"), phase
+    Ready, for as long as it lasted. Now Ready False naming the pod, its Service kept there;
+    Ready again once the pod answers. A pool deleted says what to do."""
+    spec = {"weightBudget": "64Mi", "memory": "1Gi", "replicas": 1}
+    kube.create("packratpools", NS, {"metadata": {"name": "p", "namespace": NS}, "spec": spec})
+    model = {"model": {"zoo": "tiny"}, "cpus": 1, "batchSize": 1, "pool": "p"}
+    kube.create("packratmodels", NS, {"metadata": {"name": "a", "namespace": NS}, "spec": model})
+    answering = [True]
+
+    def reader(namespace: str, pool: str, expected: Any, *, token: Any = None) -> Any:
+        digest = pm.config_digest(kube.get("configmaps", NS, "p-0") or {})
+        return {pod: {n: Hosted(pod, 1, 2, 3, 1, 0.0, digest) for n in names}
+                for pod, names in expected.items() if answering[0]}  # fmt: skip
+
+    def ready() -> tuple[str, dict[str, Any]]:
+        for _ in range(2):
+            PoolReconciler(kube, reader=reader).reconcile(NS, "p")
+            Reconciler(kube).reconcile(NS, "a")
+        status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+        return status["phase"], {c["type"]: c for c in status["conditions"]}["Ready"]
+
+    assert ready()[0] == "Ready"
+    answering[0] = False
+    phase, cond = ready()
+    assert phase == "Deploying" and cond["status"] == "False"
+    assert cond["reason"] == "PoolPodNotReady" and "pod p-0" in cond["message"]
+    assert pm.pod_of_service(kube.get("services", NS, "a")) == "p-0"
+    answering[0] = True
+    assert ready()[0] == "Ready"
+    kube.delete("packratpools", NS, "p")
+    Reconciler(kube).reconcile(NS, "a")
+    status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+    gone = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert gone["reason"] == "NotPlaced" and "remove spec.pool" in gone["message"]
