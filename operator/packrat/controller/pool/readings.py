@@ -31,6 +31,7 @@ MAX_BYTES = 256 * 1024  # 512 models at about 300 B each, with room
 DEADLINE_SECONDS = 2.0
 _MARGIN_SECONDS = 1.0  # the reader's own wait beyond the requests' deadline
 MAX_PODS = 64
+MAX_REPLICAS = 4  # ready pods read per pool pod (one replica, a second while it rolls)
 MAX_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z: the last second a date can name
 _COUNTERS = ("resident_bytes", "file_bytes", "requests", "cold_starts", "read_bytes")
 
@@ -113,19 +114,22 @@ class PoolReader:
         answers 401 without it)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         pods = self.kube.list("pods", namespace, labels=pm.pool_labels(pool))
-        ready = [p for p in pods if pod_ready(p)][:MAX_PODS]
-        by_pod: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-        for p in ready:
+        by_pod: dict[str, list[str]] = {}
+        for p in pods:  # the pods of the pool pods it asked (no others crowd them out)
             key = (p["metadata"].get("labels") or {}).get(pm.LABEL_POOL_POD)
-            if isinstance(key, str) and expected.get(key):
-                by_pod.setdefault(key, []).append((pod_address(self.pod_url, namespace, p), p))
+            if not (isinstance(key, str) and expected.get(key) and pod_ready(p)):
+                continue
+            if key in by_pod or len(by_pod) < MAX_PODS:
+                urls = by_pod.setdefault(key, [])
+                if len(urls) < MAX_REPLICAS:
+                    urls.append(pod_address(self.pod_url, namespace, p))
         # every pod at once (each pool pod its own owner: one blackholed pod holds none of
         # its siblings' slots), and one wait for all of them
         started = {
             key: self.fanout.submit(
                 f"pool/{namespace}/{pool}/{key}",
                 "GET",
-                [f"{url.rstrip('/')}/pool/status" for url, _ in found],
+                [f"{url.rstrip('/')}/pool/status" for url in found],
                 None,
                 headers,
                 deadline=DEADLINE_SECONDS,

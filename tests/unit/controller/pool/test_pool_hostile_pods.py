@@ -197,3 +197,19 @@ def test_a_model_whose_pool_pod_stops_answering_is_not_ready_until_it_answers_ag
     status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
     gone = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert gone["reason"] == "NotPlaced" and "remove spec.pool" in gone["message"]
+
+
+def test_pods_of_pool_pods_never_asked_do_not_crowd_out_the_asked_ones(kube: FakeKube) -> None:
+    """64 ready pods labelled as a pool pod the pool did not ask (a leftover, or anyone's
+    pods with the pool's labels), listed first: the reader cut the list at 64 before
+    looking at which pool pod each was, and never read ``p-0``."""
+    for i in range(64):
+        kube.create("pods", NS, _pod("p", f"p-{i + 1}", f"10.0.1.{i}"))
+    kube.create("pods", NS, _pod("p", "p-0", "10.0.0.1"))
+    fanout = TableFanout({"models": {"a": GOOD}})
+    try:
+        reader = PoolReader(kube, pod_url="http://{ip}:8080", fanout=fanout)
+        got = reader(NS, "p", {"p-0": {"a"}}, token="t")
+    finally:
+        fanout.close()
+    assert list(got) == ["p-0"] and list(got["p-0"]) == ["a"]
