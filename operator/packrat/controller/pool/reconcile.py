@@ -33,6 +33,7 @@ from packrat.controller.api.kube import KubeApi
 from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Config, Pass, Result, run_pass
 from packrat.controller.core.model import InvalidSpec
+from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.status import Status, now_iso, parse_time
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
@@ -241,9 +242,16 @@ class PoolReconciler:
         try:
             spec = parse_pool(p.obj)
         except InvalidSpec as exc:
-            p.status.report("Failed")
-            p.status.set_message("; ".join(exc.errors))
-            p.cond("Ready", False, "InvalidSpec", "; ".join(exc.errors))
+            _invalid(p, exc.errors, "InvalidSpec")
+            return
+        # the platform's image allow-list (--allow-image) binds a pool's pods as a model's
+        refused = refused_by_policy(
+            {"image": spec.image} if spec.image else {},
+            self.config.policy,
+            default_image=self.config.image,
+        )
+        if refused:
+            _invalid(p, refused, "PolicyRefused")
             return
         p.status.set_message(None)
         models = self.kube.list("packratmodels", p.namespace)
@@ -341,6 +349,17 @@ class PoolReconciler:
             waiting = sorted(n for n, r in records.items() if not r["ready"])
             p.cond("Ready", False, "PodsStarting", f"waiting for {', '.join(waiting)}")
             p.result.in_progress()
+
+
+def _invalid(p: PoolPass, errors: list[str], reason: str) -> None:
+    """Failed, with why (a Warning event when that changed); its children keep serving the
+    last good configuration."""
+    message = "; ".join(errors)
+    if p.status.get("message") != message:
+        p.emit("Warning", reason, message)
+    p.status.report("Failed")
+    p.status.set_message(message)
+    p.cond("Ready", False, reason, message)
 
 
 def _data_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from kube_support import FakeKube
 
-from packrat.controller.core.context import Result
+from packrat.controller.core.context import Config, Result
+from packrat.controller.core.overrides import ModelPolicy
 from packrat.controller.core.spec import validate_spec
 from packrat.controller.model.reconcile import Reconciler
 from packrat.controller.pool import manifests as pm
@@ -167,3 +168,26 @@ def test_a_flood_of_new_models_never_pushes_out_one_the_pool_serves(
     assert "at most 2 models" in status["unplaced"]["b"]
     config = (kube.get("configmaps", NS, "p-0") or {})["data"][pm.CONFIG_KEY]
     assert sorted(m["name"] for m in json.loads(config)["models"]) == ["a", "z"]
+
+
+def test_the_image_allow_list_binds_a_pools_pods_as_it_binds_a_models(kube: FakeKube) -> None:
+    """``--allow-image`` refused a model's ``spec.image`` outside it, but a PackratPool's
+    ``spec.image`` ran whatever it named: the pool was the way around the allow-list."""
+    config = Config(policy=ModelPolicy.parse(images=["registry.example/packrat/*"]))
+    _setup(kube)
+    kube.patch("packratpools", NS, "p", {"spec": {"image": "anyone.example/miner:1"}})
+    pools = PoolReconciler(kube, config=config)
+    first = pools.reconcile(NS, "p")
+    status = (kube.get("packratpools", NS, "p") or {}).get("status") or {}
+    ready = _conditions(kube)["Ready"]
+    assert status["phase"] == "Failed" and ready["reason"] == "PolicyRefused"
+    assert "anyone.example/miner:1" in ready["message"]
+    assert [r for _, r, _ in first.events] == ["PolicyRefused"]
+    assert [r for _, r, _ in pools.reconcile(NS, "p").events] == []  # once
+    assert kube.of("deployments") == []
+    kube.patch("packratpools", NS, "p", {"spec": {"image": "registry.example/packrat/pool:2"}})
+    pools.reconcile(NS, "p")
+    (container,) = (kube.get("deployments", NS, "p-0") or {})["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert container["image"] == "registry.example/packrat/pool:2"
