@@ -34,7 +34,7 @@ from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Config, Pass, Result, run_pass
 from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.overrides import refused_by_policy
-from packrat.controller.core.status import Status, now_iso, parse_time
+from packrat.controller.core.status import Status, get_condition, now_iso, parse_time
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
 from packrat.controller.pool.spec import (
@@ -339,6 +339,9 @@ class PoolReconciler:
         placed_ok = not plan.unplaced
         reason = "AllPlaced" if placed_ok else "NotPlaced"
         why = "; ".join(f"{n}: {r}" for n, r in sorted(plan.unplaced.items()))
+        before = get_condition(p.status.get("conditions"), "Placed") or {}
+        if why and before.get("message") != why:  # once per change, not every pass
+            p.emit("Warning", "NotPlaced", why)
         p.cond("Placed", placed_ok, reason, why or f"{len(records)} models placed")
         serving = all(r["ready"] for r in records.values())
         if serving:

@@ -191,3 +191,15 @@ def test_the_image_allow_list_binds_a_pools_pods_as_it_binds_a_models(kube: Fake
         "containers"
     ]
     assert container["image"] == "registry.example/packrat/pool:2"
+
+
+def test_a_model_the_pool_cannot_place_is_one_warning_not_one_per_pass(kube: FakeKube) -> None:
+    """The pool said why in its Placed condition only: no event, so ``kubectl get events``
+    (where a user looks first when a model never answers) showed nothing."""
+    _setup(kube)
+    kube.patch("packratpools", NS, "p", {"spec": {"weightBudget": "1Mi"}})  # tiny: 2 MiB
+    pools = PoolReconciler(kube)
+    first = [(k, r) for k, r, m in pools.reconcile(NS, "p").events if "a:" in m]
+    assert first == [("Warning", "NotPlaced")]
+    assert pools.reconcile(NS, "p").events == []
+    assert _conditions(kube)["Placed"]["reason"] == "NotPlaced"
