@@ -18,7 +18,7 @@ import datetime
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from packrat.controller.api.kube import KubeApi
@@ -93,6 +93,14 @@ def parse_status(pod: str, doc: Any, expected: Collection[str]) -> dict[str, Hos
     return out
 
 
+def _agreed(last: Hosted, replicas: list[Hosted]) -> Hosted:
+    """``last``, its config digest kept only when every ready replica reports the same one
+    (a replica still on an older config may drop the model a moment later)."""
+    if all(h.config == last.config for h in replicas):
+        return last
+    return replace(last, config="")
+
+
 class PoolReader:
     """Reads every ready pool pod's ``/pool/status`` (``pod_url``: a template with ``{ip}``,
     ``{pod}`` and ``{namespace}``)."""
@@ -147,5 +155,5 @@ class PoolReader:
             # rolling to a new config has its old replica ready beside the new one)
             seen = [parse_status(key, read_json(a), expected[key]) for a in future.result()]
             common = set.intersection(*(set(s) for s in seen)) if seen else set()
-            out[key] = {n: seen[-1][n] for n in sorted(common)}
+            out[key] = {n: _agreed(seen[-1][n], [s[n] for s in seen]) for n in sorted(common)}
         return out

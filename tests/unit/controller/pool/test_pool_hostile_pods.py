@@ -38,15 +38,19 @@ def _pod(pool: str, key: str, ip: str) -> dict[str, Any]:
 
 
 class TableFanout(PodFanout):
-    """The operator's pod client answering every URL with one document, at once."""
+    """The operator's pod client answering every URL with one document (``by_ip``: another
+    for the pod of that address), at once."""
 
-    def __init__(self, doc: Any) -> None:
+    def __init__(self, doc: Any, by_ip: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.doc = doc
+        self.doc, self.by_ip = doc, by_ip or {}
+
+    def _doc(self, url: str) -> Any:
+        return next((d for ip, d in self.by_ip.items() if f"//{ip}:" in url), self.doc)
 
     def _start(self, call: _Call, urls: Sequence[str]) -> concurrent.futures.Future[list[Answer]]:
         done: concurrent.futures.Future[list[Answer]] = concurrent.futures.Future()
-        done.set_result([Answer(200, json.dumps(self.doc).encode()) for _ in urls])
+        done.set_result([Answer(200, json.dumps(self._doc(u)).encode()) for u in urls])
         return done
 
 
@@ -213,3 +217,25 @@ def test_pods_of_pool_pods_never_asked_do_not_crowd_out_the_asked_ones(kube: Fak
     finally:
         fanout.close()
     assert list(got) == ["p-0"] and list(got["p-0"]) == ["a"]
+
+
+def test_a_config_is_current_only_when_every_ready_replica_serves_it(kube: FakeKube) -> None:
+    """Two ready replicas of pool pod ``p-0`` (a rollout) both list the model, one under the
+    config written last and one under an older one (which may drop the model a moment
+    later): the digest was the last replica's, so the model's Service could move while the
+    other replica was about to 404 it. Now the digest counts only when they agree."""
+    digest = "d" * 64
+    kube.create("pods", NS, _pod("p", "p-0", "10.0.0.1"))
+    second = _pod("p", "p-0", "10.0.0.2")
+    second["metadata"]["name"] = "p-0-y"
+    kube.create("pods", NS, second)
+    new = {"models": {"a": GOOD}, "config_digest": digest}
+    old = {"models": {"a": GOOD}, "config_digest": "0" * 64}
+    for stale in ({"10.0.0.1": old}, {"10.0.0.2": old}, {}):
+        fanout = TableFanout(new, by_ip=stale)
+        try:
+            reader = PoolReader(kube, pod_url="http://{ip}:8080", fanout=fanout)
+            got = reader(NS, "p", {"p-0": {"a"}}, token="t")["p-0"]["a"]
+        finally:
+            fanout.close()
+        assert got.config == ("" if stale else digest)
