@@ -28,6 +28,7 @@ from packrat.controller.api.frozen import thaw
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec
 from packrat.controller.core.plans import to_status
+from packrat.controller.core.status import get_condition
 from packrat.controller.planning.autobatch import OptimizerCache
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.spec import parse_pool
@@ -191,8 +192,15 @@ def _waiting(p: Pass, pool: str, *, gone: bool, record: Mapping[str, Any] | None
         p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
     elif record is not None and record.get("ready") is True:  # listed, not current
         p.cond("Ready", False, "PoolConfigPending", _stale(pool, record))
+    elif (placed := get_condition(status.get("conditions"), "Placed") or {}).get(
+        "reason"
+    ) in _NEVER:  # it will not be served until that changes: Ready says why
+        p.cond("Ready", False, str(placed["reason"]), str(placed.get("message") or ""))
     else:
         p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+
+
+_NEVER = ("NotPlaced", "PoolNotFound", "PoolInvalid")  # Placed reasons no wait resolves
 
 
 _GONE = "recreate it, or remove spec.pool to serve the model from its own pods"

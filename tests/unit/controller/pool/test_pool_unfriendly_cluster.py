@@ -203,3 +203,22 @@ def test_a_model_the_pool_cannot_place_is_one_warning_not_one_per_pass(kube: Fak
     assert first == [("Warning", "NotPlaced")]
     assert pools.reconcile(NS, "p").events == []
     assert _conditions(kube)["Placed"]["reason"] == "NotPlaced"
+
+
+def test_a_model_the_pool_will_not_serve_says_why_in_ready_too(kube: FakeKube) -> None:
+    """Its Placed condition said why (too large, no such pool, the pool invalid) but Ready
+    said "waiting for pool p to serve it", as if a wait would do."""
+    _setup(kube)
+    kube.patch("packratpools", NS, "p", {"spec": {"weightBudget": "1Mi"}})  # tiny: 2 MiB
+    PoolReconciler(kube).reconcile(NS, "p")
+    Reconciler(kube).reconcile(NS, "a")
+    status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["reason"] == "NotPlaced"
+    assert conditions["Ready"]["message"] == conditions["Placed"]["message"]
+    assert "budget" in conditions["Ready"]["message"]
+    kube.patch("packratmodels", NS, "a", {"spec": {"pool": "q"}})
+    Reconciler(kube).reconcile(NS, "a")
+    status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
+    ready = {c["type"]: c for c in status["conditions"]}["Ready"]
+    assert ready["reason"] == "PoolNotFound" and "no PackratPool q" in ready["message"]
