@@ -38,6 +38,7 @@ from packrat.controller.core.status import Status, get_condition, now_iso, parse
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
 from packrat.controller.pool.spec import (
+    MAX_REPLICAS,
     ZOO_WEIGHT_BYTES,
     Member,
     PoolPlan,
@@ -95,13 +96,16 @@ class Layout:
 
 
 def served_pods(models: list[dict[str, Any]], pool: str) -> dict[str, str]:
-    """Model -> the pool pod its status says serves it (its Service selects that pod)."""
+    """Model -> the pool pod its status says serves it (its Service selects that pod): one
+    of the names the pool's pods can have (a status is writable by whoever may write status:
+    ``p-evil`` would be a Deployment and ConfigMap of that name)."""
+    pods = {pm.pod_name(pool, i) for i in range(MAX_REPLICAS)}
     out = {}
     for obj in models:
         record = (obj.get("status") or {}).get("pool")
         if isinstance(record, Mapping) and record.get("name") == pool:
             pod = record.get("pod")
-            if isinstance(pod, str) and pod.startswith(f"{pool}-"):
+            if isinstance(pod, str) and pod in pods:  # one of ours, not any name status holds
                 out[str(obj["metadata"]["name"])] = pod
     return out
 

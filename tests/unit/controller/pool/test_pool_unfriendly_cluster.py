@@ -222,3 +222,16 @@ def test_a_model_the_pool_will_not_serve_says_why_in_ready_too(kube: FakeKube) -
     status = (kube.get("packratmodels", NS, "a") or {}).get("status") or {}
     ready = {c["type"]: c for c in status["conditions"]}["Ready"]
     assert ready["reason"] == "PoolNotFound" and "no PackratPool q" in ready["message"]
+
+
+def test_a_served_pod_is_one_of_the_pools_pod_names_not_any_name_a_status_holds(
+    kube: FakeKube,
+) -> None:
+    """A model's ``status.pool.pod`` (writable by whoever may write status) naming
+    ``p-evil``: the pool made a Deployment and ConfigMap ``p-evil`` to keep serving it."""
+    _setup(kube)
+    kube.patch_status(
+        "packratmodels", NS, "a", {"status": {"pool": {"name": "p", "pod": "p-evil"}}}
+    )
+    PoolReconciler(kube).reconcile(NS, "p")
+    assert kube.of("deployments") == ["p-0"] and sorted(kube.of("configmaps")) == ["p-0"]
