@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packrat.controller.api.crd import KIND
+from packrat.controller.api.crd import KIND, PIPELINE_KIND, POOL_KIND
 
 
 def owned_by(obj: Mapping[str, Any], *, name: str, uid: str | None, kind: str = KIND) -> bool:
@@ -31,7 +31,7 @@ def owned_by(obj: Mapping[str, Any], *, name: str, uid: str | None, kind: str = 
 def conflict_message(conflicts: list[tuple[str, str]], *, owner: str = KIND) -> str:
     names = ", ".join(f"{kind} {name}" for kind, name in conflicts)
     verb = "is" if len(conflicts) == 1 else "are"
-    what = "model" if owner == KIND else "pipeline"
+    what = {KIND: "model", PIPELINE_KIND: "pipeline", POOL_KIND: "pool"}[owner]
     return (
         f"{names} {verb} not owned by this {owner} and left untouched; "
         f"delete or rename it, or rename the {what}"

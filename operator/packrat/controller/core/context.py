@@ -11,13 +11,14 @@ from typing import Any, Generic, TypeVar
 from packrat.controller.api.crd import KIND, PIPELINE_KIND
 from packrat.controller.api.drift import merge_patch
 from packrat.controller.api.kube import KubeApi
-from packrat.controller.api.ownership import owned_by
+from packrat.controller.api.ownership import conflict_message, owned_by
 from packrat.controller.core.overrides import ModelPolicy
 from packrat.controller.core.spec import DEFAULT_IMAGE
 from packrat.controller.core.status import (
     ModelStatus,
     PipelineStatus,
     Status,
+    get_condition,
     now_iso,
     parse_time,
 )
@@ -162,6 +163,19 @@ class Pass(Generic[S]):
     def conflict(self, kind: str, name: str) -> None:
         if (kind, name) not in self.conflicts:
             self.conflicts.append((kind, name))
+
+    def report_conflicts(self, owner: str = KIND) -> None:
+        """The ``OwnershipConflict`` condition for this pass's conflicts (``owner``: the
+        kind of this object), with a Warning event when they are new or changed (not every
+        pass); ``Resolved`` once they are gone."""
+        previous = get_condition(self.status.get("conditions"), "OwnershipConflict") or {}
+        if self.conflicts:
+            message = conflict_message(self.conflicts, owner=owner)
+            if previous.get("status") != "True" or previous.get("message") != message:
+                self.emit("Warning", "OwnershipConflict", message)
+            self.cond("OwnershipConflict", True, "NotOwned", message)
+        elif previous.get("status") == "True":
+            self.cond("OwnershipConflict", False, "Resolved", "")
 
 
 ModelPass = Pass[ModelStatus]

@@ -24,7 +24,7 @@ from packrat.controller.core.model import InvalidSpec, ModelSpec, Parsed, parse_
 from packrat.controller.core.overrides import refused_by_policy
 from packrat.controller.core.plans import keep_served
 from packrat.controller.core.slo_spec import TunerReference
-from packrat.controller.core.status import ModelStatus, Stage, get_condition
+from packrat.controller.core.status import ModelStatus, Stage
 from packrat.controller.planning import autobatch as ab
 from packrat.controller.planning import autoscale as asc
 from packrat.controller.planning.batching import (
@@ -137,7 +137,7 @@ class Reconciler:
 
         def step(p: Pass) -> None:
             self._pass(p, reading, arrivals, known)
-            self._report_conflicts(p)
+            p.report_conflicts()
 
         return run_pass(
             self.kube,
@@ -517,13 +517,3 @@ class Reconciler:
         p.status.set_message(message)
         p.cond("Ready", False, "OwnershipConflict", message)
         return True
-
-    def _report_conflicts(self, p: Pass) -> None:
-        previous = get_condition(p.status.get("conditions"), "OwnershipConflict") or {}
-        if p.conflicts:
-            message = conflict_message(p.conflicts)
-            if previous.get("status") != "True" or previous.get("message") != message:
-                p.emit("Warning", "OwnershipConflict", message)
-            p.cond("OwnershipConflict", True, "NotOwned", message)
-        elif previous.get("status") == "True":
-            p.cond("OwnershipConflict", False, "Resolved", "")

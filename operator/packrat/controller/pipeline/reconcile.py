@@ -35,7 +35,7 @@ from packrat.controller.api.ownership import conflict_message
 from packrat.controller.core.context import Config, Result, report_provisioned, run_pass
 from packrat.controller.core.context import PipelinePass as Pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import ModelStatus, PipelineStatus, get_condition
+from packrat.controller.core.status import ModelStatus, PipelineStatus
 from packrat.controller.pipeline import children as pc
 from packrat.controller.pipeline import manifests as pm
 from packrat.controller.pipeline.fractions import feed_back
@@ -151,7 +151,7 @@ class PipelineReconciler:
 
         def step(p: Pass) -> None:
             self._pass(p, measured)
-            self._report_conflicts(p)
+            p.report_conflicts(pm.PIPELINE_KIND)
 
         return run_pass(
             self.kube,
@@ -346,16 +346,6 @@ class PipelineReconciler:
             p.emit("Warning", reason, message)
         p.status.set_message(message)
         p.cond("Ready", False, reason, message)
-
-    def _report_conflicts(self, p: Pass) -> None:
-        previous = get_condition(p.status.get("conditions"), "OwnershipConflict") or {}
-        if p.conflicts:
-            message = conflict_message(p.conflicts, owner=pm.PIPELINE_KIND)
-            if previous.get("status") != "True" or previous.get("message") != message:
-                p.emit("Warning", "OwnershipConflict", message)
-            p.cond("OwnershipConflict", True, "NotOwned", message)
-        elif previous.get("status") == "True":
-            p.cond("OwnershipConflict", False, "Resolved", "")
 
 
 def mirror_autoscaling(

@@ -28,6 +28,7 @@ from packrat.controller.api.frozen import thaw
 from packrat.controller.core.context import ModelPass as Pass
 from packrat.controller.core.model import InvalidSpec, ModelSpec
 from packrat.controller.core.plans import to_status
+from packrat.controller.core.status import get_condition
 from packrat.controller.planning.autobatch import OptimizerCache
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.spec import parse_pool
@@ -49,7 +50,11 @@ def _placed(p: Pass, pool: str, obj: Mapping[str, Any] | None) -> Mapping[str, A
     elif isinstance(why, str):
         p.cond("Placed", False, "NotPlaced", f"pool {pool}: {why}")
     elif not isinstance(record, Mapping) or not isinstance(record.get("pod"), str):
-        p.cond("Placed", False, "Placing", f"pool {pool} has not placed the model yet")
+        if status.get("phase") == "Failed":  # its spec or name is invalid: it places nothing
+            why = status.get("message") or "its spec is invalid"
+            p.cond("Placed", False, "PoolInvalid", f"pool {pool} is invalid: {why}")
+        else:
+            p.cond("Placed", False, "Placing", f"pool {pool} has not placed the model yet")
         return None
     elif isinstance(over := record.get("overCapacity"), str):  # hosted, by memory only
         p.cond("Placed", False, "OverCapacity", f"pool {pool} pod {record['pod']}: {over}")
@@ -147,12 +152,7 @@ def serve_in_pool(
         plan_on_pool(p, model, pool_obj, optimizers)
     if not ready:
         p.result.in_progress()
-        if status.pool_pod is not None and record is not None:
-            status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
-        elif status.pool_pod is not None:  # the pool no longer hosts it (gone, unplaced)
-            p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
-        else:
-            p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+        _waiting(p, pool, gone=pool_obj is None, record=record)
         return True
     assert record is not None
     pod = str(record["pod"])
@@ -174,6 +174,44 @@ def serve_in_pool(
     p.cond("Ready", True, "Pooled", f"served by pool {pool} pod {pod}")
     p.result.again_within(30.0)  # its figures (resident bytes, cold starts) from the pool
     return True
+
+
+def _waiting(p: Pass, pool: str, *, gone: bool, record: Mapping[str, Any] | None) -> None:
+    """Status while the pool does not serve the model where its Service points (or nowhere
+    yet): the old pod while it moves between pods, else Ready False with why."""
+    served, status = p.status.pool_pod, p.status
+    if served is not None and record is not None and record.get("pod") != served:
+        status.serving(ready_replicas=1, replicas=1)  # moving pods: the old one serves
+    elif served is not None and record is not None:  # its pod stopped answering for it
+        status.serving(ready_replicas=0, replicas=1)
+        why = "is not ready, does not answer in time or does not list it"
+        p.cond("Ready", False, "PoolPodNotReady", f"pool {pool} pod {served} {why}")
+    elif served is not None and gone:
+        p.cond("Ready", False, "NotPlaced", f"pool {pool} was deleted: {_GONE}")
+    elif served is not None:  # the pool no longer hosts it (unplaced)
+        p.cond("Ready", False, "NotPlaced", f"pool {pool} no longer hosts it")
+    elif record is not None and record.get("ready") is True:  # listed, not current
+        p.cond("Ready", False, "PoolConfigPending", _stale(pool, record))
+    elif (placed := get_condition(status.get("conditions"), "Placed") or {}).get(
+        "reason"
+    ) in _NEVER:  # it will not be served until that changes: Ready says why
+        p.cond("Ready", False, str(placed["reason"]), str(placed.get("message") or ""))
+    else:
+        p.cond("Ready", False, "PoolStarting", f"waiting for pool {pool} to serve it")
+
+
+_NEVER = ("NotPlaced", "PoolNotFound", "PoolInvalid")  # Placed reasons no wait resolves
+
+
+_GONE = "recreate it, or remove spec.pool to serve the model from its own pods"
+
+
+def _stale(pool: str, record: Mapping[str, Any]) -> str:
+    return (
+        f"pool {pool} pod {record.get('pod')} lists it under another config than the one "
+        "written last (its config_digest differs); its Service moves once the pod serves "
+        "that one (a mounted ConfigMap is refreshed within about a minute)"
+    )
 
 
 def _drop_own_pods(p: Pass) -> None:

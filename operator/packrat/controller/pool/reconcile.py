@@ -30,13 +30,15 @@ from packrat.controller.api import crd
 from packrat.controller.api.children import keep, labels_drift, service_drift
 from packrat.controller.api.drift import covers, merge_patch
 from packrat.controller.api.kube import KubeApi
-from packrat.controller.api.ownership import conflict_message, owned_by
+from packrat.controller.api.ownership import owned_by
 from packrat.controller.core.context import Config, Pass, Result, run_pass
 from packrat.controller.core.model import InvalidSpec
-from packrat.controller.core.status import Status, now_iso, parse_time
+from packrat.controller.core.overrides import refused_by_policy
+from packrat.controller.core.status import Status, get_condition, now_iso, parse_time
 from packrat.controller.pool import manifests as pm
 from packrat.controller.pool.readings import Hosted, PoolReader
 from packrat.controller.pool.spec import (
+    MAX_REPLICAS,
     ZOO_WEIGHT_BYTES,
     Member,
     PoolPlan,
@@ -94,13 +96,16 @@ class Layout:
 
 
 def served_pods(models: list[dict[str, Any]], pool: str) -> dict[str, str]:
-    """Model -> the pool pod its status says serves it (its Service selects that pod)."""
+    """Model -> the pool pod its status says serves it (its Service selects that pod): one
+    of the names the pool's pods can have (a status is writable by whoever may write status:
+    ``p-evil`` would be a Deployment and ConfigMap of that name)."""
+    pods = {pm.pod_name(pool, i) for i in range(MAX_REPLICAS)}
     out = {}
     for obj in models:
         record = (obj.get("status") or {}).get("pool")
         if isinstance(record, Mapping) and record.get("name") == pool:
             pod = record.get("pod")
-            if isinstance(pod, str) and pod.startswith(f"{pool}-"):
+            if isinstance(pod, str) and pod in pods:  # one of ours, not any name status holds
                 out[str(obj["metadata"]["name"])] = pod
     return out
 
@@ -241,9 +246,16 @@ class PoolReconciler:
         try:
             spec = parse_pool(p.obj)
         except InvalidSpec as exc:
-            p.status.report("Failed")
-            p.status.set_message("; ".join(exc.errors))
-            p.cond("Ready", False, "InvalidSpec", "; ".join(exc.errors))
+            _invalid(p, exc.errors, "InvalidSpec")
+            return
+        # the platform's image allow-list (--allow-image) binds a pool's pods as a model's
+        refused = refused_by_policy(
+            {"image": spec.image} if spec.image else {},
+            self.config.policy,
+            default_image=self.config.image,
+        )
+        if refused:
+            _invalid(p, refused, "PolicyRefused")
             return
         p.status.set_message(None)
         models = self.kube.list("packratmodels", p.namespace)
@@ -253,15 +265,13 @@ class PoolReconciler:
         # the pods' /pool/status needs the pool's token: no pod mounts a Secret not ours
         token = ensure_token(p, pool_holder(spec.name), ours=lambda obj: self._ours(p, obj))
         digests = self._keep_children(p, spec, plan) if token is not None else {}
-        expected = {pod: set(hosted) for pod, hosted in plan.hosting.items() if hosted}
+        # only the pods this pool runs (its ConfigMap and Deployment): one under a name
+        # that is not ours is a conflict, never read, and no model's Service moves to it
+        expected = {pod: set(h) for pod, h in plan.hosting.items() if h and pod in digests}
         reader, ok = self.reader, token is not None
         readings = reader(p.namespace, spec.name, expected, token=token) if reader and ok else {}
         self._write_status(p, spec, plan, readings, digests)
-        if p.conflicts:
-            message = conflict_message(p.conflicts, owner=crd.POOL_KIND)
-            p.cond("OwnershipConflict", True, "NotOwned", message)
-        else:
-            p.status.drop_condition("OwnershipConflict")
+        p.report_conflicts(crd.POOL_KIND)
 
     def _ours(self, p: PoolPass, obj: Mapping[str, Any]) -> bool:
         uid = p.obj["metadata"].get("uid")
@@ -269,7 +279,8 @@ class PoolReconciler:
 
     def _keep_children(self, p: PoolPass, spec: PoolSpec, plan: Layout) -> dict[str, str]:
         """Keeps each pool pod's ConfigMap and Deployment and the Service; returns the digest
-        of the config each pod should serve now."""
+        of the config each pod should serve now, for the pods whose ConfigMap and Deployment
+        are this pool's."""
         ours = lambda obj: self._ours(p, obj)  # noqa: E731
         digests: dict[str, str] = {}
         for pod, hosted in sorted(plan.hosting.items()):
@@ -279,12 +290,13 @@ class PoolReconciler:
             if not kept.ours:
                 p.conflict("ConfigMap", pod)
                 continue
-            digests[pod] = pm.config_digest(cm)
             want = pm.deployment(spec, pod, hosting=bool(hosted), image=self.config.image)
             if not keep(
                 self.kube, "deployments", p.namespace, want, ours=ours, drift=_deployment_drift
             ).ours:
                 p.conflict("Deployment", pod)
+                continue  # its pods are not ours: not read, no Service moves to them
+            digests[pod] = pm.config_digest(cm)
         if not keep(
             self.kube, "services", p.namespace, pm.service(spec), ours=ours, drift=service_drift
         ).ours:
@@ -331,6 +343,9 @@ class PoolReconciler:
         placed_ok = not plan.unplaced
         reason = "AllPlaced" if placed_ok else "NotPlaced"
         why = "; ".join(f"{n}: {r}" for n, r in sorted(plan.unplaced.items()))
+        before = get_condition(p.status.get("conditions"), "Placed") or {}
+        if why and before.get("message") != why:  # once per change, not every pass
+            p.emit("Warning", "NotPlaced", why)
         p.cond("Placed", placed_ok, reason, why or f"{len(records)} models placed")
         serving = all(r["ready"] for r in records.values())
         if serving:
@@ -341,6 +356,17 @@ class PoolReconciler:
             waiting = sorted(n for n, r in records.items() if not r["ready"])
             p.cond("Ready", False, "PodsStarting", f"waiting for {', '.join(waiting)}")
             p.result.in_progress()
+
+
+def _invalid(p: PoolPass, errors: list[str], reason: str) -> None:
+    """Failed, with why (a Warning event when that changed); its children keep serving the
+    last good configuration."""
+    message = "; ".join(errors)
+    if p.status.get("message") != message:
+        p.emit("Warning", reason, message)
+    p.status.report("Failed")
+    p.status.set_message(message)
+    p.cond("Ready", False, reason, message)
 
 
 def _data_drift(current: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,10 @@ from packrat.controller.core.model import InvalidSpec
 from packrat.controller.core.spec import validate_spec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A pool's name is its Service's (a DNS-1035 label: a letter first, no dots) and the start
+# of its pods' label value ``<pool>-<i>`` (at most 63 characters, i up to 63): 60 at most.
+POOL_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,58}[a-z0-9])?$")
+MAX_POOL_NAME = 60
 ENGINES = ("eager", "onnxruntime", "openvino", "inductor")
 POLICIES = ("lcache", "lru")
 MODES = ("prefetch", "load", "demand")
@@ -146,6 +150,12 @@ def parse_pool(obj: Mapping[str, Any]) -> PoolSpec:
     if not isinstance(spec, Mapping):
         raise InvalidSpec(["spec: an object is required"])
     errors = [f"spec.{k}: unknown field" for k in sorted(set(spec) - _FIELDS)]
+    name = meta.get("name")
+    if not (isinstance(name, str) and POOL_NAME.fullmatch(name)):
+        errors.append(
+            f"metadata.name must be a DNS label of at most {MAX_POOL_NAME} characters starting "
+            f"with a letter (the pool's Service and its pods' <pool>-<i> labels), got {name!r}"
+        )
     cpus = _int(spec, "cpus", 1, 256, errors)
     replicas = _int({"replicas": 1, **spec}, "replicas", 0, MAX_REPLICAS, errors)
     memory = spec.get("memory", "2Gi")
@@ -194,25 +204,47 @@ def served_by(model: Mapping[str, Any]) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def _first_come(obj: Mapping[str, Any], pool: str) -> tuple[bool, str, str]:
+    """Who keeps a place in a full pool: the models it serves now, then the oldest."""
+    meta = obj.get("metadata") or {}
+    created = meta.get("creationTimestamp")
+    return (served_by(obj) != pool, str(created or ""), str(meta.get("name")))
+
+
 def members(
     pool: str, models: Sequence[Mapping[str, Any]], *, cpus: int | None = None
 ) -> list[Member]:
     """The models ``pool`` hosts, by name: those asking for it and those it still serves
-    (with their plans on ``cpus`` cores, when given)."""
-    out = []
-    for obj in models:
-        asking, serving = pool_of(obj) == pool, served_by(obj) == pool
-        if not (asking or serving) or (obj.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        name = str(obj["metadata"]["name"])
-        source = (obj.get("spec") or {}).get("model") or {}
-        zoo = source.get("zoo") if isinstance(source, Mapping) else None
-        if not (isinstance(zoo, str) and zoo in ZOO_WEIGHT_BYTES):
-            zoo, problem = None, "the pool hosts zoo models only (spec.model.zoo)"
-        elif errors := validate_spec(obj.get("spec"), name=name):
-            zoo, problem = None, f"the model's spec is invalid: {errors[0]}"
-        else:
-            problem = None
-        plan = pool_plan_of(obj, pool, cpus) if cpus is not None else None
-        out.append(Member(name=name, zoo=zoo, leaving=not asking, problem=problem, plan=plan))
-    return sorted(out, key=lambda m: m.name)[:MAX_MODELS]
+    (with their plans on ``cpus`` cores, when given). Past ``MAX_MODELS`` the models it
+    serves now and then the oldest keep their places; the rest are members with a problem
+    (unplaced, saying why): a flood of new models never pushes out one it serves."""
+    ranked = sorted(
+        (
+            obj
+            for obj in models
+            if pool in (pool_of(obj), served_by(obj))
+            and not (obj.get("metadata") or {}).get("deletionTimestamp")
+        ),
+        key=lambda obj: _first_come(obj, pool),
+    )
+    out = [_member(pool, obj, cpus) for obj in ranked[:MAX_MODELS]]
+    full = f"the pool hosts at most {MAX_MODELS} models (those it serves, then the oldest)"
+    for obj in ranked[MAX_MODELS:]:
+        name, leaving = str(obj["metadata"]["name"]), pool_of(obj) != pool
+        out.append(Member(name=name, zoo=None, leaving=leaving, problem=full))
+    return sorted(out, key=lambda m: m.name)
+
+
+def _member(pool: str, obj: Mapping[str, Any], cpus: int | None) -> Member:
+    """One model asking for ``pool`` or served by it, as a member."""
+    name = str(obj["metadata"]["name"])
+    source = (obj.get("spec") or {}).get("model") or {}
+    zoo = source.get("zoo") if isinstance(source, Mapping) else None
+    if not (isinstance(zoo, str) and zoo in ZOO_WEIGHT_BYTES):
+        zoo, problem = None, "the pool hosts zoo models only (spec.model.zoo)"
+    elif errors := validate_spec(obj.get("spec"), name=name):
+        zoo, problem = None, f"the model's spec is invalid: {errors[0]}"
+    else:
+        problem = None
+    plan = pool_plan_of(obj, pool, cpus) if cpus is not None else None
+    return Member(name=name, zoo=zoo, leaving=pool_of(obj) != pool, problem=problem, plan=plan)

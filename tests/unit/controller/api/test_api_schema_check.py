@@ -50,7 +50,7 @@ def test_a_valid_spec_has_no_errors() -> None:
         # pattern (Go's `$`: no final newline)
         ({"memory": "4 GB"}, "spec.memory must match ^[0-9]+"),
         ({"memory": "4Gi\n"}, "spec.memory must match ^[0-9]+"),
-        ({"pool": "a\n"}, "spec.pool must match ^[a-z0-9]$|"),  # `$` inside alternatives too
+        ({"pool": "a\n"}, "spec.pool must match ^[a-z]$|"),  # `$` inside alternatives too
         # length
         ({"image": ""}, "spec.image must be a non-empty string of at most 512 characters"),
         # required
