@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from packrat.runtime.layerfile import LayerFileError
 from packrat.serve import codec
 from packrat.serve.auth import AdminToken, bearer_accepted, token_file
 from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, Snapshot
@@ -57,7 +58,7 @@ from packrat.serve.dispatcher.v2_codec import (
     build_response,
     model_metadata,
 )
-from packrat.serve.pool.host import ConfigError, Pool, read_config
+from packrat.serve.pool.host import CONFIG_MAX_BYTES, ConfigError, Pool, read_config
 
 __all__ = ["build_app", "main"]
 
@@ -277,9 +278,6 @@ def build_app(
     return app
 
 
-CONFIG_MAX_BYTES = 1 << 20
-
-
 def _digest(path: Path) -> str | None:
     try:
         with path.open("rb") as f:
@@ -342,7 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packrat pool: error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
-    pool = Pool(config)
+    try:
+        pool = Pool(config)
+    except (LayerFileError, OSError) as exc:  # a layer file that cannot be written or read
+        print(f"packrat pool: error: {exc}", file=sys.stderr)
+        return 2
     app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue,
                     timeout_s=args.timeout, max_samples=args.max_samples,
                     admin_token=token)  # fmt: skip

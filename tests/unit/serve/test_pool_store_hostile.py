@@ -1,0 +1,161 @@
+"""The pool process against a corrupted store and a hand-edited config (real pool, tiny
+PyTorch models, real layer files).
+
+- A model's layer file is the pod's cache of its zoo weights: one that is truncated, lies in
+  its header or holds another spec is written anew from the spec, and the model answers as
+  from a fresh file; the other models never notice. Before, one such file failed the pool's
+  start (every model down) or, for a model whose spec changed under its name, every
+  reconfiguration that named it, forever.
+- A configuration that cannot be applied applies nothing: the pool keeps the last good
+  one's models, budget, mode and threads, and ``/pool/status`` keeps reporting the last good
+  file's digest. Before, the new config's digest, budget and mode were taken before its
+  models were built, so a pod that failed to add a model reported the new digest, and the
+  operator moved that model's Service to a pod that 404s it.
+- A config file larger than 1 MiB, nested too deeply or holding an infinite number is one
+  ConfigError line (before: read whole; RecursionError, OverflowError)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from packrat.runtime import layerfile
+from packrat.serve import codec
+from packrat.serve.pool.host import CONFIG_MAX_BYTES, ConfigError, Pool, read_config
+
+BODY = codec.example_body("tiny")
+
+
+def _config(tmp: Path, models: list[dict[str, Any]], **extra: Any) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / "pool.json"
+    doc = {"directory": "files", "budget_bytes": 1 << 24, "models": models, **extra}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _answer(pool: Pool, name: str) -> str:
+    return pool.infer(name, [BODY])[0]
+
+
+def _fresh_answer(tmp: Path, seed: int) -> str:
+    pool = Pool(read_config(_config(tmp, [{"name": "x", "spec": "tiny", "seed": seed}])))
+    return _answer(pool, "x")
+
+
+def _header(path: Path) -> dict[str, Any]:
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[8:16])
+    doc: dict[str, Any] = json.loads(raw[16 : 16 + length])
+    return doc
+
+
+def _with_header(path: Path, doc: dict[str, Any]) -> None:
+    raw = bytearray(path.read_bytes())
+    (length,) = struct.unpack("<Q", raw[8:16])
+    header = json.dumps(doc).encode()
+    raw[: 16 + length] = bytes(16 + length)
+    raw[: 16 + len(header)] = layerfile.MAGIC + struct.pack("<Q", len(header)) + header
+    path.write_bytes(bytes(raw))
+
+
+def _lying(path: Path) -> None:
+    doc = _header(path)
+    doc["layers"][0]["offset"] = -4096  # eviction would madvise memory below the mapping
+    _with_header(path, doc)
+
+
+def _other_spec(path: Path) -> None:
+    doc = _header(path)
+    doc["spec"] = "resnet50"  # the model's spec before it changed under its name
+    _with_header(path, doc)
+
+
+def _truncated(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: 3 * layerfile.PAGE])
+
+
+@pytest.mark.parametrize("spoil", [_lying, _other_spec, _truncated])
+def test_a_spoiled_layer_file_is_written_anew_and_the_pool_starts(
+    tmp_path: Path, spoil: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    want = {"a": _fresh_answer(tmp_path / "ref-a", 1), "b": _fresh_answer(tmp_path / "ref-b", 2)}
+    models = [{"name": "a", "spec": "tiny", "seed": 1}, {"name": "b", "spec": "tiny", "seed": 2}]
+    path = _config(tmp_path, models)
+    Pool(read_config(path))  # writes both files
+    spoil(tmp_path / "files" / "b.layers")
+    pool = Pool(read_config(path))
+    assert {n: _answer(pool, n) for n in ("a", "b")} == want
+    assert "b.layers" in capsys.readouterr().out  # said what it rewrote, in one line
+
+
+def test_a_spoiled_file_of_a_model_added_later_is_written_anew(tmp_path: Path) -> None:
+    want = _fresh_answer(tmp_path / "ref", 2)
+    models = [{"name": "a", "spec": "tiny", "seed": 1}]
+    pool = Pool(read_config(_config(tmp_path, models)))
+    (tmp_path / "files" / "b.layers").write_bytes(layerfile.MAGIC + b"\xff" * 64)
+    models.append({"name": "b", "spec": "tiny", "seed": 2})
+    assert pool.reconfigure(read_config(_config(tmp_path, models))) == (["b"], [])
+    assert _answer(pool, "b") == want
+
+
+def test_a_config_that_cannot_be_applied_applies_nothing(tmp_path: Path) -> None:
+    models = [{"name": "a", "spec": "tiny", "seed": 1}]
+    first = read_config(_config(tmp_path, models, mode="demand", threads=1))
+    pool = Pool(first)
+    before = _answer(pool, "a")
+    (tmp_path / "files" / "b.layers").mkdir()  # b's file can be neither read nor written
+    models.append({"name": "b", "spec": "tiny", "seed": 2})
+    models[0]["threads"] = 2
+    bad = read_config(_config(tmp_path, models, mode="load", threads=2, budget_bytes=1 << 20))
+    assert bad.digest != first.digest
+    with pytest.raises(OSError):
+        pool.reconfigure(bad)
+    status = pool.status()
+    assert status["config_digest"] == first.digest  # the operator moves nothing here
+    assert (status["mode"], status["budget_bytes"]) == ("demand", 1 << 24)
+    assert list(status["models"]) == ["a"] and status["models"]["a"]["threads"] == 1
+    assert pool.cores.total == 1
+    assert _answer(pool, "a") == before
+    (tmp_path / "files" / "b.layers").rmdir()  # the store recovers: the same config applies
+    assert pool.reconfigure(bad) == (["b"], [])
+    assert pool.status()["config_digest"] == bad.digest and pool.config.mode == "load"
+
+
+def test_a_model_whose_spec_changed_is_dropped_with_its_pages(tmp_path: Path) -> None:
+    """The old model under the same name leaves as a dropped one does: its pages evicted."""
+    path = _config(tmp_path, [{"name": "a", "spec": "tiny", "seed": 1}])
+    pool = Pool(read_config(path))
+    _answer(pool, "a")
+    old = pool.models["a"]
+    assert sum(old.lm.lf.resident_layers()) > 0
+    old.spec = "resnet50"  # what it served before its spec changed to the config's
+    assert pool.reconfigure(read_config(path)) == (["a"], [])
+    assert pool.models["a"] is not old
+    assert sum(old.lm.lf.resident_layers()) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (" " * CONFIG_MAX_BYTES + "{}", "larger than"),
+        ("[" * 100_000, "RecursionError"),
+        ('{"directory": "d", "budget_bytes": Infinity, "models": [{"name": "a", "spec": "tiny"}]}',
+         "malformed"),
+    ],
+)  # fmt: skip
+def test_a_hostile_config_file_is_one_config_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "pool.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        read_config(path)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_the_pool_threads_are_bounded(tmp_path: Path) -> None:
+    config = read_config(_config(tmp_path, [{"name": "a", "spec": "tiny"}], threads=10**12))
+    assert config.threads == 256
