@@ -22,6 +22,8 @@ from typing import Any
 
 from packrat.cli import CliError, add_command, add_inputs_arg, check_model_file
 
+MAX_THREADS = 256
+
 
 def register(subparsers: Any) -> None:
     parser = add_command(
@@ -49,16 +51,24 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from packrat.profiler.engines import prepare_engine
+    from packrat.runtime import modelid
     from packrat.runtime.engines import EAGER, EngineError, parse_engines
 
-    if args.threads < 1:
-        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if not 1 <= args.threads <= MAX_THREADS:  # 100000 crashed the check's process (SIGSEGV)
+        raise CliError(f"--threads must be in 1..{MAX_THREADS}, got {args.threads}")
     check_model_file(args.model, args.inputs)  # a model file's inputs, before any conversion
+    if not modelid.is_zoo_name(args.model) and not Path(args.model).expanduser().is_file():
+        raise CliError(modelid.unknown_model(args.model))  # before: every engine 'left out'
     try:
         wanted = parse_engines(args.engines, allow_missing=True)  # missing: left out, said
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
-    args.artefacts.mkdir(parents=True, exist_ok=True)
+    if not wanted:
+        raise CliError(f"--engines: no engine named in {args.engines!r}")
+    try:
+        args.artefacts.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--artefacts {args.artefacts}: {exc.strerror or exc}") from None
     for name in wanted:
         if name == EAGER:
             continue
