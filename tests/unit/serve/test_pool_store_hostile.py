@@ -11,21 +11,32 @@ PyTorch models, real layer files).
   file's digest. Before, the new config's digest, budget and mode were taken before its
   models were built, so a pod that failed to add a model reported the new digest, and the
   operator moved that model's Service to a pod that 404s it.
+- ``/pool/status`` (and ``/metrics``) read the models once, and a request for a model
+  dropped while it waited is a 404 (before: KeyErrors, 500s).
 - A config file larger than 1 MiB, nested too deeply or holding an infinite number is one
   ConfigError line (before: read whole; RecursionError, OverflowError)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from packrat.runtime import layerfile
 from packrat.serve import codec
-from packrat.serve.pool.host import CONFIG_MAX_BYTES, ConfigError, Pool, read_config
+from packrat.serve.pool.app import _Runner
+from packrat.serve.pool.host import (
+    CONFIG_MAX_BYTES,
+    ConfigError,
+    ModelGoneError,
+    Pool,
+    read_config,
+)
 
 BODY = codec.example_body("tiny")
 
@@ -159,3 +170,33 @@ def test_a_hostile_config_file_is_one_config_error(tmp_path: Path, text: str, me
 def test_the_pool_threads_are_bounded(tmp_path: Path) -> None:
     config = read_config(_config(tmp_path, [{"name": "a", "spec": "tiny"}], threads=10**12))
     assert config.threads == 256
+
+
+def test_status_reads_the_models_once_while_a_reconfigure_swaps_them(tmp_path: Path) -> None:
+    """``/metrics`` and ``/pool/status`` render while the config watcher adds a model: before,
+    a model added between status()'s readings was a KeyError (a 500)."""
+    models = [{"name": "a", "spec": "tiny", "seed": 1}]
+    pool = Pool(read_config(_config(tmp_path, models)))
+    more = read_config(_config(tmp_path, [*models, {"name": "b", "spec": "tiny", "seed": 2}]))
+    sample = pool.sample_memory
+
+    def reconfigured_meanwhile() -> tuple[int, int]:
+        if "b" not in pool.models:
+            pool.reconfigure(more)
+        return sample()
+
+    pool.sample_memory = reconfigured_meanwhile  # type: ignore[method-assign]
+    assert list(pool.status()["models"]) == ["a"]  # the models of the one reading
+    assert list(pool.status()["models"]) == ["a", "b"]
+
+
+def test_a_request_for_a_model_dropped_meanwhile_is_a_404(tmp_path: Path) -> None:
+    """Routed while the model was there, run after a reconfigure dropped it (before: a
+    KeyError in the compute thread, a 500)."""
+    pool = Pool(read_config(_config(tmp_path, [{"name": "a", "spec": "tiny"}])))
+    runner = _Runner(pool, max_queue=4, timeout_s=30, max_samples=4)
+    got = asyncio.run(runner.run("dropped", [BODY]))
+    assert isinstance(got, web.Response) and got.status == 404
+    with pytest.raises(ModelGoneError):
+        pool.infer("dropped", [BODY])
+    assert asyncio.run(runner.run("a", [BODY])) == [_answer(pool, "a")]

@@ -58,7 +58,14 @@ from packrat.serve.dispatcher.v2_codec import (
     build_response,
     model_metadata,
 )
-from packrat.serve.pool.host import CONFIG_MAX_BYTES, ConfigError, Pool, read_config
+from packrat.serve.pool.host import (
+    CONFIG_MAX_BYTES,
+    ConfigError,
+    ModelGoneError,
+    Pool,
+    PoolModel,
+    read_config,
+)
 
 __all__ = ["build_app", "main"]
 
@@ -110,6 +117,8 @@ class _Runner:
             return _error(504, f"no answer within {self.timeout_s:g} s")
         except codec.CodecError as exc:
             return _error(400, str(exc))
+        except ModelGoneError as exc:
+            return _error(404, str(exc))
         finally:
             with self._lock:
                 self.waiting -= 1
@@ -135,28 +144,27 @@ class _Handlers:
             web.get("/metrics", self.metrics),
         ]
 
-    def unknown(self, request: web.Request) -> web.Response | None:
+    def lookup(self, request: web.Request) -> PoolModel | web.Response:
+        """The model the request names, read once (a reconfigure may drop it meanwhile)."""
         name = request.match_info["model"]
-        if name not in self.pool.models:
-            return _error(404, f"model {name!r} is not in this pool")
-        return None
+        model = self.pool.models.get(name)
+        return _error(404, f"model {name!r} is not in this pool") if model is None else model
 
     async def ready(self, request: web.Request) -> web.Response:
-        if "model" in request.match_info and (missing := self.unknown(request)) is not None:
-            return missing
+        if "model" in request.match_info and isinstance(got := self.lookup(request), web.Response):
+            return got
         return web.json_response({"ready": True})
 
     async def metadata(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
-            return missing
-        name = request.match_info["model"]
-        return web.json_response(model_metadata(name, self.pool.models[name].inputs))
+        if isinstance(model := self.lookup(request), web.Response):
+            return model
+        return web.json_response(model_metadata(model.name, model.inputs))
 
     async def infer(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
-            return missing
-        name = request.match_info["model"]
-        parsed = await self._parse_v2(request, name)
+        if isinstance(model := self.lookup(request), web.Response):
+            return model
+        name = model.name
+        parsed = await self._parse_v2(request, name, model.inputs)
         if isinstance(parsed, web.Response):
             return parsed
         req, samples = parsed
@@ -173,11 +181,11 @@ class _Handlers:
         )
 
     async def _parse_v2(
-        self, request: web.Request, name: str
+        self, request: web.Request, name: str, inputs: list[dict[str, Any]]
     ) -> tuple[InferRequest, list[tuple[bytes, str]]] | web.Response:
         """The v2 request and its samples, parsed in the parse pool with the body capped at
         :func:`body_cap`; or the error answer (413, 400, 503)."""
-        runner, inputs = self.runner, self.pool.models[name].inputs
+        runner = self.runner
         cap = body_cap(inputs, runner.max_samples, request.app[MAX_BODY])
         if (request.content_length or 0) > cap:
             return _error(413, f"a request to {name} is at most {cap} bytes")
@@ -199,7 +207,7 @@ class _Handlers:
             return _error(503, "too many requests being parsed; retry later")
 
     async def predictions(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
+        if isinstance(missing := self.lookup(request), web.Response):
             return missing
         got = await self.runner.run(request.match_info["model"], [await request.read()])
         if isinstance(got, web.Response):

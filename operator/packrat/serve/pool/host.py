@@ -51,7 +51,7 @@ from packrat.runtime.pipelined import (
 from packrat.serve import codec
 from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
 
-__all__ = ["ConfigError", "Pool", "PoolConfig", "PoolModel", "load_config"]
+__all__ = ["ConfigError", "ModelGoneError", "Pool", "PoolConfig", "PoolModel", "load_config"]
 
 MAX_MODELS = 512
 # issue 38: a name with '"' or a newline wrote its own series into /metrics
@@ -60,6 +60,10 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 class ConfigError(ValueError):
     """The pool's configuration is malformed."""
+
+
+class ModelGoneError(LookupError):
+    """The model a request names is no longer in the pool (a 404)."""
 
 
 MAX_THREADS = 256
@@ -340,7 +344,9 @@ class Pool:
     def infer(self, name: str, bodies: Sequence[bytes]) -> list[str]:
         """Run ``bodies`` (one sample each) through ``name`` as one batch; JSON rows back.
         Raises :class:`codec.CodecError` for a body that does not decode."""
-        m = self.models[name]
+        m = self.models.get(name)
+        if m is None:  # dropped by a reconfigure since the request was routed
+            raise ModelGoneError(f"model {name!r} is not in this pool")
         samples = [codec.decode_sample(b, m.inputs) for b in bodies]
         batch = [torch.stack([s[k] for s in samples]) for k in range(len(m.inputs))]
         x = batch[0] if len(batch) == 1 else tuple(batch)
@@ -371,7 +377,10 @@ class Pool:
         return resident, rss
 
     def status(self) -> dict[str, Any]:
-        resident = self.resident_bytes()
+        # One reading of the models and their residency: a reconfigure swaps both meanwhile
+        # (before, a model added between two readings was a KeyError: /metrics answered 500).
+        models, residency = self.models, self.residency
+        resident = {n: sum(m.lm.lf.resident_layers()) for n, m in models.items()}
         total, rss = self.sample_memory()
         return {
             "config_digest": self.config.digest,
@@ -391,7 +400,7 @@ class Pool:
                     "spec": m.spec,
                     "resident_bytes": resident[n],
                     "file_bytes": m.lm.lf.total_bytes,
-                    "resident_layers": self.residency.prefix[n],
+                    "resident_layers": residency.prefix.get(n, 0),
                     "layers": len(m.lm.lf.layers),
                     "threads": m.threads,
                     "batch": m.batch,
@@ -401,7 +410,7 @@ class Pool:
                     "last_use": m.last_use,
                     "build_s": m.build_s,
                 }
-                for n, m in self.models.items()
+                for n, m in models.items()
             },
         }
 
