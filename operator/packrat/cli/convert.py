@@ -22,8 +22,6 @@ from typing import Any
 
 from packrat.cli import CliError, add_command, add_inputs_arg, check_model_file
 
-MAX_THREADS = 256
-
 
 def register(subparsers: Any) -> None:
     parser = add_command(
@@ -49,12 +47,15 @@ def register(subparsers: Any) -> None:
     add_inputs_arg(parser)
 
 
+MAX_THREADS = 256  # --threads 100000 crashed the check's process (SIGSEGV)
+
+
 def run(args: argparse.Namespace) -> int:
     from packrat.profiler.engines import prepare_engine
     from packrat.runtime import modelid
     from packrat.runtime.engines import EAGER, EngineError, parse_engines
 
-    if not 1 <= args.threads <= MAX_THREADS:  # 100000 crashed the check's process (SIGSEGV)
+    if not 1 <= args.threads <= MAX_THREADS:
         raise CliError(f"--threads must be in 1..{MAX_THREADS}, got {args.threads}")
     check_model_file(args.model, args.inputs)  # a model file's inputs, before any conversion
     if not modelid.is_zoo_name(args.model) and not Path(args.model).expanduser().is_file():

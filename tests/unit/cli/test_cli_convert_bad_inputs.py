@@ -7,33 +7,31 @@ with exit 0, and --threads 100000 crashed the check's process."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from packrat.cli import main
 
+BAD: dict[str, tuple[str, str, str]] = {
+    # what is wrong: the flag, its value, what the one line says
+    "artefacts is a file": ("--artefacts", "{file}", "--artefacts"),
+    "artefacts under a file": ("--artefacts", "{file}/under", "--artefacts"),
+    "model is a folder": ("--model", "{tmp}", "unknown model"),
+    "model does not exist": ("--model", "{tmp}/nosuch", "unknown model"),
+    "no engine named": ("--engines", ",,,", "no engine named"),
+    "threads beyond 256": ("--threads", "100000", "--threads must be in 1..256"),
+}
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--artefacts", "{file}"], "--artefacts"),
-        (["--artefacts", "{file}/under"], "--artefacts"),
-        (["--model", "{tmp}"], "unknown model"),
-        (["--model", "{tmp}/nosuch"], "unknown model"),
-        (["--engines", ",,,"], "no engine named"),
-        (["--threads", "100000"], "--threads must be in 1..256"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
-) -> None:
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, case: str) -> None:
+    flag, value, message = BAD[case]
     file = tmp_path / "a-file"
     file.write_text("x")
     args = {"--model": "tiny", "--engines": "onnxruntime", "--artefacts": str(tmp_path / "a")}
-    for flag, value in zip(flags[::2], flags[1::2], strict=True):
-        args[flag] = value.format(file=file, tmp=tmp_path)
-    argv = ["convert", *(x for kv in args.items() for x in kv)]
-    assert main(argv) == 2
+    args[flag] = value.format(file=file, tmp=tmp_path)
+    assert main(["convert", *(x for kv in args.items() for x in kv)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "a").exists()  # nothing converted
