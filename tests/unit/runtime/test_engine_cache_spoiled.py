@@ -19,7 +19,15 @@ import torch
 from packrat.runtime import zoo
 from packrat.runtime.engines import engine, input_specs
 from packrat.runtime.engines.base import EngineError
-from packrat.runtime.engines.cache import MANIFEST, Artefact, converted, find
+from packrat.runtime.engines.cache import (
+    MANIFEST,
+    Artefact,
+    converted,
+    find,
+    find_for_archive,
+    model_folder,
+)
+from packrat.runtime.engines.handler import INPUTS_FILE, recorded_inputs
 from packrat.runtime.zoo import model_digest, model_name
 
 pytest.importorskip("onnxruntime", reason="the ort engine converts the artefacts here")
@@ -82,3 +90,20 @@ def test_an_intact_artefact_is_found_without_converting(tmp_path: Path) -> None:
     assert manifest["files"]["model.onnx"]["bytes"] == first.path.stat().st_size
     assert not _convert(root).converted_now
     assert find(root, "tiny", engine("onnxruntime")).path is not None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"inputs": [{"shape": [1e400]}]}', '{"inputs": [[1]]}', "[" * 100_000, '{"inputs": 7}'],
+)
+def test_a_spoiled_record_of_a_mar_modules_inputs_is_none(tmp_path: Path, text: str) -> None:
+    """A serving pod of a ``.mar`` finds its artefacts by the inputs the profile captured;
+    a spoiled record is as if none (the one line that says to profile again), not an
+    OverflowError or RecursionError in the worker."""
+    name, digest = "m", "sha256:" + "0" * 64
+    folder = model_folder(tmp_path, name=name, digest=digest)
+    folder.mkdir(parents=True)
+    (folder / INPUTS_FILE).write_text(text)
+    assert recorded_inputs(tmp_path, name=name, digest=digest) is None
+    with pytest.raises(EngineError, match="no onnxruntime"):
+        find_for_archive(tmp_path, name=name, digest=digest, engine=engine("onnxruntime"))
