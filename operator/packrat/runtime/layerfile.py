@@ -450,6 +450,7 @@ class LayerFile:
             self.spec, self.layers, self.layout = self._read_header()
             size = os.fstat(self._fd).st_size
             _check_layers(self.layers, self._header_end, size, path)
+            self.end = max((la.offset + la.length for la in self.layers), default=0)
             self._map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ)
             # Faults read only the pages touched: a layer read in place (an embedding lookup)
             # reads its rows, and nothing reads a neighbouring layer behind the policy's back.
@@ -475,6 +476,12 @@ class LayerFile:
             raise LayerFileError(f"{self.path}: header of {length} bytes is too large")
         self._header_end = 16 + length
         return _parse_header(os.pread(self._fd, length, 16), self.path)
+
+    def intact(self) -> bool:
+        """The file still holds every layer's bytes (one ``fstat``). A mapping whose file was
+        truncated under it raises SIGBUS, which kills the process, on the first touch of a
+        page past the new end: check before a pass touches it."""
+        return os.fstat(self._fd).st_size >= self.end
 
     @property
     def total_bytes(self) -> int:

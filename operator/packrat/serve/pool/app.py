@@ -64,6 +64,7 @@ from packrat.serve.pool.host import (
     ModelGoneError,
     Pool,
     PoolModel,
+    SpoiledError,
     read_config,
 )
 
@@ -119,6 +120,8 @@ class _Runner:
             return _error(400, str(exc))
         except ModelGoneError as exc:
             return _error(404, str(exc))
+        except SpoiledError as exc:
+            return _error(503, str(exc))
         finally:
             with self._lock:
                 self.waiting -= 1

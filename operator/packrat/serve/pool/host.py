@@ -51,7 +51,15 @@ from packrat.runtime.pipelined import (
 from packrat.serve import codec
 from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
 
-__all__ = ["ConfigError", "ModelGoneError", "Pool", "PoolConfig", "PoolModel", "load_config"]
+__all__ = [
+    "ConfigError",
+    "ModelGoneError",
+    "Pool",
+    "PoolConfig",
+    "PoolModel",
+    "SpoiledError",
+    "load_config",
+]
 
 MAX_MODELS = 512
 # issue 38: a name with '"' or a newline wrote its own series into /metrics
@@ -64,6 +72,10 @@ class ConfigError(ValueError):
 
 class ModelGoneError(LookupError):
     """The model a request names is no longer in the pool (a 404)."""
+
+
+class SpoiledError(RuntimeError):
+    """The model's layer file lost bytes under the pool (a 503 while it is written anew)."""
 
 
 MAX_THREADS = 256
@@ -192,6 +204,7 @@ class PoolModel:
     cold_starts: int = 0
     read_bytes: int = 0
     last_use: float = 0.0
+    healing: bool = False  # its spoiled layer file is being written anew
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -272,15 +285,21 @@ class Pool:
         inputs = zoo.input_spec(entry.spec)
         return PoolModel(entry.name, entry.spec, lm, inputs, build_s, entry.threads, entry.batch)
 
-    def reconfigure(self, config: PoolConfig) -> tuple[list[str], list[str]]:
+    def reconfigure(
+        self, config: PoolConfig | None, *, rebuild: frozenset[str] = frozenset()
+    ) -> tuple[list[str], list[str]]:
         """Serve ``config``'s models from now on: new ones built (cold: nothing resident),
         those it no longer names dropped (their pages evicted), the others untouched and
-        serving throughout (their resident prefixes kept). The budget, policy and mode are
-        the new config's. Returns (added, removed)."""
+        serving throughout (their resident prefixes kept), but those in ``rebuild`` (a
+        spoiled layer file), built anew. The budget, policy and mode are the new config's.
+        ``config`` None: the one served when the lock is ours. Returns (added, removed)."""
         with self._reconfiguring:
+            config = self.config if config is None else config
             wanted = {e.name: e for e in config.models}
             kept = {
-                n: m for n, m in self.models.items() if n in wanted and m.spec == wanted[n].spec
+                n: m
+                for n, m in self.models.items()
+                if n in wanted and m.spec == wanted[n].spec and n not in rebuild
             }
             built: dict[str, PoolModel] = {}
             try:  # nothing of the new config applies until every new model is built
@@ -352,6 +371,12 @@ class Pool:
         x = batch[0] if len(batch) == 1 else tuple(batch)
         residency = self.residency  # the one this request started with (reconfigure)
         with m.lock, self.cores.take(m.threads) as threads:
+            if not m.lm.lf.intact():  # truncated under us: touching it would SIGBUS the pool
+                self._heal(m)
+                raise SpoiledError(
+                    f"model {name!r}: its layer file lost bytes under the pool; it is being "
+                    "written anew, retry"
+                )
             torch.set_num_threads(threads)  # this compute thread's intra-op threads
             self._apply(residency.before(name))
             try:
@@ -363,6 +388,23 @@ class Pool:
             m.read_bytes += stats.read_bytes
             m.last_use = time.time()
         return [codec.encode_output(out, row) for row in range(len(bodies))]
+
+    def _heal(self, m: PoolModel) -> None:
+        """Write ``m``'s spoiled layer file anew and build it again, in the background (its
+        requests are 503s meanwhile; the other models serve on)."""
+        if m.healing:
+            return
+        m.healing = True
+        print(f"packrat pool: {m.lm.lf.path}: lost bytes under the pool; written anew", flush=True)
+
+        def rebuild() -> None:
+            try:
+                self.reconfigure(None, rebuild=frozenset({m.name}))
+            except Exception as exc:  # the next request tries again
+                print(f"packrat pool: {m.name}: rebuilding failed: {exc}", flush=True)
+                m.healing = False
+
+        threading.Thread(target=rebuild, name=f"heal-{m.name}", daemon=True).start()
 
     def resident_bytes(self) -> dict[str, int]:
         """Per model, bytes of its file in the page cache now (mincore)."""
