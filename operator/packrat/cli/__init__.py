@@ -159,6 +159,14 @@ def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_model_exists(model: str) -> None:
+    """A zoo name or an existing file, or one clear line (before anything starts)."""
+    from packrat.runtime import modelid
+
+    if not modelid.is_zoo_name(model) and not Path(model).expanduser().is_file():
+        raise CliError(modelid.unknown_model(model))
+
+
 def check_model_file(model: str, inputs: str | None) -> None:
     """Declare ``inputs`` for every process this one starts and check the model file with
     them; a zoo name or ``.mar`` passes untouched (and takes no ``--inputs``)."""
