@@ -615,6 +615,11 @@ def build_mapped(build: Callable[[], nn.Module], lf: LayerFile) -> nn.Module:
     strays = [m for la in lf.layers for m in (la.name, *la.modules) if m not in names]
     if strays:
         raise LayerFileError(f"{lf.path}: does not match the model: no module {strays[0][:80]!r}")
+    seen: set[str] = set()
+    for la in lf.layers:  # one hook per layer: a name listed 100,000 times ran 100,000 hooks
+        if la.name in seen:
+            raise LayerFileError(f"{lf.path}: layer {la.name[:80]!r} appears twice")
+        seen.add(la.name)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

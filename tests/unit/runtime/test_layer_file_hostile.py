@@ -125,6 +125,22 @@ def test_layers_naming_modules_the_model_lacks_do_not_match(tiny: Path, tmp_path
     lf.close()
 
 
+def test_a_layer_listed_twice_does_not_match(tiny: Path, tmp_path: Path) -> None:
+    """Each layer's hook runs on every pass: a header naming one module in many empty layers
+    made every request run that many hooks."""
+
+    def twice(doc: dict[str, Any]) -> None:
+        end = doc["layers"][-1]["offset"] + doc["layers"][-1]["length"]
+        doc["layers"].append(
+            {"name": _layer(doc)["name"], "offset": end, "length": 0, "tensors": []}
+        )
+
+    lf = LayerFile(_rewrite(tiny, tmp_path / "twice.layers", twice))
+    with pytest.raises(LayerFileError, match="appears twice"):
+        layerfile.build_mapped(lambda: zoo.load_model("tiny"), lf)
+    lf.close()
+
+
 def test_the_writers_own_files_still_open_and_compute(tiny: Path) -> None:
     lf = LayerFile(tiny)
     model = layerfile.build_mapped(lambda: zoo.load_model("tiny"), lf)
