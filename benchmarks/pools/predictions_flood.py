@@ -29,6 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from packrat.serve.pod.server import wait_ready
+
 HERE = Path(__file__).resolve().parents[2]
 FIGURE = (
     "makes the figure of docs/measurements.md, section"
@@ -58,20 +60,6 @@ def _start(tree: Path, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{port}"
 
 
-async def _ready(url: str, deadline_s: float = 120) -> None:
-    end = time.monotonic() + deadline_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < end:
-            try:
-                async with session.get(f"{url}/v2/health/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} never became ready")
-
-
 async def _good(session: aiohttp.ClientSession, url: str, seconds: float) -> list[float]:
     times = []
     end = time.monotonic() + seconds
@@ -97,7 +85,8 @@ async def _attack(session: aiohttp.ClientSession, url: str, stop: asyncio.Event)
 
 
 async def _measure(url: str, seconds: float, attackers: int) -> dict[str, Any]:
-    await _ready(url)
+    if not await wait_ready(url, timeout_s=120, path="/v2/health/ready"):
+        raise TimeoutError(f"{url} never became ready")
     async with aiohttp.ClientSession() as session:
         alone = await _good(session, url, seconds)
         stop = asyncio.Event()
