@@ -15,6 +15,8 @@ PyTorch models, real layer files).
   died) is a 503 for that model while its file is written anew.
 - ``/pool/status`` (and ``/metrics``) read the models once, and a request for a model
   dropped while it waited is a 404 (before: KeyErrors, 500s).
+- A request that timed out keeps its queue place until its job ends (before, 504s queued
+  jobs without bound).
 - A config file larger than 1 MiB, nested too deeply or holding an infinite number is one
   ConfigError line (before: read whole; RecursionError, OverflowError)."""
 
@@ -24,6 +26,7 @@ import asyncio
 import json
 import os
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -225,3 +228,37 @@ def test_a_layer_file_truncated_under_the_pool_is_a_503_and_written_anew(tmp_pat
         time.sleep(0.05)  # the rebuild is a background thread: wait for it, bounded
     assert _answer(pool, "a") == want["a"]
     assert layerfile.LayerFile(tmp_path / "files" / "a.layers").intact()
+
+
+def test_a_timed_out_request_keeps_its_queue_place_until_its_job_ends(tmp_path: Path) -> None:
+    """``--max-queue`` bounds the jobs queued for the compute threads. Before, a 504 freed its
+    place while its job stayed queued, so a client whose requests time out (a stalled model,
+    a flood) queued jobs and their bodies without bound; now the places come back as the
+    jobs end, and the requests beyond them are 503s."""
+    pool = Pool(read_config(_config(tmp_path, [{"name": "a", "spec": "tiny"}], threads=1)))
+    release = threading.Event()
+    infer = pool.infer
+
+    def stalled(name: str, bodies: Any) -> list[str]:
+        release.wait(60)  # the compute thread is held (a model stuck on its disk)
+        return infer(name, bodies)
+
+    pool.infer = stalled  # type: ignore[method-assign]
+    runner = _Runner(pool, max_queue=3, timeout_s=0.05, max_samples=4)
+
+    async def five() -> list[int]:
+        statuses = []
+        for _ in range(5):
+            got = await runner.run("a", [BODY])
+            statuses.append(got.status if isinstance(got, web.Response) else 200)
+        release.set()
+        deadline = time.monotonic() + 30
+        while runner.waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the stalled jobs finish: their places come back
+        got = await runner.run("a", [BODY])
+        statuses.append(got.status if isinstance(got, web.Response) else 200)
+        return statuses
+
+    assert asyncio.run(five()) == [504, 504, 504, 503, 503, 200]
+    assert runner.waiting == 0
+    runner.executor.shutdown()

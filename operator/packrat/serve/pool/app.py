@@ -106,6 +106,9 @@ class _Runner:
         self._lock = threading.Lock()
 
     async def run(self, name: str, bodies: list[bytes]) -> list[str] | web.Response:
+        """A place is taken until the request's job ends, not until its client stops waiting
+        (before, each 504 freed its place while its job stayed queued: a client whose
+        requests time out queued jobs, and their bodies, without bound)."""
         with self._lock:
             if self.waiting >= self.max_queue:
                 return _error(503, f"{self.waiting} requests already waiting; retry later")
@@ -113,6 +116,11 @@ class _Runner:
         try:
             loop = asyncio.get_running_loop()
             job = loop.run_in_executor(self.executor, self.pool.infer, name, bodies)
+        except BaseException:
+            self._free(None)
+            raise
+        job.add_done_callback(self._free)
+        try:
             return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
         except TimeoutError:
             return _error(504, f"no answer within {self.timeout_s:g} s")
@@ -122,9 +130,12 @@ class _Runner:
             return _error(404, str(exc))
         except SpoiledError as exc:
             return _error(503, str(exc))
-        finally:
-            with self._lock:
-                self.waiting -= 1
+
+    def _free(self, job: asyncio.Future[list[str]] | None) -> None:
+        if job is not None and not job.cancelled():
+            job.exception()  # retrieved: a timed-out job's error is no "never retrieved" log
+        with self._lock:
+            self.waiting -= 1
 
 
 class _Handlers:
