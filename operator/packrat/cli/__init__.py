@@ -159,6 +159,15 @@ def add_inputs_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def make_folder(path: Path, flag: str) -> None:
+    """``path`` made (with its parents) if missing, or one line naming ``flag`` (a file, a
+    folder under a file, no permission: before, a traceback once the work had begun)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
 def check_model_exists(model: str) -> None:
     """A zoo name or an existing file, or one clear line (before anything starts)."""
     from packrat.runtime import modelid

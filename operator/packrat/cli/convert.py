@@ -26,6 +26,7 @@ from packrat.cli import (
     add_inputs_arg,
     check_model_exists,
     check_model_file,
+    make_folder,
 )
 
 
@@ -70,10 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--engines: {exc}") from None
     if not wanted:
         raise CliError(f"--engines: no engine named in {args.engines!r}")
-    try:
-        args.artefacts.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"--artefacts {args.artefacts}: {exc.strerror or exc}") from None
+    make_folder(args.artefacts, "--artefacts")
     for name in wanted:
         if name == EAGER:
             continue

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from packrat.cli import CliError, add_command, add_model_arg, check_model_file
+from packrat.cli import CliError, add_command, add_model_arg, check_model_file, make_folder
 from packrat.cli.plan import parse_int_list
 from packrat.plan.profile import COLOCATED, MODES
 
@@ -414,6 +414,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
     check_model_file(args.model, args.inputs)
+    if args.artefacts is not None and any(e != "eager" for e in args.engines):
+        make_folder(args.artefacts, "--artefacts")  # before any point is measured
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
     verify = (
