@@ -47,6 +47,7 @@ import json
 import math
 import mmap
 import os
+import stat
 import struct
 import tempfile
 import threading
@@ -442,11 +443,13 @@ class LayerFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:  # O_NONBLOCK: a FIFO in its place would block the open for ever
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             raise LayerFileError(f"{path}: cannot open: {exc}") from None
         try:
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                raise LayerFileError(f"{path}: not a regular file")
             self.spec, self.layers, self.layout = self._read_header()
             size = os.fstat(self._fd).st_size
             _check_layers(self.layers, self._header_end, size, path)

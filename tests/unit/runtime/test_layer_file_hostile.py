@@ -9,6 +9,7 @@ TypeError, OverflowError or RecursionError from deep inside torch or json."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +107,16 @@ def test_a_deeply_nested_header_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "deep.layers"
     path.write_bytes(layerfile.MAGIC + struct.pack("<Q", len(header)) + header)
     with pytest.raises(LayerFileError, match="nested too deeply"):
+        LayerFile(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_something_else_in_a_layer_files_place_is_a_clear_error(tmp_path: Path, kind: str) -> None:
+    """Before, a FIFO blocked the open (and the pool's start) for ever; a folder raised
+    IsADirectoryError from the header's read."""
+    path = tmp_path / "odd.layers"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    with pytest.raises(LayerFileError, match="not a regular file"):
         LayerFile(path)
 
 
