@@ -209,6 +209,23 @@ def sample_request_file(args: argparse.Namespace, workdir: Path) -> Path | None:
     return path
 
 
+def make_folder(path: Path, flag: str) -> None:
+    """``path`` made (with its parents) if missing, or one line naming ``flag`` (a file, a
+    folder under a file, no permission: before, a traceback once the work had begun)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def check_model_exists(model: str) -> None:
+    """A zoo name or an existing file, or one clear line (before anything starts)."""
+    from packrat.runtime import modelid
+
+    if not modelid.is_zoo_name(model) and not Path(model).expanduser().is_file():
+        raise CliError(modelid.unknown_model(model))
+
+
 def check_model_file(model: str, inputs: str | None) -> None:
     """Declare ``inputs`` for every process this one starts and check the model file with
     them; a zoo name or ``.mar`` passes untouched (and takes no ``--inputs``)."""

@@ -26,7 +26,9 @@ from packrat.cli import (
     add_command,
     add_inputs_arg,
     add_sample_request_args,
+    check_model_exists,
     check_model_file,
+    make_folder,
     sample_request_file,
 )
 
@@ -60,17 +62,23 @@ def register(subparsers: Any) -> None:
     )
 
 
+MAX_THREADS = 256  # --threads 100000 crashed the check's process (SIGSEGV)
+
+
 def run(args: argparse.Namespace) -> int:
     from packrat.runtime.engines import EAGER, EngineError, parse_engines
 
-    if args.threads < 1:
-        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    if not 1 <= args.threads <= MAX_THREADS:
+        raise CliError(f"--threads must be in 1..{MAX_THREADS}, got {args.threads}")
     check_model_file(args.model, args.inputs)  # a model file's inputs, before any conversion
+    check_model_exists(args.model)  # before: every engine 'left out', exit 0
     try:
         wanted = parse_engines(args.engines, allow_missing=True)  # missing: left out, said
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
-    args.artefacts.mkdir(parents=True, exist_ok=True)
+    if not wanted:
+        raise CliError(f"--engines: no engine named in {args.engines!r}")
+    make_folder(args.artefacts, "--artefacts")
     with tempfile.TemporaryDirectory(prefix="packrat-convert-") as tmp:
         handler = _handler(args, Path(tmp))
         for name in wanted:

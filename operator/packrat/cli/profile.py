@@ -23,6 +23,7 @@ from packrat.cli import (
     add_model_arg,
     add_sample_request_args,
     check_model_file,
+    make_folder,
     sample_request_file,
 )
 from packrat.cli.plan import parse_int_list
@@ -383,6 +384,8 @@ def _run(args: argparse.Namespace, workdir: Path) -> int:
     except EngineError as exc:
         raise CliError(f"--engines: {exc}") from None
     check_model_file(args.model, args.inputs)
+    if args.artefacts is not None and any(e != "eager" for e in args.engines):
+        make_folder(args.artefacts, "--artefacts")  # before any point is measured
     handler = handler_target(args, workdir)
     threads = parse_int_list(args.threads, what="--threads") if args.threads else None
     verify = (

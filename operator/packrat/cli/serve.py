@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from packrat.cli import CliError, add_command, add_model_arg, check_model_file, check_numbers
+from packrat.cli import (
+    CliError,
+    add_command,
+    add_model_arg,
+    check_model_exists,
+    check_model_file,
+    check_numbers,
+)
 
 RUNTIMES = ("native", "torchserve")  # packrat.serve.config.RUNTIMES (not imported: start fast)
 DEFAULT_RUNTIME = "native"
@@ -328,7 +335,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_model(args.model)
+    check_model_exists(args.model)
     _check_numbers(args)
     check_model_file(args.model, args.inputs)  # before the zygote: no worker traceback
     # Taken out of the environment before any process starts: no child (the zygote,
@@ -376,14 +383,6 @@ def _check_engine(engine: str, args: argparse.Namespace) -> None:
         find(args.artefacts, args.model, chosen)
     except EngineError as exc:
         raise CliError(str(exc)) from None
-
-
-def _check_model(model: str) -> None:
-    """A zoo name or an existing file, or one clear line (before anything starts)."""
-    from packrat.runtime import modelid
-
-    if not modelid.is_zoo_name(model) and not Path(model).expanduser().is_file():
-        raise CliError(modelid.unknown_model(model))
 
 
 def _prestart(args: argparse.Namespace) -> tuple[Any, Path | None]:

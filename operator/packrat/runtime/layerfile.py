@@ -44,8 +44,10 @@ import ctypes
 import ctypes.util
 import itertools
 import json
+import math
 import mmap
 import os
+import stat
 import struct
 import tempfile
 import threading
@@ -107,7 +109,20 @@ def readahead_window(fd: int) -> int:
     return MIN_WINDOW
 
 
-MAX_HEADER = 16 << 20
+MAX_HEADER = 2 << 20
+"""A header of at most 2 MiB (BERT-base's is 20 KB): parsing one costs about 18 bytes of
+Python objects per header byte (a 16 MiB header of one-element tensors took 259 MiB)."""
+MAX_DIMS = 16
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        *("float64", "float32", "float16", "bfloat16", "complex64", "complex128"),
+        *("int64", "int32", "int16", "int8", "uint8", "bool"),
+        *("float8_e4m3fn", "float8_e5m2"),
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+"""The dtypes a layer file's tensor may have (by their names in the header)."""
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python lacks the name
 
 
@@ -355,7 +370,8 @@ def _madvise(address: int, length: int, advice: int) -> None:
 
 
 def _parse_header(raw: bytes, path: Path) -> tuple[str, list[LayerInfo], int]:
-    """(spec, layers, layout): a header without ``layout`` is layout 1 (one module a layer)."""
+    """(spec, layers, layout): a header without ``layout`` is layout 1 (one module a layer).
+    Whatever the bytes are, :class:`LayerFileError` is all it raises."""
     try:
         doc = json.loads(raw)
         layers = [
@@ -372,8 +388,54 @@ def _parse_header(raw: bytes, path: Path) -> tuple[str, list[LayerInfo], int]:
             for la in doc["layers"]
         ]
         return str(doc["spec"]), layers, int(doc.get("layout", 1))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise LayerFileError(f"{path}: malformed layer file header: {exc}") from None
+    except RecursionError:
+        raise LayerFileError(f"{path}: malformed layer file header: nested too deeply") from None
+
+
+def _check_tensors(la: LayerInfo, keys: set[str]) -> str | None:
+    """What is wrong with ``la``'s tensors (None: nothing): each a known dtype, its bytes
+    exactly its shape's, aligned, inside its layer, after the one before it, its key new."""
+    inner = 0
+    for t in la.tensors:
+        dtype = DTYPES.get(t.dtype)
+        if dtype is None:
+            return f"tensor {t.key[:80]!r} has dtype {t.dtype[:40]!r}, not one of {sorted(DTYPES)}"
+        if len(t.shape) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in t.shape):
+            return f"tensor {t.key[:80]!r} has shape {list(t.shape)[: MAX_DIMS + 1]}"
+        if math.prod(t.shape) * dtype.itemsize != t.nbytes:
+            return f"tensor {t.key[:80]!r}: {t.nbytes} bytes is not its shape's"
+        if t.offset < inner or t.offset % TENSOR_ALIGN or t.offset + t.nbytes > la.length:
+            return f"tensor {t.key[:80]!r} at {t.offset} overlaps another or leaves its layer"
+        if t.key in keys:
+            return f"tensor {t.key[:80]!r} appears twice"
+        keys.add(t.key)
+        inner = t.offset + t.nbytes
+    return None
+
+
+def _check_layers(layers: Sequence[LayerInfo], start: int, size: int, path: Path) -> None:
+    """Every layer inside the file's ``[start, size)`` (past the header), page-aligned, in
+    file order and disjoint, its tensors as :func:`_check_tensors` says; or
+    :class:`LayerFileError`. Nothing else is mapped, advised or counted with ``mincore``:
+    a layer outside the mapping would have ``madvise(MADV_DONTNEED)`` drop whatever memory
+    lay there, and a length that is not whole pages overran ``mincore``'s vector."""
+    keys: set[str] = set()
+    end = start
+    for la in layers:
+        where = f"{path}: layer {la.name[:80]!r}"
+        if la.offset < end or la.offset % PAGE or la.length < 0 or la.length % PAGE:
+            raise LayerFileError(
+                f"{where} at {la.offset} (+{la.length} bytes): not whole pages past the header "
+                "and the layer before it"
+            )
+        if la.offset + la.length > size:
+            end = max(x.offset + x.length for x in layers)
+            raise LayerFileError(f"{path}: truncated ({size} bytes, layers end at {end})")
+        if (problem := _check_tensors(la, keys)) is not None:
+            raise LayerFileError(f"{where}: {problem}")
+        end = la.offset + la.length
 
 
 class LayerFile:
@@ -381,16 +443,17 @@ class LayerFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:  # O_NONBLOCK: a FIFO in its place would block the open for ever
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError as exc:
             raise LayerFileError(f"{path}: cannot open: {exc}") from None
         try:
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                raise LayerFileError(f"{path}: not a regular file")
             self.spec, self.layers, self.layout = self._read_header()
             size = os.fstat(self._fd).st_size
-            end = max((la.offset + la.length for la in self.layers), default=0)
-            if end > size:
-                raise LayerFileError(f"{path}: truncated ({size} bytes, layers end at {end})")
+            _check_layers(self.layers, self._header_end, size, path)
+            self.end = max((la.offset + la.length for la in self.layers), default=0)
             self._map = mmap.mmap(self._fd, size, prot=mmap.PROT_READ)
             # Faults read only the pages touched: a layer read in place (an embedding lookup)
             # reads its rows, and nothing reads a neighbouring layer behind the policy's back.
@@ -414,7 +477,14 @@ class LayerFile:
         (length,) = struct.unpack("<Q", head[8:])
         if length > MAX_HEADER:
             raise LayerFileError(f"{self.path}: header of {length} bytes is too large")
+        self._header_end = 16 + length
         return _parse_header(os.pread(self._fd, length, 16), self.path)
+
+    def intact(self) -> bool:
+        """The file still holds every layer's bytes (one ``fstat``). A mapping whose file was
+        truncated under it raises SIGBUS, which kills the process, on the first touch of a
+        page past the new end: check before a pass touches it."""
+        return os.fstat(self._fd).st_size >= self.end
 
     @property
     def total_bytes(self) -> int:
@@ -544,6 +614,15 @@ def build_mapped(build: Callable[[], nn.Module], lf: LayerFile) -> nn.Module:
         model.load_state_dict(lf.tensors(), strict=True, assign=True)
     except RuntimeError as exc:
         raise LayerFileError(f"{lf.path}: does not match the model: {exc}") from None
+    names = {n for n, _ in model.named_modules() if n}  # the layers' hooks go on these
+    strays = [m for la in lf.layers for m in (la.name, *la.modules) if m not in names]
+    if strays:
+        raise LayerFileError(f"{lf.path}: does not match the model: no module {strays[0][:80]!r}")
+    seen: set[str] = set()
+    for la in lf.layers:  # one hook per layer: a name listed 100,000 times ran 100,000 hooks
+        if la.name in seen:
+            raise LayerFileError(f"{lf.path}: layer {la.name[:80]!r} appears twice")
+        seen.add(la.name)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

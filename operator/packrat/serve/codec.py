@@ -86,8 +86,22 @@ def _finite(tensors: list[Any]) -> list[Any]:
     return tensors
 
 
+def _in_range(tensors: list[Any], inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
+    """``tensors``, or :class:`CodecError` when an integer input declared with ``high`` (token
+    ids: ``[0, high)``) holds one outside: the model's embedding would refuse it with an
+    IndexError (a 500 in the pool; in a pod, the whole batch run again one by one)."""
+    for i, (t, item) in enumerate(zip(tensors, inputs or (), strict=False)):
+        high = int(item.get("high") or 0)
+        if high > 0 and not t.is_floating_point() and t.numel() > 0:
+            low, top = int(t.min()), int(t.max())
+            if low < 0 or top >= high:
+                bad = low if low < 0 else top
+                raise CodecError(f"input {i} has id {bad}: ids are in 0..{high - 1}")
+    return tensors
+
+
 def _decode(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
-    return _finite(_decode_any(body, inputs))
+    return _in_range(_finite(_decode_any(body, inputs)), inputs)
 
 
 def _decode_any(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]:
@@ -134,6 +148,10 @@ def _decode_any(body: Any, inputs: Sequence[dict[str, Any]] | None) -> list[Any]
             tensor = torch.tensor(part, dtype=getattr(torch, str(item["dtype"])))
         except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
             raise CodecError(f"input {i} is not a numeric array: {_short(exc)}") from None
+        if not tensor.is_floating_point() and tensor.dtype != torch.bool:
+            as_given = torch.tensor(part)  # 1.5 for an integer input: refused, not truncated
+            if as_given.is_floating_point() and not bool((as_given == as_given.trunc()).all()):
+                raise CodecError(f"input {i} holds non-integers: it takes {item['dtype']}")
         shape = item.get("shape")
         if shape is not None and list(tensor.shape) != [int(d) for d in shape]:
             raise CodecError(f"input {i} has shape {list(tensor.shape)}, expected {list(shape)}")

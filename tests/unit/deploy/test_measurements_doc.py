@@ -45,6 +45,13 @@ def test_every_link_into_the_measurements_lands_on_a_section() -> None:
     assert [f"{d.relative_to(ROOT)}: #{a}" for d, a in links if a not in anchors] == []
 
 
+def test_every_section_is_in_the_index() -> None:
+    text = MEASUREMENTS.read_text(encoding="utf-8")
+    index = set(re.findall(r"\]\(#([\w-]+)\)", text.split("\n## ", 1)[0]))
+    sections = [_slug(h) for h in re.findall(r"^## (.+)$", text, flags=re.M)]
+    assert [s for s in sections if s not in index] == []
+
+
 def test_every_benchmark_script_named_exists() -> None:
     named = {
         path

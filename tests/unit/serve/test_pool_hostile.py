@@ -92,3 +92,22 @@ def test_the_pod_reports_the_digest_of_the_config_file_it_serves(tmp_path: Path)
     assert config.digest == pm.config_digest({"data": {pm.CONFIG_KEY: text}})
     path.write_text(text + " ")
     assert read_config(path).digest != config.digest
+
+
+def test_a_predictions_body_beyond_one_sample_is_refused_unread(tmp_path: Path) -> None:
+    """``POST /predictions/{model}`` is one sample: its body is capped at that sample's size as
+    JSON (at least 64 KiB, as a serving pod caps it). Before, up to ``--max-body`` (16 MiB)
+    went whole to the compute thread's JSON parser, which the other models wait for."""
+    sample = json.dumps([0.5] * 16).encode()
+    got = asyncio.run(
+        answers(
+            tmp_path,
+            [
+                ("/predictions/a", sample),
+                ("/predictions/a", json.dumps([[0.5] * 16] * 20_000).encode()),  # 5 MB
+                ("/predictions/a", sample),
+            ],
+        )
+    )
+    assert got[0][0] == 200 and got[2] == got[0]
+    assert got[1][0] == 413 and "at most 65536 bytes" in got[1][1]["error"], got[1]

@@ -13,6 +13,8 @@ Layout under the cache root (where the pods read weights)::
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
 import shutil
@@ -115,7 +117,7 @@ def converted(
         began = time.monotonic()
         path = engine.convert(build(), specs, tmp)
         seconds = time.monotonic() - began
-        manifest = {
+        manifest: dict[str, Any] = {
             "format": FORMAT,
             "engine": engine.name,
             "version": version,
@@ -124,14 +126,11 @@ def converted(
             "file": None if path is None else path.name,
             "conversion_s": round(seconds, 3),
         }
+        manifest["files"] = _fingerprints(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, folder)
-        except OSError:  # another Job finished the same conversion first: keep theirs
-            found = _cached(engine.name, version, digest, specs, folder)
-            if found is None:
-                raise EngineError(f"{engine.name}: cannot store the artefact in {folder}") from None
-            return found
+        lookup = functools.partial(_cached, engine.name, version, digest, specs, folder)
+        if (found := _store(tmp, folder, lookup)) is not None:
+            return found  # another Job finished the same conversion first: theirs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return Artefact(
@@ -146,12 +145,78 @@ def converted(
     )
 
 
+def _store(tmp: Path, folder: Path, lookup: Callable[[], Artefact | None]) -> Artefact | None:
+    """Rename the new artefact ``tmp`` to ``folder``; None when it is there now. A valid
+    artefact already there (another Job's) is returned and kept; a spoiled one (truncated,
+    swapped, half a manifest) is moved aside and removed, so a profiling Job heals the cache
+    instead of failing on it forever."""
+    try:
+        os.rename(tmp, folder)
+        return None
+    except OSError:
+        pass
+    found = lookup()  # what the folder holds, if it is intact
+    if found is not None:
+        return found
+    trash = Path(tempfile.mkdtemp(prefix=f".{folder.name}.spoiled.", dir=folder.parent))
+    try:
+        os.rename(folder, trash / "artefact")
+        os.rename(tmp, folder)
+    except OSError:
+        raise EngineError(f"cannot store the artefact in {folder}") from None
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+    return None
+
+
+CHUNK = 1 << 20
+
+
+def _fingerprint(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _fingerprints(folder: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file of an artefact (the manifest's ``files``), by its path
+    in the folder: an ONNX model's external data and OpenVINO's ``.bin`` are checked too."""
+    return {
+        str(p.relative_to(folder)): _fingerprint(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def _intact(folder: Path, files: Any) -> bool:
+    """Every file the manifest lists has the size and SHA-256 it was written with (a
+    manifest without ``files``, from before they were recorded, is taken as it is)."""
+    if files is None:
+        return True
+    if not isinstance(files, dict):
+        return False
+    for name, want in files.items():
+        path = folder / str(name)
+        if not isinstance(want, dict) or not path.resolve().is_relative_to(folder.resolve()):
+            return False
+        try:
+            if path.stat().st_size != want.get("bytes") or _fingerprint(path) != want:
+                return False
+        except OSError:
+            return False
+    return True
+
+
 def _cached(
     engine: str, version: str, digest: str, inputs: tuple[InputSpec, ...], folder: Path
 ) -> Artefact | None:
     manifest = read_manifest(folder)
     if manifest is None or manifest.get("model_digest") != digest:
         return None
+    if not _intact(folder, manifest.get("files")):
+        return None  # truncated, corrupted or swapped since the profiling Job wrote it
     name = manifest.get("file")
     if name is not None and (not isinstance(name, str) or name in ("", ".", "..")
                              or Path(name).name != name):  # fmt: skip

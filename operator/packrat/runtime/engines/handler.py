@@ -224,5 +224,7 @@ def recorded_inputs(root: Path, *, name: str, digest: str) -> tuple[InputSpec, .
     try:
         data = json.loads((model_folder(root, name=name, digest=digest) / INPUTS_FILE).read_text())
         return tuple(InputSpec.from_dict(item) for item in data["inputs"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, ArithmeticError):
+        return None  # a spoiled file: as if none (the pod says to profile again)
+    except RecursionError:
         return None

@@ -570,13 +570,14 @@ async def serve(opts: ServeOptions) -> int:
     return await server.run()
 
 
-async def wait_ready(url: str, *, timeout_s: float) -> bool:
-    """Poll ``url``/ping until it answers 200 (for tests, benchmarks and the operator)."""
+async def wait_ready(url: str, *, timeout_s: float, path: str = "/ping") -> bool:
+    """Poll ``url`` + ``path`` until it answers 200 (for tests, benchmarks and the operator;
+    a pool process answers ``/v2/health/ready``)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with aiohttp.ClientSession() as session:
         while asyncio.get_running_loop().time() < deadline:
             try:
-                async with session.get(f"{url}/ping", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                async with session.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
                         return True
             except (TimeoutError, aiohttp.ClientError):

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from aiohttp import web
 
+from packrat.runtime.layerfile import LayerFileError
 from packrat.serve import codec
 from packrat.serve.auth import AdminToken, bearer_accepted, token_file
 from packrat.serve.dispatcher.metrics import METRICS_INTERVAL_S, Snapshot
@@ -57,7 +58,15 @@ from packrat.serve.dispatcher.v2_codec import (
     build_response,
     model_metadata,
 )
-from packrat.serve.pool.host import ConfigError, Pool, read_config
+from packrat.serve.pool.host import (
+    CONFIG_MAX_BYTES,
+    ConfigError,
+    ModelGoneError,
+    Pool,
+    PoolModel,
+    SpoiledError,
+    read_config,
+)
 
 __all__ = ["build_app", "main"]
 
@@ -97,6 +106,9 @@ class _Runner:
         self._lock = threading.Lock()
 
     async def run(self, name: str, bodies: list[bytes]) -> list[str] | web.Response:
+        """A place is taken until the request's job ends, not until its client stops waiting
+        (before, each 504 freed its place while its job stayed queued: a client whose
+        requests time out queued jobs, and their bodies, without bound)."""
         with self._lock:
             if self.waiting >= self.max_queue:
                 return _error(503, f"{self.waiting} requests already waiting; retry later")
@@ -104,14 +116,26 @@ class _Runner:
         try:
             loop = asyncio.get_running_loop()
             job = loop.run_in_executor(self.executor, self.pool.infer, name, bodies)
+        except BaseException:
+            self._free(None)
+            raise
+        job.add_done_callback(self._free)
+        try:
             return await asyncio.wait_for(asyncio.shield(job), self.timeout_s)
         except TimeoutError:
             return _error(504, f"no answer within {self.timeout_s:g} s")
         except codec.CodecError as exc:
             return _error(400, str(exc))
-        finally:
-            with self._lock:
-                self.waiting -= 1
+        except ModelGoneError as exc:
+            return _error(404, str(exc))
+        except SpoiledError as exc:
+            return _error(503, str(exc))
+
+    def _free(self, job: asyncio.Future[list[str]] | None) -> None:
+        if job is not None and not job.cancelled():
+            job.exception()  # retrieved: a timed-out job's error is no "never retrieved" log
+        with self._lock:
+            self.waiting -= 1
 
 
 class _Handlers:
@@ -134,28 +158,27 @@ class _Handlers:
             web.get("/metrics", self.metrics),
         ]
 
-    def unknown(self, request: web.Request) -> web.Response | None:
+    def lookup(self, request: web.Request) -> PoolModel | web.Response:
+        """The model the request names, read once (a reconfigure may drop it meanwhile)."""
         name = request.match_info["model"]
-        if name not in self.pool.models:
-            return _error(404, f"model {name!r} is not in this pool")
-        return None
+        model = self.pool.models.get(name)
+        return _error(404, f"model {name!r} is not in this pool") if model is None else model
 
     async def ready(self, request: web.Request) -> web.Response:
-        if "model" in request.match_info and (missing := self.unknown(request)) is not None:
-            return missing
+        if "model" in request.match_info and isinstance(got := self.lookup(request), web.Response):
+            return got
         return web.json_response({"ready": True})
 
     async def metadata(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
-            return missing
-        name = request.match_info["model"]
-        return web.json_response(model_metadata(name, self.pool.models[name].inputs))
+        if isinstance(model := self.lookup(request), web.Response):
+            return model
+        return web.json_response(model_metadata(model.name, model.inputs))
 
     async def infer(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
-            return missing
-        name = request.match_info["model"]
-        parsed = await self._parse_v2(request, name)
+        if isinstance(model := self.lookup(request), web.Response):
+            return model
+        name = model.name
+        parsed = await self._parse_v2(request, name, model.inputs)
         if isinstance(parsed, web.Response):
             return parsed
         req, samples = parsed
@@ -171,17 +194,23 @@ class _Handlers:
             headers={HEADER_LENGTH: str(head)},
         )
 
+    @staticmethod
+    async def _read_capped(request: web.Request, cap: int) -> bytes | None:
+        """The body, or None when it is larger than ``cap`` (unread when its length says so:
+        aiohttp discards it; a chunked one is read up to ``--max-body`` first)."""
+        if (request.content_length or 0) > cap:
+            return None
+        body = await request.read()
+        return None if len(body) > cap else body
+
     async def _parse_v2(
-        self, request: web.Request, name: str
+        self, request: web.Request, name: str, inputs: list[dict[str, Any]]
     ) -> tuple[InferRequest, list[tuple[bytes, str]]] | web.Response:
         """The v2 request and its samples, parsed in the parse pool with the body capped at
         :func:`body_cap`; or the error answer (413, 400, 503)."""
-        runner, inputs = self.runner, self.pool.models[name].inputs
+        runner = self.runner
         cap = body_cap(inputs, runner.max_samples, request.app[MAX_BODY])
-        if (request.content_length or 0) > cap:
-            return _error(413, f"a request to {name} is at most {cap} bytes")
-        body = await request.read()
-        if len(body) > cap:
+        if (body := await self._read_capped(request, cap)) is None:
             return _error(413, f"a request to {name} is at most {cap} bytes")
         try:
             return await runner.parser.run(
@@ -198,9 +227,14 @@ class _Handlers:
             return _error(503, "too many requests being parsed; retry later")
 
     async def predictions(self, request: web.Request) -> web.Response:
-        if (missing := self.unknown(request)) is not None:
-            return missing
-        got = await self.runner.run(request.match_info["model"], [await request.read()])
+        """One sample, its body capped at that sample's size as JSON (at least 64 KiB, as a
+        serving pod caps it): before, 16 MiB went to the compute thread's JSON parser."""
+        if isinstance(model := self.lookup(request), web.Response):
+            return model
+        cap = codec.input_body_cap(model.inputs, request.app[MAX_BODY])
+        if (body := await self._read_capped(request, cap)) is None:
+            return _error(413, f"a request to {model.name} is at most {cap} bytes")
+        got = await self.runner.run(model.name, [body])
         if isinstance(got, web.Response):
             return got
         return web.Response(text=got[0], content_type="application/json")
@@ -277,9 +311,6 @@ def build_app(
     return app
 
 
-CONFIG_MAX_BYTES = 1 << 20
-
-
 def _digest(path: Path) -> str | None:
     try:
         with path.open("rb") as f:
@@ -342,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"packrat pool: error: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # one core per compute thread: the pool shares its node
-    pool = Pool(config)
+    try:
+        pool = Pool(config)
+    except (LayerFileError, OSError) as exc:  # a layer file that cannot be written or read
+        print(f"packrat pool: error: {exc}", file=sys.stderr)
+        return 2
     app = build_app(pool, max_body=args.max_body, max_queue=args.max_queue,
                     timeout_s=args.timeout, max_samples=args.max_samples,
                     admin_token=token)  # fmt: skip

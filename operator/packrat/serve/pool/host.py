@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from packrat.runtime import zoo
 from packrat.runtime.layerfile import (
     LayerFile,
+    LayerFileError,
     RateLimiter,
     build_mapped,
     measure_read_rate,
@@ -49,7 +51,15 @@ from packrat.runtime.pipelined import (
 from packrat.serve import codec
 from packrat.serve.pool.residency import POLICIES, Policy, ResidencyManager
 
-__all__ = ["ConfigError", "Pool", "PoolConfig", "PoolModel", "load_config"]
+__all__ = [
+    "ConfigError",
+    "ModelGoneError",
+    "Pool",
+    "PoolConfig",
+    "PoolModel",
+    "SpoiledError",
+    "load_config",
+]
 
 MAX_MODELS = 512
 # issue 38: a name with '"' or a newline wrote its own series into /metrics
@@ -58,6 +68,14 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 class ConfigError(ValueError):
     """The pool's configuration is malformed."""
+
+
+class ModelGoneError(LookupError):
+    """The model a request names is no longer in the pool (a 404)."""
+
+
+class SpoiledError(RuntimeError):
+    """The model's layer file lost bytes under the pool (a 503 while it is written anew)."""
 
 
 MAX_THREADS = 256
@@ -138,11 +156,11 @@ def load_config(doc: dict[str, Any]) -> PoolConfig:
             mode=mode,
             read_rate_bps=None if rate is None else float(rate),
             in_place_embeddings=bool(doc.get("in_place_embeddings", True)),
-            threads=max(1, int(doc.get("threads", 1))),
+            threads=min(MAX_THREADS, max(1, int(doc.get("threads", 1)))),
             read_ahead_bytes=ahead,
             pin_reader=bool(doc.get("pin_reader", True)),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"malformed pool configuration: {exc!r}") from None
@@ -186,20 +204,40 @@ class PoolModel:
     cold_starts: int = 0
     read_bytes: int = 0
     last_use: float = 0.0
+    healing: bool = False  # its spoiled layer file is being written anew
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _layer_file(entry: ModelEntry, directory: Path) -> LayerFile:
+def _mapped(entry: ModelEntry, directory: Path) -> tuple[LayerFile, nn.Module]:
+    """``entry``'s layer file and its model built on the mapping (nothing read yet).
+
+    The file is this pod's cache of the zoo model's weights: one that is missing, does not
+    open or build (a truncated or corrupted store, a header that lies: :class:`LayerFileError`)
+    or holds another spec (the model's spec changed under its name) is written anew from the
+    spec, once; a file of an older layout is rewritten from its own weights. Before, such a
+    file failed every reconfiguration that named the model (its spec changed: forever)."""
     path = directory / f"{entry.name}.layers"
-    if not path.exists():
-        model = zoo.load_model(entry.spec, seed=entry.seed)
-        write_layer_file(model, path, spec=entry.spec, example=zoo.example_input(entry.spec, 1))
-    lf = LayerFile(path)
-    if lf.spec != entry.spec:
-        raise ConfigError(f"{path}: holds {lf.spec}, the model is {entry.spec}")
-    # an older layout (coarser layers): rewritten once from its own weights
-    build = functools.partial(zoo.load_model, entry.spec)
-    return upgrade_layer_file(build, lf, zoo.example_input(entry.spec, 1))
+    build = functools.partial(zoo.load_model, entry.spec)  # the architecture (init off)
+    example = zoo.example_input(entry.spec, 1)
+    for fresh in (not path.exists(), True):
+        if fresh:
+            model = zoo.load_model(entry.spec, seed=entry.seed)
+            write_layer_file(model, path, spec=entry.spec, example=example)
+            del model
+        lf: LayerFile | None = None
+        try:
+            lf = LayerFile(path)
+            if lf.spec != entry.spec:
+                raise LayerFileError(f"{path}: holds {lf.spec[:80]!r}, the model is {entry.spec}")
+            lf = upgrade_layer_file(build, lf, example)
+            return lf, build_mapped(build, lf)
+        except LayerFileError as exc:
+            if lf is not None:
+                lf.close()
+            if fresh:
+                raise
+            print(f"packrat pool: {exc}; written anew from {entry.spec}", flush=True)
+    raise AssertionError("unreachable: the second pass writes the file")
 
 
 class Pool:
@@ -212,7 +250,7 @@ class Pool:
         split = reader_split(os.sched_getaffinity(0), config.threads) if config.pin_reader else None
         self.compute_cpus: frozenset[int] | None = split[0] if split else None
         self.reader_cpus: frozenset[int] | None = split[1] if split else None
-        self.models: dict[str, PoolModel] = {e.name: self._build(e) for e in config.models}
+        self.models: dict[str, PoolModel] = {e.name: self._build(e, config) for e in config.models}
         self._reconfiguring = threading.Lock()
         first = next(iter(self.models.values())).lm.lf
         self.disk_bps = measure_read_rate(first, max_bytes=64 << 20)
@@ -230,44 +268,57 @@ class Pool:
         self.peak_resident = 0
         self.peak_rss = 0
 
-    def _build(self, entry: ModelEntry) -> PoolModel:
+    def _build(self, entry: ModelEntry, config: PoolConfig) -> PoolModel:
         """A model from its layer file (written first when missing), nothing read yet."""
-        lf = _layer_file(entry, self.config.directory)
         start = time.perf_counter()
-        model = build_mapped(functools.partial(zoo.load_model, entry.spec), lf)
-        in_place = embedding_layers(model, lf) if self.config.in_place_embeddings else ()
+        lf, model = _mapped(entry, config.directory)
+        in_place = embedding_layers(model, lf) if config.in_place_embeddings else ()
         lm = LayeredModel(
             model,
             lf,
             self.limiter,
             in_place=in_place,
-            read_ahead_bytes=self.config.read_ahead_bytes,
+            read_ahead_bytes=config.read_ahead_bytes,
             reader_cpus=self.reader_cpus,
         )
         build_s = time.perf_counter() - start
         inputs = zoo.input_spec(entry.spec)
         return PoolModel(entry.name, entry.spec, lm, inputs, build_s, entry.threads, entry.batch)
 
-    def reconfigure(self, config: PoolConfig) -> tuple[list[str], list[str]]:
+    def reconfigure(
+        self, config: PoolConfig | None, *, rebuild: frozenset[str] = frozenset()
+    ) -> tuple[list[str], list[str]]:
         """Serve ``config``'s models from now on: new ones built (cold: nothing resident),
         those it no longer names dropped (their pages evicted), the others untouched and
-        serving throughout (their resident prefixes kept). The budget, policy and mode are
-        the new config's. Returns (added, removed)."""
+        serving throughout (their resident prefixes kept), but those in ``rebuild`` (a
+        spoiled layer file), built anew. The budget, policy and mode are the new config's.
+        ``config`` None: the one served when the lock is ours. Returns (added, removed)."""
         with self._reconfiguring:
+            config = self.config if config is None else config
             wanted = {e.name: e for e in config.models}
             kept = {
-                n: m for n, m in self.models.items() if n in wanted and m.spec == wanted[n].spec
+                n: m
+                for n, m in self.models.items()
+                if n in wanted and m.spec == wanted[n].spec and n not in rebuild
             }
+            built: dict[str, PoolModel] = {}
+            try:  # nothing of the new config applies until every new model is built
+                for n, e in wanted.items():
+                    if n not in kept:
+                        built[n] = self._build(e, config)
+                        if e.spec not in self.profile:
+                            times = layer_times(built[n].lm, zoo.example_input(e.spec, 1))
+                            self.profile[e.spec] = times
+                        built[n].lm.lf.evict_all()
+            except BaseException:
+                for m in built.values():
+                    m.lm.lf.close()
+                raise
             self.config = config
             if config.threads != self.cores.total:
                 self.cores = Cores(config.threads)
             for n, m in kept.items():  # a new plan: its threads from the next request on
                 m.threads, m.batch = wanted[n].threads, wanted[n].batch
-            built = {n: self._build(e) for n, e in wanted.items() if n not in kept}
-            for m in built.values():
-                if m.spec not in self.profile:
-                    self.profile[m.spec] = layer_times(m.lm, zoo.example_input(m.spec, 1))
-                m.lm.lf.evict_all()
             models = {n: kept.get(n) or built[n] for n in wanted}
             residency = ResidencyManager(
                 {n: self._shape(m) for n, m in models.items()},
@@ -278,12 +329,12 @@ class Pool:
             )
             for n in kept:
                 residency.prefix[n] = self.residency.prefix[n]
-            gone = [m for n, m in self.models.items() if n not in models]
+            gone = [m for n, m in self.models.items() if models.get(n) is not m]  # or replaced
             self.models, self.residency = models, residency  # each one assignment
             for m in gone:
                 with m.lock:  # after its requests in flight
                     m.lm.lf.evict_all()
-            return sorted(built), sorted(m.name for m in gone)
+            return sorted(built), sorted(m.name for m in gone if m.name not in models)
 
     def pin_compute_thread(self) -> None:
         """A compute thread's start: onto the compute cores (none spare: left as it is)."""
@@ -312,12 +363,20 @@ class Pool:
     def infer(self, name: str, bodies: Sequence[bytes]) -> list[str]:
         """Run ``bodies`` (one sample each) through ``name`` as one batch; JSON rows back.
         Raises :class:`codec.CodecError` for a body that does not decode."""
-        m = self.models[name]
+        m = self.models.get(name)
+        if m is None:  # dropped by a reconfigure since the request was routed
+            raise ModelGoneError(f"model {name!r} is not in this pool")
         samples = [codec.decode_sample(b, m.inputs) for b in bodies]
         batch = [torch.stack([s[k] for s in samples]) for k in range(len(m.inputs))]
         x = batch[0] if len(batch) == 1 else tuple(batch)
         residency = self.residency  # the one this request started with (reconfigure)
         with m.lock, self.cores.take(m.threads) as threads:
+            if not m.lm.lf.intact():  # truncated under us: touching it would SIGBUS the pool
+                self._heal(m)
+                raise SpoiledError(
+                    f"model {name!r}: its layer file lost bytes under the pool; it is being "
+                    "written anew, retry"
+                )
             torch.set_num_threads(threads)  # this compute thread's intra-op threads
             self._apply(residency.before(name))
             try:
@@ -329,6 +388,23 @@ class Pool:
             m.read_bytes += stats.read_bytes
             m.last_use = time.time()
         return [codec.encode_output(out, row) for row in range(len(bodies))]
+
+    def _heal(self, m: PoolModel) -> None:
+        """Write ``m``'s spoiled layer file anew and build it again, in the background (its
+        requests are 503s meanwhile; the other models serve on)."""
+        if m.healing:
+            return
+        m.healing = True
+        print(f"packrat pool: {m.lm.lf.path}: lost bytes under the pool; written anew", flush=True)
+
+        def rebuild() -> None:
+            try:
+                self.reconfigure(None, rebuild=frozenset({m.name}))
+            except Exception as exc:  # the next request tries again
+                print(f"packrat pool: {m.name}: rebuilding failed: {exc}", flush=True)
+                m.healing = False
+
+        threading.Thread(target=rebuild, name=f"heal-{m.name}", daemon=True).start()
 
     def resident_bytes(self) -> dict[str, int]:
         """Per model, bytes of its file in the page cache now (mincore)."""
@@ -343,7 +419,10 @@ class Pool:
         return resident, rss
 
     def status(self) -> dict[str, Any]:
-        resident = self.resident_bytes()
+        # One reading of the models and their residency: a reconfigure swaps both meanwhile
+        # (before, a model added between two readings was a KeyError: /metrics answered 500).
+        models, residency = self.models, self.residency
+        resident = {n: sum(m.lm.lf.resident_layers()) for n, m in models.items()}
         total, rss = self.sample_memory()
         return {
             "config_digest": self.config.digest,
@@ -363,7 +442,7 @@ class Pool:
                     "spec": m.spec,
                     "resident_bytes": resident[n],
                     "file_bytes": m.lm.lf.total_bytes,
-                    "resident_layers": self.residency.prefix[n],
+                    "resident_layers": residency.prefix.get(n, 0),
                     "layers": len(m.lm.lf.layers),
                     "threads": m.threads,
                     "batch": m.batch,
@@ -373,7 +452,7 @@ class Pool:
                     "last_use": m.last_use,
                     "build_s": m.build_s,
                 }
-                for n, m in self.models.items()
+                for n, m in models.items()
             },
         }
 
@@ -388,12 +467,23 @@ def _rss() -> int:
     return 0
 
 
+CONFIG_MAX_BYTES = 1 << 20
+"""A pool's config file is at most 1 MiB (512 models take about 40 KB)."""
+
+
 def read_config(path: Path) -> PoolConfig:
+    """The config file at ``path``; :class:`ConfigError` (one line) for one that cannot be
+    read, is larger than :data:`CONFIG_MAX_BYTES` or is not a valid configuration."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+        if len(raw) > CONFIG_MAX_BYTES:
+            raise ConfigError(f"{path}: larger than {CONFIG_MAX_BYTES} bytes")
         doc = json.loads(raw)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{path}: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: a JSON object is required")
     base = doc.get("directory")
