@@ -69,37 +69,10 @@ def pool_config(
     }
 
 
-def chained(config: dict[str, Any], existing: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``config`` naming the file it replaces (``replaces``: the SHA-256 of the pod's config
-    file before this write), so that no version is the same file as an earlier one. A model
-    moved out of a pool and straight back writes the models of two versions ago: without the
-    chain a pod whose mounted file still showed that older version (the kubelet refreshes it
-    late) reported the digest of the new one, its Service moved there, and the pod then
-    loaded the version in between and answered 404. An unchanged config keeps its
-    ``replaces`` (no write); the pod ignores the field."""
-    text = ((existing or {}).get("data") or {}).get(CONFIG_KEY)
-    if not isinstance(text, str):
-        return config
-    try:
-        old = json.loads(text)
-    except ValueError:
-        old = None
-    if isinstance(old, dict):
-        before = old.pop("replaces", None)
-        if old == config:
-            return config if before is None else {**config, "replaces": before}
-    return {**config, "replaces": hashlib.sha256(text.encode()).hexdigest()}
-
-
 def config_digest(configmap: Mapping[str, Any]) -> str:
     """SHA-256 of the config file a pool pod reads from ``configmap`` (its ``/pool/status``
     reports the same digest of the file it serves)."""
     return hashlib.sha256(str(configmap["data"][CONFIG_KEY]).encode()).hexdigest()
-
-
-def configmap_data(config: Mapping[str, Any]) -> dict[str, str]:
-    """A pool pod's ConfigMap ``data``: its config file."""
-    return {CONFIG_KEY: json.dumps(config, sort_keys=True, indent=1)}
 
 
 def configmap(spec: PoolSpec, pod: str, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -107,7 +80,7 @@ def configmap(spec: PoolSpec, pod: str, config: Mapping[str, Any]) -> dict[str, 
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(spec, name=pod, labels=pod_labels(spec.name, pod)),
-        "data": configmap_data(config),
+        "data": {CONFIG_KEY: json.dumps(config, sort_keys=True, indent=1)},
     }
 
 

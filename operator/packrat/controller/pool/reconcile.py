@@ -284,11 +284,7 @@ class PoolReconciler:
         ours = lambda obj: self._ours(p, obj)  # noqa: E731
         digests: dict[str, str] = {}
         for pod, hosted in sorted(plan.hosting.items()):
-            existing = self.kube.get("configmaps", p.namespace, pod)
-            config = pm.chained(
-                pm.pool_config(spec, list(hosted.items()), plan.plans),
-                existing if existing is not None and self._ours(p, existing) else None,
-            )
+            config = pm.pool_config(spec, list(hosted.items()), plan.plans)
             cm = pm.configmap(spec, pod, config)
             kept = keep(self.kube, "configmaps", p.namespace, cm, ours=ours, drift=_data_drift)
             if not kept.ours:
